@@ -1,0 +1,34 @@
+"""posenc_fast: fast, accurate positional encoders for PyTorch.
+
+- Learnable Fourier features + grouped MLP (Li et al. 2021): :func:`lff`,
+  :class:`LearnableFourierFeatures`.
+- Sinusoidal (Vaswani et al.) and DFT (Idé et al.) encodings: :func:`sinusoidal`,
+  :func:`sinusoidal_nd`, :func:`dft`, :func:`dft_inverse`, :class:`SinusoidalPE`,
+  :class:`DFTPE`.
+- Helpers: :func:`grid_positions`, :func:`available_backends`.
+
+Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "reference"
+(literal float64 equations), "torch" (pure PyTorch), "triton", "cuda", "cpp".
+`python -m posenc_fast info` shows which are usable here and why the others are not.
+"""
+
+from ._version import __version__
+from .backends import BackendError, available_backends
+from .encodings import DFTPE, SinusoidalPE, dft, dft_inverse, sinusoidal, sinusoidal_nd
+from .fourier_features import LearnableFourierFeatures, lff
+from .grid import grid_positions
+
+__all__ = [
+    "DFTPE",
+    "BackendError",
+    "LearnableFourierFeatures",
+    "SinusoidalPE",
+    "__version__",
+    "available_backends",
+    "dft",
+    "dft_inverse",
+    "grid_positions",
+    "lff",
+    "sinusoidal",
+    "sinusoidal_nd",
+]

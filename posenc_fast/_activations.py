@@ -1,0 +1,45 @@
+"""Activations of the LFF MLP and their derivatives, for the torch backend.
+
+The reference writes the formulas out literally (posenc_fast/reference); here the same
+functions come with hand-written derivatives so the backward can recompute them chunk by
+chunk without autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_GELU_TANH_C = 0.044715
+
+
+def apply(name: str, a: torch.Tensor) -> torch.Tensor:
+    if name == "gelu":
+        return 0.5 * a * (1.0 + torch.erf(a * _INV_SQRT_2))
+    if name == "gelu_tanh":
+        return 0.5 * a * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (a + _GELU_TANH_C * a * a * a)))
+    if name == "relu":
+        return torch.relu(a)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}; got {name!r}")
+
+
+def derivative(name: str, a: torch.Tensor) -> torch.Tensor:
+    """d act(a) / da, elementwise."""
+    if name == "gelu":
+        cdf = 0.5 * (1.0 + torch.erf(a * _INV_SQRT_2))
+        pdf = torch.exp(-0.5 * a * a) * _INV_SQRT_2PI
+        return cdf + a * pdf
+    if name == "gelu_tanh":
+        inner = _SQRT_2_OVER_PI * (a + _GELU_TANH_C * a * a * a)
+        t = torch.tanh(inner)
+        dinner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_C * a * a)
+        return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * dinner
+    if name == "relu":
+        return (a > 0).to(a.dtype)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}; got {name!r}")

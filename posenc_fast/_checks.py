@@ -1,0 +1,107 @@
+"""Argument validation shared by every public op and module.
+
+Every check raises with the argument's name and what was expected, so a bad call fails
+at the API boundary with a readable message instead of deep inside a kernel.
+TypeError: not a tensor, or a dtype of the wrong kind. ValueError: shapes, sizes, values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def real_positions(name: str, value) -> torch.Tensor:
+    """Positions: any real floating or integer dtype (integers are converted later)."""
+    tensor(name, value)
+    if value.is_complex():
+        raise TypeError(f"{name} must be real (floating or integer), got complex dtype {value.dtype}")
+    if value.dtype == torch.bool:
+        raise TypeError(f"{name} must be a floating or integer tensor, got torch.bool")
+    return value
+
+
+def float_tensor(name: str, value) -> torch.Tensor:
+    tensor(name, value)
+    if value.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), "
+            f"got {value.dtype}"
+        )
+    return value
+
+
+def shape(name: str, value: torch.Tensor, expected: Sequence[Optional[int]], what: str = "") -> None:
+    """Check rank and sizes; None in ``expected`` accepts any size."""
+    exp = tuple(expected)
+    ok = value.dim() == len(exp) and all(e is None or e == s for e, s in zip(exp, value.shape))
+    if not ok:
+        spec = "[" + ", ".join("*" if e is None else str(e) for e in exp) + "]"
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{name} must have shape {spec}{extra}, got {list(value.shape)}")
+
+
+def same_device(reference_name: str, reference: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
+    for name, t in others.items():
+        if t is not None and t.device != reference.device:
+            raise ValueError(
+                f"{name} is on {t.device} but {reference_name} is on {reference.device}: "
+                "all tensors must be on the same device"
+            )
+
+
+def same_dtype(reference_name: str, reference: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
+    for name, t in others.items():
+        if t is not None and t.dtype != reference.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but {reference_name} has {reference.dtype}: "
+                "all weights must share one dtype"
+            )
+
+
+def positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def even_positive_int(name: str, value) -> int:
+    positive_int(name, value)
+    if value % 2:
+        raise ValueError(f"{name} must be even, got {value}")
+    return value
+
+
+def positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"{name} must be a finite positive number, got {value}")
+    return float(value)
+
+
+def choice(name: str, value, allowed: Sequence[str]) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+    return value
+
+
+def finite_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value

@@ -1,0 +1,31 @@
+"""The "torch" backend: pure PyTorch, every device, every floating dtype.
+
+The fallback wherever no compiled kernel fits. Memory-efficient (chunked, recomputing
+backward) and accurate (float64 phase reduction); see posenc_fast/torch_impl/.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..torch_impl import encodings as _enc
+from ..torch_impl import fourier_features as _lff
+from ._base import ANY, Backend, OpSupport
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    summary = "pure PyTorch, chunked and recomputing: the fallback on every device"
+    SUPPORT = {
+        "lff": OpSupport(devices=ANY, dtypes=_FLOATS),
+        "encoding": OpSupport(devices=ANY, dtypes=_FLOATS),
+        "floater": OpSupport(devices=ANY, dtypes=(torch.float32, torch.float64)),
+    }
+
+    lff_forward = staticmethod(_lff.lff_forward)
+    lff_backward = staticmethod(_lff.lff_backward)
+    encoding_forward = staticmethod(_enc.encoding_forward)
+    encoding_add = staticmethod(_enc.encoding_add)
+    encoding_backward = staticmethod(_enc.encoding_backward)

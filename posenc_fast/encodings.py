@@ -1,0 +1,188 @@
+"""Fixed encodings: sinusoidal (Vaswani et al.; FLOATER Eq. 7) and DFT (Idé et al.).
+
+Path of a call: public function (checks) -> ``backends.choose`` -> the custom op
+``posenc_fast::encoding`` / ``encoding_add`` (ops/encodings.py) -> the backend's kernel.
+The modules ``SinusoidalPE`` and ``DFTPE`` add the encoding to their input in the same
+pass (``encoding_add``): the input is read once and the sum written once.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from . import _checks, backends
+from .backends import Problem
+from .ops import encodings as _ops  # noqa: F401  (registers the ops)
+from .reference import encodings as _reference
+
+KINDS = ("sinusoidal", "dft")
+
+
+def _encoding_dtype(positions: Tensor) -> torch.dtype:
+    return positions.dtype if positions.is_floating_point() else torch.get_default_dtype()
+
+
+def _choose(kind: str, device: torch.device, dtype, dim: int, positions: Tensor, backend: str) -> str:
+    problem = Problem(
+        op="encoding",
+        device=device.type,
+        dtype=dtype,
+        sizes={"dim": dim},
+        options={"kind": kind},
+        input_dtypes={"positions": positions.dtype},
+    )
+    return backends.choose(problem, backend)
+
+
+def _check_dim(kind: str, dim) -> int:
+    if kind == "dft":
+        if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0 and dim % 2:
+            raise ValueError(f"dim must be even for the DFT encoding (Eq. 21 pairs cosines and sines), got {dim}")
+    return _checks.even_positive_int("dim", dim)
+
+
+def _encode(kind: str, positions, dim, base: float, block, backend: str) -> Tensor:
+    _checks.real_positions("positions", positions)
+    _check_dim(kind, dim)
+    base = _checks.positive_float("base", base)
+    if block is not None:
+        block = _checks.finite_float("block", block)
+    out_dtype = _encoding_dtype(positions)
+    name = _choose(kind, positions.device, out_dtype, dim, positions, backend)
+    if name == "reference":
+        if kind == "dft":
+            return _reference.dft(positions, dim, out_dtype)
+        return _reference.sinusoidal(positions, dim, base, block, out_dtype)
+    return torch.ops.posenc_fast.encoding(positions, dim, kind, base, block, out_dtype, name)
+
+
+def sinusoidal(
+    positions: Tensor, dim: int, base: float = 10000.0, block: Optional[float] = None, backend: str = "auto"
+) -> Tensor:
+    """Sinusoidal encoding, interleaved: [...] -> [..., dim].
+
+    out[..., 2i] = sin(p / base^(2i/dim)), out[..., 2i+1] = cos(p / base^(2i/dim)).
+    ``block=n`` adds the same encoding of the block index n (FLOATER's per-block Eq. 7).
+    positions: floating or integer, any shape. The result has the positions' floating
+    dtype (the default dtype for integer positions); phases are reduced in float64.
+    """
+    return _encode("sinusoidal", positions, dim, base, block, backend)
+
+
+def sinusoidal_nd(coords: Tensor, dim_per_axis: int, base: float = 10000.0, backend: str = "auto") -> Tensor:
+    """Each of the M coordinates encoded by ``sinusoidal`` and concatenated in coordinate
+    order (the papers' Sine-2D / Sine-4D baselines): [..., M] -> [..., M * dim_per_axis]."""
+    _checks.real_positions("coords", coords)
+    if coords.dim() < 1:
+        raise ValueError("coords must have shape [..., M] (at least 1 dimension), got a scalar")
+    _checks.even_positive_int("dim_per_axis", dim_per_axis)
+    return _encode("sinusoidal", coords, dim_per_axis, base, None, backend).flatten(-2)
+
+
+def dft(positions: Tensor, dim: int, backend: str = "auto") -> Tensor:
+    """DFT positional encoding (Idé et al., Eq. 21): [...] -> [..., dim], layout
+    (a0, a1..aK, b1..bK, b0) with K = dim/2 - 1, w_k = 2 pi k / dim:
+    a0 = 1/sqrt(dim), a_k = sqrt(2/dim) cos(w_k s), b_k = sqrt(2/dim) sin(w_k s),
+    b0 = cos(pi s)/sqrt(dim). dim must be even. Real-valued positions are allowed."""
+    return _encode("dft", positions, dim, 1.0, None, backend)
+
+
+def dft_inverse(encoding: Tensor, backend: str = "auto") -> Tensor:
+    """Inverse DFT over the lattice t = 0..dim-1 (Eq. 13): [..., dim] -> [..., dim].
+
+    f(t) = sum_l e_l phi_l(t). For integer s in [0, dim), dft_inverse(dft(s, dim)) is the
+    one-hot vector at s (Theorem 1). This is one matmul with a constant orthonormal basis,
+    so every backend but "reference" runs it as a plain (autograd-differentiable) matmul.
+    """
+    _checks.float_tensor("encoding", encoding)
+    if encoding.dim() < 1:
+        raise ValueError("encoding must have shape [..., dim], got a scalar")
+    dim = _check_dim("dft", encoding.shape[-1])
+    name = _choose("dft", encoding.device, encoding.dtype, dim, encoding, backend)
+    if name == "reference":
+        return _reference.dft_inverse(encoding, encoding.dtype)
+    basis = _lattice_basis(dim, encoding.device, encoding.dtype)  # [l, t] = phi_l(t)
+    return encoding @ basis
+
+
+_BASIS_CACHE: dict = {}
+
+
+def _lattice_basis(dim: int, device, dtype) -> Tensor:
+    key = (dim, str(device), dtype)
+    basis = _BASIS_CACHE.get(key)
+    if basis is None:
+        lattice = torch.arange(dim, dtype=torch.float64)
+        basis = _reference.dft_basis(dim, lattice).T.contiguous().to(device=device, dtype=dtype)
+        _BASIS_CACHE[key] = basis
+    return basis
+
+
+def _add_encoding(kind: str, x, positions, base: float, backend: str) -> Tensor:
+    _checks.float_tensor("x", x)
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape [..., L, dim] (at least 2 dimensions), got {list(x.shape)}")
+    dim = x.shape[-1]
+    if positions is None:
+        positions = torch.arange(x.shape[-2], device=x.device)
+    else:
+        _checks.real_positions("positions", positions)
+        _checks.same_device("x", x, positions=positions)
+        try:
+            ok = torch.broadcast_shapes(positions.shape, x.shape[:-1]) == x.shape[:-1]
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"positions must broadcast to x.shape[:-1] = {list(x.shape[:-1])}, got {list(positions.shape)}"
+            )
+    name = _choose(kind, x.device, x.dtype, dim, positions, backend)
+    if name == "reference":
+        ref = _reference.dft(positions, dim) if kind == "dft" else _reference.sinusoidal(positions, dim, base)
+        return (x.to(torch.float64) + ref).to(x.dtype)
+    return torch.ops.posenc_fast.encoding_add(x, positions, kind, base, None, name)
+
+
+class SinusoidalPE(nn.Module):
+    """x + sinusoidal(positions): ``forward(x [..., L, dim], positions=None)``.
+
+    positions default to 0..L-1 and otherwise broadcast to x.shape[:-1] (e.g. [L] or
+    [B, L]). The add is fused into the encoding pass; the result has x's dtype.
+    """
+
+    def __init__(self, dim: int, base: float = 10000.0, backend: str = "auto"):
+        super().__init__()
+        self.dim = _checks.even_positive_int("dim", dim)
+        self.base = _checks.positive_float("base", base)
+        self.backend = backends.validate_name(backend)
+
+    def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
+        _checks.tensor("x", x)
+        if x.dim() < 2 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape [..., L, dim={self.dim}], got {list(x.shape)}")
+        return _add_encoding("sinusoidal", x, positions, self.base, self.backend)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base}" + (f", backend={self.backend!r}" if self.backend != "auto" else "")
+
+
+class DFTPE(nn.Module):
+    """x + dft(positions): ``forward(x [..., L, dim], positions=None)``, fused like
+    :class:`SinusoidalPE`. dim must be even."""
+
+    def __init__(self, dim: int, backend: str = "auto"):
+        super().__init__()
+        self.dim = _check_dim("dft", dim)
+        self.backend = backends.validate_name(backend)
+
+    def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
+        _checks.tensor("x", x)
+        if x.dim() < 2 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape [..., L, dim={self.dim}], got {list(x.shape)}")
+        return _add_encoding("dft", x, positions, 1.0, self.backend)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}" + (f", backend={self.backend!r}" if self.backend != "auto" else "")

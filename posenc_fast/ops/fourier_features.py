@@ -1,0 +1,102 @@
+"""torch.library custom ops for learnable Fourier features.
+
+    posenc_fast::lff(x, wr, w1?, b1?, w2?, b2?, activation, out_dtype, backend) -> y
+    posenc_fast::lff_backward(grad, x, wr, w1?, b1?, w2?, b2?, activation, backend, needs)
+        -> [dx, dwr, dw1, db1, dw2, db2]   (empty tensors where needs[i] is False)
+
+``backend`` names the implementation (chosen by the dispatcher before the call), so one
+op serves every backend and opcheck / torch.compile / export see the same schema. The
+backward saves only the inputs; the backend recomputes features and hidden layer. When a
+double backward is requested (grad mode on inside backward), the gradient is instead
+built by differentiating the torch backend's recomputation, so gradgradcheck works.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import backends
+from ..torch_impl import fourier_features as _torch_lff
+from ._autocast import autocast_disabled
+
+
+@torch.library.custom_op("posenc_fast::lff", mutates_args=())
+def lff_op(
+    x: Tensor,
+    wr: Tensor,
+    w1: Optional[Tensor],
+    b1: Optional[Tensor],
+    w2: Optional[Tensor],
+    b2: Optional[Tensor],
+    activation: str,
+    out_dtype: torch.dtype,
+    backend: str,
+) -> Tensor:
+    with autocast_disabled(x.device.type):
+        return backends.get(backend).lff_forward(x, wr, w1, b1, w2, b2, activation, out_dtype)
+
+
+@lff_op.register_fake
+def _(x, wr, w1, b1, w2, b2, activation, out_dtype, backend):
+    width = 2 * wr.shape[0] if w1 is None else w2.shape[1]
+    return x.new_empty((*x.shape[:-2], x.shape[-2] * width), dtype=out_dtype)
+
+
+@torch.library.custom_op("posenc_fast::lff_backward", mutates_args=())
+def lff_backward_op(
+    grad: Tensor,
+    x: Tensor,
+    wr: Tensor,
+    w1: Optional[Tensor],
+    b1: Optional[Tensor],
+    w2: Optional[Tensor],
+    b2: Optional[Tensor],
+    activation: str,
+    backend: str,
+    needs: list[bool],
+) -> list[Tensor]:
+    with autocast_disabled(x.device.type):
+        grads = backends.get(backend).lff_backward(grad, x, wr, w1, b1, w2, b2, activation, needs)
+    return [g if g is not None else grad.new_empty(0) for g in grads]
+
+
+@lff_backward_op.register_fake
+def _(grad, x, wr, w1, b1, w2, b2, activation, backend, needs):
+    refs = (x, wr, w1, b1, w2, b2)
+    return [
+        torch.empty_like(t) if (need and t is not None) else grad.new_empty(0)
+        for need, t in zip(needs, refs)
+    ]
+
+
+def _setup_context(ctx, inputs, output):
+    x, wr, w1, b1, w2, b2, activation, out_dtype, backend = inputs
+    ctx.save_for_backward(x, wr, w1, b1, w2, b2)
+    ctx.activation, ctx.out_dtype, ctx.backend = activation, out_dtype, backend
+
+
+def _backward(ctx, grad):
+    x, wr, w1, b1, w2, b2 = ctx.saved_tensors
+    needs = [bool(n) for n in ctx.needs_input_grad[:6]]
+    if torch.is_grad_enabled():
+        grads = _double_backward_friendly(ctx, grad, (x, wr, w1, b1, w2, b2), needs)
+    else:
+        grads = torch.ops.posenc_fast.lff_backward(
+            grad, x, wr, w1, b1, w2, b2, ctx.activation, ctx.backend, needs
+        )
+    return (*(g if n else None for g, n in zip(grads, needs)), None, None, None)
+
+
+def _double_backward_friendly(ctx, grad, inputs, needs):
+    """Gradients as a differentiable graph of the inputs (create_graph=True)."""
+    wanted = [t for t, n in zip(inputs, needs) if n]
+    with autocast_disabled(grad.device.type):
+        y = _torch_lff.lff_autograd(*inputs, ctx.activation, ctx.out_dtype)
+        got = iter(torch.autograd.grad(y, wanted, grad, create_graph=True, allow_unused=True))
+    return [next(got) if n else None for n in needs]
+
+
+lff_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,70 @@
+"""Sinusoidal and DFT positional encodings, literally, in float64.
+
+Sinusoidal (Vaswani et al.; Eq. 1 of the LFF paper), interleaved:
+    out[..., 2i]   = sin(p / base^(2i/dim))
+    out[..., 2i+1] = cos(p / base^(2i/dim))
+FLOATER's per-block form (Liu et al. 2020, Eq. 7) adds the same encoding of the block
+index n to every position: p^(n)_i = PE(i) + PE(n).
+
+DFT positional encoding (Idé et al., Eq. 10-21): with K = dim/2 - 1, w_k = 2 pi k / dim,
+the orthonormal DFT basis on the lattice t = 0..dim-1 is
+    phi_0(t) = 1/sqrt(dim)
+    phi_k(t) = sqrt(2/dim) cos(w_k t),     k = 1..K
+    phi_{K+k}(t) = sqrt(2/dim) sin(w_k t), k = 1..K
+    phi_{dim-1}(t) = cos(pi t)/sqrt(dim)
+and the encoding of position s is e(s) = (phi_0(s), ..., phi_{dim-1}(s)), i.e. Eq. 21's
+(a0, a1..aK, b1..bK, b0). Its inverse DFT (Eq. 13) on the lattice is
+    f(t) = sum_l e_l phi_l(t),  t = 0..dim-1,
+which for integer s in [0, dim) is the one-hot vector at s (Theorem 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+
+def sinusoidal(
+    positions: torch.Tensor,
+    dim: int,
+    base: float = 10000.0,
+    block: Optional[float] = None,
+    out_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    p = positions.to(torch.float64).unsqueeze(-1)  # [..., 1]
+    i = torch.arange(dim // 2, dtype=torch.float64, device=positions.device)
+    freq = base ** (-2.0 * i / dim)  # 1 / base^(2i/dim)
+    out = torch.stack([torch.sin(p * freq), torch.cos(p * freq)], dim=-1).flatten(-2)
+    if block is not None:
+        n = torch.tensor(float(block), dtype=torch.float64, device=positions.device)
+        out = out + torch.stack([torch.sin(n * freq), torch.cos(n * freq)], dim=-1).flatten()
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+def dft_basis(dim: int, t: torch.Tensor) -> torch.Tensor:
+    """phi_l(t) for l = 0..dim-1: [..., dim] for t [...] (float64)."""
+    t = t.to(torch.float64)
+    K = dim // 2 - 1
+    rows = [torch.full_like(t, 1.0 / math.sqrt(dim))]  # phi_0
+    for k in range(1, K + 1):  # phi_1..phi_K
+        rows.append(math.sqrt(2.0 / dim) * torch.cos(2.0 * math.pi * k / dim * t))
+    for k in range(1, K + 1):  # phi_{K+1}..phi_{2K}
+        rows.append(math.sqrt(2.0 / dim) * torch.sin(2.0 * math.pi * k / dim * t))
+    rows.append(torch.cos(math.pi * t) / math.sqrt(dim))  # phi_{dim-1}
+    return torch.stack(rows, dim=-1)
+
+
+def dft(positions: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    out = dft_basis(dim, positions)
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+def dft_inverse(encoding: torch.Tensor, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """f(t) = sum_l e_l phi_l(t) on the lattice t = 0..dim-1: [..., dim] -> [..., dim]."""
+    dim = encoding.shape[-1]
+    lattice = torch.arange(dim, dtype=torch.float64, device=encoding.device)
+    phi = dft_basis(dim, lattice)  # [t, l] = phi_l(t)
+    out = encoding.to(torch.float64) @ phi.T
+    return out if out_dtype is None else out.to(out_dtype)

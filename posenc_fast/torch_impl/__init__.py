@@ -1,0 +1,1 @@
+"""Pure-PyTorch implementations behind the "torch" backend (CPU and GPU fallback)."""

@@ -1,0 +1,52 @@
+"""Helpers shared by the pure-PyTorch implementations: accurate phases and chunking."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+
+import torch
+
+TWO_PI = 2.0 * math.pi
+
+# Temporaries of one chunk stay below this many bytes, so that e.g. the [N, F] Fourier
+# features never exist whole. Override with POSENC_FAST_CHUNK_BYTES (tests use it).
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
+
+def chunk_bytes() -> int:
+    value = os.environ.get("POSENC_FAST_CHUNK_BYTES")
+    return int(value) if value else DEFAULT_CHUNK_BYTES
+
+
+def row_chunks(n_rows: int, bytes_per_row: int) -> Iterator[slice]:
+    """Slices of at most chunk_bytes() / bytes_per_row rows covering range(n_rows)."""
+    step = max(1, chunk_bytes() // max(1, bytes_per_row))
+    for start in range(0, n_rows, step):
+        yield slice(start, min(n_rows, start + step))
+
+
+def feature_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Phases and trig run in float32 or better, never in half precision."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2*pi * (turns - round(turns)) in ``dtype``: the angle reduced to [-pi, pi].
+
+    ``turns`` is float64, so for float32 results the reduction is error-free for any
+    |phase| up to ~1e12 and the only errors left are the final rounding of the angle to
+    float32 (<= 2e-7 rad) and the float32 sine itself (ACCURACY.md).
+    """
+    frac = turns - torch.round(turns)
+    return (TWO_PI * frac).to(dtype)
+
+
+def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """(rows @ freq^T) / (2 pi) in float64: [R, M] x [K, M] -> [R, K].
+
+    The product of two float32 numbers is exact in float64, so for M = 1 this is exact
+    and for small M it carries only float64 rounding (~1e-16 relative).
+    """
+    return rows.to(torch.float64) @ (freq.to(torch.float64) / TWO_PI).T
