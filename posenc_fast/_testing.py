@@ -1,0 +1,134 @@
+"""Random problem generators shared by the test suite and ``python -m posenc_fast verify``.
+
+Inputs are always fresh random values (never zeros: zeros hide bugs and run faster),
+drawn from a seeded generator so a failure can be reproduced from its seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import backends
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def randn(shape, gen, dtype=torch.float32, device="cpu", scale=1.0) -> torch.Tensor:
+    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(dtype=dtype, device=device)
+
+
+def rand(shape, gen, low, high, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    return (low + (high - low) * u).to(dtype=dtype, device=device)
+
+
+@dataclass(frozen=True)
+class LffCase:
+    batch: tuple  # leading batch shape (N, or e.g. (B, N))
+    groups: int
+    pos_dim: int
+    fourier_dim: int
+    hidden_dim: int  # 0: features only
+    group_out_dim: int
+    activation: str = "gelu"
+    position_scale: float = 3.0
+
+    @property
+    def id(self) -> str:
+        mlp = f"H{self.hidden_dim}-Dg{self.group_out_dim}" if self.hidden_dim else "features"
+        b = "x".join(map(str, self.batch)) or "scalar"
+        return f"N{b}-G{self.groups}-M{self.pos_dim}-F{self.fourier_dim}-{mlp}-{self.activation}"
+
+
+def lff_inputs(case: LffCase, dtype, device, seed: int, x_dtype=None):
+    """(x, wr, w1, b1, w2, b2); the weights in ``dtype``, x in ``x_dtype`` (default float32,
+    float64 when dtype is float64)."""
+    g = generator(seed)
+    if x_dtype is None:
+        x_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    shape = (*case.batch, case.groups, case.pos_dim)
+    x = randn(shape, g, x_dtype, device, case.position_scale)
+    wr = randn((case.fourier_dim // 2, case.pos_dim), g, dtype, device)
+    if not case.hidden_dim:
+        return x, wr, None, None, None, None
+    H, Dg, F = case.hidden_dim, case.group_out_dim, case.fourier_dim
+    w1 = randn((F, H), g, dtype, device, 1.0 / math.sqrt(F) * 4)
+    b1 = randn((H,), g, dtype, device, 0.5)
+    w2 = randn((H, Dg), g, dtype, device, 1.0 / math.sqrt(H))
+    b2 = randn((Dg,), g, dtype, device, 0.5)
+    return x, wr, w1, b1, w2, b2
+
+
+# The shared LFF matrix: odd sizes, N = 0 and 1, extra batch dimensions, G in {1, 2, 4},
+# M in {1, 2, 4}, every activation, with and without the MLP. Small enough for the
+# Triton interpreter (about 0.5 ms per program instance) in CI.
+LFF_CASES: Sequence[LffCase] = (
+    LffCase((37,), 1, 2, 16, 8, 12),
+    LffCase((0,), 2, 2, 16, 8, 12),
+    LffCase((1,), 1, 1, 8, 4, 6),
+    LffCase((3, 5), 2, 2, 16, 8, 10, "gelu_tanh"),
+    LffCase((19,), 4, 1, 12, 6, 5, "relu"),
+    LffCase((2, 3, 4), 1, 4, 32, 16, 24),
+    LffCase((11,), 2, 4, 20, 7, 9, "gelu_tanh"),
+    LffCase((23,), 1, 2, 16, 0, 0),
+    LffCase((2, 7), 4, 2, 8, 0, 0),
+    LffCase((0,), 1, 3, 8, 0, 0),
+)
+
+
+@dataclass(frozen=True)
+class EncodingCase:
+    kind: str  # "sinusoidal" | "dft"
+    shape: tuple  # positions shape
+    dim: int
+    position_scale: float = 50.0
+    integer: bool = False
+
+    @property
+    def id(self) -> str:
+        s = "x".join(map(str, self.shape)) or "scalar"
+        return f"{self.kind}-P{s}-d{self.dim}" + ("-int" if self.integer else "")
+
+
+def positions(case: EncodingCase, dtype, device, seed: int) -> torch.Tensor:
+    g = generator(seed)
+    if case.integer:
+        return torch.randint(0, int(case.position_scale), case.shape, generator=g).to(device)
+    return rand(case.shape, g, -case.position_scale, case.position_scale, dtype, device)
+
+
+ENCODING_CASES: Sequence[EncodingCase] = tuple(
+    EncodingCase(kind, shape, dim, integer=integer)
+    for kind in ("sinusoidal", "dft")
+    for shape, dim, integer in (
+        ((17,), 8, False),
+        ((0,), 6, False),
+        ((1,), 2, False),
+        ((3, 5), 10, False),
+        ((2, 3, 4), 16, True),
+        ((), 4, False),
+    )
+)
+
+
+def backends_for(op: str, device: str, dtype: Optional[torch.dtype] = None, include_reference=False) -> list[str]:
+    """Backends usable here that implement ``op`` on ``device`` (and ``dtype``)."""
+    out = []
+    for name in backends.BACKEND_NAMES:
+        if name == "reference" and not include_reference:
+            continue
+        b = backends.get(name)
+        if b.environment_reasons() or not b.implements(op, device):
+            continue
+        sup = b.SUPPORT[op]
+        if dtype is not None and sup.dtypes is not None and dtype not in sup.dtypes:
+            continue
+        out.append(name)
+    return out

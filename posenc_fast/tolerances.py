@@ -1,0 +1,100 @@
+"""How close every backend must be to the float64 reference: the one place.
+
+An output passes when, elementwise, |out - ref| <= atol + rtol * |ref|, where ``ref`` is
+the float64 reference evaluated on the same inputs (already rounded to their dtype).
+
+- "encoding": outputs that are sines and cosines of a phase (sinusoidal, DFT, LFF
+  features without MLP). ACCURACY.md: within 1e-6 of float64 math for |phase| <= 1e5 in
+  float32; within about one ulp (+1e-6) in bfloat16 / float16.
+- "lff": LFF with its MLP. float32: accumulation of two small matmuls. Half precision:
+  features and hidden layer are rounded to the dtype before the tensor-core matmuls.
+- "floater": ODE solutions after hundreds of solver steps (error accumulates along them).
+- "grad": gradients, compared relative to the largest gradient entry (see ``check``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tol:
+    atol: float
+    rtol: float
+
+
+TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
+    torch.float64: {
+        "encoding": Tol(1e-12, 1e-12),
+        "lff": Tol(1e-10, 1e-10),
+        "floater": Tol(1e-9, 1e-9),
+        "grad": Tol(1e-9, 1e-9),
+    },
+    torch.float32: {
+        "encoding": Tol(1e-6, 0.0),
+        "lff": Tol(2e-5, 2e-5),
+        "floater": Tol(5e-5, 5e-5),
+        "grad": Tol(5e-5, 5e-5),
+    },
+    torch.bfloat16: {
+        "encoding": Tol(1e-6, 2.0**-8),
+        "lff": Tol(4e-2, 3e-2),
+        "floater": Tol(4e-2, 3e-2),
+        "grad": Tol(5e-2, 5e-2),
+    },
+    torch.float16: {
+        "encoding": Tol(1e-6, 2.0**-11),
+        "lff": Tol(5e-3, 5e-3),
+        "floater": Tol(5e-3, 5e-3),
+        "grad": Tol(1e-2, 1e-2),
+    },
+}
+
+# Phase-dependent outputs vs float64 math on the same fp32 inputs, |phase| <= 1e5.
+PHASE_ATOL = 1e-6
+
+
+def tol(dtype: torch.dtype, kind: str) -> Tol:
+    return TOLERANCES[dtype][kind]
+
+
+def mismatch(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, kind: str, scale=None) -> str:
+    """'' if ``out`` is within tolerance of ``ref``, else a report of the worst element.
+
+    ``scale`` (e.g. for gradients) replaces |ref| in the relative term by one number.
+    NaNs must sit at the same places in both.
+    """
+    t = tol(dtype, kind)
+    if out.shape != ref.shape:
+        return f"shape {list(out.shape)} != reference {list(ref.shape)}"
+    o = out.detach().to(torch.float64).cpu()
+    r = ref.detach().to(torch.float64).cpu()
+    if o.numel() == 0:
+        return ""
+    nan_o, nan_r = torch.isnan(o), torch.isnan(r)
+    if not torch.equal(nan_o, nan_r):
+        return f"NaN pattern differs: {int(nan_o.sum())} NaNs in output, {int(nan_r.sum())} in reference"
+    o = torch.where(nan_r, 0.0, o)
+    r = torch.where(nan_r, 0.0, r)
+    rel_base = r.abs() if scale is None else torch.full_like(r, float(scale))
+    allowed = t.atol + t.rtol * rel_base
+    err = (o - r).abs()
+    bad = err > allowed
+    if not bad.any():
+        return ""
+    worst = int(torch.argmax((err - allowed).flatten()))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), r.shape))
+    return (
+        f"{int(bad.sum())}/{r.numel()} elements ({100.0 * bad.float().mean():.2f}%) exceed "
+        f"atol={t.atol:g} + rtol={t.rtol:g}*|ref| ({kind}, {dtype}); worst at index {idx}: "
+        f"out={o.flatten()[worst]:.9g} ref={r.flatten()[worst]:.9g} err={err.flatten()[worst]:.3g} "
+        f"allowed={allowed.flatten()[worst]:.3g}; max err {err.max():.3g}"
+    )
+
+
+def assert_close(out, ref, dtype, kind: str, scale=None, what: str = "") -> None:
+    msg = mismatch(out, ref, dtype, kind, scale)
+    if msg:
+        raise AssertionError(f"{what}: {msg}" if what else msg)

@@ -1,0 +1,40 @@
+"""Shared test configuration.
+
+- Without a CUDA device, TRITON_INTERPRET=1 is set before anything imports the kernels,
+  so the "triton" backend runs on CPU tensors through Triton's interpreter (how CI, which
+  has no GPU, verifies the kernels).
+- POSENC_FAST_TEST_DEVICE=cuda runs the device-parametrised tests on CUDA tensors (the
+  H200 validation run); the default is cpu.
+"""
+
+import os
+
+import pytest
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import posenc_fast  # noqa: E402  (after TRITON_INTERPRET is decided)
+from posenc_fast import _testing  # noqa: E402
+
+DEVICE = os.environ.get("POSENC_FAST_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+def backend_params(op: str, dtype=None, include_reference=False, exclude=()):
+    """pytest params for every backend usable here that implements ``op`` on DEVICE."""
+    names = _testing.backends_for(op, DEVICE, dtype, include_reference)
+    return [pytest.param(n, id=n) for n in names if n not in exclude]
+
+
+def pytest_report_header(config):
+    usable = posenc_fast.available_backends(verbose=True)
+    lines = [f"posenc_fast {posenc_fast.__version__}, test device {DEVICE}"]
+    for name, reasons in usable.items():
+        lines.append(f"  backend {name}: " + ("usable" if not reasons else "; ".join(reasons)))
+    return lines
