@@ -25,7 +25,9 @@ def real_positions(name: str, value) -> torch.Tensor:
     """Positions: any real floating or integer dtype (integers are converted later)."""
     tensor(name, value)
     if value.is_complex():
-        raise TypeError(f"{name} must be real (floating or integer), got complex dtype {value.dtype}")
+        raise TypeError(
+            f"{name} must be real (floating or integer), got complex dtype {value.dtype}"
+        )
     if value.dtype == torch.bool:
         raise TypeError(f"{name} must be a floating or integer tensor, got torch.bool")
     return value
@@ -41,7 +43,9 @@ def float_tensor(name: str, value) -> torch.Tensor:
     return value
 
 
-def shape(name: str, value: torch.Tensor, expected: Sequence[Optional[int]], what: str = "") -> None:
+def shape(
+    name: str, value: torch.Tensor, expected: Sequence[Optional[int]], what: str = ""
+) -> None:
     """Check rank and sizes; None in ``expected`` accepts any size."""
     exp = tuple(expected)
     ok = value.dim() == len(exp) and all(e is None or e == s for e, s in zip(exp, value.shape))
@@ -51,7 +55,9 @@ def shape(name: str, value: torch.Tensor, expected: Sequence[Optional[int]], wha
         raise ValueError(f"{name} must have shape {spec}{extra}, got {list(value.shape)}")
 
 
-def same_device(reference_name: str, reference: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
+def same_device(
+    reference_name: str, reference: torch.Tensor, **others: Optional[torch.Tensor]
+) -> None:
     for name, t in others.items():
         if t is not None and t.device != reference.device:
             raise ValueError(
@@ -60,7 +66,9 @@ def same_device(reference_name: str, reference: torch.Tensor, **others: Optional
             )
 
 
-def same_dtype(reference_name: str, reference: torch.Tensor, **others: Optional[torch.Tensor]) -> None:
+def same_dtype(
+    reference_name: str, reference: torch.Tensor, **others: Optional[torch.Tensor]
+) -> None:
     for name, t in others.items():
         if t is not None and t.dtype != reference.dtype:
             raise TypeError(

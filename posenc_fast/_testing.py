@@ -21,7 +21,9 @@ def generator(seed: int) -> torch.Generator:
 
 
 def randn(shape, gen, dtype=torch.float32, device="cpu", scale=1.0) -> torch.Tensor:
-    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(dtype=dtype, device=device)
+    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(
+        dtype=dtype, device=device
+    )
 
 
 def rand(shape, gen, low, high, dtype=torch.float32, device="cpu") -> torch.Tensor:
@@ -118,7 +120,9 @@ ENCODING_CASES: Sequence[EncodingCase] = tuple(
 )
 
 
-def backends_for(op: str, device: str, dtype: Optional[torch.dtype] = None, include_reference=False) -> list[str]:
+def backends_for(
+    op: str, device: str, dtype: Optional[torch.dtype] = None, include_reference=False
+) -> list[str]:
     """Backends usable here that implement ``op`` on ``device`` (and ``dtype``)."""
     out = []
     for name in backends.BACKEND_NAMES:

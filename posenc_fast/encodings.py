@@ -25,7 +25,9 @@ def _encoding_dtype(positions: Tensor) -> torch.dtype:
     return positions.dtype if positions.is_floating_point() else torch.get_default_dtype()
 
 
-def _choose(kind: str, device: torch.device, dtype, dim: int, positions: Tensor, backend: str) -> str:
+def _choose(
+    kind: str, device: torch.device, dtype, dim: int, positions: Tensor, backend: str
+) -> str:
     problem = Problem(
         op="encoding",
         device=device.type,
@@ -38,9 +40,11 @@ def _choose(kind: str, device: torch.device, dtype, dim: int, positions: Tensor,
 
 
 def _check_dim(kind: str, dim) -> int:
-    if kind == "dft":
-        if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0 and dim % 2:
-            raise ValueError(f"dim must be even for the DFT encoding (Eq. 21 pairs cosines and sines), got {dim}")
+    odd = isinstance(dim, int) and not isinstance(dim, bool) and dim > 0 and dim % 2
+    if kind == "dft" and odd:
+        raise ValueError(
+            f"dim must be even for the DFT encoding (Eq. 21 pairs cosines and sines), got {dim}"
+        )
     return _checks.even_positive_int("dim", dim)
 
 
@@ -60,7 +64,11 @@ def _encode(kind: str, positions, dim, base: float, block, backend: str) -> Tens
 
 
 def sinusoidal(
-    positions: Tensor, dim: int, base: float = 10000.0, block: Optional[float] = None, backend: str = "auto"
+    positions: Tensor,
+    dim: int,
+    base: float = 10000.0,
+    block: Optional[float] = None,
+    backend: str = "auto",
 ) -> Tensor:
     """Sinusoidal encoding, interleaved: [...] -> [..., dim].
 
@@ -72,7 +80,9 @@ def sinusoidal(
     return _encode("sinusoidal", positions, dim, base, block, backend)
 
 
-def sinusoidal_nd(coords: Tensor, dim_per_axis: int, base: float = 10000.0, backend: str = "auto") -> Tensor:
+def sinusoidal_nd(
+    coords: Tensor, dim_per_axis: int, base: float = 10000.0, backend: str = "auto"
+) -> Tensor:
     """Each of the M coordinates encoded by ``sinusoidal`` and concatenated in coordinate
     order (the papers' Sine-2D / Sine-4D baselines): [..., M] -> [..., M * dim_per_axis]."""
     _checks.real_positions("coords", coords)
@@ -124,7 +134,9 @@ def _lattice_basis(dim: int, device, dtype) -> Tensor:
 def _add_encoding(kind: str, x, positions, base: float, backend: str) -> Tensor:
     _checks.float_tensor("x", x)
     if x.dim() < 2:
-        raise ValueError(f"x must have shape [..., L, dim] (at least 2 dimensions), got {list(x.shape)}")
+        raise ValueError(
+            f"x must have shape [..., L, dim] (at least 2 dimensions), got {list(x.shape)}"
+        )
     dim = x.shape[-1]
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)
@@ -137,11 +149,16 @@ def _add_encoding(kind: str, x, positions, base: float, backend: str) -> Tensor:
             ok = False
         if not ok:
             raise ValueError(
-                f"positions must broadcast to x.shape[:-1] = {list(x.shape[:-1])}, got {list(positions.shape)}"
+                f"positions must broadcast to x.shape[:-1] = {list(x.shape[:-1])}, "
+                f"got {list(positions.shape)}"
             )
     name = _choose(kind, x.device, x.dtype, dim, positions, backend)
     if name == "reference":
-        ref = _reference.dft(positions, dim) if kind == "dft" else _reference.sinusoidal(positions, dim, base)
+        ref = (
+            _reference.dft(positions, dim)
+            if kind == "dft"
+            else _reference.sinusoidal(positions, dim, base)
+        )
         return (x.to(torch.float64) + ref).to(x.dtype)
     return torch.ops.posenc_fast.encoding_add(x, positions, kind, base, None, name)
 
@@ -166,7 +183,9 @@ class SinusoidalPE(nn.Module):
         return _add_encoding("sinusoidal", x, positions, self.base, self.backend)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, base={self.base}" + (f", backend={self.backend!r}" if self.backend != "auto" else "")
+        return f"dim={self.dim}, base={self.base}" + (
+            f", backend={self.backend!r}" if self.backend != "auto" else ""
+        )
 
 
 class DFTPE(nn.Module):

@@ -33,7 +33,9 @@ def _check_lff_args(x, wr, w1, b1, w2, b2, activation) -> tuple[Tensor, bool]:
     _checks.real_positions("x", x)
     _checks.float_tensor("wr", wr)
     if x.dim() < 2:
-        raise ValueError(f"x must have shape [..., G, M] (at least 2 dimensions), got {list(x.shape)}")
+        raise ValueError(
+            f"x must have shape [..., G, M] (at least 2 dimensions), got {list(x.shape)}"
+        )
     M = x.shape[-1]
     _checks.shape("wr", wr, (None, M), "[F/2, M] with M = x.shape[-1]")
     mlp_args = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
@@ -154,7 +156,11 @@ class LearnableFourierFeatures(nn.Module):
         _checks.positive_int("out_dim", out_dim)
         _checks.positive_float("gamma", gamma)
         _checks.choice("activation", activation, ACTIVATIONS)
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0.0 <= dropout < 1.0
+        ):
             raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         if mlp:
             _checks.positive_int("hidden_dim", hidden_dim)
@@ -163,7 +169,8 @@ class LearnableFourierFeatures(nn.Module):
         else:
             if out_dim != groups * fourier_dim:
                 raise ValueError(
-                    f"with mlp=False out_dim must equal groups * fourier_dim = {groups * fourier_dim}, got {out_dim}"
+                    "with mlp=False out_dim must equal groups * fourier_dim = "
+                    f"{groups * fourier_dim}, got {out_dim}"
                 )
             if layer_norm or dropout:
                 raise ValueError("layer_norm and dropout apply to the MLP: they need mlp=True")
@@ -198,7 +205,10 @@ class LearnableFourierFeatures(nn.Module):
             self.wr.normal_(0.0, 1.0 / self.gamma)
             if self.mlp:
                 # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-                for w, b, fan_in in ((self.w1, self.b1, self.fourier_dim), (self.w2, self.b2, self.hidden_dim)):
+                for w, b, fan_in in (
+                    (self.w1, self.b1, self.fourier_dim),
+                    (self.w2, self.b2, self.hidden_dim),
+                ):
                     bound = 1.0 / math.sqrt(fan_in)
                     w.uniform_(-bound, bound)
                     b.uniform_(-bound, bound)
@@ -232,7 +242,8 @@ class LearnableFourierFeatures(nn.Module):
         _checks.real_positions("x", x)
         if x.dim() < 2 or x.shape[-2:] != (self.groups, self.pos_dim):
             raise ValueError(
-                f"x must have shape [..., groups={self.groups}, pos_dim={self.pos_dim}], got {list(x.shape)}"
+                f"x must have shape [..., groups={self.groups}, pos_dim={self.pos_dim}], "
+                f"got {list(x.shape)}"
             )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -241,7 +252,9 @@ class LearnableFourierFeatures(nn.Module):
             return lff(x, self.wr, backend=self.backend)
         dropout_active = self.training and self.dropout > 0
         if not (self.layer_norm or dropout_active):
-            return lff(x, self.wr, self.w1, self.b1, self.w2, self.b2, self.activation, self.backend)
+            return lff(
+                x, self.wr, self.w1, self.b1, self.w2, self.b2, self.activation, self.backend
+            )
         return self._forward_unfused(x, dropout_active)
 
     def _forward_unfused(self, x: Tensor, dropout_active: bool) -> Tensor:
@@ -260,7 +273,8 @@ class LearnableFourierFeatures(nn.Module):
 
     def extra_repr(self) -> str:
         s = (
-            f"pos_dim={self.pos_dim}, fourier_dim={self.fourier_dim}, hidden_dim={self.hidden_dim}, "
+            f"pos_dim={self.pos_dim}, fourier_dim={self.fourier_dim}, "
+            f"hidden_dim={self.hidden_dim}, "
             f"out_dim={self.out_dim}, groups={self.groups}, gamma={self.gamma}"
         )
         if not self.learnable:

@@ -60,7 +60,9 @@ def tol(dtype: torch.dtype, kind: str) -> Tol:
     return TOLERANCES[dtype][kind]
 
 
-def mismatch(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, kind: str, scale=None) -> str:
+def mismatch(
+    out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, kind: str, scale=None
+) -> str:
     """'' if ``out`` is within tolerance of ``ref``, else a report of the worst element.
 
     ``scale`` (e.g. for gradients) replaces |ref| in the relative term by one number.
@@ -75,7 +77,10 @@ def mismatch(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, kind: str
         return ""
     nan_o, nan_r = torch.isnan(o), torch.isnan(r)
     if not torch.equal(nan_o, nan_r):
-        return f"NaN pattern differs: {int(nan_o.sum())} NaNs in output, {int(nan_r.sum())} in reference"
+        return (
+            f"NaN pattern differs: {int(nan_o.sum())} NaNs in output, "
+            f"{int(nan_r.sum())} in reference"
+        )
     o = torch.where(nan_r, 0.0, o)
     r = torch.where(nan_r, 0.0, r)
     rel_base = r.abs() if scale is None else torch.full_like(r, float(scale))

@@ -15,8 +15,8 @@ import torch
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-import posenc_fast  # noqa: E402  (after TRITON_INTERPRET is decided)
-from posenc_fast import _testing  # noqa: E402
+import posenc_fast
+from posenc_fast import _testing
 
 DEVICE = os.environ.get("POSENC_FAST_TEST_DEVICE", "cpu")
 

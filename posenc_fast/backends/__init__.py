@@ -36,6 +36,7 @@ BACKEND_NAMES = ("reference", "torch", "triton", "cuda", "cpp")
 # devices their SUPPORT table declares, so one list serves every op.
 AUTO_ORDER = ("cuda", "triton", "cpp", "torch")
 ENV_VAR = "POSENC_FAST_BACKEND"
+_NAMES = ", ".join(map(repr, BACKEND_NAMES))
 
 _instances: dict[str, Backend] = {}
 _warned: set[str] = set()
@@ -48,7 +49,9 @@ class BackendError(RuntimeError):
 def get(name: str) -> Backend:
     """The backend object called ``name`` (imported on first use)."""
     if name not in BACKEND_NAMES:
-        raise ValueError(f"backend must be 'auto' or one of {', '.join(map(repr, BACKEND_NAMES))}; got {name!r}")
+        raise ValueError(
+            f"backend must be 'auto' or one of {_NAMES}; got {name!r}"
+        )
     inst = _instances.get(name)
     if inst is None:
         if name == "reference":
@@ -102,7 +105,8 @@ def choose(problem: Problem, requested: str = "auto") -> str:
                 return name
         raise BackendError(
             f"posenc_fast: no backend can run {problem.op} on these inputs "
-            f"(device={problem.device}, dtype={problem.dtype}):\n{_report(problem, _all_reasons(problem))}"
+            f"(device={problem.device}, dtype={problem.dtype}):\n"
+            f"{_report(problem, _all_reasons(problem))}"
         )
     backend = get(requested)
     if backend.reasons(problem):
@@ -119,11 +123,13 @@ def validate_name(backend) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     if backend != "auto" and backend not in BACKEND_NAMES:
-        raise ValueError(f"backend must be 'auto' or one of {', '.join(map(repr, BACKEND_NAMES))}; got {backend!r}")
+        raise ValueError(
+            f"backend must be 'auto' or one of {_NAMES}; got {backend!r}"
+        )
     return backend
 
 
-def available_backends(verbose: bool = False) -> "dict[str, list[str]] | list[str]":
+def available_backends(verbose: bool = False) -> dict[str, list[str]] | list[str]:
     """Backends usable in this process.
 
     Returns the list of usable names, or with ``verbose=True`` a dict mapping every

@@ -90,5 +90,7 @@ class Backend:
         for key, value in problem.options.items():
             allowed = sup.options.get(key, ANY)
             if allowed is not ANY and value not in allowed:
-                out.append(f"{key}={value!r} not supported (supports {', '.join(map(repr, allowed))})")
+                out.append(
+                    f"{key}={value!r} not supported (supports {', '.join(map(repr, allowed))})"
+                )
         return out + self.extra_reasons(problem)

@@ -1,10 +1,10 @@
 """torch.library custom ops for the fixed encodings (kind = "sinusoidal" | "dft").
 
-    posenc_fast::encoding(positions, dim, kind, base, block?, out_dtype, backend) -> [*P, dim]
-    posenc_fast::encoding_add(x, positions, kind, base, block?, backend) -> x + pe
-        positions broadcast against x.shape[:-1]; read x once, write once
-    posenc_fast::encoding_backward(grad, positions, dim, kind, base, backend) -> d positions
-        grad already summed over the broadcast dimensions: [*positions.shape, dim]
+posenc_fast::encoding(positions, dim, kind, base, block?, out_dtype, backend) -> [*P, dim]
+posenc_fast::encoding_add(x, positions, kind, base, block?, backend) -> x + pe
+    positions broadcast against x.shape[:-1]; read x once, write once
+posenc_fast::encoding_backward(grad, positions, dim, kind, base, backend) -> d positions
+    grad already summed over the broadcast dimensions: [*positions.shape, dim]
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def _positions_grad(ctx, grad_pe: Tensor, positions: Tensor) -> Tensor:
 
 
 def _setup_encoding(ctx, inputs, output):
-    positions, dim, kind, base, block, out_dtype, backend = inputs
+    positions, dim, kind, base, _block, _out_dtype, backend = inputs
     ctx.save_for_backward(positions)
     ctx.dim, ctx.kind, ctx.base, ctx.backend = dim, kind, base, backend
 
@@ -92,7 +92,7 @@ def _backward_encoding(ctx, grad):
 
 
 def _setup_add(ctx, inputs, output):
-    x, positions, kind, base, block, backend = inputs
+    x, positions, kind, base, _block, backend = inputs
     ctx.save_for_backward(positions)
     ctx.dim, ctx.kind, ctx.base, ctx.backend = x.shape[-1], kind, base, backend
 

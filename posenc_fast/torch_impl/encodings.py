@@ -55,7 +55,9 @@ def spectrum(kind: str, dim: int, base: float, device: torch.device) -> Spectrum
     sp = _spectrum_cpu(kind, dim, float(base))
     if device.type == "cpu":
         return sp
-    return Spectrum(*(t.to(device) for t in (sp.turns, sp.cos_col, sp.cos_amp, sp.sin_col, sp.sin_amp)))
+    return Spectrum(
+        *(t.to(device) for t in (sp.turns, sp.cos_col, sp.cos_amp, sp.sin_col, sp.sin_amp))
+    )
 
 
 def _assemble(c: torch.Tensor, s: torch.Tensor, sp: Spectrum, dim: int) -> torch.Tensor:
@@ -119,5 +121,7 @@ def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torc
         # d cos / dp = -rate sin ; d sin / dp = rate cos
         dcos = -(torch.sin(ang[:, has_cos]) * (rate[has_cos] * sp.cos_amp[has_cos].to(fdt)))
         dsin = torch.cos(ang[:, has_sin]) * (rate[has_sin] * sp.sin_amp[has_sin].to(fdt))
-        out[sl] = (gs[:, sp.cos_col[has_cos]] * dcos).sum(1) + (gs[:, sp.sin_col[has_sin]] * dsin).sum(1)
+        out[sl] = (gs[:, sp.cos_col[has_cos]] * dcos).sum(1) + (
+            gs[:, sp.sin_col[has_sin]] * dsin
+        ).sum(1)
     return out.to(positions.dtype).reshape(positions.shape)

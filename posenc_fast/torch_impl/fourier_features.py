@@ -98,7 +98,7 @@ def lff_backward(
     fdt = feature_dtype(mlp_dtype)
     acc = torch.float64 if wr.dtype == torch.float64 else torch.float32
     inv_sqrt_f = 1.0 / math.sqrt(2 * wr.shape[0])
-    g_rows = grad.reshape(R, -1)
+    g_rows = grad.reshape(R, grad.shape[-1] // x.shape[-2])
 
     dx = torch.empty((R, M), dtype=fdt, device=x.device) if need_x else None
     dwr = torch.zeros(wr.shape, dtype=acc, device=x.device) if need_wr else None
