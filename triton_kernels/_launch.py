@@ -1,0 +1,66 @@
+"""What every launcher needs: interpreter detection, dtypes, device guard, grid sizes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+
+# Decided once: Triton itself reads TRITON_INTERPRET when the kernels are defined.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+_TL_DTYPES = {
+    torch.float32: tl.float32,
+    torch.bfloat16: tl.bfloat16,
+    torch.float16: tl.float16,
+}
+
+
+def tl_dtype(dtype: torch.dtype):
+    return _TL_DTYPES[dtype]
+
+
+def dot_precision(compute_dtype: torch.dtype):
+    """input_precision of tl.dot: float32 MLPs are IEEE-exact float32 unless the user
+    opted into TF32 through torch.backends.cuda.matmul.allow_tf32; bf16 / fp16 operands
+    use the tensor cores natively (the argument does not apply: None)."""
+    if compute_dtype != torch.float32:
+        return None
+    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def device_guard(t: torch.Tensor):
+    """Launch on the tensor's device (Triton launches on the current device's current
+    stream, so a tensor on cuda:1 needs cuda:1 to be current)."""
+    if t.device.type == "cuda":
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+@cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 2  # the interpreter: a couple of programs exercise the partial sums
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def pow2(n: int, lo: int = 16, hi: int = 1 << 30) -> int:
+    """next power of two >= n, clamped to [lo, hi] (tl.dot needs dimensions >= 16)."""
+    return max(lo, min(hi, triton.next_power_of_2(max(1, int(n)))))
+
+
+def rows_view(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t as a 2-D [rows, width] view whose last dimension has stride 1 (copies only when
+    no such view exists). Kernels take the row stride, so batch strides are free."""
+    r = t.reshape(-1, width)
+    if r.stride(-1) != 1 and r.shape[-1] > 1:
+        r = r.contiguous()
+    return r

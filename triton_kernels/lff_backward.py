@@ -1,0 +1,400 @@
+"""Learnable Fourier features + grouped MLP, backward: one fused pass (``lff_bwd``).
+
+Nothing but x and the weights is saved by the forward; this kernel recomputes the
+features and the hidden layer from them, reads dY once, and produces
+
+    dx [R, M]            written per row (rows are independent)
+    dwr, dw1, db1, dw2, db2   sums over all rows: reduced deterministically
+
+Per tile of BLOCK_R rows (r = [cos || sin] / sqrt(F), a = r w1 + b1, h = act(a)):
+
+    a      = sum over frequency chunks of r_k @ w1_k            (recompute, tl.dot)
+    for each chunk of BLOCK_D output columns:                 (dY read once)
+        gh  += dY_d @ w2_d^T                                    [BR, BH] registers
+        dw2 partial[:, d] += h^T @ dY_d ;  db2 partial[d] += sum_rows dY_d
+    ga     = gh * act'(a) ;  db1 partial += sum_rows ga        [BR, BH] registers
+    for each frequency chunk k:                               (features recomputed)
+        dw1 partial[k] += r_k^T @ ga
+        gr_k   = ga @ w1_k^T                                    [BR, BK] (cos / sin parts)
+        gphase = (gr_sin * cos - gr_cos * sin) / sqrt(F)        d loss / d phase
+        dx    += gphase @ wr_k ;  dwr partial[k] += gphase^T @ x
+    store dx
+
+Determinism without atomics: a fixed number P of programs (independent of timing) each
+owns one row of a float32 workspace [P, |weights|] and walks the row tiles
+t = pid, pid + P, ... in order, adding its contributions to its own row (read-modify-write
+by one program only, with a barrier between tiles so every thread sees the previous
+tile's writes). A second kernel sums the P rows in the fixed order p = 0, 1, ..., P-1.
+Same inputs and same P -> bitwise-identical gradients. The configuration is chosen by a
+fixed rule (no autotuning): a timing-dependent choice would change the summation order.
+
+Only what ``needs`` asks for is computed: the constexpr flags remove the dY @ w2^T
+pass, the second feature pass, and each partial sum when not needed.
+
+Traffic (canonical case, bf16): dY 1.61 GB read once + x 8 MB + dx 8 MB; the workspace
+partials (P * 132 kB with P ~ 2 x SMs, ~35 MB) are read-modified-written once per tile
+from L2. Tensor-core work: 2*F*H (recompute) + 4*H*Dg (dY w2^T, h^T dY) + 4*F*H (dw1, gr)
+FLOPs per row ~ 0.16 MFLOP -> ~0.17 TFLOP for 2^20 rows (~0.2 ms at ~790 TFLOP/s);
+sincos: two feature passes, 2 * F/2 per row. Floor: ~0.38 ms (dY read), pending on GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import INTERPRET, device_guard, dot_precision, pow2, sm_count, tl_dtype
+from ._mlp import activation, activation_grad, mma
+from ._round import load_as, round_to
+from .lff_forward import cos_sin_tile, hidden_preactivation
+
+
+@triton.jit
+def _add_to(ptrs, value, mask):
+    """*ptrs += value, for a workspace row owned by this program alone."""
+    tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + value, mask=mask)
+
+
+@triton.jit
+def _lff_bwd_kernel(
+    X,
+    WR,
+    W1,
+    B1,
+    W2,
+    GRAD,
+    DX,
+    WS,
+    R,
+    F2,
+    H,
+    DG,
+    n_tiles,
+    stride_xr,
+    stride_xm,
+    stride_gr,
+    stride_ws,
+    off_dwr,
+    off_dw1,
+    off_dw2,
+    off_db1,
+    off_db2,
+    inv_sqrt_f,
+    M: tl.constexpr,
+    MLP: tl.constexpr,
+    ACT: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    NEED_X: tl.constexpr,
+    NEED_WR: tl.constexpr,
+    NEED_W1: tl.constexpr,
+    NEED_B1: tl.constexpr,
+    NEED_W2: tl.constexpr,
+    NEED_B2: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    # X [R, M] any strides; WR [F2, M], W1 [2*F2, H], B1 [H], W2 [H, DG] contiguous;
+    # GRAD [R, DG] (or [R, 2*F2] without the MLP) with row stride stride_gr, unit columns;
+    # DX [R, M] contiguous; WS [P, stride_ws] float32 zero-initialised, this program's row
+    # holds its partial sums of dwr [F2, M] | dw1 [2*F2, H] | dw2 [H, DG] | db1 [H] |
+    # db2 [DG] at the given offsets. Grid: (P,), programs walk tiles pid, pid + P, ...
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ws = WS + pid.to(tl.int64) * stride_ws
+    # What the flags imply: ga (the gradient at the pre-activation) feeds db1, dw1 and
+    # the phase gradient; the phase gradient feeds dx and dwr.
+    NEED_PHASE: tl.constexpr = NEED_X or NEED_WR
+    NEED_GA: tl.constexpr = MLP and (NEED_B1 or NEED_W1 or NEED_PHASE)
+    NEED_H: tl.constexpr = MLP and (NEED_W2 or NEED_GA)
+    hs = tl.arange(0, BLOCK_H)
+    hmask = hs < H
+    ms = tl.arange(0, BLOCK_M)
+    db1_acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for tile in range(pid, n_tiles, nprog):
+        # This tile's read-modify-writes of the workspace row must see the previous
+        # tile's, which other threads of this program may have made.
+        tl.debug_barrier()
+        rows = tl.cast(tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < R
+        g_rows = GRAD + rows[:, None] * stride_gr
+        if NEED_H:
+            a = hidden_preactivation(
+                X,
+                WR,
+                W1,
+                rows,
+                rmask,
+                hs,
+                hmask,
+                F2,
+                H,
+                stride_xr,
+                stride_xm,
+                inv_sqrt_f,
+                M,
+                COMPUTE,
+                PRECISION,
+                INTERPRET,
+                BLOCK_R,
+                BLOCK_K,
+                BLOCK_H,
+            )
+            a += tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
+            h = round_to(activation(a, ACT), COMPUTE, INTERPRET)
+            gh = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
+            for d0 in range(0, DG, BLOCK_D):
+                ds = d0 + tl.arange(0, BLOCK_D)
+                dmask = ds < DG
+                # Padded rows read dY = 0, so they add nothing to any sum below.
+                g = load_as(
+                    g_rows + ds[None, :], rmask[:, None] & dmask[None, :], COMPUTE, INTERPRET
+                )
+                if NEED_GA:
+                    w2t = load_as(
+                        W2 + hs[None, :] * DG + ds[:, None],
+                        dmask[:, None] & hmask[None, :],
+                        COMPUTE,
+                        INTERPRET,
+                    )  # [BD, BH] = w2[:, ds]^T
+                    gh = mma(g, w2t, gh, PRECISION, INTERPRET)
+                if NEED_W2:
+                    part = mma(
+                        tl.trans(h),
+                        g,
+                        tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32),
+                        PRECISION,
+                        INTERPRET,
+                    )
+                    _add_to(
+                        ws + off_dw2 + hs[:, None] * DG + ds[None, :],
+                        part,
+                        hmask[:, None] & dmask[None, :],
+                    )
+                if NEED_B2:
+                    _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask)
+            if NEED_GA:
+                ga = gh * activation_grad(a, ACT)  # [BR, BH] float32
+                if NEED_B1:
+                    db1_acc += tl.sum(ga, axis=0)
+                ga_c = round_to(ga, COMPUTE, INTERPRET)
+        elif NEED_B2:
+            # db2 alone: a column sum of dY, no recomputation.
+            for d0 in range(0, DG, BLOCK_D):
+                ds = d0 + tl.arange(0, BLOCK_D)
+                dmask = ds < DG
+                g = tl.load(g_rows + ds[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+                _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask)
+        if NEED_PHASE or (MLP and NEED_W1):
+            dx_acc = tl.zeros([BLOCK_R, BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, F2, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                kmask = ks < F2
+                c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
+                if MLP:
+                    if NEED_W1:
+                        wmask = kmask[:, None] & hmask[None, :]
+                        rc = round_to(c * inv_sqrt_f, COMPUTE, INTERPRET)
+                        rs = round_to(s * inv_sqrt_f, COMPUTE, INTERPRET)
+                        zero_kh = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float32)
+                        part_c = mma(tl.trans(rc), ga_c, zero_kh, PRECISION, INTERPRET)
+                        part_s = mma(tl.trans(rs), ga_c, zero_kh, PRECISION, INTERPRET)
+                        _add_to(ws + off_dw1 + ks[:, None] * H + hs[None, :], part_c, wmask)
+                        _add_to(ws + off_dw1 + (ks + F2)[:, None] * H + hs[None, :], part_s, wmask)
+                    if NEED_PHASE:
+                        tmask = hmask[:, None] & kmask[None, :]
+                        w1c_t = load_as(
+                            W1 + ks[None, :] * H + hs[:, None], tmask, COMPUTE, INTERPRET
+                        )
+                        w1s_t = load_as(
+                            W1 + (ks + F2)[None, :] * H + hs[:, None], tmask, COMPUTE, INTERPRET
+                        )
+                        zero_rk = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
+                        gr_c = mma(ga_c, w1c_t, zero_rk, PRECISION, INTERPRET)
+                        gr_s = mma(ga_c, w1s_t, zero_rk, PRECISION, INTERPRET)
+                else:
+                    gmask = rmask[:, None] & kmask[None, :]
+                    gr_c = tl.load(g_rows + ks[None, :], mask=gmask, other=0.0).to(tl.float32)
+                    gr_s = tl.load(g_rows + (ks + F2)[None, :], mask=gmask, other=0.0).to(
+                        tl.float32
+                    )
+                if NEED_PHASE:
+                    # d[cos, sin]/d phase = [-sin, cos]; padded rows / frequencies have
+                    # gr = 0 (zero dY rows, zero w1 rows), so gphase = 0 there.
+                    gphase = (gr_s * c - gr_c * s) * inv_sqrt_f  # [BR, BK]
+                    for m in tl.static_range(M):
+                        if NEED_X:
+                            w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
+                            col = tl.sum(gphase * w[None, :], axis=1)
+                            dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
+                        if NEED_WR:
+                            x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0)
+                            part = tl.sum(gphase * x.to(tl.float32)[:, None], axis=0)
+                            _add_to(ws + off_dwr + ks * M + m, part, kmask)
+            if NEED_X:
+                dmask_x = rmask[:, None] & (ms < M)[None, :]
+                tl.store(
+                    DX + rows[:, None] * M + ms[None, :],
+                    dx_acc.to(DX.dtype.element_ty),
+                    mask=dmask_x,
+                )
+    if MLP and NEED_B1:
+        tl.store(ws + off_db1 + hs, db1_acc, mask=hmask)
+
+
+@triton.jit
+def _sum_partials_kernel(WS, OUT, P, NCOL, stride_ws, BLOCK: tl.constexpr):
+    # WS [P, stride_ws] float32 -> OUT [NCOL] float32, OUT[c] = sum_p WS[p, c] added in the
+    # fixed order p = 0, 1, ..., P-1 (deterministic). Grid: (cdiv(NCOL, BLOCK),).
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < NCOL
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in range(0, P):
+        acc += tl.load(WS + tl.cast(p, tl.int64) * stride_ws + cols, mask=mask, other=0.0)
+    tl.store(OUT + cols, acc, mask=mask)
+
+
+# Workspace budget: partial sums of all programs together stay below this many bytes
+# (P shrinks for large weights, e.g. F=768, H=256, Dg=1024: 1.8 MB per program).
+_WORKSPACE_BYTES = 256 * 2**20
+
+
+def _blocks(R: int, F2: int, H: int, DG: int) -> tuple[dict, dict]:
+    """(block sizes, launch options): a fixed rule, see the module docstring."""
+    block_h = pow2(H)
+    if INTERPRET:
+        blocks = {
+            "BLOCK_R": pow2(R, 16, 64),
+            "BLOCK_K": pow2(F2, 16, 64),
+            "BLOCK_D": pow2(DG, 16, 128),
+        }
+        return blocks, {}
+    # Two [BLOCK_R, BLOCK_H] float32 tiles (a, gh) live through the tile: keep
+    # BLOCK_R * BLOCK_H <= 8192 (32 registers per thread each with 8 warps).
+    block_r = max(16, min(128, 8192 // block_h))
+    blocks = {"BLOCK_R": block_r, "BLOCK_K": 32, "BLOCK_D": 64}
+    return blocks, {"num_warps": 8, "num_stages": 2}
+
+
+def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
+    """Gradients (dx, dwr, dw1, db1, dw2, db2) of lff_fwd; None where needs[i] is False.
+
+    grad [..., G * width] in the forward's output dtype (the MLP compute dtype). Returned
+    gradients have the dtypes of their inputs.
+    """
+    mlp = w1 is not None
+    need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = (bool(n) for n in needs)
+    if not mlp:
+        need_w1 = need_b1 = need_w2 = need_b2 = False
+    M = x.shape[-1]
+    rows = x.reshape(-1, M)
+    if not rows.is_floating_point():
+        rows = rows.to(torch.float32)
+    R = rows.shape[0]
+    F2 = wr.shape[0]
+    H = w1.shape[1] if mlp else 0
+    width = w2.shape[1] if mlp else 2 * F2
+    device = x.device
+    out: list = [None] * 6
+
+    # Partial sums: (index in the result, reference tensor, workspace offset) per gradient.
+    parts = []
+    offset = 0
+    for idx, need, ref in (
+        (1, need_wr, wr),
+        (2, need_w1, w1),
+        (4, need_w2, w2),
+        (3, need_b1, b1),
+        (5, need_b2, b2),
+    ):
+        if need:
+            parts.append((idx, ref, offset))
+            offset += ref.numel()
+    offsets = {idx: off for idx, _, off in parts}
+    total = offset
+
+    if need_x:
+        dx = torch.empty(
+            (R, M), dtype=x.dtype if x.is_floating_point() else torch.float32, device=device
+        )
+        out[0] = dx.view(x.shape)
+    if R == 0 or not (need_x or parts):
+        for idx, ref, _ in parts:
+            out[idx] = torch.zeros_like(ref)
+        return out
+
+    g = grad.reshape(R, width)
+    if g.stride(-1) != 1:
+        g = g.contiguous()
+    compute = grad.dtype
+    wr = wr.contiguous()
+    if mlp:
+        w1, b1, w2 = (t.contiguous() for t in (w1, b1, w2))
+    else:
+        w1 = b1 = w2 = wr  # never read: MLP is a compile-time False
+
+    blocks, options = _blocks(R, F2, H, width)
+    n_tiles = triton.cdiv(R, blocks["BLOCK_R"])
+    per_program = max(1, total) * 4
+    programs = max(1, min(n_tiles, 2 * sm_count(device), _WORKSPACE_BYTES // per_program))
+    ws = torch.zeros((programs, max(1, total)), dtype=torch.float32, device=device)
+    dx_arg = out[0] if need_x else ws
+    with device_guard(x):
+        _lff_bwd_kernel[(programs,)](
+            rows,
+            wr,
+            w1,
+            b1,
+            w2,
+            g,
+            dx_arg,
+            ws,
+            R,
+            F2,
+            H,
+            width,
+            n_tiles,
+            rows.stride(0),
+            rows.stride(1),
+            g.stride(0),
+            ws.stride(0),
+            offsets.get(1, 0),
+            offsets.get(2, 0),
+            offsets.get(4, 0),
+            offsets.get(3, 0),
+            offsets.get(5, 0),
+            1.0 / math.sqrt(2 * F2),
+            M=M,
+            MLP=mlp,
+            ACT=activation,
+            COMPUTE=tl_dtype(compute),
+            PRECISION=dot_precision(compute),
+            INTERPRET=INTERPRET,
+            NEED_X=need_x,
+            NEED_WR=need_wr,
+            NEED_W1=need_w1,
+            NEED_B1=need_b1,
+            NEED_W2=need_w2,
+            NEED_B2=need_b2,
+            BLOCK_H=pow2(H),
+            BLOCK_M=triton.next_power_of_2(M),
+            enable_fp_fusion=False,
+            **blocks,
+            **options,
+        )
+        if parts:
+            flat = torch.empty(total, dtype=torch.float32, device=device)
+            block = 4096 if INTERPRET else 1024
+            _sum_partials_kernel[(triton.cdiv(total, block),)](
+                ws, flat, programs, total, ws.stride(0), BLOCK=block
+            )
+            for idx, ref, off in parts:
+                out[idx] = flat[off : off + ref.numel()].view(ref.shape).to(ref.dtype)
+    return out

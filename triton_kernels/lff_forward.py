@@ -1,0 +1,299 @@
+"""Learnable Fourier features + grouped MLP, forward: one fused pass (``lff_fwd``).
+
+Every group of every position is one *row* of M coordinates (R = N * G rows); the MLP is
+shared by the groups, so the group-major output [..., G * Dg] is exactly the row-major
+[R, Dg] matrix and groups need no special handling.
+
+Per program (BLOCK_R rows), everything between x and y stays on chip:
+
+    for each chunk of BLOCK_K frequencies (of F/2):
+        phases (float32, error-free reduction, _phase.py) -> cos, sin   [BR, BK] registers
+        acc += (cos / sqrt(F)) @ w1[cos rows] + (sin / sqrt(F)) @ w1[sin rows]  tl.dot
+    h = act(acc + b1)                                      [BR, BH] registers, compute dtype
+    for each chunk of BLOCK_D output columns:
+        y = h @ w2[:, chunk] + b2  -> stored once in the output dtype
+
+Memory traffic is x (M * 4 bytes per row) in and y (Dg * itemsize per row) out; the
+[R, F] features and the [R, H] hidden layer never exist in memory. The weights (at most
+~1.5 MB) are re-read by every program from L2.
+
+Counts per row (canonical case M=2, F=256, H=32, Dg=768, bf16 out):
+    bytes:  8 (x) + 1536 (y)                    -> 2^20 rows: 1.62 GB, ~0.377 ms at 4.3 TB/s
+    FLOPs:  2*F*H + 2*H*Dg = 65.5 k on tensor cores -> 69 GFLOP, ~0.09 ms at ~790 TFLOP/s
+    sincos: F/2 = 128 evaluations (~60 float32 instructions each with the phase reduction)
+            -> ~8e9 instructions, ~0.12-0.2 ms of FP32 issue, overlappable with the stores.
+The floor is the output write: this kernel is memory-bound unless H(F + Dg)/Dg is large
+(F=768, H=256, Dg=1024: ~0.45 MFLOP per row, tensor-core bound at ~0.6-1.2 ms for 2^20).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._launch import INTERPRET, device_guard, dot_precision, pow2, tl_dtype
+from ._mlp import activation, mma
+from ._phase import accumulate_phase, phase_term, sincos_turns, turns_hi_lo
+from ._round import load_as, round_to
+
+
+@triton.jit
+def cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M: tl.constexpr):
+    """cos and sin of x[rows] . wr[ks]^T: X [R, M] (strided), WR [F/2, M] contiguous.
+
+    Returns two [BLOCK_R, BLOCK_K] float32 tensors. Padded rows / frequencies read 0
+    (phase 0, cos 1): callers mask them out of every store and zero their weights.
+    """
+    for m in tl.static_range(M):
+        x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0).to(tl.float32)
+        w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
+        t_hi, t_lo = turns_hi_lo(w)
+        if m == 0:
+            hi, lo = phase_term(x[:, None], t_hi[None, :], t_lo[None, :])
+        else:
+            hi, lo = accumulate_phase(hi, lo, x[:, None], t_hi[None, :], t_lo[None, :])
+    return sincos_turns(hi, lo)
+
+
+@triton.jit
+def hidden_preactivation(
+    X,
+    WR,
+    W1,
+    rows,
+    rmask,
+    hs,
+    hmask,
+    F2,
+    H,
+    stride_xr,
+    stride_xm,
+    inv_sqrt_f,
+    M: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """features @ w1 for BLOCK_R rows: [BR, BH] float32, without the bias.
+
+    W1 [F, H] contiguous: rows 0..F/2-1 multiply the cosines, F/2..F-1 the sines. The
+    features are scaled by 1/sqrt(F) in float32 and rounded once to the compute dtype.
+    """
+    acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
+    for k0 in range(0, F2, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < F2
+        c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
+        wmask = kmask[:, None] & hmask[None, :]
+        w1c = load_as(W1 + ks[:, None] * H + hs[None, :], wmask, COMPUTE, INTERPRET)
+        w1s = load_as(W1 + (ks + F2)[:, None] * H + hs[None, :], wmask, COMPUTE, INTERPRET)
+        rc = round_to(c * inv_sqrt_f, COMPUTE, INTERPRET)
+        rs = round_to(s * inv_sqrt_f, COMPUTE, INTERPRET)
+        acc = mma(rc, w1c, acc, PRECISION, INTERPRET)
+        acc = mma(rs, w1s, acc, PRECISION, INTERPRET)
+    return acc
+
+
+@triton.jit
+def _lff_fwd_kernel(
+    X,
+    WR,
+    W1,
+    B1,
+    W2,
+    B2,
+    OUT,
+    R,
+    F2,
+    H,
+    DG,
+    stride_xr,
+    stride_xm,
+    stride_or,
+    inv_sqrt_f,
+    M: tl.constexpr,
+    MLP: tl.constexpr,
+    ACT: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # X [R, M] any strides (any float dtype); WR [F2, M], W1 [2*F2, H], B1 [H], W2 [H, DG],
+    # B2 [DG] contiguous (any float dtype, converted on load); OUT [R, DG] (or [R, 2*F2]
+    # without the MLP) with row stride stride_or and unit column stride.
+    # Grid: (cdiv(R, BLOCK_R),). Row offsets are 64-bit: R * DG can exceed 2^31.
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    out_rows = OUT + rows[:, None] * stride_or
+    OUT_DTYPE: tl.constexpr = OUT.dtype.element_ty
+    if MLP:
+        hs = tl.arange(0, BLOCK_H)
+        hmask = hs < H
+        a = hidden_preactivation(
+            X,
+            WR,
+            W1,
+            rows,
+            rmask,
+            hs,
+            hmask,
+            F2,
+            H,
+            stride_xr,
+            stride_xm,
+            inv_sqrt_f,
+            M,
+            COMPUTE,
+            PRECISION,
+            INTERPRET,
+            BLOCK_R,
+            BLOCK_K,
+            BLOCK_H,
+        )
+        b1 = tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)
+        # Padded hidden columns: a = 0 there and act(0) = 0, so they add nothing below.
+        h = round_to(activation(a + b1[None, :], ACT), COMPUTE, INTERPRET)
+        for d0 in range(0, DG, BLOCK_D):
+            ds = d0 + tl.arange(0, BLOCK_D)
+            dmask = ds < DG
+            w2 = load_as(
+                W2 + hs[:, None] * DG + ds[None, :],
+                hmask[:, None] & dmask[None, :],
+                COMPUTE,
+                INTERPRET,
+            )
+            b2 = tl.load(B2 + ds, mask=dmask, other=0.0).to(tl.float32)
+            y = mma(h, w2, tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32), PRECISION, INTERPRET)
+            y += b2[None, :]
+            tl.store(
+                out_rows + ds[None, :],
+                round_to(y, OUT_DTYPE, INTERPRET),
+                mask=rmask[:, None] & dmask[None, :],
+            )
+    else:
+        # Features only: [cos || sin] / sqrt(F), cos block first (Algorithm 1, line 1).
+        for k0 in range(0, F2, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            kmask = ks < F2
+            c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
+            omask = rmask[:, None] & kmask[None, :]
+            tl.store(
+                out_rows + ks[None, :], round_to(c * inv_sqrt_f, OUT_DTYPE, INTERPRET), mask=omask
+            )
+            tl.store(
+                out_rows + (ks + F2)[None, :],
+                round_to(s * inv_sqrt_f, OUT_DTYPE, INTERPRET),
+                mask=omask,
+            )
+
+
+def _gpu_configs():
+    # A small set around the canonical shapes; prune_configs drops those whose float32
+    # accumulators would not fit in registers for the problem's hidden size.
+    out = []
+    for br, bk, bd, warps, stages in (
+        (128, 32, 128, 8, 2),
+        (128, 64, 64, 8, 3),
+        (64, 64, 128, 4, 2),
+        (64, 32, 256, 8, 2),
+        (256, 32, 64, 8, 2),
+        (32, 64, 128, 4, 2),
+    ):
+        out.append(
+            triton.Config(
+                {"BLOCK_R": br, "BLOCK_K": bk, "BLOCK_D": bd}, num_warps=warps, num_stages=stages
+            )
+        )
+    return out
+
+
+def _prune(configs, named_args, **kwargs):
+    block_h = kwargs.get("BLOCK_H", named_args.get("BLOCK_H", 16))
+    kept = [c for c in configs if c.kwargs["BLOCK_R"] * block_h <= 16384]
+    return kept or configs[-1:]
+
+
+_lff_fwd_tuned = triton.autotune(
+    configs=_gpu_configs(),
+    key=["F2", "H", "DG", "M", "MLP", "ACT"],
+    prune_configs_by={"early_config_prune": _prune},
+)(_lff_fwd_kernel)
+
+
+def _interpreter_blocks(R: int, F2: int, DG: int) -> dict:
+    # The interpreter pays per program and per loop iteration, not per element: few
+    # programs, large blocks.
+    return {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(F2, 16, 64), "BLOCK_D": pow2(DG, 16, 128)}
+
+
+def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> torch.Tensor:
+    """x [..., G, M] -> [..., G * width] in out_dtype (width = Dg, or F without the MLP).
+
+    out_dtype is also the MLP's compute dtype: bf16 / fp16 run the matmuls on tensor cores
+    with float32 accumulation; float32 runs them in IEEE float32 (TF32 only if enabled in
+    torch.backends.cuda.matmul). Weights of another dtype (autocast) are converted on load.
+    """
+    G, M = x.shape[-2], x.shape[-1]
+    rows = x.reshape(-1, M)
+    if not rows.is_floating_point():
+        rows = rows.to(torch.float32)
+    R = rows.shape[0]
+    F2 = wr.shape[0]
+    mlp = w1 is not None
+    H = w1.shape[1] if mlp else 0
+    width = w2.shape[1] if mlp else 2 * F2
+    out = torch.empty((R, width), dtype=out_dtype, device=x.device)
+    result = out.view(*x.shape[:-2], G * width)
+    if R == 0 or width == 0:
+        return result
+    wr = wr.contiguous()
+    if mlp:
+        w1, b1, w2, b2 = (t.contiguous() for t in (w1, b1, w2, b2))
+    else:
+        w1 = b1 = w2 = b2 = wr  # never read: MLP is a compile-time False
+    meta = {
+        "M": M,
+        "MLP": mlp,
+        "ACT": activation,
+        "COMPUTE": tl_dtype(out_dtype),
+        "PRECISION": dot_precision(out_dtype),
+        "INTERPRET": INTERPRET,
+        "BLOCK_H": pow2(H),
+    }
+    args = (
+        rows,
+        wr,
+        w1,
+        b1,
+        w2,
+        b2,
+        out,
+        R,
+        F2,
+        H,
+        width,
+        rows.stride(0),
+        rows.stride(1),
+        out.stride(0),
+        1.0 / math.sqrt(2 * F2),
+    )
+    with device_guard(x):
+        if INTERPRET:
+            blocks = _interpreter_blocks(R, F2, width)
+            grid = (triton.cdiv(R, blocks["BLOCK_R"]),)
+            _lff_fwd_kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
+        else:
+            grid = lambda cfg: (triton.cdiv(R, cfg["BLOCK_R"]),)
+            _lff_fwd_tuned[grid](*args, **meta, enable_fp_fusion=False)
+    return result
