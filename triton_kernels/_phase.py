@@ -9,8 +9,9 @@ A phase ``x . w`` of 1e4 radians already carries ~5e-4 rad of rounding error in 
    is added to ``e``; over the M coordinates the ``p`` parts are summed with two-sum so
    nothing is lost (``phase_turns_*``).
 3. ``sincos_turns`` removes the nearest quarter turn from ``hi`` (exact: ``hi - q/4`` is a
-   float32 number), adds ``lo``, and evaluates cos and sin of ``2 pi f`` for
-   |f| <= 1/8 turn by polynomials, then rotates by the quarter turns.
+   float32 number), adds ``lo`` (and removes its quarter turns, which only exist for
+   huge phases), evaluates cos and sin of ``2 pi f`` for |f| <= 1/8 turn by
+   polynomials, then rotates by the quarter turns.
 
 Error budget against float64 math on the same float32 inputs, |phase| <= 1e5 rad: the
 reduced argument is rounded once (<= 2^-27 turn ~ 5e-8 rad), the polynomials add about
@@ -86,13 +87,18 @@ def accumulate_phase(s_hi, s_lo, x, t_hi, t_lo):
 def sincos_turns(hi, lo):
     """cos(2 pi (hi + lo)) and sin(2 pi (hi + lo)) in float32 for an unevaluated sum of turns.
 
-    Accurate for |hi| < 2^22 turns (phases up to ~2.6e7 rad); beyond that the quadrant
-    may be off by one and f exceeds 1/8 a little, which costs accuracy but stays finite.
-    NaN / inf inputs give NaN, like cos / sin.
+    The reduction is exact up to the one rounding of f for any hi (|lo| <= ulp(hi)); the
+    accuracy of hi + lo itself is the caller's (phase_term: ~2^-48 relative, so ~1e-7
+    rad up to |phase| ~ 1e8 rad). NaN / inf inputs give NaN, like cos / sin.
     """
     q = tl.floor(hi * 4.0 + 0.5)  # nearest quarter turn; hi * 4 is exact
     f = (hi - q * 0.25) + lo  # hi - q/4 is exact, so this is the only rounding
-    quad = q - 4.0 * tl.floor(q * 0.25)  # q mod 4 in {0, 1, 2, 3}, exact for |q| < 2^24
+    # When |hi| >= 2^22 turns, lo itself can exceed 1/8 turn: take out its quarter turns
+    # too (q2 = 0 otherwise). q mod 4 first, so the quadrant sum stays a small integer.
+    q2 = tl.floor(f * 4.0 + 0.5)
+    f = f - q2 * 0.25
+    quad = (q - 4.0 * tl.floor(q * 0.25)) + q2
+    quad = quad - 4.0 * tl.floor(quad * 0.25)  # (q + q2) mod 4 in {0, 1, 2, 3}
     f2 = f * f
     sp = tl.fma(f2, _S9, _S7)
     sp = tl.fma(f2, sp, _S5)

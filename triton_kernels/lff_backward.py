@@ -250,15 +250,16 @@ def _lff_bwd_kernel(
 
 
 @triton.jit
-def _sum_partials_kernel(WS, OUT, P, NCOL, stride_ws, BLOCK: tl.constexpr):
-    # WS [P, stride_ws] float32 -> OUT [NCOL] float32, OUT[c] = sum_p WS[p, c] added in the
-    # fixed order p = 0, 1, ..., P-1 (deterministic). Grid: (cdiv(NCOL, BLOCK),).
+def _sum_partials_kernel(WS, OUT, P, NCOL, stride_ws, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    # WS [P, stride_ws] float32 (already offset to one gradient's columns) -> OUT [NCOL]
+    # (the weight's dtype), OUT[c] = sum_p WS[p, c] added in float32 in the fixed order
+    # p = 0, 1, ..., P-1 (deterministic), rounded once. Grid: (cdiv(NCOL, BLOCK),).
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < NCOL
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for p in range(0, P):
         acc += tl.load(WS + tl.cast(p, tl.int64) * stride_ws + cols, mask=mask, other=0.0)
-    tl.store(OUT + cols, acc, mask=mask)
+    tl.store(OUT + cols, round_to(acc, OUT.dtype.element_ty, INTERPRET), mask=mask)
 
 
 # Workspace budget: partial sums of all programs together stay below this many bytes
@@ -389,12 +390,19 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
             **blocks,
             **options,
         )
-        if parts:
-            flat = torch.empty(total, dtype=torch.float32, device=device)
-            block = 4096 if INTERPRET else 1024
-            _sum_partials_kernel[(triton.cdiv(total, block),)](
-                ws, flat, programs, total, ws.stride(0), BLOCK=block
+        # One small launch per gradient, each into its own tensor (outputs of a custom
+        # op must not alias each other).
+        block = 4096 if INTERPRET else 1024
+        for idx, ref, off in parts:
+            result = torch.empty(ref.shape, dtype=ref.dtype, device=device)
+            _sum_partials_kernel[(triton.cdiv(ref.numel(), block),)](
+                ws[:, off:],
+                result,
+                programs,
+                ref.numel(),
+                ws.stride(0),
+                BLOCK=block,
+                INTERPRET=INTERPRET,
             )
-            for idx, ref, off in parts:
-                out[idx] = flat[off : off + ref.numel()].view(ref.shape).to(ref.dtype)
+            out[idx] = result
     return out

@@ -1,9 +1,20 @@
 """The "triton" backend: fused Triton kernels (triton_kernels/, shipped as
 posenc_fast.triton_kernels). CUDA tensors; CPU tensors only under TRITON_INTERPRET=1,
-which is how CI (no GPU) verifies the kernels.
+which is how CI (no GPU) verifies the kernels -- "auto" never picks it for CPU tensors
+(``auto_devices``), it must be named.
 
-Kernels are not written yet (issue 4): until they are, this backend reports itself
-unavailable.
+What it runs (all phases in float32 with the error-free reduction of
+triton_kernels/_phase.py, within ~2e-7 of float64 math for |phase| <= 1e5):
+- lff: features -> w1 -> act -> w2 in one pass; backward in one recomputing pass with
+  deterministic (atomic-free, fixed-order) weight-gradient sums.
+- encoding: sinusoidal / DFT tables, the fused x + pe, and the gradient to positions.
+
+Limits (the SUPPORT table below; larger sizes fall back to the torch backend, whose
+reasons the dispatcher prints): pos_dim M <= 16 (unrolled), fourier_dim F <= 1024,
+hidden_dim H <= 256 (the [rows, H] tiles live in registers), group_out_dim D/G <= 1024,
+float32 / bfloat16 / float16 (float64 goes to the torch backend), positions not float64.
+LayerNorm / dropout are not fused: LearnableFourierFeatures runs them in PyTorch after
+the fused features.
 """
 
 from __future__ import annotations
@@ -13,11 +24,18 @@ from functools import lru_cache
 
 import torch
 
-from ._base import Backend, OpSupport
+from ._base import Backend, OpSupport, Problem
+
+_HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)
+_INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _devices() -> tuple[str, ...]:
+    return ("cuda", "cpu") if interpreter_enabled() else ("cuda",)
 
 
 @lru_cache(maxsize=1)
@@ -29,10 +47,38 @@ def _import_error() -> str:
     return ""
 
 
+def _kernels():
+    """The kernel modules, imported on first use (importing them compiles nothing)."""
+    from ..triton_kernels import encodings, lff_backward, lff_forward
+
+    return lff_forward, lff_backward, encodings
+
+
 class TritonBackend(Backend):
     name = "triton"
     summary = "fused Triton kernels (CUDA; CPU tensors under TRITON_INTERPRET=1)"
-    SUPPORT: dict[str, OpSupport] = {}
+    # Devices on which "auto" may pick this backend: the interpreter is for verification.
+    auto_devices = ("cuda",)
+    SUPPORT: dict[str, OpSupport] = {
+        "lff": OpSupport(
+            devices=_devices(),
+            dtypes=_HALF_AND_SINGLE,
+            max_sizes={
+                "pos_dim": 16,
+                "fourier_dim": 1024,
+                "hidden_dim": 256,
+                "group_out_dim": 1024,
+            },
+            options={"activation": ("gelu", "gelu_tanh", "relu")},
+            input_dtypes={"x": _HALF_AND_SINGLE},
+        ),
+        "encoding": OpSupport(
+            devices=_devices(),
+            dtypes=_HALF_AND_SINGLE,
+            options={"kind": ("sinusoidal", "dft")},
+            input_dtypes={"positions": _HALF_AND_SINGLE + _INTEGERS},
+        ),
+    }
 
     def environment_reasons(self) -> list[str]:
         err = _import_error()
@@ -40,4 +86,31 @@ class TritonBackend(Backend):
             return [err]
         if not (torch.cuda.is_available() or interpreter_enabled()):
             return ["no CUDA device and TRITON_INTERPRET is not set"]
-        return ["kernels not implemented yet"]
+        return []
+
+    def extra_reasons(self, problem: Problem) -> list[str]:
+        out = []
+        if problem.device == "cuda" and not interpreter_enabled() and torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            if major < 8:
+                out.append(
+                    f"needs compute capability >= 8.0 (bf16 tensor cores), got {major}.{minor}"
+                )
+        return out
+
+    # ------------------------------------------------------------------ lff
+    def lff_forward(self, x, wr, w1, b1, w2, b2, activation, out_dtype):
+        return _kernels()[0].lff_fwd(x, wr, w1, b1, w2, b2, activation, out_dtype)
+
+    def lff_backward(self, grad, x, wr, w1, b1, w2, b2, activation, needs):
+        return _kernels()[1].lff_bwd(grad, x, wr, w1, b1, w2, b2, activation, needs)
+
+    # ------------------------------------------------------------------ encodings
+    def encoding_forward(self, positions, dim, kind, base, block, out_dtype):
+        return _kernels()[2].encoding_fwd(positions, dim, kind, base, block, out_dtype)
+
+    def encoding_add(self, x, positions, kind, base, block):
+        return _kernels()[2].encoding_add_fwd(x, positions, kind, base, block)
+
+    def encoding_backward(self, grad, positions, dim, kind, base):
+        return _kernels()[2].encoding_bwd(grad, positions, dim, kind, base)
