@@ -43,3 +43,25 @@ def derivative(name: str, a: torch.Tensor) -> torch.Tensor:
     if name == "relu":
         return (a > 0).to(a.dtype)
     raise ValueError(f"activation must be one of {ACTIVATIONS}; got {name!r}")
+
+
+def apply_inplace(name: str, a: torch.Tensor) -> torch.Tensor:
+    """Same values as ``apply`` through fused kernels (no autograd); may overwrite ``a``."""
+    if name == "gelu":
+        return torch.nn.functional.gelu(a)
+    if name == "gelu_tanh":
+        return torch.nn.functional.gelu(a, approximate="tanh")
+    if name == "relu":
+        return a.relu_()
+    raise ValueError(f"activation must be one of {ACTIVATIONS}; got {name!r}")
+
+
+def backward_fused(name: str, grad: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """grad * act'(a) in one fused pass (no autograd); same values as grad * derivative(a)."""
+    if name == "gelu":
+        return torch.ops.aten.gelu_backward(grad, a, approximate="none")
+    if name == "gelu_tanh":
+        return torch.ops.aten.gelu_backward(grad, a, approximate="tanh")
+    if name == "relu":
+        return torch.ops.aten.threshold_backward(grad, a, 0.0)
+    raise ValueError(f"activation must be one of {ACTIVATIONS}; got {name!r}")

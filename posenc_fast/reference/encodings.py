@@ -32,32 +32,43 @@ def sinusoidal(
     base: float = 10000.0,
     block: Optional[float] = None,
     out_dtype: Optional[torch.dtype] = None,
+    compute_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    p = positions.to(torch.float64).unsqueeze(-1)  # [..., 1]
-    i = torch.arange(dim // 2, dtype=torch.float64, device=positions.device)
+    p = positions.to(compute_dtype).unsqueeze(-1)  # [..., 1]
+    i = torch.arange(dim // 2, dtype=compute_dtype, device=positions.device)
     freq = base ** (-2.0 * i / dim)  # 1 / base^(2i/dim)
     out = torch.stack([torch.sin(p * freq), torch.cos(p * freq)], dim=-1).flatten(-2)
     if block is not None:
-        n = torch.tensor(float(block), dtype=torch.float64, device=positions.device)
+        n = torch.tensor(float(block), dtype=compute_dtype, device=positions.device)
         out = out + torch.stack([torch.sin(n * freq), torch.cos(n * freq)], dim=-1).flatten()
     return out if out_dtype is None else out.to(out_dtype)
 
 
-def dft_basis(dim: int, t: torch.Tensor) -> torch.Tensor:
-    """phi_l(t) for l = 0..dim-1: [..., dim] for t [...] (float64)."""
-    t = t.to(torch.float64)
+def dft_basis(
+    dim: int, t: torch.Tensor, compute_dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """phi_l(t) for l = 0..dim-1: [..., dim] for t [...] (float64 unless told otherwise)."""
+    t = t.to(compute_dtype).unsqueeze(-1)  # [..., 1]
     K = dim // 2 - 1
-    rows = [torch.full_like(t, 1.0 / math.sqrt(dim))]  # phi_0
-    for k in range(1, K + 1):  # phi_1..phi_K
-        rows.append(math.sqrt(2.0 / dim) * torch.cos(2.0 * math.pi * k / dim * t))
-    for k in range(1, K + 1):  # phi_{K+1}..phi_{2K}
-        rows.append(math.sqrt(2.0 / dim) * torch.sin(2.0 * math.pi * k / dim * t))
-    rows.append(torch.cos(math.pi * t) / math.sqrt(dim))  # phi_{dim-1}
-    return torch.stack(rows, dim=-1)
+    w = 2.0 * math.pi / dim * torch.arange(1, K + 1, dtype=compute_dtype, device=t.device)  # w_k
+    return torch.cat(
+        [
+            torch.full_like(t, 1.0 / math.sqrt(dim)),  # phi_0 = a0
+            math.sqrt(2.0 / dim) * torch.cos(w * t),  # phi_1..phi_K = a_k
+            math.sqrt(2.0 / dim) * torch.sin(w * t),  # phi_{K+1}..phi_{2K} = b_k
+            torch.cos(math.pi * t) / math.sqrt(dim),  # phi_{dim-1} = b0
+        ],
+        dim=-1,
+    )
 
 
-def dft(positions: torch.Tensor, dim: int, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    out = dft_basis(dim, positions)
+def dft(
+    positions: torch.Tensor,
+    dim: int,
+    out_dtype: Optional[torch.dtype] = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    out = dft_basis(dim, positions, compute_dtype)
     return out if out_dtype is None else out.to(out_dtype)
 
 

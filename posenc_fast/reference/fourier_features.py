@@ -33,10 +33,12 @@ def activation(name: str, a: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"unknown activation {name!r}")
 
 
-def fourier_features(x: torch.Tensor, wr: torch.Tensor) -> torch.Tensor:
-    """r = [cos(x wr^T) || sin(x wr^T)] / sqrt(F), float64: [..., G, M] -> [..., G, F]."""
-    x = x.to(torch.float64)
-    wr = wr.to(torch.float64)
+def fourier_features(
+    x: torch.Tensor, wr: torch.Tensor, compute_dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """r = [cos(x wr^T) || sin(x wr^T)] / sqrt(F): [..., G, M] -> [..., G, F]."""
+    x = x.to(compute_dtype)
+    wr = wr.to(compute_dtype)
     num_features = 2 * wr.shape[0]
     phase = x @ wr.T  # [..., G, F/2]
     return torch.cat([torch.cos(phase), torch.sin(phase)], dim=-1) / math.sqrt(num_features)
@@ -51,18 +53,22 @@ def lff(
     b2: Optional[torch.Tensor] = None,
     activation_name: str = "gelu",
     out_dtype: Optional[torch.dtype] = None,
+    compute_dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
     """Algorithm 1 in float64; the result is cast to ``out_dtype`` (default float64).
 
     Without the MLP (w1 is None) the features of every group are returned, concatenated
-    group-major: [..., G * F].
+    group-major: [..., G * F]. ``compute_dtype`` other than float64 evaluates the same
+    literal equations in that dtype: the plain eager-PyTorch baseline of the benchmarks,
+    not a specification.
     """
-    r = fourier_features(x, wr)  # [..., G, F]
+    r = fourier_features(x, wr, compute_dtype)  # [..., G, F]
     if w1 is None:
         y = r
     else:
-        hidden = activation(activation_name, r @ w1.double() + b1.double())  # [..., G, H]
-        y = hidden @ w2.double() + b2.double()  # [..., G, D/G]
+        c = compute_dtype
+        hidden = activation(activation_name, r @ w1.to(c) + b1.to(c))  # [..., G, H]
+        y = hidden @ w2.to(c) + b2.to(c)  # [..., G, D/G]
     y = y.flatten(-2)  # [..., G * width], group-major
     return y if out_dtype is None else y.to(out_dtype)
 

@@ -33,14 +33,14 @@ def feature_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """2*pi * (turns - round(turns)) in ``dtype``: the angle reduced to [-pi, pi].
+    """2*pi * frac(turns) in ``dtype``: the angle reduced to (-2pi, 2pi).
 
     ``turns`` is float64, so for float32 results the reduction is error-free for any
-    |phase| up to ~1e12 and the only errors left are the final rounding of the angle to
-    float32 (<= 2e-7 rad) and the float32 sine itself (ACCURACY.md).
+    |phase| up to ~1e12 (frac of a float64 is exact) and the only errors left are the
+    final rounding of the angle to float32 (<= 2.4e-7 rad) and the float32 sine itself
+    (ACCURACY.md). torch.frac is one fast pass; torch.round on float64 is ~8x slower.
     """
-    frac = turns - torch.round(turns)
-    return (TWO_PI * frac).to(dtype)
+    return (TWO_PI * torch.frac(turns)).to(dtype)
 
 
 def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:

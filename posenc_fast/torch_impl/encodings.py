@@ -1,97 +1,102 @@
 """Sinusoidal and DFT encodings in pure PyTorch (the CPU fallback).
 
-Both encodings are sums of sinusoids of the position: a list of frequencies (in turns,
-float64) and, per frequency, the output column and amplitude of its cosine and sine.
-    sinusoidal: nu_i = base^(-2i/dim) / (2 pi); sin -> column 2i, cos -> column 2i+1
-    dft:        nu_k = k / dim, k = 0..dim/2; cos -> column k (k = 0..K) and dim-1 (k = dim/2),
-                sin -> column K+k (k = 1..K); amplitudes per Eq. 17-20
-Phases are reduced in float64 before a float32 (or float64) trig, as for LFF.
+Both are sines and cosines of the position times a few frequencies (in turns, float64):
+    sinusoidal: nu_i = base^(-2i/dim) / (2 pi), i < dim/2:  out[2i] = sin, out[2i+1] = cos
+    dft:        nu_k = k / dim, k = 1..K = dim/2 - 1:      out[k] = a cos, out[K+k] = a sin,
+                a = sqrt(2/dim); out[0] = 1/sqrt(dim); out[dim-1] = cos(pi s)/sqrt(dim)
+Phases are reduced in float64 before a float32 (or float64) trig, as for LFF, and the
+results are written straight into their columns of the output (no scatter, no concat).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Optional
 
 import torch
 
 from ._common import TWO_PI, feature_dtype, reduced_angle, row_chunks
 
 
-@dataclass(frozen=True)
-class Spectrum:
-    turns: torch.Tensor  # [K] float64 frequencies in turns per unit position
-    cos_col: torch.Tensor  # [K] int64 output column of the cosine, -1 if none
-    cos_amp: torch.Tensor  # [K] float64
-    sin_col: torch.Tensor
-    sin_amp: torch.Tensor
-
-
 @lru_cache(maxsize=64)
-def _spectrum_cpu(kind: str, dim: int, base: float) -> Spectrum:
+def _turns_cpu(kind: str, dim: int, base: float) -> torch.Tensor:
     if kind == "sinusoidal":
         i = torch.arange(dim // 2, dtype=torch.float64)
-        turns = base ** (-2.0 * i / dim) / TWO_PI
-        ones = torch.ones_like(turns)
-        return Spectrum(turns, 2 * i.long() + 1, ones, 2 * i.long(), ones)
+        return base ** (-2.0 * i / dim) / TWO_PI
     if kind == "dft":
-        K = dim // 2 - 1
-        k = torch.arange(dim // 2 + 1, dtype=torch.float64)
-        cos_col = k.long().clone()
-        cos_col[-1] = dim - 1
-        cos_amp = torch.full_like(k, math.sqrt(2.0 / dim))
-        cos_amp[0] = cos_amp[-1] = 1.0 / math.sqrt(dim)
-        sin_col = K + k.long()
-        sin_col[0] = sin_col[-1] = -1  # sin(0) = 0 and sin(pi s) is not part of Eq. 21
-        sin_amp = torch.full_like(k, math.sqrt(2.0 / dim))
-        sin_amp[0] = sin_amp[-1] = 0.0
-        return Spectrum(k / dim, cos_col, cos_amp, sin_col, sin_amp)
+        return torch.arange(1, dim // 2, dtype=torch.float64) / dim  # k = 1..K
     raise ValueError(f"unknown encoding kind {kind!r}")
 
 
-def spectrum(kind: str, dim: int, base: float, device: torch.device) -> Spectrum:
-    sp = _spectrum_cpu(kind, dim, float(base))
-    if device.type == "cpu":
-        return sp
-    return Spectrum(
-        *(t.to(device) for t in (sp.turns, sp.cos_col, sp.cos_amp, sp.sin_col, sp.sin_amp))
-    )
+def _turns(kind: str, dim: int, base: float, device: torch.device) -> torch.Tensor:
+    t = _turns_cpu(kind, dim, float(base))
+    return t if device.type == "cpu" else t.to(device)
 
 
-def _assemble(c: torch.Tensor, s: torch.Tensor, sp: Spectrum, dim: int) -> torch.Tensor:
-    """Place amplitude-scaled cosines and sines into their columns: [n, K] x2 -> [n, dim]."""
-    out = c.new_empty((c.shape[0], dim))
-    has_cos = sp.cos_col >= 0
-    has_sin = sp.sin_col >= 0
-    out[:, sp.cos_col[has_cos]] = c[:, has_cos] * sp.cos_amp[has_cos].to(c.dtype)
-    out[:, sp.sin_col[has_sin]] = s[:, has_sin] * sp.sin_amp[has_sin].to(c.dtype)
-    return out
+def _angles(p: torch.Tensor, turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2 pi frac(p * nu) for every position and frequency: [n] x [K] -> [n, K]."""
+    t = p.to(torch.float64)[:, None] * turns
+    if t.requires_grad:  # double backward differentiates this: no out= / in-place ops
+        return reduced_angle(t, dtype)
+    torch.frac(t, out=t)
+    return t.mul_(TWO_PI).to(dtype)
 
 
-def _block_term(sp: Spectrum, dim: int, block: Optional[float], dtype) -> Optional[torch.Tensor]:
+def _fill(out: torch.Tensor, p: torch.Tensor, kind: str, dim: int, turns: torch.Tensor) -> None:
+    """Write the encodings of positions p [n] into out [n, dim] (out's dtype >= float32)."""
+    ang = _angles(p, turns, out.dtype)
+    if kind == "sinusoidal":
+        pairs = out.view(out.shape[0], dim // 2, 2)
+        torch.sin(ang, out=pairs[:, :, 0])
+        torch.cos(ang, out=pairs[:, :, 1])
+        return
+    K = dim // 2 - 1
+    amp = math.sqrt(2.0 / dim)
+    out[:, 0] = 1.0 / math.sqrt(dim)
+    torch.cos(ang, out=out[:, 1 : K + 1]).mul_(amp)
+    torch.sin(ang, out=out[:, K + 1 : 2 * K + 1]).mul_(amp)
+    # cos(pi s) = cos(2 pi * frac(s / 2)): the last column, frequency 1/2 turn
+    half = _angles(p, turns.new_full((1,), 0.5), out.dtype)[:, 0]
+    torch.cos(half, out=out[:, dim - 1]).mul_(1.0 / math.sqrt(dim))
+
+
+def _block_term(kind: str, dim: int, base: float, block, dtype, device):
     if block is None:
         return None
-    ang = reduced_angle(sp.turns * float(block), torch.float64)
-    return _assemble(torch.cos(ang)[None], torch.sin(ang)[None], sp, dim)[0].to(dtype)
+    row = torch.empty((1, dim), dtype=torch.float64)
+    _fill(
+        row,
+        torch.tensor([float(block)], dtype=torch.float64),
+        kind,
+        dim,
+        _turns_cpu(kind, dim, float(base)),
+    )
+    return row[0].to(device=device, dtype=dtype)
 
 
 def _bytes_per_row(dim: int) -> int:
-    return 8 * dim + 4 * 3 * dim + 64
+    return 8 * dim + 4 * dim + 64
 
 
 def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
     """positions [...] -> [..., dim] in out_dtype."""
     p = positions.reshape(-1)
     fdt = feature_dtype(out_dtype)
-    sp = spectrum(kind, dim, base, positions.device)
-    extra = _block_term(sp, dim, block, fdt)
+    turns = _turns(kind, dim, base, positions.device)
+    extra = _block_term(kind, dim, base, block, fdt, positions.device)
     out = torch.empty((p.shape[0], dim), dtype=out_dtype, device=positions.device)
     for sl in row_chunks(p.shape[0], _bytes_per_row(dim)):
-        ang = reduced_angle(p[sl].to(torch.float64)[:, None] * sp.turns, fdt)
-        enc = _assemble(torch.cos(ang), torch.sin(ang), sp, dim)
-        out[sl] = enc if extra is None else enc + extra
+        # float32/float64 outputs are filled in place; half precision rounds once at the end
+        dst = (
+            out[sl]
+            if out_dtype == fdt
+            else torch.empty((sl.stop - sl.start, dim), dtype=fdt, device=p.device)
+        )
+        _fill(dst, p[sl], kind, dim, turns)
+        if extra is not None:
+            dst += extra
+        if out_dtype != fdt:
+            out[sl] = dst
     return out.reshape(*positions.shape, dim)
 
 
@@ -110,18 +115,23 @@ def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torc
     p = positions.reshape(-1)
     g = grad.reshape(-1, dim)
     fdt = feature_dtype(positions.dtype)
-    sp = spectrum(kind, dim, base, positions.device)
-    rate = (TWO_PI * sp.turns).to(fdt)  # d phase / d position
-    has_cos = sp.cos_col >= 0
-    has_sin = sp.sin_col >= 0
+    turns = _turns(kind, dim, base, positions.device)
+    rate = (TWO_PI * turns).to(fdt)  # d phase / d position, per frequency
     out = torch.empty(p.shape, dtype=fdt, device=positions.device)
     for sl in row_chunks(p.shape[0], _bytes_per_row(dim)):
-        ang = reduced_angle(p[sl].to(torch.float64)[:, None] * sp.turns, fdt)
+        ang = _angles(p[sl], turns, fdt)
         gs = g[sl].to(fdt)
-        # d cos / dp = -rate sin ; d sin / dp = rate cos
-        dcos = -(torch.sin(ang[:, has_cos]) * (rate[has_cos] * sp.cos_amp[has_cos].to(fdt)))
-        dsin = torch.cos(ang[:, has_sin]) * (rate[has_sin] * sp.sin_amp[has_sin].to(fdt))
-        out[sl] = (gs[:, sp.cos_col[has_cos]] * dcos).sum(1) + (
-            gs[:, sp.sin_col[has_sin]] * dsin
-        ).sum(1)
+        if kind == "sinusoidal":
+            g_sin, g_cos = gs[:, 0::2], gs[:, 1::2]
+            amp_rate = rate
+        else:
+            K = dim // 2 - 1
+            g_cos, g_sin = gs[:, 1 : K + 1], gs[:, K + 1 : 2 * K + 1]
+            amp_rate = rate * math.sqrt(2.0 / dim)
+        # d sin/dp = rate cos, d cos/dp = -rate sin
+        per_freq = torch.mul(g_sin, torch.cos(ang)).addcmul_(g_cos, torch.sin(ang), value=-1.0)
+        out[sl] = per_freq @ amp_rate
+        if kind == "dft":  # the last column, cos(pi s) / sqrt(dim)
+            half = reduced_angle(p[sl].to(torch.float64) * 0.5, fdt)
+            out[sl] -= gs[:, dim - 1] * torch.sin(half) * (math.pi / math.sqrt(dim))
     return out.to(positions.dtype).reshape(positions.shape)

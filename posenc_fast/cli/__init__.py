@@ -1,0 +1,69 @@
+"""Command line: ``python -m posenc_fast {info,verify,bench}``.
+
+- info:   versions, devices, and for every backend whether it is usable here and why not.
+- verify: every usable backend of every op against the float64 reference on fresh random
+          inputs, one line each; exit status 1 on any mismatch.
+- bench:  the reference, torch.compile(reference) and every usable backend side by side
+          on the same inputs, forward and forward+backward: times, speed-ups, peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m posenc_fast", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser(
+        "info", help="backends, versions, and why unavailable backends are unavailable"
+    )
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    verify = sub.add_parser("verify", help="every usable backend against the float64 reference")
+    verify.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    verify.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    verify.add_argument("--ops", default="all", help="comma-separated subset: lff,encoding,floater")
+
+    bench = sub.add_parser("bench", help="time every implementation side by side")
+    bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    bench.add_argument(
+        "--quick", action="store_true", help="small size set (about a minute on 2 CPU cores)"
+    )
+    bench.add_argument(
+        "--ops", default="all", help="comma-separated subset: lff,sinusoidal,dft,floater"
+    )
+    bench.add_argument(
+        "--modes", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd"
+    )
+    bench.add_argument(
+        "--json", metavar="PATH", help="save the results (with machine, versions, git SHA)"
+    )
+    bench.add_argument(
+        "--plot", metavar="PATH", help="draw time against size as a PNG (needs matplotlib)"
+    )
+    bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    bench.add_argument(
+        "--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune')"
+    )
+    bench.add_argument(
+        "--min-time", type=float, default=None, help="seconds of timed runs per measurement"
+    )
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "info":
+        from .info import run
+    elif args.command == "verify":
+        from .verify import run
+    else:
+        from .bench import run
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""What machine and software a result was produced on (for info, bench JSON)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+
+from .._version import __version__
+
+
+def git_sha() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+        sha = out.stdout.strip()
+        if out.returncode == 0 and sha:
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=here,
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+            return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception as exc:  # not installed or broken
+        return f"unavailable ({type(exc).__name__})"
+
+
+def describe() -> dict:
+    info = {
+        "posenc_fast": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": triton_version(),
+        "git_sha": git_sha(),
+        "cuda_available": torch.cuda.is_available(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
+        "threads": torch.get_num_threads(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = props.name
+        info["gpu_capability"] = f"{props.major}.{props.minor}"
+        info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            info["driver"] = (
+                out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown"
+            )
+        except (OSError, subprocess.SubprocessError, IndexError):
+            info["driver"] = "unknown"
+    return info

@@ -1,0 +1,172 @@
+"""``python -m posenc_fast verify``: every usable backend of every op against the float64
+reference on fresh random inputs (forward and gradients), one line per op, backend and
+dtype; exit status 1 on any mismatch. The seed is printed so a failure can be replayed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import _testing, backends
+from .. import encodings as enc_api
+from ..fourier_features import lff
+from ..reference import encodings as enc_ref
+from ..reference import fourier_features as lff_ref
+from ..tolerances import mismatch
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class Result:
+    cases: int = 0
+    fwd_err: float = 0.0  # largest |out - ref| seen
+    grad_err: float = 0.0  # largest |grad - ref| / max|ref grad| seen
+    failures: list = field(default_factory=list)
+
+    def add(self, out, ref, dtype, kind, what):
+        self.fwd_err = max(self.fwd_err, _max_err(out, ref))
+        msg = mismatch(out, ref, dtype, kind)
+        if msg:
+            self.failures.append(f"{what}: {msg}")
+
+    def add_grad(self, got, want, dtype, what):
+        scale = want.abs().max().item() + 1e-30
+        self.grad_err = max(self.grad_err, _max_err(got, want) / scale)
+        msg = mismatch(got, want, dtype, "grad", scale=scale)
+        if msg:
+            self.failures.append(f"{what}: {msg}")
+
+
+def _max_err(a, b) -> float:
+    if a.numel() == 0:
+        return 0.0
+    d = (a.detach().double().cpu() - b.detach().double().cpu()).abs()
+    d = d[~torch.isnan(d)]
+    return d.max().item() if d.numel() else 0.0
+
+
+def check_lff(backend: str, dtype, device: str, seed: int) -> Result:
+    res = Result()
+    for i, case in enumerate(_testing.LFF_CASES):
+        inputs = _testing.lff_inputs(case, dtype, device, seed + i)
+        leaves = [
+            t.detach().clone().requires_grad_(True) if t is not None else None for t in inputs
+        ]
+        out = lff(*leaves, activation=case.activation, backend=backend)
+        kind = "lff" if case.hidden_dim else "encoding"
+        leaves64 = [
+            t.detach().double().requires_grad_(True) if t is not None else None for t in inputs
+        ]
+        ref = lff_ref.lff(*leaves64, case.activation)
+        res.add(out, ref, dtype, kind, f"{case.id} forward")
+        if out.numel():
+            g = _testing.randn(out.shape, _testing.generator(seed + 100 + i), dtype, device)
+            out.backward(g)
+            ref.backward(g.double())
+            for name, a, b in zip(("x", "wr", "w1", "b1", "w2", "b2"), leaves, leaves64):
+                if a is not None:
+                    res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
+        res.cases += 1
+    return res
+
+
+def check_encoding(backend: str, dtype, device: str, seed: int) -> Result:
+    res = Result()
+    funcs = {"sinusoidal": enc_api.sinusoidal, "dft": enc_api.dft}
+    for i, case in enumerate(_testing.ENCODING_CASES):
+        p = _testing.positions(case, dtype, device, seed + i)
+        out_dtype = dtype if p.is_floating_point() else torch.get_default_dtype()
+        if p.is_floating_point():
+            p.requires_grad_(True)
+        out = funcs[case.kind](p, case.dim, backend=backend)
+        p64 = p.detach().double().requires_grad_(p.is_floating_point())
+        ref = (
+            enc_ref.dft(p64, case.dim) if case.kind == "dft" else enc_ref.sinusoidal(p64, case.dim)
+        )
+        res.add(out, ref, out_dtype, "encoding", f"{case.id} forward")
+        if p.requires_grad and out.numel():
+            g = _testing.randn(out.shape, _testing.generator(seed + 200 + i), dtype, device)
+            out.backward(g)
+            ref.backward(g.double())
+            res.add_grad(p.grad, p64.grad, dtype, f"{case.id} dpositions")
+        # the fused add
+        x = _testing.randn(
+            (*case.shape, case.dim), _testing.generator(seed + 300 + i), out_dtype, device
+        )
+        if x.dim() >= 2:
+            module = (
+                enc_api.DFTPE(case.dim, backend)
+                if case.kind == "dft"
+                else enc_api.SinusoidalPE(case.dim, backend=backend)
+            )
+            y = module(x, p.detach())
+            kind = "encoding" if out_dtype in (torch.float32, torch.float64) else "lff"
+            res.add(y, x.double() + ref.detach(), out_dtype, kind, f"{case.id} fused add")
+        res.cases += 1
+    return res
+
+
+CHECKS = {"lff": check_lff, "encoding": check_encoding}
+
+
+def _floater_check():
+    try:
+        from .floater_suite import check_floater
+    except ImportError:
+        return None
+    return check_floater
+
+
+def run(args) -> int:
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    device = args.device
+    checks = dict(CHECKS)
+    fl = _floater_check()
+    if fl is not None:
+        checks["floater"] = fl
+    wanted = list(checks) if args.ops == "all" else [o.strip() for o in args.ops.split(",")]
+    unknown = [o for o in wanted if o not in checks]
+    if unknown:
+        print(f"unknown op(s) {unknown}; choose from {list(checks)}")
+        return 2
+    print(f"posenc_fast verify: device {device}, seed {seed} (replay with --seed {seed})")
+    failed = 0
+    for op in wanted:
+        for name in backends.BACKEND_NAMES:
+            if name == "reference":
+                continue
+            b = backends.get(name)
+            if not b.implements(op, device):
+                continue
+            env = b.environment_reasons()
+            if env:
+                print(f"SKIP  {op:<9} {name:<7} unavailable: {'; '.join(env)}")
+                continue
+            sup = b.SUPPORT[op]
+            for dtype in DTYPES:
+                if sup.dtypes is not None and dtype not in sup.dtypes:
+                    continue
+                t0 = time.perf_counter()
+                res = checks[op](name, dtype, device, seed)
+                status = "FAIL" if res.failures else "PASS"
+                failed += bool(res.failures)
+                print(
+                    f"{status}  {op:<9} {name:<7} {str(dtype)[6:]:<8} {res.cases:>2} cases  "
+                    f"max fwd err {res.fwd_err:.2e}  max grad rel err {res.grad_err:.2e}  "
+                    f"({time.perf_counter() - t0:.1f} s)"
+                )
+                for f in res.failures[:5]:
+                    print(f"      {f}")
+                if len(res.failures) > 5:
+                    print(f"      ... and {len(res.failures) - 5} more")
+    if not math.isfinite(failed) or failed:
+        print(f"{failed} mismatching op/backend/dtype combination(s); seed {seed}")
+        return 1
+    print("all backends agree with the reference")
+    return 0
