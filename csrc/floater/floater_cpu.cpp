@@ -1,0 +1,993 @@
+// FLOATER integrator on the CPU: forward and discrete-adjoint backward.
+//
+// Shapes (floater_common.h): p0 [S, d], w1 [d+1, H], b1 [H], w2 [H+1, d], b2 [d],
+// times [L], out / grad [S, L, d]; all contiguous, one dtype (float32 or float64).
+//
+// Design
+// - States advance in lockstep, a "chunk" of R states at a time (R padded to a multiple of
+//   kTile with copies of the chunk's first state, whose incoming gradient is zero, so the
+//   padding contributes exact zeros). Each stage is two regions:
+//     layer 1: Z = Y @ w1[:d] + (b1 + tau w1[d]), A = act(Z)          (over columns of H)
+//     layer 2: K = A @ w2[:H] + (b2 + tau w2[H]), then the RK combination (over columns of d)
+//   Register tiles of kTile states x 2 vectors read each weight row once per tile.
+// - Parallelism. Small dynamics (weights within a core's L2): chunks of kTile states run in
+//   parallel (at::parallel_for over chunks), each chunk serially. Large dynamics: one chunk
+//   holds every state and each region is split over columns (at::parallel_for), so the
+//   weights are read once per tile per stage instead of once per thread.
+// - Determinism. Every output element is computed by the same sequence of operations
+//   whatever the thread count: regions are split at fixed column blocks, weight-gradient
+//   rows are owned by exactly one thread, chunks depend on the shapes only, and per-chunk
+//   weight-gradient partials are added in chunk order. No atomics.
+// - Backward: the discrete adjoint. Intervals are walked backwards; each interval's
+//   sub-steps are recomputed from its stored starting state (out[:, j-1] or p0), then each
+//   step is differentiated stage by stage (reverse order) with the stage values recomputed
+//   by the same code as the forward (bitwise the same trajectory).
+// - Instruction sets: the region kernels are compiled three times (AVX-512, AVX2+FMA,
+//   baseline) through target attributes and the best one the CPU supports is picked at
+//   first use (POSENC_FAST_CPU_ISA=avx2|generic lowers it, e.g. to test every path).
+#include "floater_cpu.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu_vec.h"
+
+namespace posenc_fast {
+namespace floater {
+namespace cpu {
+
+namespace {
+
+constexpr int kTile = 4;  // states per register tile
+
+template <typename T>
+struct Dyn {
+  const T* w1;  // [d+1, H]
+  const T* b1;  // [H]
+  const T* w2;  // [H+1, d]
+  const T* b2;  // [d]
+  int64_t d, H;
+  Activation act;
+};
+
+// One forward stage of a chunk.
+template <typename T>
+struct Fwd {
+  Dyn<T> dyn;
+  int64_t R;        // rows (states, padded to a multiple of kTile)
+  const T* y;       // [R, d] stage input
+  const T* init1;   // [H]    b1 + tau * w1[d]
+  T* z;             // [R, H] pre-activation
+  T* a;             // [R, H] activation
+  const T* init2;   // [d]    b2 + tau * w2[H]
+  T* k;             // [R, d] this stage's slope
+  // After K: dst = base + h * sum_j coef[j] * ks[j], column by column (ks may include k).
+  T* dst;
+  const T* base;
+  const T* ks[kMaxStages];
+  T coef[kMaxStages];
+  int nk;
+  T h;
+};
+
+// Backward through one stage of a chunk: given gk = dLoss/dK, produce gz, gy and the
+// parameter gradients, then lam += gy and gks[j] += coef[j] * gy.
+template <typename T>
+struct Bwd {
+  Dyn<T> dyn;
+  int64_t R;
+  T tau;
+  const T* y;   // [R, d] stage input
+  const T* z;   // [R, H]
+  const T* a;   // [R, H]
+  const T* gk;  // [R, d]
+  T* gz;        // [R, H]
+  T* gy;        // [R, d]
+  T* dw1;       // [d+1, H] accumulators, nullptr when not needed
+  T* db1;       // [H]
+  T* dw2;       // [H+1, d]
+  T* db2;       // [d]
+  T* lam;       // [R, d]
+  T* gks[kMaxStages];
+  T coef[kMaxStages];
+  int nk;
+};
+
+// ------------------------------------------------------------------------------------
+// Micro-kernels (always_inline: compiled inside each instruction-set wrapper below)
+// ------------------------------------------------------------------------------------
+
+// out[r, c] = init[c] + sum_k x[r, k] * w[k, c]   for r < R, c in [c0, c1)
+// x [R, K] (row stride K), w row stride ldw, out row stride ldo. Each element is the same
+// left-to-right sum in every code path (full block, single vector, partial vector).
+template <typename T, int B>
+PF_INLINE void mm_nn(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, const T* init,
+                     int64_t c0, int64_t c1, T* out, int64_t ldo) {
+  using V = typename VecT<T, B>::type;
+  constexpr int W = VecT<T, B>::lanes;
+  for (int64_t r = 0; r < R; r += kTile) {
+    const T* xr = x + r * K;
+    T* orow = out + r * ldo;
+    int64_t c = c0;
+    for (; c + 2 * W <= c1; c += 2 * W) {
+      const V i0 = vload<V>(init + c), i1 = vload<V>(init + c + W);
+      V acc[kTile][2];
+      for (int s = 0; s < kTile; ++s) {
+        acc[s][0] = i0;
+        acc[s][1] = i1;
+      }
+      const T* wk = w + c;
+      for (int64_t k = 0; k < K; ++k, wk += ldw) {
+        const V w0 = vload<V>(wk), w1 = vload<V>(wk + W);
+        for (int s = 0; s < kTile; ++s) {
+          const V xs = vsplat<V>(xr[s * K + k]);
+          acc[s][0] += xs * w0;
+          acc[s][1] += xs * w1;
+        }
+      }
+      for (int s = 0; s < kTile; ++s) {
+        vstore(orow + s * ldo + c, acc[s][0]);
+        vstore(orow + s * ldo + c + W, acc[s][1]);
+      }
+    }
+    for (; c < c1; c += W) {
+      const int n = static_cast<int>(std::min<int64_t>(W, c1 - c));
+      const V i0 = vload_n<V>(init + c, n);
+      V acc[kTile];
+      for (int s = 0; s < kTile; ++s) acc[s] = i0;
+      const T* wk = w + c;
+      for (int64_t k = 0; k < K; ++k, wk += ldw) {
+        const V w0 = vload_n<V>(wk, n);
+        for (int s = 0; s < kTile; ++s) acc[s] += vsplat<V>(xr[s * K + k]) * w0;
+      }
+      for (int s = 0; s < kTile; ++s) vstore_n(orow + s * ldo + c, acc[s], n);
+    }
+  }
+}
+
+// out[r, j] = sum_k x[r, k] * w[j, k]   for r < R, j in [j0, j1)
+// x [R, K] (row stride K), w row stride ldw (rows contiguous in k), out row stride ldo.
+// Per element: vector partial sums over full vectors, lanes added in order, then the
+// scalar tail; the same whether j is computed alone or paired.
+template <typename T, int B>
+PF_INLINE void mm_nt(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, int64_t j0,
+                     int64_t j1, T* out, int64_t ldo) {
+  using V = typename VecT<T, B>::type;
+  constexpr int W = VecT<T, B>::lanes;
+  const int64_t Kv = K - K % W;
+  for (int64_t r = 0; r < R; r += kTile) {
+    const T* xr = x + r * K;
+    T* orow = out + r * ldo;
+    int64_t j = j0;
+    for (; j + 2 <= j1; j += 2) {
+      const T* wa = w + j * ldw;
+      const T* wb = wa + ldw;
+      V acc[kTile][2] = {};
+      for (int64_t k = 0; k < Kv; k += W) {
+        const V va = vload<V>(wa + k), vb = vload<V>(wb + k);
+        for (int s = 0; s < kTile; ++s) {
+          const V xs = vload<V>(xr + s * K + k);
+          acc[s][0] += xs * va;
+          acc[s][1] += xs * vb;
+        }
+      }
+      for (int s = 0; s < kTile; ++s) {
+        T sa = vsum<T>(acc[s][0]), sb = vsum<T>(acc[s][1]);
+        for (int64_t k = Kv; k < K; ++k) {
+          sa += xr[s * K + k] * wa[k];
+          sb += xr[s * K + k] * wb[k];
+        }
+        orow[s * ldo + j] = sa;
+        orow[s * ldo + j + 1] = sb;
+      }
+    }
+    for (; j < j1; ++j) {
+      const T* wa = w + j * ldw;
+      V acc[kTile] = {};
+      for (int64_t k = 0; k < Kv; k += W) {
+        const V va = vload<V>(wa + k);
+        for (int s = 0; s < kTile; ++s) acc[s] += vload<V>(xr + s * K + k) * va;
+      }
+      for (int s = 0; s < kTile; ++s) {
+        T sa = vsum<T>(acc[s]);
+        for (int64_t k = Kv; k < K; ++k) sa += xr[s * K + k] * wa[k];
+        orow[s * ldo + j] = sa;
+      }
+    }
+  }
+}
+
+// acc[j, c] += sum_r x[r, j] * g[r, c]   for j in [j0, j1), c < N, r < R (in order)
+// x row stride ldx, g [R, N], acc row stride N.
+template <typename T, int B>
+PF_INLINE void rank_update(T* acc, int64_t N, const T* x, int64_t ldx, const T* g, int64_t R,
+                           int64_t j0, int64_t j1) {
+  using V = typename VecT<T, B>::type;
+  constexpr int W = VecT<T, B>::lanes;
+  for (int64_t j = j0; j < j1; ++j) {
+    T* arow = acc + j * N;
+    for (int64_t c = 0; c < N; c += W) {
+      const int n = static_cast<int>(std::min<int64_t>(W, N - c));
+      V v = n == W ? vload<V>(arow + c) : vload_n<V>(arow + c, n);
+      for (int64_t r = 0; r < R; ++r) {
+        const V gv = n == W ? vload<V>(g + r * N + c) : vload_n<V>(g + r * N + c, n);
+        v += vsplat<V>(x[r * ldx + j]) * gv;
+      }
+      if (n == W)
+        vstore(arow + c, v);
+      else
+        vstore_n(arow + c, v, n);
+    }
+  }
+}
+
+// Activations over a contiguous row segment. float32: vectorised polynomials (cpu_vec.h);
+// float64: libm (exact to the last bits, speed is secondary there).
+template <typename T, int B>
+struct Act;
+
+template <int B>
+struct Act<float, B> {
+  using M = F32Math<B>;
+  using V = typename M::V;
+  static constexpr int W = VecT<float, B>::lanes;
+
+  static PF_INLINE V fwd(Activation act, V z) {
+    switch (act) {
+      case Activation::ReLU:
+        return z < 0.0f ? vsplat<V>(0.0f) : z;
+      case Activation::Tanh:
+        return M::tanh(z);
+      case Activation::GELU:
+        return z * M::normal_cdf(z);
+      default:
+        return z;
+    }
+  }
+  static PF_INLINE V bwd(Activation act, V z, V a, V ga) {
+    switch (act) {
+      case Activation::ReLU:
+        return z > 0.0f ? ga : vsplat<V>(0.0f);
+      case Activation::Tanh:
+        return ga * (1.0f - a * a);
+      case Activation::GELU:
+        return ga * (M::normal_cdf(z) + z * M::normal_pdf(z));
+      default:
+        return ga;
+    }
+  }
+  static PF_INLINE void forward(Activation act, const float* z, float* a, int64_t n) {
+    if (act == Activation::Identity) {
+      std::memcpy(a, z, sizeof(float) * n);
+      return;
+    }
+    for (int64_t i = 0; i < n; i += W) {
+      const int m = static_cast<int>(std::min<int64_t>(W, n - i));
+      if (m == W)
+        vstore(a + i, fwd(act, vload<V>(z + i)));
+      else
+        vstore_n(a + i, fwd(act, vload_n<V>(z + i, m)), m);
+    }
+  }
+  // gz = ga * act'(z), in place over ga allowed
+  static PF_INLINE void backward(Activation act, const float* z, const float* a, const float* ga,
+                                 float* gz, int64_t n) {
+    for (int64_t i = 0; i < n; i += W) {
+      const int m = static_cast<int>(std::min<int64_t>(W, n - i));
+      if (m == W) {
+        vstore(gz + i, bwd(act, vload<V>(z + i), vload<V>(a + i), vload<V>(ga + i)));
+      } else {
+        vstore_n(gz + i, bwd(act, vload_n<V>(z + i, m), vload_n<V>(a + i, m), vload_n<V>(ga + i, m)), m);
+      }
+    }
+  }
+};
+
+template <int B>
+struct Act<double, B> {
+  static PF_INLINE double cdf(double z) { return 0.5 * std::erfc(-z * 0.70710678118654752440); }
+  static PF_INLINE double pdf(double z) { return std::exp(-0.5 * z * z) * 0.39894228040143267794; }
+  static PF_INLINE void forward(Activation act, const double* z, double* a, int64_t n) {
+    switch (act) {
+      case Activation::ReLU:
+        for (int64_t i = 0; i < n; ++i) a[i] = z[i] < 0.0 ? 0.0 : z[i];
+        break;
+      case Activation::Tanh:
+        for (int64_t i = 0; i < n; ++i) a[i] = std::tanh(z[i]);
+        break;
+      case Activation::GELU:
+        for (int64_t i = 0; i < n; ++i) a[i] = z[i] * cdf(z[i]);
+        break;
+      default:
+        std::memcpy(a, z, sizeof(double) * n);
+    }
+  }
+  static PF_INLINE void backward(Activation act, const double* z, const double* a, const double* ga,
+                                 double* gz, int64_t n) {
+    switch (act) {
+      case Activation::ReLU:
+        for (int64_t i = 0; i < n; ++i) gz[i] = z[i] > 0.0 ? ga[i] : 0.0;
+        break;
+      case Activation::Tanh:
+        for (int64_t i = 0; i < n; ++i) gz[i] = ga[i] * (1.0 - a[i] * a[i]);
+        break;
+      case Activation::GELU:
+        for (int64_t i = 0; i < n; ++i) gz[i] = ga[i] * (cdf(z[i]) + z[i] * pdf(z[i]));
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) gz[i] = ga[i];
+    }
+  }
+};
+
+// dst[r, c] = base[r, c] + h * sum_j coef[j] * ks[j][r, c], over c in [c0, c1), rows < R
+template <typename T, int B>
+PF_INLINE void combine(T* dst, const T* base, const T* const* ks, const T* coef, int nk, T h,
+                       int64_t R, int64_t ld, int64_t c0, int64_t c1) {
+  using V = typename VecT<T, B>::type;
+  constexpr int W = VecT<T, B>::lanes;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t o = r * ld;
+    for (int64_t c = c0; c < c1; c += W) {
+      const int n = static_cast<int>(std::min<int64_t>(W, c1 - c));
+      V s = vload_n<V>(ks[0] + o + c, n) * coef[0];
+      for (int j = 1; j < nk; ++j) s += vload_n<V>(ks[j] + o + c, n) * coef[j];
+      vstore_n(dst + o + c, vload_n<V>(base + o + c, n) + h * s, n);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------
+// Region kernels
+// ------------------------------------------------------------------------------------
+
+template <typename T, int B>
+constexpr int64_t col_block() {
+  return 2 * VecT<T, B>::lanes;
+}
+
+// Layer 1 over column blocks [b0, b1) of H.
+template <typename T, int B>
+PF_INLINE void layer1_impl(const Fwd<T>& f, int64_t b0, int64_t b1) {
+  const int64_t H = f.dyn.H, d = f.dyn.d;
+  const int64_t c0 = b0 * col_block<T, B>(), c1 = std::min(H, b1 * col_block<T, B>());
+  if (c0 >= c1) return;
+  mm_nn<T, B>(f.y, d, f.R, f.dyn.w1, H, f.init1, c0, c1, f.z, H);
+  for (int64_t r = 0; r < f.R; ++r)
+    Act<T, B>::forward(f.dyn.act, f.z + r * H + c0, f.a + r * H + c0, c1 - c0);
+}
+
+// Layer 2 and the RK combination over column blocks [b0, b1) of d.
+template <typename T, int B>
+PF_INLINE void layer2_impl(const Fwd<T>& f, int64_t b0, int64_t b1) {
+  const int64_t H = f.dyn.H, d = f.dyn.d;
+  const int64_t c0 = b0 * col_block<T, B>(), c1 = std::min(d, b1 * col_block<T, B>());
+  if (c0 >= c1) return;
+  mm_nn<T, B>(f.a, H, f.R, f.dyn.w2, d, f.init2, c0, c1, f.k, d);
+  combine<T, B>(f.dst, f.base, f.ks, f.coef, f.nk, f.h, f.R, d, c0, c1);
+}
+
+// Backward region 1 over rows [j0, j1) of H: gz, dw2[:H] rows, dw1[d] and db1 entries.
+template <typename T, int B>
+PF_INLINE void bwd1_impl(const Bwd<T>& g, int64_t j0, int64_t j1) {
+  using V = typename VecT<T, B>::type;
+  constexpr int W = VecT<T, B>::lanes;
+  const int64_t H = g.dyn.H, d = g.dyn.d, R = g.R;
+  if (j0 >= j1) return;
+  // ga[r, j] = sum_c gk[r, c] * w2[j, c]  (into gz, then scaled by act')
+  mm_nt<T, B>(g.gk, d, R, g.dyn.w2, d, j0, j1, g.gz, H);
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t o = r * H + j0;
+    Act<T, B>::backward(g.dyn.act, g.z + o, g.a + o, g.gz + o, g.gz + o, j1 - j0);
+  }
+  if (g.dw2) rank_update<T, B>(g.dw2, d, g.a, H, g.gk, R, j0, j1);
+  if (g.dw1 || g.db1) {
+    for (int64_t c = j0; c < j1; c += W) {
+      const int n = static_cast<int>(std::min<int64_t>(W, j1 - c));
+      V s = vload_n<V>(g.gz + c, n);
+      for (int64_t r = 1; r < R; ++r) s += vload_n<V>(g.gz + r * H + c, n);
+      if (g.dw1) {
+        T* p = g.dw1 + d * H + c;
+        vstore_n(p, vload_n<V>(p, n) + g.tau * s, n);
+      }
+      if (g.db1) vstore_n(g.db1 + c, vload_n<V>(g.db1 + c, n) + s, n);
+    }
+  }
+}
+
+// Backward region 2 over columns [c0, c1) of d: gy, dw1[:d] rows, dw2[H] and db2 entries,
+// then the adjoint combination.
+template <typename T, int B>
+PF_INLINE void bwd2_impl(const Bwd<T>& g, int64_t c0, int64_t c1) {
+  using V = typename VecT<T, B>::type;
+  constexpr int W = VecT<T, B>::lanes;
+  const int64_t H = g.dyn.H, d = g.dyn.d, R = g.R;
+  if (c0 >= c1) return;
+  // gy[r, c] = sum_j gz[r, j] * w1[c, j]
+  mm_nt<T, B>(g.gz, H, R, g.dyn.w1, H, c0, c1, g.gy, d);
+  if (g.dw1) rank_update<T, B>(g.dw1, H, g.y, d, g.gz, R, c0, c1);
+  if (g.dw2 || g.db2) {
+    for (int64_t c = c0; c < c1; c += W) {
+      const int n = static_cast<int>(std::min<int64_t>(W, c1 - c));
+      V s = vload_n<V>(g.gk + c, n);
+      for (int64_t r = 1; r < R; ++r) s += vload_n<V>(g.gk + r * d + c, n);
+      if (g.dw2) {
+        T* p = g.dw2 + H * d + c;
+        vstore_n(p, vload_n<V>(p, n) + g.tau * s, n);
+      }
+      if (g.db2) vstore_n(g.db2 + c, vload_n<V>(g.db2 + c, n) + s, n);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t o = r * d;
+    for (int64_t c = c0; c < c1; c += W) {
+      const int n = static_cast<int>(std::min<int64_t>(W, c1 - c));
+      const V gy = vload_n<V>(g.gy + o + c, n);
+      vstore_n(g.lam + o + c, vload_n<V>(g.lam + o + c, n) + gy, n);
+      for (int j = 0; j < g.nk; ++j) {
+        T* p = g.gks[j] + o + c;
+        vstore_n(p, vload_n<V>(p, n) + g.coef[j] * gy, n);
+      }
+    }
+  }
+}
+
+template <typename T>
+struct Kernels {
+  const char* isa;
+  int64_t block;  // columns per block of the forward regions
+  void (*layer1)(const Fwd<T>&, int64_t, int64_t);
+  void (*layer2)(const Fwd<T>&, int64_t, int64_t);
+  void (*bwd1)(const Bwd<T>&, int64_t, int64_t);
+  void (*bwd2)(const Bwd<T>&, int64_t, int64_t);
+};
+
+#define PF_ISA_WRAPPERS(NAME, ATTR, BYTES)                                                   \
+  template <typename T>                                                                       \
+  ATTR void layer1_##NAME(const Fwd<T>& f, int64_t b0, int64_t b1) {                          \
+    layer1_impl<T, BYTES>(f, b0, b1);                                                         \
+  }                                                                                           \
+  template <typename T>                                                                       \
+  ATTR void layer2_##NAME(const Fwd<T>& f, int64_t b0, int64_t b1) {                          \
+    layer2_impl<T, BYTES>(f, b0, b1);                                                         \
+  }                                                                                           \
+  template <typename T>                                                                       \
+  ATTR void bwd1_##NAME(const Bwd<T>& g, int64_t b0, int64_t b1) {                            \
+    bwd1_impl<T, BYTES>(g, b0, b1);                                                           \
+  }                                                                                           \
+  template <typename T>                                                                       \
+  ATTR void bwd2_##NAME(const Bwd<T>& g, int64_t b0, int64_t b1) {                            \
+    bwd2_impl<T, BYTES>(g, b0, b1);                                                           \
+  }                                                                                           \
+  template <typename T>                                                                       \
+  Kernels<T> kernels_##NAME() {                                                               \
+    return Kernels<T>{#NAME, col_block<T, BYTES>(), &layer1_##NAME<T>, &layer2_##NAME<T>,     \
+                      &bwd1_##NAME<T>, &bwd2_##NAME<T>};                                      \
+  }
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define PF_HAVE_X86_ISAS 1
+// 64-byte vectors in one zmm register; the compiler keeps 8 accumulators of a tile.
+PF_ISA_WRAPPERS(avx512, __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi2"))), 64)
+PF_ISA_WRAPPERS(avx2, __attribute__((target("avx2,fma,bmi2"))), 32)
+PF_ISA_WRAPPERS(generic, , 16)
+#else
+PF_ISA_WRAPPERS(generic, , 16)
+#endif
+
+std::atomic<int> g_isa_override{-1};  // -1: unset; else index into isa_names()
+
+const char* const kIsaNames[] = {"generic", "avx2", "avx512"};
+
+int detect_isa() {
+#if defined(PF_HAVE_X86_ISAS)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
+    return 2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+#endif
+  return 0;
+}
+
+int best_isa() {
+  static const int best = detect_isa();
+  return best;
+}
+
+int isa_from_name(const std::string& name) {
+  for (int i = 0; i < 3; ++i)
+    if (name == kIsaNames[i]) return i;
+  return -1;
+}
+
+int active_isa() {
+  const int o = g_isa_override.load();
+  const int best = best_isa();
+  if (o >= 0) return std::min(o, best);
+  static const int from_env = [] {
+    const char* e = std::getenv("POSENC_FAST_CPU_ISA");
+    return e ? isa_from_name(e) : -1;
+  }();
+  return from_env >= 0 ? std::min(from_env, best) : best;
+}
+
+template <typename T>
+Kernels<T> kernels() {
+#if defined(PF_HAVE_X86_ISAS)
+  switch (active_isa()) {
+    case 2:
+      return kernels_avx512<T>();
+    case 1:
+      return kernels_avx2<T>();
+    default:
+      return kernels_generic<T>();
+  }
+#else
+  return kernels_generic<T>();
+#endif
+}
+
+// ------------------------------------------------------------------------------------
+// Drivers
+// ------------------------------------------------------------------------------------
+
+// How states are grouped into chunks: a function of the shapes only (determinism).
+struct Plan {
+  int64_t chunk;    // states per chunk
+  int64_t nchunks;
+  bool split_regions;  // one chunk, regions split over columns
+};
+
+template <typename T>
+Plan make_plan(int64_t S, int64_t d, int64_t H) {
+  const int64_t weight_bytes = ((d + 1) * H + (H + 1) * d) * static_cast<int64_t>(sizeof(T));
+  // Weights that stay in a core's L2 (>= 1 MiB on current x86): every chunk can own a core.
+  if (weight_bytes <= (384 << 10)) {
+    const int64_t chunk = kTile;
+    return Plan{chunk, (S + chunk - 1) / chunk, false};
+  }
+  return Plan{S, 1, true};
+}
+
+// Work buffers of one chunk; rows padded to a multiple of kTile.
+template <typename T>
+struct Chunk {
+  int64_t r0 = 0, rows = 0, R = 0;  // first state, real states, padded rows
+};
+
+template <typename T>
+class Integrator {
+ public:
+  Integrator(const Dyn<T>& dyn, const Tableau& tab, const T* times, int64_t L, int64_t substeps,
+             const Kernels<T>& kern, bool split)
+      : dyn_(dyn), tab_(tab), times_(times), L_(L), n_(substeps), kern_(kern), split_(split) {}
+
+  // Fill the padded [R, d] block of rows r0..r0+rows of src (row stride ld) into dst.
+  void load_rows(T* dst, const T* src, int64_t ld, const Chunk<T>& ch) const {
+    const int64_t d = dyn_.d;
+    for (int64_t r = 0; r < ch.R; ++r) {
+      const int64_t rr = r < ch.rows ? r : 0;
+      std::memcpy(dst + r * d, src + (ch.r0 + rr) * ld, sizeof(T) * d);
+    }
+  }
+
+  void stage_times(T t, T h, int i, T* init1, T* init2) const {
+    const T tau = t + static_cast<T>(tab_.c[i]) * h;
+    const int64_t d = dyn_.d, H = dyn_.H;
+    for (int64_t c = 0; c < H; ++c) init1[c] = dyn_.b1[c] + tau * dyn_.w1[d * H + c];
+    for (int64_t c = 0; c < d; ++c) init2[c] = dyn_.b2[c] + tau * dyn_.w2[H * d + c];
+  }
+
+  void run_layer1(const Fwd<T>& f) const {
+    const int64_t nb = (dyn_.H + kern_.block - 1) / kern_.block;
+    if (split_) {
+      at::parallel_for(0, nb, grain(f.R, dyn_.d, kern_.block), [&](int64_t b0, int64_t b1) {
+        kern_.layer1(f, b0, b1);
+      });
+    } else {
+      kern_.layer1(f, 0, nb);
+    }
+  }
+  void run_layer2(const Fwd<T>& f) const {
+    const int64_t nb = (dyn_.d + kern_.block - 1) / kern_.block;
+    if (split_) {
+      at::parallel_for(0, nb, grain(f.R, dyn_.H, kern_.block), [&](int64_t b0, int64_t b1) {
+        kern_.layer2(f, b0, b1);
+      });
+    } else {
+      kern_.layer2(f, 0, nb);
+    }
+  }
+  void run_bwd1(const Bwd<T>& g) const {
+    if (split_) {
+      at::parallel_for(0, dyn_.H, grain(g.R, 3 * dyn_.d, 1), [&](int64_t j0, int64_t j1) {
+        kern_.bwd1(g, j0, j1);
+      });
+    } else {
+      kern_.bwd1(g, 0, dyn_.H);
+    }
+  }
+  void run_bwd2(const Bwd<T>& g) const {
+    if (split_) {
+      at::parallel_for(0, dyn_.d, grain(g.R, 3 * dyn_.H, 1), [&](int64_t j0, int64_t j1) {
+        kern_.bwd2(g, j0, j1);
+      });
+    } else {
+      kern_.bwd2(g, 0, dyn_.d);
+    }
+  }
+  // Units per task so that a task has at least ~64k multiply-adds (below that the
+  // fork/join costs more than it saves).
+  static int64_t grain(int64_t R, int64_t K, int64_t unit) {
+    const int64_t per_unit = std::max<int64_t>(1, R * K * unit);
+    return std::max<int64_t>(1, (int64_t{1} << 16) / per_unit);
+  }
+
+  // One RK step of the R-row block P (in place) from t with step h. When `keep` is given,
+  // the stage values are stored there (Y_i, Z_i, A_i, K_i) for the backward.
+  struct StageStore {
+    T* y[kMaxStages];
+    T* z[kMaxStages];
+    T* a[kMaxStages];
+    T* k[kMaxStages];
+  };
+
+  void step(T* P, int64_t R, T t, T h, const StageStore& st, T* init1, T* init2) const {
+    Fwd<T> f{};
+    f.dyn = dyn_;
+    f.R = R;
+    f.h = h;
+    f.init1 = init1;
+    f.init2 = init2;
+    for (int i = 0; i < tab_.stages; ++i) {
+      stage_times(t, h, i, init1, init2);
+      f.y = i == 0 ? P : st.y[i];
+      f.z = st.z[i];
+      f.a = st.a[i];
+      f.k = st.k[i];
+      f.nk = 0;
+      f.base = P;
+      if (i + 1 < tab_.stages) {
+        f.dst = st.y[i + 1];
+        for (int j = 0; j <= i; ++j) {
+          if (tab_.a[i + 1][j] != 0.0) {
+            f.ks[f.nk] = st.k[j];
+            f.coef[f.nk++] = static_cast<T>(tab_.a[i + 1][j]);
+          }
+        }
+      } else {
+        f.dst = P;
+        for (int j = 0; j < tab_.stages; ++j) {
+          if (tab_.b[j] != 0.0) {
+            f.ks[f.nk] = st.k[j];
+            f.coef[f.nk++] = static_cast<T>(tab_.b[j]);
+          }
+        }
+      }
+      run_layer1(f);
+      run_layer2(f);
+    }
+  }
+
+  T interval_start(int64_t j) const { return j == 0 ? T(0) : times_[j - 1]; }
+
+  // ---- forward of one chunk ----
+  void forward_chunk(const T* p0, T* out, const Chunk<T>& ch) const {
+    const int64_t d = dyn_.d, H = dyn_.H, R = ch.R;
+    std::vector<T> P(R * d), init1(H), init2(d);
+    // The forward keeps one Y buffer (stage i+1 overwrites stage i's input after layer 1
+    // has read it) and one Z/A buffer; the slopes K_i all live until the step ends.
+    std::vector<T> Y(R * d), Z(R * H), A(R * H), K(kMaxStages * R * d);
+    StageStore st{};
+    for (int i = 0; i < kMaxStages; ++i) {
+      st.y[i] = Y.data();
+      st.z[i] = Z.data();
+      st.a[i] = A.data();
+      st.k[i] = K.data() + i * R * d;
+    }
+    load_rows(P.data(), p0, d, ch);
+    for (int64_t j = 0; j < L_; ++j) {
+      const T tp = interval_start(j);
+      const T h = (times_[j] - tp) / static_cast<T>(n_);
+      for (int64_t k = 0; k < n_; ++k) step(P.data(), R, tp + static_cast<T>(k) * h, h, st, init1.data(), init2.data());
+      for (int64_t r = 0; r < ch.rows; ++r)
+        std::memcpy(out + ((ch.r0 + r) * L_ + j) * d, P.data() + r * d, sizeof(T) * d);
+    }
+  }
+
+  // ---- backward of one chunk ----
+  // dW: accumulators of this chunk (dw1, db1, dw2, db2 may be nullptr), dtimes [L] (or null)
+  void backward_chunk(const T* grad, const T* out, const T* p0, T* dp0, T* dw1, T* db1, T* dw2,
+                      T* db2, T* dtimes, const Chunk<T>& ch) const {
+    const int64_t d = dyn_.d, H = dyn_.H, R = ch.R, S_ = tab_.stages;
+    const int64_t Rd = R * d, RH = R * H;
+    std::vector<T> starts(n_ * Rd), lam(Rd, T(0)), lam_in(Rd), init1(H), init2(d);
+    std::vector<T> Y(S_ * Rd), Z(S_ * RH), A(S_ * RH), K(S_ * Rd), GK(S_ * Rd), GZ(RH), GY(Rd);
+    std::vector<T> scratch_y(Rd), scratch_z(RH), scratch_a(RH);
+    std::vector<double> dt_row(R), dh_row(R);
+    StageStore keep{}, fwd_only{};
+    for (int i = 0; i < S_; ++i) {
+      keep.y[i] = Y.data() + i * Rd;
+      keep.z[i] = Z.data() + i * RH;
+      keep.a[i] = A.data() + i * RH;
+      keep.k[i] = K.data() + i * Rd;
+      fwd_only.y[i] = scratch_y.data();
+      fwd_only.z[i] = scratch_z.data();
+      fwd_only.a[i] = scratch_a.data();
+      fwd_only.k[i] = K.data() + i * Rd;
+    }
+    const T nT = static_cast<T>(n_);
+    for (int64_t j = L_ - 1; j >= 0; --j) {
+      // lam += grad[:, j]
+      for (int64_t r = 0; r < ch.rows; ++r) {
+        const T* gr = grad + ((ch.r0 + r) * L_ + j) * d;
+        T* lr = lam.data() + r * d;
+        for (int64_t c = 0; c < d; ++c) lr[c] += gr[c];
+      }
+      const T tp = interval_start(j);
+      const T h = (times_[j] - tp) / nT;
+      // starting states of the sub-steps of interval j
+      if (j == 0)
+        load_rows(starts.data(), p0, d, ch);
+      else
+        load_rows(starts.data(), out + (j - 1) * d, L_ * d, ch);
+      for (int64_t k = 1; k < n_; ++k) {
+        std::memcpy(starts.data() + k * Rd, starts.data() + (k - 1) * Rd, sizeof(T) * Rd);
+        step(starts.data() + k * Rd, R, tp + static_cast<T>(k - 1) * h, h, fwd_only, init1.data(), init2.data());
+      }
+      double dT = 0.0, dTprev = 0.0;
+      for (int64_t k = n_ - 1; k >= 0; --k) {
+        const T t = tp + static_cast<T>(k) * h;
+        // recompute the stages of step k, keeping every stage's values
+        std::memcpy(lam_in.data(), starts.data() + k * Rd, sizeof(T) * Rd);
+        std::memcpy(Y.data(), lam_in.data(), sizeof(T) * Rd);  // Y_0 = starting state
+        step_keep(lam_in.data(), R, t, h, keep, init1.data(), init2.data());
+        backprop_step(R, ch.rows, t, h, keep, lam.data(), GK.data(), GZ.data(), GY.data(), dw1, db1,
+                      dw2, db2, dt_row.data(), dh_row.data());
+        double dt_sum = 0.0, dh_sum = 0.0;
+        for (int64_t r = 0; r < ch.rows; ++r) {
+          dt_sum += dt_row[r];
+          dh_sum += dh_row[r];
+        }
+        const double kn = static_cast<double>(k) / static_cast<double>(n_);
+        dT += dt_sum * kn + dh_sum / static_cast<double>(n_);
+        dTprev += dt_sum * (1.0 - kn) - dh_sum / static_cast<double>(n_);
+      }
+      if (dtimes) {
+        dtimes[j] += static_cast<T>(dT);
+        if (j > 0) dtimes[j - 1] += static_cast<T>(dTprev);
+      }
+    }
+    if (dp0) {
+      for (int64_t r = 0; r < ch.rows; ++r)
+        std::memcpy(dp0 + (ch.r0 + r) * d, lam.data() + r * d, sizeof(T) * d);
+    }
+  }
+
+  // step() variant that keeps Y_i in distinct buffers (Y_0 already holds P).
+  void step_keep(T* P, int64_t R, T t, T h, const StageStore& st, T* init1, T* init2) const {
+    // Same code path as the forward (bitwise the same stage values): stage i's input is
+    // P for i == 0, else st.y[i]; the final combination updates P in place.
+    step(P, R, t, h, st, init1, init2);
+  }
+
+  // Differentiate one step given the stored stage values; lam: dLoss/d(state after the
+  // step) on entry, dLoss/d(state before) on exit.
+  void backprop_step(int64_t R, int64_t rows, T t, T h, const StageStore& st, T* lam, T* GK, T* GZ,
+                     T* GY, T* dw1, T* db1, T* dw2, T* db2, double* dt_row, double* dh_row) const {
+    const int64_t d = dyn_.d, H = dyn_.H, Rd = R * d;
+    const int S_ = tab_.stages;
+    // dLoss/dK_i = h b_i lam; dLoss/dh gets lam . sum_i b_i K_i
+    for (int i = 0; i < S_; ++i) {
+      const T hb = h * static_cast<T>(tab_.b[i]);
+      T* g = GK + i * Rd;
+      for (int64_t e = 0; e < Rd; ++e) g[e] = hb * lam[e];
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      double acc = 0.0;
+      for (int i = 0; i < S_; ++i) {
+        if (tab_.b[i] == 0.0) continue;
+        acc += tab_.b[i] * dot(lam + r * d, st.k[i] + r * d, d);
+      }
+      dh_row[r] = acc;
+      dt_row[r] = 0.0;
+    }
+    const T* w1t = dyn_.w1 + d * H;
+    const T* w2t = dyn_.w2 + H * d;
+    // lam keeps accumulating dLoss/dP: the identity path P -> P_new plus every stage's gy.
+    for (int i = S_ - 1; i >= 0; --i) {
+      const T tau = t + static_cast<T>(tab_.c[i]) * h;
+      Bwd<T> g{};
+      g.dyn = dyn_;
+      g.R = R;
+      g.tau = tau;
+      g.y = i == 0 ? st.y[0] : st.y[i];
+      g.z = st.z[i];
+      g.a = st.a[i];
+      g.gk = GK + i * Rd;
+      g.gz = GZ;
+      g.gy = GY;
+      g.dw1 = dw1;
+      g.db1 = db1;
+      g.dw2 = dw2;
+      g.db2 = db2;
+      g.lam = lam;
+      g.nk = 0;
+      for (int j = 0; j < i; ++j) {
+        if (tab_.a[i][j] != 0.0) {
+          g.gks[g.nk] = GK + j * Rd;
+          g.coef[g.nk++] = h * static_cast<T>(tab_.a[i][j]);
+        }
+      }
+      run_bwd1(g);
+      run_bwd2(g);
+      // dLoss/dtau_i = gk . w2[H] + gz . w1[d]; tau_i = t + c_i h; Y_i depends on h through
+      // h * sum_j a_ij K_j.
+      for (int64_t r = 0; r < rows; ++r) {
+        const double gt = dot(g.gk + r * d, w2t, d) + dot(GZ + r * H, w1t, H);
+        dt_row[r] += gt;
+        double acc = tab_.c[i] * gt;
+        for (int j = 0; j < i; ++j) {
+          if (tab_.a[i][j] != 0.0) acc += tab_.a[i][j] * dot(GY + r * d, st.k[j] + r * d, d);
+        }
+        dh_row[r] += acc;
+      }
+    }
+  }
+
+  static double dot(const T* x, const T* y, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(y[i]);
+    return s;
+  }
+
+ private:
+  Dyn<T> dyn_;
+  Tableau tab_;
+  const T* times_;
+  int64_t L_, n_;
+  Kernels<T> kern_;
+  bool split_;
+};
+
+template <typename T>
+Chunk<T> chunk_of(const Plan& plan, int64_t S, int64_t c) {
+  Chunk<T> ch;
+  ch.r0 = c * plan.chunk;
+  ch.rows = std::min(plan.chunk, S - ch.r0);
+  ch.R = (ch.rows + kTile - 1) / kTile * kTile;
+  return ch;
+}
+
+template <typename T>
+void forward_impl(const T* p0, const Dyn<T>& dyn, const T* times, int64_t S, int64_t L,
+                  int64_t substeps, Method method, T* out) {
+  if (S == 0 || L == 0 || dyn.d == 0) return;
+  const Plan plan = make_plan<T>(S, dyn.d, dyn.H);
+  const Integrator<T> integ(dyn, tableau(method), times, L, substeps, kernels<T>(), plan.split_regions);
+  if (plan.split_regions) {
+    integ.forward_chunk(p0, out, chunk_of<T>(plan, S, 0));
+  } else {
+    at::parallel_for(0, plan.nchunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) integ.forward_chunk(p0, out, chunk_of<T>(plan, S, c));
+    });
+  }
+}
+
+template <typename T>
+void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, const T* times,
+                   int64_t S, int64_t L, int64_t substeps, Method method, T* dp0, T* dw1, T* db1,
+                   T* dw2, T* db2, T* dtimes) {
+  const int64_t d = dyn.d, H = dyn.H;
+  if (S == 0 || L == 0 || d == 0) return;  // outputs are zero-initialised by the caller
+  const Plan plan = make_plan<T>(S, d, H);
+  const Integrator<T> integ(dyn, tableau(method), times, L, substeps, kernels<T>(), plan.split_regions);
+  const int64_t n1 = (d + 1) * H, n2 = (H + 1) * d;
+  // chunk c > 0 accumulates into its own partial; chunk 0 into the outputs
+  const int64_t extra = plan.nchunks - 1;
+  std::vector<T> part;
+  const int64_t per = (dw1 ? n1 : 0) + (db1 ? H : 0) + (dw2 ? n2 : 0) + (db2 ? d : 0) + (dtimes ? L : 0);
+  part.assign(static_cast<size_t>(extra * per), T(0));
+  auto ptrs = [&](int64_t c, T** q1, T** qb1, T** q2, T** qb2, T** qt) {
+    if (c == 0) {
+      *q1 = dw1, *qb1 = db1, *q2 = dw2, *qb2 = db2, *qt = dtimes;
+      return;
+    }
+    T* base = part.data() + (c - 1) * per;
+    *q1 = dw1 ? base : nullptr;
+    base += dw1 ? n1 : 0;
+    *qb1 = db1 ? base : nullptr;
+    base += db1 ? H : 0;
+    *q2 = dw2 ? base : nullptr;
+    base += dw2 ? n2 : 0;
+    *qb2 = db2 ? base : nullptr;
+    base += db2 ? d : 0;
+    *qt = dtimes ? base : nullptr;
+  };
+  auto run = [&](int64_t c) {
+    T *q1, *qb1, *q2, *qb2, *qt;
+    ptrs(c, &q1, &qb1, &q2, &qb2, &qt);
+    integ.backward_chunk(grad, out, p0, dp0, q1, qb1, q2, qb2, qt, chunk_of<T>(plan, S, c));
+  };
+  if (plan.split_regions) {
+    run(0);
+  } else {
+    at::parallel_for(0, plan.nchunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) run(c);
+    });
+  }
+  // fixed-order reduction of the partials
+  for (int64_t c = 1; c < plan.nchunks; ++c) {
+    T *q1, *qb1, *q2, *qb2, *qt;
+    ptrs(c, &q1, &qb1, &q2, &qb2, &qt);
+    auto add = [](T* dst, const T* src, int64_t n) {
+      if (dst)
+        for (int64_t e = 0; e < n; ++e) dst[e] += src[e];
+    };
+    add(dw1, q1, n1);
+    add(db1, qb1, H);
+    add(dw2, q2, n2);
+    add(db2, qb2, d);
+    add(dtimes, qt, L);
+  }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------
+// Entry points (floater_cpu.h)
+// ------------------------------------------------------------------------------------
+
+void forward(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+             const at::Tensor& b2, const at::Tensor& times, int64_t substeps, Method method,
+             Activation act, at::Tensor& out) {
+  const int64_t S = p0.size(0), d = p0.size(1), H = w1.size(1), L = times.size(0);
+  AT_DISPATCH_FLOATING_TYPES(p0.scalar_type(), "floater_integrate_cpu", [&] {
+    const Dyn<scalar_t> dyn{w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
+                            b2.data_ptr<scalar_t>(), d, H, act};
+    forward_impl<scalar_t>(p0.data_ptr<scalar_t>(), dyn, times.data_ptr<scalar_t>(), S, L, substeps,
+                           method, out.data_ptr<scalar_t>());
+  });
+}
+
+void backward(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p0, const at::Tensor& w1,
+              const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2, const at::Tensor& times,
+              int64_t substeps, Method method, Activation act, at::Tensor& dp0, at::Tensor& dw1,
+              at::Tensor& db1, at::Tensor& dw2, at::Tensor& db2, at::Tensor& dtimes) {
+  const int64_t S = p0.size(0), d = p0.size(1), H = w1.size(1), L = times.size(0);
+  AT_DISPATCH_FLOATING_TYPES(p0.scalar_type(), "floater_integrate_backward_cpu", [&] {
+    auto ptr = [](at::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
+    const Dyn<scalar_t> dyn{w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
+                            b2.data_ptr<scalar_t>(), d, H, act};
+    backward_impl<scalar_t>(grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), p0.data_ptr<scalar_t>(),
+                            dyn, times.data_ptr<scalar_t>(), S, L, substeps, method, ptr(dp0), ptr(dw1),
+                            ptr(db1), ptr(dw2), ptr(db2), ptr(dtimes));
+  });
+}
+
+std::string isa() { return kIsaNames[active_isa()]; }
+
+std::string best_isa_name() { return kIsaNames[best_isa()]; }
+
+void set_isa(const std::string& name) {
+  if (name.empty() || name == "auto") {
+    g_isa_override.store(-1);
+    return;
+  }
+  const int i = isa_from_name(name);
+  TORCH_CHECK_VALUE(i >= 0, "cpu isa must be one of 'auto', 'generic', 'avx2', 'avx512'; got '", name, "'");
+  g_isa_override.store(i);
+}
+
+}  // namespace cpu
+}  // namespace floater
+}  // namespace posenc_fast

@@ -1,0 +1,61 @@
+// The Python module posenc_fast._C: importing it registers the posenc_fast::floater_integrate*
+// ops (static registrations in floater_ops.cpp / floater_cuda_ops.cpp). The pybind11
+// functions here only describe the build.
+#include <torch/extension.h>
+#include <torch/headeronly/version.h>
+
+#include <string>
+
+#include "floater/floater_cpu.h"
+
+#ifndef POSENC_FAST_CUDA_ARCHS
+#define POSENC_FAST_CUDA_ARCHS ""
+#endif
+
+namespace posenc_fast {
+#if defined(POSENC_FAST_WITH_CUDA)
+namespace floater {
+namespace cuda {
+int runtime_version();  // floater_cuda_ops.cpp
+int compiled_version();
+}  // namespace cuda
+}  // namespace floater
+#endif
+
+namespace {
+
+pybind11::dict build_info() {
+  pybind11::dict info;
+  info["ops_version"] = 1;  // bump when the op schemas change
+  info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                          std::to_string(TORCH_VERSION_PATCH);
+#if defined(__clang__)
+  info["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  info["compiler"] = std::string("gcc ") + __VERSION__;
+#endif
+  info["cpu_isa_best"] = floater::cpu::best_isa_name();
+  info["cpu_isa"] = floater::cpu::isa();
+#if defined(POSENC_FAST_WITH_CUDA)
+  info["with_cuda"] = true;
+  info["cuda_compiled_version"] = floater::cuda::compiled_version();
+  info["cuda_archs"] = std::string(POSENC_FAST_CUDA_ARCHS);
+#else
+  info["with_cuda"] = false;
+#endif
+  return info;
+}
+
+}  // namespace
+}  // namespace posenc_fast
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "posenc_fast compiled kernels (FLOATER integrator); ops live in torch.ops.posenc_fast";
+  m.def("build_info", &posenc_fast::build_info, "How this extension was built");
+  m.def("cpu_isa", &posenc_fast::floater::cpu::isa, "Instruction set of the CPU kernels");
+  m.def("set_cpu_isa", &posenc_fast::floater::cpu::set_isa, pybind11::arg("name"),
+        "Force the CPU kernels' instruction set ('generic', 'avx2', 'avx512', or 'auto'); for tests");
+#if defined(POSENC_FAST_WITH_CUDA)
+  m.def("cuda_runtime_version", &posenc_fast::floater::cuda::runtime_version);
+#endif
+}
