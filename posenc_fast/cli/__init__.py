@@ -62,7 +62,11 @@ def main(argv=None) -> int:
         from .verify import run
     else:
         from .bench import run
-    return run(args)
+    try:
+        return run(args)
+    except BrokenPipeError:  # e.g. `... info | head`: stop quietly, like other CLI tools
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
