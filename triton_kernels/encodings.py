@@ -1,10 +1,10 @@
 """Sinusoidal and DFT encodings, and their fused add: one pass each (``encoding_fwd``,
 ``encoding_add_fwd``, ``encoding_bwd``).
 
-Both encodings are sums of sinusoids of the position, described by a *spectrum*: per
-frequency k its rate in turns per unit position (float64 on the host, split into a
-float32 pair hi + lo), and the output column and amplitude of its cosine and sine
-(posenc_fast/torch_impl/encodings.py defines it; the same table serves every backend):
+Both encodings are sums of sinusoids of the position, described by a *spectrum*
+(``_spectrum``, from posenc_fast/reference/encodings.py's formulas): per frequency k its
+rate in turns per unit position (float64 on the host, split into a float32 pair
+hi + lo), and the output column and amplitude of its cosine and sine:
 
     sinusoidal: nu_i = base^(-2i/dim) / (2 pi); sin -> column 2i, cos -> column 2i + 1
     dft:        nu_k = k / dim, k = 0..dim/2; cos -> column k (k <= K) or dim-1 (k = dim/2),
@@ -23,20 +23,20 @@ sincos per two output elements (~60 float32 instructions), ~2.4e10 instructions 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-from ..torch_impl.encodings import spectrum as _spectrum
 from ._launch import INTERPRET, device_guard, pow2, rows_view
 from ._phase import accumulate_phase, phase_term, sincos_turns
 from ._round import round_to
 
 # Rows of the float32 table TAB [6, K]: frequency (turns per unit, hi and lo), amplitude
 # of cos and sin, and d(amp * cos)/dp, d(amp * sin)/dp factors (2 pi nu amp).
-_NU_HI, _NU_LO, _COS_AMP, _SIN_AMP, _DCOS, _DSIN = range(6)
+_NU_HI, _NU_LO, _COS_AMP, _SIN_AMP, _DCOS, _DSIN = (tl.constexpr(i) for i in range(6))
 
 
 @triton.jit
@@ -60,8 +60,8 @@ def _positions(P, rows, rmask, stride_p, period, POS_INT: tl.constexpr, WRAP: tl
 @triton.jit
 def _cos_sin(p_hi, p_lo, TAB, ks, kmask, stride_tab, POS_INT: tl.constexpr):
     """cos and sin of 2 pi p nu_k, [BLOCK_R, BLOCK_K] float32."""
-    nu_hi = tl.load(TAB + _NU_HI * stride_tab + ks, mask=kmask, other=0.0)[None, :]
-    nu_lo = tl.load(TAB + _NU_LO * stride_tab + ks, mask=kmask, other=0.0)[None, :]
+    nu_hi = tl.load(TAB + ks + stride_tab * _NU_HI, mask=kmask, other=0.0)[None, :]
+    nu_lo = tl.load(TAB + ks + stride_tab * _NU_LO, mask=kmask, other=0.0)[None, :]
     hi, lo = phase_term(p_hi[:, None], nu_hi, nu_lo)
     if POS_INT:
         hi, lo = accumulate_phase(hi, lo, p_lo[:, None], nu_hi, nu_lo)
@@ -105,8 +105,8 @@ def _encoding_fwd_kernel(
     TAB,
     COLS,
     BIAS,
-    R,
-    K,
+    n_rows,
+    n_freq,
     stride_p,
     period,
     stride_xr,
@@ -127,14 +127,14 @@ def _encoding_fwd_kernel(
     # X, OUT [R, dim] with row strides stride_xr / stride_or and unit column stride.
     # Grid: (cdiv(R, BLOCK_R),); 64-bit row offsets (R * dim can exceed 2^31).
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < R
+    rmask = rows < n_rows
     p_hi, p_lo = _positions(P, rows, rmask, stride_p, period, POS_INT, WRAP)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, n_freq, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < K
+        kmask = ks < n_freq
         c, s = _cos_sin(p_hi, p_lo, TAB, ks, kmask, stride_tab, POS_INT)
-        c *= tl.load(TAB + _COS_AMP * stride_tab + ks, mask=kmask, other=0.0)[None, :]
-        s *= tl.load(TAB + _SIN_AMP * stride_tab + ks, mask=kmask, other=0.0)[None, :]
+        c *= tl.load(TAB + ks + stride_tab * _COS_AMP, mask=kmask, other=0.0)[None, :]
+        s *= tl.load(TAB + ks + stride_tab * _SIN_AMP, mask=kmask, other=0.0)[None, :]
         if INTERLEAVED:
             # sin of frequency i at column 2i, cos at 2i + 1: one contiguous [BR, 2 BK] tile.
             cols = 2 * k0 + tl.arange(0, 2 * BLOCK_K)
@@ -146,7 +146,7 @@ def _encoding_fwd_kernel(
                 rows,
                 rmask,
                 cols[None, :],
-                (cols < 2 * K)[None, :],
+                (cols < 2 * n_freq)[None, :],
                 value,
                 stride_or,
                 stride_xr,
@@ -156,7 +156,7 @@ def _encoding_fwd_kernel(
             )
         else:
             ccol = tl.load(COLS + ks, mask=kmask, other=-1)
-            scol = tl.load(COLS + K + ks, mask=kmask, other=-1)
+            scol = tl.load(COLS + n_freq + ks, mask=kmask, other=-1)
             _put(
                 OUT,
                 X,
@@ -196,8 +196,8 @@ def _encoding_bwd_kernel(
     DP,
     TAB,
     COLS,
-    R,
-    K,
+    n_rows,
+    n_freq,
     stride_p,
     stride_gr,
     stride_tab,
@@ -211,24 +211,24 @@ def _encoding_bwd_kernel(
     # columns, any float dtype); DP [R] contiguous. dp = sum_k g_cos * (-2 pi nu amp sin)
     # + g_sin * (2 pi nu amp cos), summed per row in a fixed order: deterministic.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < R
+    rmask = rows < n_rows
     p_hi, p_lo = _positions(P, rows, rmask, stride_p, 1, POS_INT, False)
     g_rows = GRAD + rows[:, None] * stride_gr
     acc = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, n_freq, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < K
+        kmask = ks < n_freq
         c, s = _cos_sin(p_hi, p_lo, TAB, ks, kmask, stride_tab, POS_INT)
-        dcos = tl.load(TAB + _DCOS * stride_tab + ks, mask=kmask, other=0.0)[None, :]
-        dsin = tl.load(TAB + _DSIN * stride_tab + ks, mask=kmask, other=0.0)[None, :]
+        dcos = tl.load(TAB + ks + stride_tab * _DCOS, mask=kmask, other=0.0)[None, :]
+        dsin = tl.load(TAB + ks + stride_tab * _DSIN, mask=kmask, other=0.0)[None, :]
         if INTERLEAVED:
             cols = 2 * k0 + tl.arange(0, 2 * BLOCK_K)
-            mask = rmask[:, None] & (cols < 2 * K)[None, :]
+            mask = rmask[:, None] & (cols < 2 * n_freq)[None, :]
             g = tl.load(g_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             g_sin, g_cos = tl.split(tl.reshape(g, (BLOCK_R, BLOCK_K, 2)))
         else:
             ccol = tl.load(COLS + ks, mask=kmask, other=-1)
-            scol = tl.load(COLS + K + ks, mask=kmask, other=-1)
+            scol = tl.load(COLS + n_freq + ks, mask=kmask, other=-1)
             cmask = rmask[:, None] & (ccol >= 0)[None, :]
             smask = rmask[:, None] & (scol >= 0)[None, :]
             g_cos = tl.load(g_rows + ccol[None, :], mask=cmask, other=0.0).to(tl.float32)
@@ -237,10 +237,41 @@ def _encoding_bwd_kernel(
     tl.store(DP + rows, round_to(acc, DP.dtype.element_ty, INTERPRET), mask=rmask)
 
 
+@dataclass(frozen=True)
+class _Spectrum:
+    turns: torch.Tensor  # [K] float64, frequencies in turns per unit position
+    cos_col: torch.Tensor  # [K] int64 output column of the cosine, -1 if none
+    cos_amp: torch.Tensor  # [K] float64
+    sin_col: torch.Tensor
+    sin_amp: torch.Tensor
+
+
+@lru_cache(maxsize=64)
+def _spectrum(kind: str, dim: int, base: float) -> _Spectrum:
+    if kind == "sinusoidal":
+        i = torch.arange(dim // 2, dtype=torch.float64)
+        ones = torch.ones_like(i)
+        turns = base ** (-2.0 * i / dim) / (2.0 * math.pi)
+        return _Spectrum(turns, 2 * i.long() + 1, ones, 2 * i.long(), ones)
+    if kind == "dft":
+        K = dim // 2 - 1
+        k = torch.arange(dim // 2 + 1, dtype=torch.float64)
+        cos_col = k.long().clone()
+        cos_col[-1] = dim - 1  # b0 = cos(pi s) / sqrt(dim), the last column
+        cos_amp = torch.full_like(k, math.sqrt(2.0 / dim))
+        cos_amp[0] = cos_amp[-1] = 1.0 / math.sqrt(dim)
+        sin_col = K + k.long()
+        sin_col[0] = sin_col[-1] = -1  # sin(0) = 0, and sin(pi s) is not part of Eq. 21
+        sin_amp = torch.full_like(k, math.sqrt(2.0 / dim))
+        sin_amp[0] = sin_amp[-1] = 0.0
+        return _Spectrum(k / dim, cos_col, cos_amp, sin_col, sin_amp)
+    raise ValueError(f"unknown encoding kind {kind!r}")
+
+
 @lru_cache(maxsize=64)
 def _tables_cpu(kind: str, dim: int, base: float):
     """(TAB [6, K] float32, COLS [2, K] int32, interleaved) from the float64 spectrum."""
-    sp = _spectrum(kind, dim, base, torch.device("cpu"))
+    sp = _spectrum(kind, dim, base)
     nu = sp.turns  # float64
     nu_hi = nu.to(torch.float32)
     nu_lo = (nu - nu_hi.to(torch.float64)).to(torch.float32)
@@ -280,7 +311,7 @@ def _tables(kind: str, dim: int, base: float, device: torch.device):
 def _block_bias(kind: str, dim: int, base: float, block: float, device) -> torch.Tensor:
     """The encoding of the block index (FLOATER Eq. 7) as a float32 [dim] vector,
     computed in float64 with the phase reduced before the trig."""
-    sp = _spectrum(kind, dim, base, torch.device("cpu"))
+    sp = _spectrum(kind, dim, float(base))
     turns = sp.turns * float(block)
     angle = 2.0 * math.pi * (turns - torch.round(turns))
     bias = torch.zeros(dim, dtype=torch.float64)
@@ -290,41 +321,61 @@ def _block_bias(kind: str, dim: int, base: float, block: float, device) -> torch
     return bias.to(torch.float32).to(device)
 
 
-def _blocks(R: int, K: int) -> tuple[dict, dict]:
+# GPU autotuning set of the forward, (BLOCK_R, BLOCK_K, num_warps): each compiles for
+# sm_90 to <= 97 registers without spilling (144 with the add). The forward's results do
+# not depend on the configuration (every element is computed on its own).
+_FWD_CONFIGS = [(64, 32, 8), (32, 32, 4), (128, 16, 8), (16, 64, 4), (32, 64, 8)]
+
+_encoding_fwd_tuned = triton.autotune(
+    configs=[
+        triton.Config({"BLOCK_R": br, "BLOCK_K": bk}, num_warps=w, num_stages=2)
+        for br, bk, w in _FWD_CONFIGS
+    ],
+    key=["n_freq", "ADD", "HAS_BIAS", "POS_INT", "INTERLEAVED"],
+)(_encoding_fwd_kernel)
+
+
+def _bwd_blocks(R: int, K: int) -> tuple[dict, dict]:
+    """Fixed: the backward sums over frequency chunks, so its configuration is part of
+    its (deterministic) summation order."""
     if INTERPRET:
         return {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(K, 16, 64)}, {}
-    # 32 frequencies = 64 output columns per chunk: 128-byte bf16 rows per store.
-    return {"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 4}
+    return {"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 8}
 
 
-def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved, K, device):
+def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved, K):
     R = out.shape[0]
-    blocks, options = _blocks(R, K)
+    args = (
+        p_flat,
+        x_rows if x_rows is not None else out,
+        out,
+        tab,
+        cols,
+        bias if bias is not None else tab,
+        R,
+        K,
+        p_flat.stride(0),
+        max(1, period),
+        x_rows.stride(0) if x_rows is not None else 0,
+        out.stride(0),
+        tab.stride(0),
+    )
+    meta = {
+        "POS_INT": not p_flat.is_floating_point(),
+        "WRAP": period > 0,
+        "ADD": x_rows is not None,
+        "HAS_BIAS": bias is not None,
+        "INTERLEAVED": interleaved,
+        "INTERPRET": INTERPRET,
+    }
     with device_guard(out):
-        _encoding_fwd_kernel[(triton.cdiv(R, blocks["BLOCK_R"]),)](
-            p_flat,
-            x_rows if x_rows is not None else out,
-            out,
-            tab,
-            cols,
-            bias if bias is not None else tab,
-            R,
-            K,
-            p_flat.stride(0),
-            max(1, period),
-            x_rows.stride(0) if x_rows is not None else 0,
-            out.stride(0),
-            tab.stride(0),
-            POS_INT=not p_flat.is_floating_point(),
-            WRAP=period > 0,
-            ADD=x_rows is not None,
-            HAS_BIAS=bias is not None,
-            INTERLEAVED=interleaved,
-            INTERPRET=INTERPRET,
-            enable_fp_fusion=False,
-            **blocks,
-            **options,
-        )
+        if INTERPRET:
+            blocks = {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(K, 16, 64)}
+            grid = (triton.cdiv(R, blocks["BLOCK_R"]),)
+            _encoding_fwd_kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
+        else:
+            grid = lambda cfg: (triton.cdiv(R, cfg["BLOCK_R"]),)
+            _encoding_fwd_tuned[grid](*args, **meta, enable_fp_fusion=False)
 
 
 def encoding_fwd(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
@@ -335,7 +386,7 @@ def encoding_fwd(positions, dim: int, kind: str, base: float, block, out_dtype) 
         return out.view(*positions.shape, dim)
     tab, cols, interleaved = _tables(kind, dim, base, positions.device)
     bias = None if block is None else _block_bias(kind, dim, base, block, positions.device)
-    _launch_fwd(p, 0, None, out, tab, cols, bias, interleaved, tab.shape[1], positions.device)
+    _launch_fwd(p, 0, None, out, tab, cols, bias, interleaved, tab.shape[1])
     return out.view(*positions.shape, dim)
 
 
@@ -355,9 +406,7 @@ def encoding_add_fwd(x, positions, kind: str, base: float, block) -> torch.Tenso
         p, period = positions.expand(lead).reshape(-1), 0
     tab, cols, interleaved = _tables(kind, dim, base, x.device)
     bias = None if block is None else _block_bias(kind, dim, base, block, x.device)
-    _launch_fwd(
-        p, period, x_rows, out.view(R, dim), tab, cols, bias, interleaved, tab.shape[1], x.device
-    )
+    _launch_fwd(p, period, x_rows, out.view(R, dim), tab, cols, bias, interleaved, tab.shape[1])
     return out
 
 
@@ -372,7 +421,7 @@ def encoding_bwd(grad, positions, dim: int, kind: str, base: float) -> torch.Ten
     g = rows_view(grad, dim)
     tab, cols, interleaved = _tables(kind, dim, base, positions.device)
     K = tab.shape[1]
-    blocks, options = _blocks(R, K)
+    blocks, options = _bwd_blocks(R, K)
     with device_guard(positions):
         _encoding_bwd_kernel[(triton.cdiv(R, blocks["BLOCK_R"]),)](
             p,

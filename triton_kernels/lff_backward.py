@@ -68,10 +68,10 @@ def _lff_bwd_kernel(
     GRAD,
     DX,
     WS,
-    R,
-    F2,
-    H,
-    DG,
+    n_rows,
+    n_freq,
+    hidden,
+    width,
     n_tiles,
     stride_xr,
     stride_xm,
@@ -112,10 +112,10 @@ def _lff_bwd_kernel(
     # What the flags imply: ga (the gradient at the pre-activation) feeds db1, dw1 and
     # the phase gradient; the phase gradient feeds dx and dwr.
     NEED_PHASE: tl.constexpr = NEED_X or NEED_WR
-    NEED_GA: tl.constexpr = MLP and (NEED_B1 or NEED_W1 or NEED_PHASE)
+    NEED_GA: tl.constexpr = MLP and (NEED_B1 or (NEED_W1 or NEED_PHASE))
     NEED_H: tl.constexpr = MLP and (NEED_W2 or NEED_GA)
     hs = tl.arange(0, BLOCK_H)
-    hmask = hs < H
+    hmask = hs < hidden
     ms = tl.arange(0, BLOCK_M)
     db1_acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for tile in range(pid, n_tiles, nprog):
@@ -123,7 +123,7 @@ def _lff_bwd_kernel(
         # tile's, which other threads of this program may have made.
         tl.debug_barrier()
         rows = tl.cast(tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-        rmask = rows < R
+        rmask = rows < n_rows
         g_rows = GRAD + rows[:, None] * stride_gr
         if NEED_H:
             a = hidden_preactivation(
@@ -134,8 +134,8 @@ def _lff_bwd_kernel(
                 rmask,
                 hs,
                 hmask,
-                F2,
-                H,
+                n_freq,
+                hidden,
                 stride_xr,
                 stride_xm,
                 inv_sqrt_f,
@@ -150,16 +150,16 @@ def _lff_bwd_kernel(
             a += tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
             h = round_to(activation(a, ACT), COMPUTE, INTERPRET)
             gh = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
-            for d0 in range(0, DG, BLOCK_D):
+            for d0 in range(0, width, BLOCK_D):
                 ds = d0 + tl.arange(0, BLOCK_D)
-                dmask = ds < DG
+                dmask = ds < width
                 # Padded rows read dY = 0, so they add nothing to any sum below.
                 g = load_as(
                     g_rows + ds[None, :], rmask[:, None] & dmask[None, :], COMPUTE, INTERPRET
                 )
                 if NEED_GA:
                     w2t = load_as(
-                        W2 + hs[None, :] * DG + ds[:, None],
+                        W2 + hs[None, :] * width + ds[:, None],
                         dmask[:, None] & hmask[None, :],
                         COMPUTE,
                         INTERPRET,
@@ -174,7 +174,7 @@ def _lff_bwd_kernel(
                         INTERPRET,
                     )
                     _add_to(
-                        ws + off_dw2 + hs[:, None] * DG + ds[None, :],
+                        ws + off_dw2 + hs[:, None] * width + ds[None, :],
                         part,
                         hmask[:, None] & dmask[None, :],
                     )
@@ -187,16 +187,16 @@ def _lff_bwd_kernel(
                 ga_c = round_to(ga, COMPUTE, INTERPRET)
         elif NEED_B2:
             # db2 alone: a column sum of dY, no recomputation.
-            for d0 in range(0, DG, BLOCK_D):
+            for d0 in range(0, width, BLOCK_D):
                 ds = d0 + tl.arange(0, BLOCK_D)
-                dmask = ds < DG
+                dmask = ds < width
                 g = tl.load(g_rows + ds[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
                 _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask)
         if NEED_PHASE or (MLP and NEED_W1):
             dx_acc = tl.zeros([BLOCK_R, BLOCK_M], dtype=tl.float32)
-            for k0 in range(0, F2, BLOCK_K):
+            for k0 in range(0, n_freq, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
-                kmask = ks < F2
+                kmask = ks < n_freq
                 c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
                 if MLP:
                     if NEED_W1:
@@ -206,15 +206,22 @@ def _lff_bwd_kernel(
                         zero_kh = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float32)
                         part_c = mma(tl.trans(rc), ga_c, zero_kh, PRECISION, INTERPRET)
                         part_s = mma(tl.trans(rs), ga_c, zero_kh, PRECISION, INTERPRET)
-                        _add_to(ws + off_dw1 + ks[:, None] * H + hs[None, :], part_c, wmask)
-                        _add_to(ws + off_dw1 + (ks + F2)[:, None] * H + hs[None, :], part_s, wmask)
+                        _add_to(ws + off_dw1 + ks[:, None] * hidden + hs[None, :], part_c, wmask)
+                        _add_to(
+                            ws + off_dw1 + (ks + n_freq)[:, None] * hidden + hs[None, :],
+                            part_s,
+                            wmask,
+                        )
                     if NEED_PHASE:
                         tmask = hmask[:, None] & kmask[None, :]
                         w1c_t = load_as(
-                            W1 + ks[None, :] * H + hs[:, None], tmask, COMPUTE, INTERPRET
+                            W1 + ks[None, :] * hidden + hs[:, None], tmask, COMPUTE, INTERPRET
                         )
                         w1s_t = load_as(
-                            W1 + (ks + F2)[None, :] * H + hs[:, None], tmask, COMPUTE, INTERPRET
+                            W1 + (ks + n_freq)[None, :] * hidden + hs[:, None],
+                            tmask,
+                            COMPUTE,
+                            INTERPRET,
                         )
                         zero_rk = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
                         gr_c = mma(ga_c, w1c_t, zero_rk, PRECISION, INTERPRET)
@@ -222,7 +229,7 @@ def _lff_bwd_kernel(
                 else:
                     gmask = rmask[:, None] & kmask[None, :]
                     gr_c = tl.load(g_rows + ks[None, :], mask=gmask, other=0.0).to(tl.float32)
-                    gr_s = tl.load(g_rows + (ks + F2)[None, :], mask=gmask, other=0.0).to(
+                    gr_s = tl.load(g_rows + (ks + n_freq)[None, :], mask=gmask, other=0.0).to(
                         tl.float32
                     )
                 if NEED_PHASE:
@@ -250,14 +257,16 @@ def _lff_bwd_kernel(
 
 
 @triton.jit
-def _sum_partials_kernel(WS, OUT, P, NCOL, stride_ws, BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+def _sum_partials_kernel(
+    WS, OUT, n_parts, n_cols, stride_ws, BLOCK: tl.constexpr, INTERPRET: tl.constexpr
+):
     # WS [P, stride_ws] float32 (already offset to one gradient's columns) -> OUT [NCOL]
     # (the weight's dtype), OUT[c] = sum_p WS[p, c] added in float32 in the fixed order
     # p = 0, 1, ..., P-1 (deterministic), rounded once. Grid: (cdiv(NCOL, BLOCK),).
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < NCOL
+    mask = cols < n_cols
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for p in range(0, P):
+    for p in range(0, n_parts):
         acc += tl.load(WS + tl.cast(p, tl.int64) * stride_ws + cols, mask=mask, other=0.0)
     tl.store(OUT + cols, round_to(acc, OUT.dtype.element_ty, INTERPRET), mask=mask)
 
@@ -267,7 +276,7 @@ def _sum_partials_kernel(WS, OUT, P, NCOL, stride_ws, BLOCK: tl.constexpr, INTER
 _WORKSPACE_BYTES = 256 * 2**20
 
 
-def _blocks(R: int, F2: int, H: int, DG: int) -> tuple[dict, dict]:
+def _blocks(R: int, F2: int, H: int, DG: int, compute: torch.dtype) -> tuple[dict, dict]:
     """(block sizes, launch options): a fixed rule, see the module docstring."""
     block_h = pow2(H)
     if INTERPRET:
@@ -277,11 +286,18 @@ def _blocks(R: int, F2: int, H: int, DG: int) -> tuple[dict, dict]:
             "BLOCK_D": pow2(DG, 16, 128),
         }
         return blocks, {}
-    # Two [BLOCK_R, BLOCK_H] float32 tiles (a, gh) live through the tile: keep
-    # BLOCK_R * BLOCK_H <= 8192 (32 registers per thread each with 8 warps).
-    block_r = max(16, min(128, 8192 // block_h))
-    blocks = {"BLOCK_R": block_r, "BLOCK_K": 32, "BLOCK_D": 64}
-    return blocks, {"num_warps": 8, "num_stages": 2}
+    # Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU) and reading registers /
+    # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 252
+    # registers without spilling at H=32; H=128 and H=256 spill ~330 B / ~780 B with the
+    # rows shrunk to 64 / 32 (the [rows, H] tiles a, gh, ga all live through the tile).
+    # float32 uses FMA matmuls ("ieee"), which need far more registers: 32 rows.
+    # num_stages=1: with 2 stages the H=32 tile above spills (32 B).
+    if compute == torch.float32:
+        block_r = 32 if block_h <= 64 else 16
+    else:
+        block_r = 128 if block_h <= 64 else (64 if block_h <= 128 else 32)
+    blocks = {"BLOCK_R": block_r, "BLOCK_K": 16, "BLOCK_D": 32}
+    return blocks, {"num_warps": 8, "num_stages": 1}
 
 
 def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
@@ -341,7 +357,7 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     else:
         w1 = b1 = w2 = wr  # never read: MLP is a compile-time False
 
-    blocks, options = _blocks(R, F2, H, width)
+    blocks, options = _blocks(R, F2, H, width, compute)
     n_tiles = triton.cdiv(R, blocks["BLOCK_R"])
     per_program = max(1, total) * 4
     programs = max(1, min(n_tiles, 2 * sm_count(device), _WORKSPACE_BYTES // per_program))

@@ -67,8 +67,8 @@ def hidden_preactivation(
     rmask,
     hs,
     hmask,
-    F2,
-    H,
+    n_freq,
+    hidden,
     stride_xr,
     stride_xm,
     inv_sqrt_f,
@@ -86,13 +86,13 @@ def hidden_preactivation(
     features are scaled by 1/sqrt(F) in float32 and rounded once to the compute dtype.
     """
     acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
-    for k0 in range(0, F2, BLOCK_K):
+    for k0 in range(0, n_freq, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < F2
+        kmask = ks < n_freq
         c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
         wmask = kmask[:, None] & hmask[None, :]
-        w1c = load_as(W1 + ks[:, None] * H + hs[None, :], wmask, COMPUTE, INTERPRET)
-        w1s = load_as(W1 + (ks + F2)[:, None] * H + hs[None, :], wmask, COMPUTE, INTERPRET)
+        w1c = load_as(W1 + ks[:, None] * hidden + hs[None, :], wmask, COMPUTE, INTERPRET)
+        w1s = load_as(W1 + (ks + n_freq)[:, None] * hidden + hs[None, :], wmask, COMPUTE, INTERPRET)
         rc = round_to(c * inv_sqrt_f, COMPUTE, INTERPRET)
         rs = round_to(s * inv_sqrt_f, COMPUTE, INTERPRET)
         acc = mma(rc, w1c, acc, PRECISION, INTERPRET)
@@ -109,10 +109,10 @@ def _lff_fwd_kernel(
     W2,
     B2,
     OUT,
-    R,
-    F2,
-    H,
-    DG,
+    n_rows,
+    n_freq,
+    hidden,
+    width,
     stride_xr,
     stride_xm,
     stride_or,
@@ -134,12 +134,12 @@ def _lff_fwd_kernel(
     # Grid: (cdiv(R, BLOCK_R),). Row offsets are 64-bit: R * DG can exceed 2^31.
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < R
+    rmask = rows < n_rows
     out_rows = OUT + rows[:, None] * stride_or
     OUT_DTYPE: tl.constexpr = OUT.dtype.element_ty
     if MLP:
         hs = tl.arange(0, BLOCK_H)
-        hmask = hs < H
+        hmask = hs < hidden
         a = hidden_preactivation(
             X,
             WR,
@@ -148,8 +148,8 @@ def _lff_fwd_kernel(
             rmask,
             hs,
             hmask,
-            F2,
-            H,
+            n_freq,
+            hidden,
             stride_xr,
             stride_xm,
             inv_sqrt_f,
@@ -164,11 +164,11 @@ def _lff_fwd_kernel(
         b1 = tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)
         # Padded hidden columns: a = 0 there and act(0) = 0, so they add nothing below.
         h = round_to(activation(a + b1[None, :], ACT), COMPUTE, INTERPRET)
-        for d0 in range(0, DG, BLOCK_D):
+        for d0 in range(0, width, BLOCK_D):
             ds = d0 + tl.arange(0, BLOCK_D)
-            dmask = ds < DG
+            dmask = ds < width
             w2 = load_as(
-                W2 + hs[:, None] * DG + ds[None, :],
+                W2 + hs[:, None] * width + ds[None, :],
                 hmask[:, None] & dmask[None, :],
                 COMPUTE,
                 INTERPRET,
@@ -183,50 +183,59 @@ def _lff_fwd_kernel(
             )
     else:
         # Features only: [cos || sin] / sqrt(F), cos block first (Algorithm 1, line 1).
-        for k0 in range(0, F2, BLOCK_K):
+        for k0 in range(0, n_freq, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
-            kmask = ks < F2
+            kmask = ks < n_freq
             c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
             omask = rmask[:, None] & kmask[None, :]
             tl.store(
                 out_rows + ks[None, :], round_to(c * inv_sqrt_f, OUT_DTYPE, INTERPRET), mask=omask
             )
             tl.store(
-                out_rows + (ks + F2)[None, :],
+                out_rows + (ks + n_freq)[None, :],
                 round_to(s * inv_sqrt_f, OUT_DTYPE, INTERPRET),
                 mask=omask,
             )
 
 
+# GPU autotuning set: (BLOCK_R, BLOCK_K, BLOCK_D, num_warps, num_stages) -> the largest
+# BLOCK_H it is meant for. Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU):
+# each entry fits in 255 registers without spilling for its hidden sizes, with M=2..4
+# and F=256..768, bf16; e.g. (128, 32, 128) spills 1.2 kB at H=32 and (64, 32, 64) 136 B
+# at H=256, so they are left out. Timing on the H200 is pending.
+_CONFIGS = {
+    (128, 32, 64, 8, 2): 64,  # 175 registers at H=32
+    (128, 16, 64, 8, 3): 64,
+    (64, 32, 128, 8, 3): 64,  # 166
+    (64, 16, 64, 4, 2): 64,  # 176
+    (64, 32, 64, 8, 2): 128,  # 189 at H=128
+    (64, 16, 32, 8, 1): 256,  # 244 at H=256
+    (32, 32, 64, 4, 2): 128,  # 140 at H=32: small problems, more programs
+}
+
+
 def _gpu_configs():
-    # A small set around the canonical shapes; prune_configs drops those whose float32
-    # accumulators would not fit in registers for the problem's hidden size.
-    out = []
-    for br, bk, bd, warps, stages in (
-        (128, 32, 128, 8, 2),
-        (128, 64, 64, 8, 3),
-        (64, 64, 128, 4, 2),
-        (64, 32, 256, 8, 2),
-        (256, 32, 64, 8, 2),
-        (32, 64, 128, 4, 2),
-    ):
-        out.append(
-            triton.Config(
-                {"BLOCK_R": br, "BLOCK_K": bk, "BLOCK_D": bd}, num_warps=warps, num_stages=stages
-            )
-        )
-    return out
+    return [
+        triton.Config({"BLOCK_R": br, "BLOCK_K": bk, "BLOCK_D": bd}, num_warps=w, num_stages=st)
+        for (br, bk, bd, w, st) in _CONFIGS
+    ]
 
 
 def _prune(configs, named_args, **kwargs):
+    """Keep the configurations meant for this BLOCK_H (see _CONFIGS)."""
     block_h = kwargs.get("BLOCK_H", named_args.get("BLOCK_H", 16))
-    kept = [c for c in configs if c.kwargs["BLOCK_R"] * block_h <= 16384]
-    return kept or configs[-1:]
+    kept = []
+    for c in configs:
+        key = (c.kwargs["BLOCK_R"], c.kwargs["BLOCK_K"], c.kwargs["BLOCK_D"])
+        key += (c.num_warps, c.num_stages)
+        if _CONFIGS.get(key, 0) >= block_h:
+            kept.append(c)
+    return kept or configs[-2:-1]
 
 
 _lff_fwd_tuned = triton.autotune(
     configs=_gpu_configs(),
-    key=["F2", "H", "DG", "M", "MLP", "ACT"],
+    key=["n_freq", "hidden", "width", "M", "MLP", "ACT"],
     prune_configs_by={"early_config_prune": _prune},
 )(_lff_fwd_kernel)
 
