@@ -1,0 +1,68 @@
+"""Forward and backward are bitwise identical across runs, on every backend, and
+torch.use_deterministic_algorithms(True) is respected (no op raises, same bits)."""
+
+import pytest
+import torch
+from conftest import backend_params
+
+import posenc_fast as pf
+from posenc_fast import _testing
+from posenc_fast.tolerances import assert_close
+
+
+@pytest.fixture
+def deterministic():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def _lff_run(backend, device, dtype):
+    case = _testing.LffCase((257,), 2, 2, 32, 16, 12)
+    x, *w = _testing.lff_inputs(case, dtype, device, 41)
+    leaves = [x.requires_grad_(), *(t.requires_grad_() for t in w)]
+    y = pf.lff(*leaves, activation="gelu_tanh", backend=backend)
+    y.backward(_testing.randn(y.shape, _testing.generator(42), dtype, device))
+    return [y.detach()] + [t.grad for t in leaves]
+
+
+def _encoding_run(backend, device, dtype):
+    p = _testing.rand(
+        (3, 65), _testing.generator(43), -500.0, 500.0, dtype, device
+    ).requires_grad_()
+    x = _testing.randn((3, 65, 24), _testing.generator(44), dtype, device).requires_grad_()
+    y1 = pf.sinusoidal(p, 24, backend=backend)
+    y2 = pf.DFTPE(24, backend=backend)(x, p)
+    (y1.sum() + (y2 * y2).sum()).backward()
+    return [y1.detach(), y2.detach(), p.grad, x.grad]
+
+
+@pytest.mark.parametrize("backend", backend_params("lff", torch.float32))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_lff_bitwise_reproducible(backend, dtype, device, deterministic):
+    first, second = _lff_run(backend, device, dtype), _lff_run(backend, device, dtype)
+    for i, (a, b) in enumerate(zip(first, second)):
+        assert torch.equal(a, b), f"output {i} differs between two identical runs"
+
+
+@pytest.mark.parametrize("backend", backend_params("encoding", torch.float32))
+def test_encodings_bitwise_reproducible(backend, device, deterministic):
+    first, second = (
+        _encoding_run(backend, device, torch.float32),
+        _encoding_run(backend, device, torch.float32),
+    )
+    for i, (a, b) in enumerate(zip(first, second)):
+        assert torch.equal(a, b), f"output {i} differs between two identical runs"
+
+
+def test_chunking_does_not_change_the_numbers(monkeypatch):
+    """Chunk boundaries change nothing beyond float32 rounding (BLAS picks its kernels and
+    summation order by matrix size, so bits may differ between chunk sizes; bitwise
+    reproducibility is promised for repeated runs of one configuration)."""
+    full = _lff_run("torch", "cpu", torch.float32)
+    monkeypatch.setenv("POSENC_FAST_CHUNK_BYTES", "4096")  # a handful of rows per chunk
+    chunked = _lff_run("torch", "cpu", torch.float32)
+    for i, (a, b) in enumerate(zip(full, chunked)):
+        scale = b.abs().max().item()
+        assert_close(a, b.double(), torch.float32, "grad", scale=scale, what=f"output {i}")
