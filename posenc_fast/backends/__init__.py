@@ -88,9 +88,7 @@ def choose(problem: Problem, requested: str = "auto") -> str:
     if requested == "auto":
         for name in AUTO_ORDER:
             backend = get(name)
-            if not backend.implements(problem.op, problem.device) or problem.device not in getattr(
-                backend, "auto_devices", (problem.device,)
-            ):
+            if not backend.auto_eligible(problem.op, problem.device):
                 continue
             env = backend.environment_reasons()
             if env:

@@ -52,6 +52,9 @@ class Backend:
     # When "auto" skips this backend because it is unavailable here (not because of the
     # inputs), warn once: the user probably expected it (e.g. a missing C++ extension).
     warn_when_unavailable: ClassVar[bool] = False
+    # Devices on which "auto" may pick this backend (None: every device it implements).
+    # The Triton interpreter runs on CPU tensors for verification, not for speed.
+    auto_devices: ClassVar[Optional[tuple[str, ...]]] = None
 
     def environment_reasons(self) -> list[str]:
         """Why this backend cannot run at all in this process ([] if it can)."""
@@ -60,6 +63,11 @@ class Backend:
     def extra_reasons(self, problem: Problem) -> list[str]:
         """Input-dependent refusals that a declaration table cannot express."""
         return []
+
+    def auto_eligible(self, op: str, device: str) -> bool:
+        """Whether "auto" may consider this backend for ``op`` on ``device``."""
+        allowed = self.auto_devices is None or device in self.auto_devices
+        return allowed and self.implements(op, device)
 
     def implements(self, op: str, device: str) -> bool:
         sup = self.SUPPORT.get(op)
