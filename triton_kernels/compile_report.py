@@ -108,7 +108,7 @@ def _cases(quick: bool):
                     {"OUT": _PTR[dtype]},
                     dict(M=M, MLP=True, ACT="gelu", COMPUTE=dtype,
                          PRECISION="ieee" if dtype == tl.float32 else None, INTERPRET=False,
-                         BLOCK_R=br, BLOCK_K=bk, BLOCK_H=block_h, BLOCK_D=bd),
+                         SPLIT=False, BLOCK_R=br, BLOCK_K=bk, BLOCK_H=block_h, BLOCK_D=bd),
                     dict(num_warps=w, num_stages=st, enable_fp_fusion=False),
                 )  # fmt: skip
             torch_dtype = {bf16: torch.bfloat16, tl.float32: torch.float32}[dtype]
@@ -119,8 +119,9 @@ def _cases(quick: bool):
                 {"GRAD": _PTR[dtype]},
                 dict(M=M, MLP=True, ACT="gelu", COMPUTE=dtype,
                      PRECISION="ieee" if dtype == tl.float32 else None, INTERPRET=False,
-                     NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True, NEED_W2=True,
-                     NEED_B2=True, BLOCK_H=block_h, BLOCK_M=triton.next_power_of_2(M), **blocks),
+                     SPLIT=False, NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True,
+                     NEED_W2=True, NEED_B2=True, BLOCK_H=block_h,
+                     BLOCK_M=triton.next_power_of_2(M), **blocks),
                 dict(enable_fp_fusion=False, **opts),
             )  # fmt: skip
     yield (
@@ -128,7 +129,7 @@ def _cases(quick: bool):
         fwd._lff_fwd_kernel,
         {"OUT": "*bf16"},
         dict(M=2, MLP=False, ACT="gelu", COMPUTE=bf16, PRECISION=None, INTERPRET=False,
-             BLOCK_R=64, BLOCK_K=32, BLOCK_H=16, BLOCK_D=64),
+             SPLIT=False, BLOCK_R=64, BLOCK_K=32, BLOCK_H=16, BLOCK_D=64),
         dict(num_warps=4, num_stages=2, enable_fp_fusion=False),
     )  # fmt: skip
     yield (
@@ -136,7 +137,7 @@ def _cases(quick: bool):
         bwd._lff_bwd_kernel,
         {"GRAD": "*bf16"},
         dict(M=2, MLP=False, ACT="gelu", COMPUTE=bf16, PRECISION=None, INTERPRET=False,
-             NEED_X=True, NEED_WR=True, NEED_W1=False, NEED_B1=False, NEED_W2=False,
+             SPLIT=False, NEED_X=True, NEED_WR=True, NEED_W1=False, NEED_B1=False, NEED_W2=False,
              NEED_B2=False, BLOCK_R=128, BLOCK_K=16, BLOCK_H=16, BLOCK_D=32, BLOCK_M=2),
         dict(num_warps=8, num_stages=1, enable_fp_fusion=False),
     )  # fmt: skip

@@ -49,7 +49,7 @@ import triton.language as tl
 from ._launch import INTERPRET, device_guard, dot_precision, pow2, sm_count, tl_dtype
 from ._mlp import activation, activation_grad, mma
 from ._round import load_as, round_to
-from .lff_forward import cos_sin_tile, hidden_preactivation
+from .lff_forward import cos_sin_tile, hidden_preactivation, split_features
 
 
 @triton.jit
@@ -89,6 +89,7 @@ def _lff_bwd_kernel(
     COMPUTE: tl.constexpr,
     PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
+    SPLIT: tl.constexpr,
     NEED_X: tl.constexpr,
     NEED_WR: tl.constexpr,
     NEED_W1: tl.constexpr,
@@ -143,6 +144,7 @@ def _lff_bwd_kernel(
                 COMPUTE,
                 PRECISION,
                 INTERPRET,
+                SPLIT,
                 BLOCK_R,
                 BLOCK_K,
                 BLOCK_H,
@@ -394,6 +396,7 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
             COMPUTE=tl_dtype(compute),
             PRECISION=dot_precision(compute),
             INTERPRET=INTERPRET,
+            SPLIT=split_features(activation, compute),
             NEED_X=need_x,
             NEED_WR=need_wr,
             NEED_W1=need_w1,

@@ -76,6 +76,7 @@ def hidden_preactivation(
     COMPUTE: tl.constexpr,
     PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -84,6 +85,11 @@ def hidden_preactivation(
 
     W1 [F, H] contiguous: rows 0..F/2-1 multiply the cosines, F/2..F-1 the sines. The
     features are scaled by 1/sqrt(F) in float32 and rounded once to the compute dtype.
+    SPLIT (relu with a bf16 / fp16 MLP): the features also contribute their rounding
+    error, as a second compute-dtype term (hi + lo, ~2^-16 relative): relu's derivative
+    jumps at a = 0, and a rounded to bf16 features alone (2^-9) would flip its sign, and
+    a whole row of the gradient with it, for pre-activations that float32 math puts on
+    the other side of 0. Costs a second pass of the (small) first matmul, for relu only.
     """
     acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
     for k0 in range(0, n_freq, BLOCK_K):
@@ -93,10 +99,17 @@ def hidden_preactivation(
         wmask = kmask[:, None] & hmask[None, :]
         w1c = load_as(W1 + ks[:, None] * hidden + hs[None, :], wmask, COMPUTE, INTERPRET)
         w1s = load_as(W1 + (ks + n_freq)[:, None] * hidden + hs[None, :], wmask, COMPUTE, INTERPRET)
-        rc = round_to(c * inv_sqrt_f, COMPUTE, INTERPRET)
-        rs = round_to(s * inv_sqrt_f, COMPUTE, INTERPRET)
+        fc = c * inv_sqrt_f
+        fs = s * inv_sqrt_f
+        rc = round_to(fc, COMPUTE, INTERPRET)
+        rs = round_to(fs, COMPUTE, INTERPRET)
         acc = mma(rc, w1c, acc, PRECISION, INTERPRET)
         acc = mma(rs, w1s, acc, PRECISION, INTERPRET)
+        if SPLIT:
+            rc_lo = round_to(fc - rc.to(tl.float32), COMPUTE, INTERPRET)
+            rs_lo = round_to(fs - rs.to(tl.float32), COMPUTE, INTERPRET)
+            acc = mma(rc_lo, w1c, acc, PRECISION, INTERPRET)
+            acc = mma(rs_lo, w1s, acc, PRECISION, INTERPRET)
     return acc
 
 
@@ -123,6 +136,7 @@ def _lff_fwd_kernel(
     COMPUTE: tl.constexpr,
     PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -157,6 +171,7 @@ def _lff_fwd_kernel(
             COMPUTE,
             PRECISION,
             INTERPRET,
+            SPLIT,
             BLOCK_R,
             BLOCK_K,
             BLOCK_H,
@@ -240,6 +255,11 @@ _lff_fwd_tuned = triton.autotune(
 )(_lff_fwd_kernel)
 
 
+def split_features(activation: str, compute: torch.dtype) -> bool:
+    """Whether hidden_preactivation adds the features' rounding error (see there)."""
+    return activation == "relu" and compute != torch.float32
+
+
 def _interpreter_blocks(R: int, F2: int, DG: int) -> dict:
     # The interpreter pays per program and per loop iteration, not per element: few
     # programs, large blocks.
@@ -278,6 +298,7 @@ def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> t
         "COMPUTE": tl_dtype(out_dtype),
         "PRECISION": dot_precision(out_dtype),
         "INTERPRET": INTERPRET,
+        "SPLIT": split_features(activation, out_dtype),
         "BLOCK_H": pow2(H),
     }
     args = (
