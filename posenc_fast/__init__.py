@@ -2,6 +2,8 @@
 
 - Learnable Fourier features + grouped MLP (Li et al. 2021): :func:`lff`,
   :class:`LearnableFourierFeatures`.
+- FLOATER (Liu et al. 2020), ODE-integrated encodings and Q/K/V biases: :func:`floater`,
+  :class:`Floater`, :class:`FloaterAttentionBias`.
 - Sinusoidal (Vaswani et al.) and DFT (Idé et al.) encodings: :func:`sinusoidal`,
   :func:`sinusoidal_nd`, :func:`dft`, :func:`dft_inverse`, :class:`SinusoidalPE`,
   :class:`DFTPE`.
@@ -15,18 +17,22 @@ Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "ref
 from ._version import __version__
 from .backends import BackendError, available_backends
 from .encodings import DFTPE, SinusoidalPE, dft, dft_inverse, sinusoidal, sinusoidal_nd
+from .floater import Floater, FloaterAttentionBias, floater
 from .fourier_features import LearnableFourierFeatures, lff
 from .grid import grid_positions
 
 __all__ = [
     "DFTPE",
     "BackendError",
+    "Floater",
+    "FloaterAttentionBias",
     "LearnableFourierFeatures",
     "SinusoidalPE",
     "__version__",
     "available_backends",
     "dft",
     "dft_inverse",
+    "floater",
     "grid_positions",
     "lff",
     "sinusoidal",

@@ -136,3 +136,58 @@ def backends_for(
             continue
         out.append(name)
     return out
+
+
+# -- FLOATER -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FloaterCase:
+    num_states: int  # S
+    dim: int  # d
+    hidden_dim: int  # H
+    length: int  # L sample times
+    substeps: int = 3
+    method: str = "rk4"
+    activation: str = "tanh"
+    repeat_time: bool = False  # two equal sample times: an interval of length zero
+
+    @property
+    def id(self) -> str:
+        rep = "-repeat" if self.repeat_time else ""
+        return (
+            f"S{self.num_states}-d{self.dim}-H{self.hidden_dim}-L{self.length}-K{self.substeps}"
+            f"-{self.method}-{self.activation}{rep}"
+        )
+
+
+def floater_inputs(case: FloaterCase, dtype, device, seed: int):
+    """(p0, w1, b1, w2, b2, times): weights scaled so that h is O(1) (errors of a wrong
+    step or stage show), times increasing from a random positive start with random gaps
+    (times[1] == times[0] when ``repeat_time``)."""
+    g = generator(seed)
+    S, d, H, L = case.num_states, case.dim, case.hidden_dim, case.length
+    p0 = randn((S, d), g, dtype, device)
+    w1 = randn((d + 1, H), g, dtype, device, 1.5 / math.sqrt(d + 1))
+    b1 = randn((H,), g, dtype, device, 0.5)
+    w2 = randn((H + 1, d), g, dtype, device, 1.5 / math.sqrt(H + 1))
+    b2 = randn((d,), g, dtype, device, 0.5)
+    gaps = rand((L,), g, 0.05, 0.3, torch.float64)
+    if case.repeat_time and L > 1:
+        gaps[1] = 0.0
+    times = torch.cumsum(gaps, 0).to(dtype=dtype, device=device)
+    return p0, w1, b1, w2, b2, times
+
+
+# Odd sizes, S = 1 and 0, L = 0 and 1, H != d, every method and activation, one substep,
+# a zero-length interval. Small: the reference runs one Python step at a time.
+FLOATER_CASES: Sequence[FloaterCase] = (
+    FloaterCase(3, 5, 7, 6, 3, "rk4", "relu"),
+    FloaterCase(2, 4, 4, 5, 2, "rk38", "tanh", repeat_time=True),
+    FloaterCase(1, 3, 6, 7, 1, "midpoint", "gelu"),
+    FloaterCase(4, 6, 3, 4, 4, "euler", "identity"),
+    FloaterCase(3, 2, 5, 1, 5, "rk4", "gelu"),
+    FloaterCase(2, 7, 9, 0, 3, "rk38", "relu"),
+    FloaterCase(0, 4, 4, 3, 2, "rk4", "tanh"),
+    FloaterCase(5, 1, 2, 6, 2, "rk38", "identity"),
+)

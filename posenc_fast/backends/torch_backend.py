@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..torch_impl import encodings as _enc
+from ..torch_impl import floater as _floater
 from ..torch_impl import fourier_features as _lff
 from ._base import ANY, Backend, OpSupport
 
@@ -29,3 +30,5 @@ class TorchBackend(Backend):
     encoding_forward = staticmethod(_enc.encoding_forward)
     encoding_add = staticmethod(_enc.encoding_add)
     encoding_backward = staticmethod(_enc.encoding_backward)
+    floater_forward = staticmethod(_floater.floater_forward)
+    floater_backward = staticmethod(_floater.floater_backward)

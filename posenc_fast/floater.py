@@ -1,0 +1,477 @@
+"""FLOATER (Liu et al. 2020): position encodings as the solution of an ODE.
+
+Path of a call: ``floater`` (checks) -> ``backends.choose`` -> the custom op
+``posenc_fast::floater`` (ops/floater.py) -> the backend's integrator (torch_impl/floater.py,
+or the C++/CUDA extension) -> backward: ``posenc_fast::floater_backward``, the discrete
+adjoint, recomputing each interval from the states saved at the sample times.
+The semantics are written out in posenc_fast/reference/floater.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from . import _checks, backends
+from .ops import floater as _ops
+from .reference import floater as _reference
+
+METHODS = _reference.METHODS
+ACTIVATIONS = _reference.ACTIVATIONS
+
+# Scale of the default initialisation of the output layer (w2): small, so h starts close
+# to zero and a model starts as if it had no FLOATER term (the paper's warm start, Sec. 3.3
+# and 4.4), while every weight still receives a gradient.
+INIT_OUTPUT_SCALE = 1e-2
+
+
+def _is_compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _check_times(times, dtype: torch.dtype) -> Tensor:
+    _checks.real_positions("times", times)
+    if times.dim() != 1:
+        raise ValueError(f"times must be a 1-D tensor [L], got shape {list(times.shape)}")
+    times = times.to(dtype)
+    # Value checks read the tensor back once per call. Under torch.compile they would break
+    # the graph, so they are skipped there (the module's own times are valid by construction).
+    if times.numel() and not _is_compiling():
+        if not bool(torch.isfinite(times).all()):
+            raise ValueError("times must be finite")
+        if bool((times < 0).any()):
+            raise ValueError(f"times must be >= 0, got a minimum of {float(times.min()):g}")
+        if times.numel() > 1 and bool((times[1:] < times[:-1]).any()):
+            j = int(torch.nonzero(times[1:] < times[:-1])[0, 0])
+            raise ValueError(
+                f"times must be non-decreasing, but times[{j + 1}] = {float(times[j + 1]):g} "
+                f"< times[{j}] = {float(times[j]):g}"
+            )
+    return times
+
+
+def _check_substeps(substeps) -> int:
+    return _checks.positive_int("substeps", substeps)
+
+
+def _check_floater_args(
+    p0, w1, b1, w2, b2, times, substeps, method, activation, check_values=True
+) -> Tensor:
+    _checks.float_tensor("p0", p0)
+    if p0.dim() != 2:
+        raise ValueError(f"p0 must have shape [S, d] (num_states, dim), got {list(p0.shape)}")
+    d = p0.shape[1]
+    for name, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
+        _checks.float_tensor(name, t)
+    _checks.shape("w1", w1, (d + 1, None), "[d+1, H] with d = p0.shape[1]")
+    H = w1.shape[1]
+    _checks.shape("b1", b1, (H,), "[H] with H = w1.shape[1]")
+    _checks.shape("w2", w2, (H + 1, d), "[H+1, d] with H = w1.shape[1], d = p0.shape[1]")
+    _checks.shape("b2", b2, (d,), "[d] with d = p0.shape[1]")
+    _checks.tensor("times", times)
+    _checks.same_device("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2, times=times)
+    _checks.same_dtype("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2)
+    _check_substeps(substeps)
+    _checks.choice("method", method, METHODS)
+    _checks.choice("activation", activation, ACTIVATIONS)
+    if not check_values:  # times built by the module: valid by construction
+        return times.to(p0.dtype)
+    return _check_times(times, p0.dtype)
+
+
+def _run(p0, w1, b1, w2, b2, times, substeps, method, activation, backend, check_values=True):
+    """(out, name of the backend that ran it)."""
+    times = _check_floater_args(
+        p0, w1, b1, w2, b2, times, substeps, method, activation, check_values
+    )
+    if backend == "reference" or not _is_compiling():
+        name = backends.choose(_ops.problem(p0, w1, times, substeps, method, activation), backend)
+    else:
+        # The dispatcher asks each backend whether it can run here, which may load the C++
+        # extension under a lock: dynamo cannot trace that. The op resolves "auto" when it
+        # runs instead (same dispatcher, same answer).
+        name = backends.validate_name(backend)
+    if name == "reference":
+        out = _reference.floater(p0, w1, b1, w2, b2, times, substeps, method, activation, p0.dtype)
+    else:
+        out = torch.ops.posenc_fast.floater(
+            p0, w1, b1, w2, b2, times, substeps, method, activation, name
+        )
+    return out, name
+
+
+def floater(
+    p0: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    times: Tensor,
+    substeps: int = 5,
+    method: str = "rk4",
+    activation: str = "relu",
+    backend: str = "auto",
+) -> Tensor:
+    """Integrate dp/dt = h(t, p) from p(0) = p0 and return p at ``times``.
+
+    h(t, p) = act(p w1[:d] + t w1[d] + b1) w2[:H] + t w2[H] + b2: the time is concatenated
+    to the input of each layer, as in the paper's official code; h is shared by all states.
+
+    Args:
+        p0: initial values [S, d], float32 or float64 (one state per block / projection).
+        w1 [d+1, H], b1 [H], w2 [H+1, d], b2 [d]: the dynamics, in p0's dtype.
+        times: [L] sample times, non-decreasing, >= 0 (any real dtype; converted to p0's).
+        substeps: equal solver steps per interval between consecutive sample times (and
+            from 0 to times[0]).
+        method: "rk4" (classic Runge-Kutta), "rk38" (3/8 rule; torchdiffeq's "rk4"),
+            "midpoint" or "euler".
+        activation: "relu", "tanh", "gelu" (erf form) or "identity".
+        backend: "auto", "reference", "torch", "cpp" or "cuda".
+
+    Returns:
+        [S, L, d] in p0's dtype: out[:, j] = p(times[j]). Gradients (to p0, the weights and
+        times) are exact for the discretised solution (backpropagation through the solver
+        steps), with memory O(S*L*d).
+    """
+    return _run(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)[0]
+
+
+class _StoredStates(torch.autograd.Function):
+    """Returns states computed earlier (the cache) with the discrete-adjoint backward
+    attached: a repeated call costs nothing, yet gradients still reach the parameters,
+    and every returned tensor has a graph of its own (so each can be backpropagated)."""
+
+    @staticmethod
+    def forward(ctx, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
+        ctx.save_for_backward(p0, w1, b1, w2, b2, times, out)
+        ctx.config = (substeps, method, activation, backend)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        *inputs, out = ctx.saved_tensors
+        needs = [bool(n) for n in ctx.needs_input_grad[1:7]]
+        grads = _ops.gradients(grad, out, inputs, *ctx.config, needs)
+        return (None, *grads, None, None, None, None)
+
+
+@dataclass
+class _Entry:
+    """A cached result: ``out`` [S, Lc, d] (detached) and what it is valid for."""
+
+    out: Tensor
+    out_version: int  # out._version when stored: an in-place edit of a returned view shows here
+    key: tuple  # parameter (data_ptr, _version) pairs and the configuration
+    params: tuple  # detached copies of the parameters' values when computed
+    backend: str
+    times: Optional[Tensor] = None  # times-mode entries: the times, for comparison by value
+
+
+class Floater(nn.Module):
+    r"""FLOATER position encoding: ``forward(length=L)`` or ``forward(times=t)`` -> [S, L, d].
+
+    S = num_states initial values ``p0`` [S, d] (e.g. one per Transformer block and Q/K/V
+    projection) share the dynamics ``h(t, p) = [act([p, t] w1 + b1), t] w2 + b2`` with
+    ``w1`` [d+1, H], ``b1`` [H], ``w2`` [H+1, d], ``b2`` [d] (H = hidden_dim, default d).
+
+    - ``fl(length=L)``: p(t_i) at t_i = i * delta_t, i = 0..L-1, so out[:, 0] equals p0.
+    - ``fl(times=t)``: t a 1-D non-decreasing tensor of times >= 0 -> [S, len(t), d].
+    - Every interval between consecutive sample times (and from 0 to the first) is
+      integrated with ``substeps`` equal steps of ``method``. Defaults follow the official
+      code: delta_t 0.01, five RK4 steps per interval, ReLU.
+    - Gradients are exact for the discretised solution (the discrete adjoint), memory
+      O(S*L*d).
+    - Cache: in eval mode or under no_grad the result is kept. A repeated call costs
+      nothing (a longer one extends the cached states from the last one instead of
+      starting over; there is no maximum length), and gradients still flow when enabled.
+      Any change to a parameter invalidates it: an in-place update or a replaced tensor
+      (``_version`` and ``data_ptr``), or new values written where those do not show
+      (``.data`` writes, fused optimizers), caught by comparing against the values the
+      cache was computed with. :meth:`clear_cache` drops it.
+    - ``refresh_every=k`` (training mode): compute a differentiable result on one call in
+      k and return that result's values, detached, on the k - 1 calls in between (the
+      official code's trick to save time; the dynamics then receive gradients only on
+      refresh calls). Default 1: every training call recomputes.
+    - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 small
+      (U(+-0.01 / sqrt(H+1))), b2 = 0, so h is close to 0 and the output near zero: a model
+      starts as if it had no FLOATER term (Sec. 3.3). With every parameter zero the output
+      is exactly zero.
+
+    Example::
+
+        fl = posenc_fast.Floater(dim=512, num_states=6)  # one state per encoder block
+        pe = fl(length=x.shape[1])                       # [6, L, 512]
+        for n, block in enumerate(blocks):
+            x = block(x + pe[n])
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_states: int,
+        hidden_dim: Optional[int] = None,
+        delta_t: float = 0.01,
+        substeps: int = 5,
+        method: str = "rk4",
+        activation: str = "relu",
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+        refresh_every: int = 1,
+    ):
+        super().__init__()
+        _checks.positive_int("dim", dim)
+        _checks.positive_int("num_states", num_states)
+        if hidden_dim is None:
+            hidden_dim = dim
+        _checks.positive_int("hidden_dim", hidden_dim)
+        self.delta_t = _checks.positive_float("delta_t", delta_t)
+        self.substeps = _check_substeps(substeps)
+        self.method = _checks.choice("method", method, METHODS)
+        self.activation = _checks.choice("activation", activation, ACTIVATIONS)
+        self.backend = backends.validate_name(backend)
+        self.refresh_every = _checks.positive_int("refresh_every", refresh_every)
+        self.dim, self.num_states, self.hidden_dim = dim, num_states, hidden_dim
+        factory = {"device": device, "dtype": dtype}
+        self.p0 = nn.Parameter(torch.empty(num_states, dim, **factory))
+        self.w1 = nn.Parameter(torch.empty(dim + 1, hidden_dim, **factory))
+        self.b1 = nn.Parameter(torch.empty(hidden_dim, **factory))
+        self.w2 = nn.Parameter(torch.empty(hidden_dim + 1, dim, **factory))
+        self.b2 = nn.Parameter(torch.empty(dim, **factory))
+        self._entries: dict[str, _Entry] = {}
+        self._reused = 0  # calls served from the stored result since the last refresh
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.p0.zero_()
+            bound = 1.0 / math.sqrt(self.dim + 1)
+            self.w1.uniform_(-bound, bound)
+            self.b1.uniform_(-bound, bound)
+            out_bound = INIT_OUTPUT_SCALE / math.sqrt(self.hidden_dim + 1)
+            self.w2.uniform_(-out_bound, out_bound)
+            self.b2.zero_()
+        self.clear_cache()
+
+    def clear_cache(self) -> None:
+        self._entries = {}
+        self._reused = 0
+
+    # -- computation -------------------------------------------------------------------
+
+    def _params(self) -> tuple[Tensor, ...]:
+        return (self.p0, self.w1, self.b1, self.w2, self.b2)
+
+    def length_times(self, length: int) -> Tensor:
+        """t_i = i * delta_t, i = 0..length-1, in the parameters' dtype (rounded once from
+        float64, so a prefix of a longer sequence is bitwise the shorter one)."""
+        t = torch.arange(length, dtype=torch.float64, device=self.p0.device) * self.delta_t
+        return t.to(self.p0.dtype)
+
+    def _compute(self, times: Tensor, check_values: bool = False) -> tuple[Tensor, str]:
+        """(states at ``times``, backend name); forward() has validated ``times``."""
+        return _run(
+            *self._params(),
+            times,
+            self.substeps,
+            self.method,
+            self.activation,
+            self.backend,
+            check_values,
+        )
+
+    def _extend(self, entry: _Entry, length: int) -> Tensor:
+        """States for 0..length-1 from cached states for 0..Lc-1: integrate onwards from the
+        last cached state. The op integrates from time 0, so time is shifted by
+        t0 = (Lc-1) delta_t, which h sees only through its biases: h(t0 + s, p) uses
+        b1 + t0 w1[d] and b2 + t0 w2[H] at time s."""
+        old = entry.out
+        Lc = old.shape[1]
+        t = self.length_times(length)
+        t0 = t[Lc - 1]
+        d, H = self.dim, self.hidden_dim
+        b1 = self.b1 + t0 * self.w1[d]
+        b2 = self.b2 + t0 * self.w2[H]
+        new, _ = _run(
+            old[:, -1],
+            self.w1,
+            b1,
+            self.w2,
+            b2,
+            t[Lc:] - t0,
+            self.substeps,
+            self.method,
+            self.activation,
+            entry.backend,
+            check_values=False,
+        )
+        return torch.cat([old, new], dim=1)
+
+    # -- cache -------------------------------------------------------------------------
+
+    def _key(self) -> tuple:
+        p = self._params()
+        return (
+            tuple((t.data_ptr(), t._version) for t in p),
+            self.p0.dtype,
+            self.p0.device,
+            self.delta_t,
+            self.substeps,
+            self.method,
+            self.activation,
+            self.backend,
+        )
+
+    def _valid(self, entry: Optional[_Entry]) -> bool:
+        """Whether ``entry`` still describes the current parameters and configuration."""
+        if entry is None or entry.out._version != entry.out_version:
+            return False  # a returned view was edited in place
+        if entry.key != self._key():
+            return False  # in-place update (_version), replaced tensor (data_ptr) or config
+        # Fused optimizers and .data writes change values without bumping _version: compare
+        # the values too (the parameters are small; this costs a few microseconds).
+        return all(torch.equal(a, b) for a, b in zip(entry.params, self._params()))
+
+    def _store(self, mode: str, out: Tensor, backend: str, times: Optional[Tensor]) -> None:
+        out = out.detach()
+        params = tuple(t.detach().clone() for t in self._params())
+        stored_times = None if times is None else times.detach().clone()
+        self._entries[mode] = _Entry(out, out._version, self._key(), params, backend, stored_times)
+
+    def _lookup(self, mode: str, length: Optional[int], times: Tensor) -> Optional[Tensor]:
+        """The cached values for this call (extending the cache if needed), or None."""
+        entry = self._entries.get(mode)
+        if not self._valid(entry):
+            return None
+        if mode == "times":
+            same = entry.times.shape == times.shape and torch.equal(entry.times, times)
+            return entry.out if same else None
+        Lc = entry.out.shape[1]
+        if length <= Lc:
+            return entry.out[:, :length]
+        if Lc == 0:
+            return None
+        with torch.no_grad():
+            out = self._extend(entry, length)
+        self._store(mode, out, entry.backend, None)
+        return out
+
+    def forward(self, length: Optional[int] = None, times: Optional[Tensor] = None) -> Tensor:
+        """length: int >= 0 (times i * delta_t), or times: [L] -> [num_states, L, dim]."""
+        if (length is None) == (times is None):
+            raise ValueError("pass exactly one of length or times")
+        if length is not None:
+            if isinstance(length, bool) or not isinstance(length, int):
+                raise TypeError(f"length must be an int, got {type(length).__name__}")
+            if length < 0:
+                raise ValueError(f"length must be >= 0, got {length}")
+            t = self.length_times(length)
+        else:
+            t = _check_times(times, self.p0.dtype)
+        training_step = self.training and torch.is_grad_enabled()
+        if training_step and self.refresh_every == 1:
+            return self._compute(t)[0]  # the plain path: no cache, traceable by torch.compile
+        mode = "length" if length is not None else "times"
+        if training_step:
+            return self._refresh_step(mode, length, t)
+        return self._cached(mode, length, t)
+
+    def _refresh_step(self, mode: str, length: Optional[int], t: Tensor) -> Tensor:
+        entry = self._entries.get(mode)
+        if (
+            entry is not None
+            and self._reused < self.refresh_every - 1
+            and entry.out._version == entry.out_version
+        ):
+            if mode == "length" and length <= entry.out.shape[1]:
+                self._reused += 1
+                return entry.out[:, :length]
+            if mode == "times" and entry.times.shape == t.shape and torch.equal(entry.times, t):
+                self._reused += 1
+                return entry.out
+        out, backend = self._compute(t)
+        self._store(mode, out, backend, t if mode == "times" else None)
+        self._reused = 0
+        return out
+
+    def _cached(self, mode: str, length: Optional[int], t: Tensor) -> Tensor:
+        values = self._lookup(mode, length, t)
+        if values is None:
+            with torch.no_grad():
+                values, backend = self._compute(t)
+            self._store(mode, values, backend, t if mode == "times" else None)
+            values = values.detach()
+        wants_grad = torch.is_grad_enabled() and (
+            any(p.requires_grad for p in self._params()) or t.requires_grad
+        )
+        if not wants_grad:
+            return values
+        backend = self._entries[mode].backend
+        if backend == "reference":  # no hand-written backward to attach: recompute
+            return self._compute(t)[0]
+        return _StoredStates.apply(
+            values, *self._params(), t, self.substeps, self.method, self.activation, backend
+        )
+
+    def extra_repr(self) -> str:
+        s = f"dim={self.dim}, num_states={self.num_states}, hidden_dim={self.hidden_dim}"
+        s += f", delta_t={self.delta_t}"
+        s += f", substeps={self.substeps}, method={self.method!r}, activation={self.activation!r}"
+        if self.refresh_every != 1:
+            s += f", refresh_every={self.refresh_every}"
+        if self.backend != "auto":
+            s += f", backend={self.backend!r}"
+        return s
+
+
+class FloaterAttentionBias(nn.Module):
+    r"""FLOATER's compatible form (Eq. 12-13): position-dependent biases for the Q/K/V
+    projections of every attention block, all driven by one shared dynamics.
+
+    ``forward(length)`` -> [num_layers, num_projections, L, dim]: bias[n, j] is added to
+    projection j (0: Q, 1: K, 2: V by convention) of block n. One :class:`Floater` with
+    num_states = num_layers * num_projections holds the initial values; ``floater_kwargs``
+    (hidden_dim, delta_t, substeps, method, activation, backend, refresh_every, device,
+    dtype) go to it. The default initialisation (p0 = 0, h close to 0) starts the biases
+    near zero, so a pretrained Transformer can be warm-started with FLOATER switched off.
+
+    Example::
+
+        class Block(nn.Module):
+            def __init__(self, dim, heads):
+                super().__init__()
+                self.heads = heads
+                self.qkv = nn.Linear(dim, 3 * dim)
+                self.proj = nn.Linear(dim, dim)
+
+            def forward(self, x, bias):  # x [B, L, dim], bias [3, L, dim]
+                q, k, v = (self.qkv(x).unflatten(-1, (3, -1)) + bias.transpose(0, 1)).unbind(-2)
+                q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
+                y = F.scaled_dot_product_attention(q, k, v)
+                return x + self.proj(y.transpose(1, 2).flatten(2))
+
+        pos = posenc_fast.FloaterAttentionBias(dim=256, num_layers=4)
+        blocks = nn.ModuleList(Block(256, heads=8) for _ in range(4))
+        bias = pos(x.shape[1])  # [4, 3, L, 256]
+        for n, block in enumerate(blocks):
+            x = block(x, bias[n])
+    """
+
+    def __init__(self, dim: int, num_layers: int, num_projections: int = 3, **floater_kwargs):
+        super().__init__()
+        _checks.positive_int("num_layers", num_layers)
+        _checks.positive_int("num_projections", num_projections)
+        self.num_layers, self.num_projections = num_layers, num_projections
+        self.floater = Floater(dim, num_layers * num_projections, **floater_kwargs)
+
+    def forward(self, length: Optional[int] = None, times: Optional[Tensor] = None) -> Tensor:
+        """length: int >= 0, or times [L] -> [num_layers, num_projections, L, dim]."""
+        out = self.floater(length, times)
+        return out.unflatten(0, (self.num_layers, self.num_projections))
+
+    def extra_repr(self) -> str:
+        return f"num_layers={self.num_layers}, num_projections={self.num_projections}"

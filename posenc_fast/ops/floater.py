@@ -1,0 +1,154 @@
+"""torch.library custom ops for FLOATER.
+
+    posenc_fast::floater(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)
+        -> out [S, L, d]
+    posenc_fast::floater_backward(grad, out, p0, w1, b1, w2, b2, times, substeps, method,
+                                  activation, backend, needs)
+        -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is False)
+
+``backend`` names the implementation, chosen by the dispatcher before the call (or "auto"
+in calls traced by torch.compile, resolved by the op when it runs). The
+autograd registration saves the inputs and the output: the states at the sample times are
+all the backward (the discrete adjoint) needs, since it recomputes each interval's
+substeps from its starting state. When a double backward is requested (grad mode on
+inside backward), the gradient is instead built by differentiating the torch backend's
+out-of-place recomputation, so gradgradcheck works.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import backends
+from ..backends import Problem
+from ..torch_impl import floater as _torch_floater
+from ._autocast import autocast_disabled
+
+
+def problem(
+    p0: Tensor, w1: Tensor, times: Tensor, substeps: int, method: str, activation: str
+) -> Problem:
+    """What the dispatcher decides a FLOATER call on."""
+    return Problem(
+        op="floater",
+        device=p0.device.type,
+        dtype=p0.dtype,
+        sizes={
+            "num_states": p0.shape[0],
+            "dim": p0.shape[1],
+            "hidden_dim": w1.shape[1],
+            "length": times.shape[0],
+            "substeps": substeps,
+        },
+        options={"method": method, "activation": activation},
+    )
+
+
+def _backend(name: str, p0, w1, times, substeps, method, activation):
+    """The backend object; "auto" (passed by calls traced by torch.compile) is resolved
+    here, where the tensors are real."""
+    if name == "auto":
+        name = backends.choose(problem(p0, w1, times, substeps, method, activation), "auto")
+    return backends.get(name)
+
+
+@torch.library.custom_op("posenc_fast::floater", mutates_args=())
+def floater_op(
+    p0: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    times: Tensor,
+    substeps: int,
+    method: str,
+    activation: str,
+    backend: str,
+) -> Tensor:
+    with autocast_disabled(p0.device.type):
+        impl = _backend(backend, p0, w1, times, substeps, method, activation)
+        return impl.floater_forward(p0, w1, b1, w2, b2, times, substeps, method, activation)
+
+
+@floater_op.register_fake
+def _(p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
+    return p0.new_empty((p0.shape[0], times.shape[0], p0.shape[1]))
+
+
+@torch.library.custom_op("posenc_fast::floater_backward", mutates_args=())
+def floater_backward_op(
+    grad: Tensor,
+    out: Tensor,
+    p0: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    times: Tensor,
+    substeps: int,
+    method: str,
+    activation: str,
+    backend: str,
+    needs: list[bool],
+) -> list[Tensor]:
+    with autocast_disabled(p0.device.type):
+        impl = _backend(backend, p0, w1, times, substeps, method, activation)
+        grads = impl.floater_backward(
+            grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, needs
+        )
+    return [g if g is not None else grad.new_empty(0) for g in grads]
+
+
+@floater_backward_op.register_fake
+def _(grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, needs):
+    refs = (p0, w1, b1, w2, b2, times)
+    return [torch.empty_like(t) if need else grad.new_empty(0) for need, t in zip(needs, refs)]
+
+
+def gradients(grad, out, inputs, substeps, method, activation, backend, needs) -> list:
+    """(dp0, dw1, db1, dw2, db2, dtimes) of ``out`` = floater(*inputs, ...), None where
+    ``needs`` is False. Used by the op's autograd registration and by the module's cache,
+    which attaches this backward to stored states."""
+    if not any(needs):
+        return [None] * 6
+    if torch.is_grad_enabled():
+        return _double_backward_friendly(grad, inputs, substeps, method, activation, needs)
+    grads = torch.ops.posenc_fast.floater_backward(
+        grad, out, *inputs, substeps, method, activation, backend, needs
+    )
+    return [g if n else None for g, n in zip(grads, needs)]
+
+
+def _double_backward_friendly(grad, inputs, substeps, method, activation, needs):
+    """Gradients as a differentiable graph of the inputs (create_graph=True)."""
+    wanted = [t for t, n in zip(inputs, needs) if n]
+    with autocast_disabled(grad.device.type), torch.enable_grad():
+        y = _torch_floater.floater_autograd(*inputs, substeps, method, activation)
+        got = iter(torch.autograd.grad(y, wanted, grad, create_graph=True, allow_unused=True))
+    out = []
+    for t, n in zip(inputs, needs):
+        if not n:
+            out.append(None)
+            continue
+        g = next(got)
+        out.append(torch.zeros_like(t) if g is None else g)
+    return out
+
+
+def _setup_context(ctx, inputs, output):
+    p0, w1, b1, w2, b2, times, substeps, method, activation, backend = inputs
+    ctx.save_for_backward(p0, w1, b1, w2, b2, times, output)
+    ctx.substeps, ctx.method, ctx.activation, ctx.backend = substeps, method, activation, backend
+
+
+def _backward(ctx, grad):
+    *inputs, out = ctx.saved_tensors
+    needs = [bool(n) for n in ctx.needs_input_grad[:6]]
+    grads = gradients(
+        grad, out, inputs, ctx.substeps, ctx.method, ctx.activation, ctx.backend, needs
+    )
+    return (*grads, None, None, None, None)
+
+
+floater_op.register_autograd(_backward, setup_context=_setup_context)
