@@ -12,7 +12,8 @@ differentiable by autograd, written to be read next to the paper.
     PE  = concat over groups, group-major: PE[..., g*D/G + j] = y_g[..., j]   line 3
 
 Eq. 2 of the paper writes 1/sqrt(D) for the normalisation; Algorithm 1 uses 1/sqrt(|F|),
-the number of features, which is what makes r_x . r_x = 1/2 + 1/2 = 1 and is what we follow.
+the number of features, which we follow: then r_x . r_x = 1/2 for every x, and with many
+features 2 (r_x . r_y) -> exp(-|x - y|^2 / (2 gamma^2)).
 """
 
 from __future__ import annotations

@@ -1,0 +1,41 @@
+"""The scripts in examples/ run (on the CPU, in seconds) and do what they say."""
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vit_grid_trains_and_runs_on_an_unseen_grid():
+    loss, acc, logits = _load("vit_grid").main(steps=60)
+    assert acc > 0.3, "better than chance (0.25) after a few steps"
+    assert logits.shape == (8, 4) and torch.isfinite(logits).all()
+
+
+def test_detr_boxes_backpropagates_into_the_box_encoder():
+    scores, grads = _load("detr_boxes").main()
+    assert scores.shape == (2, 16) and all(grads.values())
+
+
+def test_similarity_heatmaps(tmp_path):
+    pytest.importorskip("matplotlib")
+    module = _load("similarity_heatmaps")
+    sine, lff = module.similarities(size=33)
+    c = 16
+    # LFF: isotropic (a diagonal step of length d ~ an axis step of length d)
+    assert abs(lff[c, c + 6].item() - lff[c + 4, c + 4].item()) < 0.05  # |d| = 6 vs 5.66
+    assert lff[c, c].item() == pytest.approx(1.0)
+    # Sine-2D: the diagonal decays much faster than the axis
+    assert sine[c + 4, c + 4] < sine[c, c + 6] - 0.1
+    path = module.main(str(tmp_path / "fig2.png"))
+    assert pathlib.Path(path).stat().st_size > 10_000
