@@ -278,6 +278,12 @@ def _sum_partials_kernel(
 _WORKSPACE_BYTES = 256 * 2**20
 
 
+def max_programs(device: torch.device) -> int:
+    """Programs of the backward: two per SM (each walks its share of the row tiles);
+    2 under the interpreter. Part of the summation order, so fixed per device."""
+    return 2 * sm_count(device)
+
+
 def _blocks(R: int, F2: int, H: int, DG: int, compute: torch.dtype) -> tuple[dict, dict]:
     """(block sizes, launch options): a fixed rule, see the module docstring."""
     block_h = pow2(H)
@@ -362,7 +368,7 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     blocks, options = _blocks(R, F2, H, width, compute)
     n_tiles = triton.cdiv(R, blocks["BLOCK_R"])
     per_program = max(1, total) * 4
-    programs = max(1, min(n_tiles, 2 * sm_count(device), _WORKSPACE_BYTES // per_program))
+    programs = max(1, min(n_tiles, max_programs(device), _WORKSPACE_BYTES // per_program))
     ws = torch.zeros((programs, max(1, total)), dtype=torch.float32, device=device)
     dx_arg = out[0] if need_x else ws
     with device_guard(x):
