@@ -24,7 +24,7 @@ class BoxDecoder(nn.Module):
 
     def forward(self, feature_map, boxes):
         # feature_map [B, dim, h, w]; boxes [B, Q, 2, 2] as ((x0, y0), (x1, y1))
-        B, C, h, w = feature_map.shape
+        _B, C, h, w = feature_map.shape
         memory = feature_map.flatten(2).transpose(1, 2)  # [B, h*w, C]
         centres = pf.grid_positions(h, w, device=feature_map.device)  # [h*w, 2] in (0, 1)
         memory = memory + pf.sinusoidal_nd(centres * 100.0, C // 2)  # Sine-2D, [h*w, C]

@@ -50,7 +50,7 @@ def main(steps=60):
     g = torch.Generator().manual_seed(0)
     model = TinyViT()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for step in range(steps):
+    for _step in range(steps):
         images, labels = make_batch(32, 16, g)
         loss = nn.functional.cross_entropy(model(images), labels)
         opt.zero_grad()
@@ -60,7 +60,7 @@ def main(steps=60):
     with torch.no_grad():
         images, labels = make_batch(256, 16, g)
         acc = (model(images).argmax(1) == labels).float().mean().item()
-        big, big_labels = make_batch(8, 32, g)  # a 8x8 patch grid, never seen in training
+        big, _big_labels = make_batch(8, 32, g)  # a 8x8 patch grid, never seen in training
         logits = model(big)
     print(f"loss {loss.item():.3f}, accuracy on 16x16 images {acc:.2f}")
     print(f"the same model on unseen 32x32 images (8x8 patches): logits {tuple(logits.shape)}")

@@ -17,7 +17,7 @@ def _load(name):
 
 
 def test_vit_grid_trains_and_runs_on_an_unseen_grid():
-    loss, acc, logits = _load("vit_grid").main(steps=60)
+    _loss, acc, logits = _load("vit_grid").main(steps=60)
     assert acc > 0.3, "better than chance (0.25) after a few steps"
     assert logits.shape == (8, 4) and torch.isfinite(logits).all()
 
