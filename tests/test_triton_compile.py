@@ -36,3 +36,23 @@ def test_kernels_compile_for_sm90_without_approximate_trig(tmp_path):
     # (2 forward variants, 2 backward): 13 kernels
     assert len(compiled) >= 13, report[-4000:]
     assert "wgmma" in proc.stdout, "the bf16 MLP should use Hopper's warpgroup MMA"
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_script_dry_run(tmp_path):
+    """benchmarks/lff_gpu.py must run unchanged on the H200: its CPU dry run (interpreter,
+    tiny sizes) exercises every code path but the CUDA-only timing and ceilings."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "dry.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "lff_gpu.py"), "--dry-run",
+         "--cases", "canonical", "--modes", "fwd,bwd", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    import json
+
+    rows = json.loads(out.read_text())["results"]
+    triton_rows = [r for r in rows if r["impl"] == "triton"]
+    assert {r["mode"] for r in triton_rows} == {"fwd", "bwd"}
+    assert all(r["correctness"]["check"] == "ok" and "ms" in r for r in triton_rows), triton_rows
