@@ -251,7 +251,7 @@ def _lff_bwd_kernel(
                 dmask_x = rmask[:, None] & (ms < M)[None, :]
                 tl.store(
                     DX + rows[:, None] * M + ms[None, :],
-                    dx_acc.to(DX.dtype.element_ty),
+                    round_to(dx_acc, DX.dtype.element_ty, INTERPRET),
                     mask=dmask_x,
                 )
     if MLP and NEED_B1:
