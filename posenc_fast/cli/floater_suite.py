@@ -1,0 +1,217 @@
+"""FLOATER in ``python -m posenc_fast verify`` and ``bench``.
+
+- verify (:func:`check_floater`): every case of ``_testing.FLOATER_CASES`` (fresh random
+  states, weights and times) through the backend, forward and the gradients to p0, the
+  weights and the times, against autograd through the float64 reference loop (the exact
+  discrete adjoint); plus the module's cache extension against a fresh computation.
+- bench (:func:`bench_cases`): S = 12 states, H = d, times i * 0.01, five steps of the
+  3/8 rule per interval ("rk38", i.e. torchdiffeq's "rk4"), ReLU: L in {64, 512}, d in
+  {16, 128}. Besides the reference loop in the working dtype (and torch.compile of its
+  step: the loop itself stays eager, dynamo would otherwise unroll thousands of steps),
+  the baselines are torchdiffeq's ``odeint`` (gradients by autograd through its steps)
+  and ``odeint_adjoint`` (continuous adjoint, the same fixed grid backwards), both given
+  exactly our step grid, so every implementation does the same number of steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _testing
+from ..floater import Floater, floater
+from ..reference import floater as ref
+from ..tolerances import mismatch
+from ._cases import BenchCase, _available
+from .verify import Result
+
+BENCH_STATES = 12
+BENCH_DELTA_T = 0.01
+BENCH_SUBSTEPS = 5
+
+
+def verify_cases():
+    """The FLOATER cases ``verify`` runs (the same list as the test suite)."""
+    return list(_testing.FLOATER_CASES)
+
+
+def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
+    res = Result()
+    for i, case in enumerate(verify_cases()):
+        inputs = _testing.floater_inputs(case, dtype, device, seed + i)
+        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+        args = (case.substeps, case.method, case.activation)
+        out = floater(*leaves, *args, backend=backend)
+        leaves64 = [t.detach().double().requires_grad_(True) for t in inputs]
+        expected = ref.floater(*leaves64, *args)
+        res.add(out, expected, dtype, "floater", f"{case.id} forward")
+        if out.numel():
+            g = _testing.randn(out.shape, _testing.generator(seed + 400 + i), dtype, device)
+            out.backward(g)
+            expected.backward(g.double())
+            for name, a, b in zip(("p0", "w1", "b1", "w2", "b2", "times"), leaves, leaves64):
+                res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
+        res.cases += 1
+    res.cases += _check_extension(backend, dtype, device, seed, res)
+    return res
+
+
+def _check_extension(backend, dtype, device, seed, res: Result) -> int:
+    """Eval-mode cache: a longer length continues from the cached last state; it must
+    equal the reference on all sample times."""
+    fl = Floater(7, 3, hidden_dim=5, delta_t=0.05, substeps=2, activation="gelu",
+                 backend=backend, device=device, dtype=dtype)  # fmt: skip
+    g = _testing.generator(seed + 500)
+    with torch.no_grad():
+        for p in fl.parameters():
+            p.copy_(_testing.randn(p.shape, g, dtype, device, 0.5))
+    fl.eval()
+    with torch.no_grad():
+        fl(length=9)
+        out = fl(length=20)
+    expected = ref.floater(fl.p0, fl.w1, fl.b1, fl.w2, fl.b2, fl.length_times(20), 2, "rk4", "gelu")
+    res.add(out, expected, dtype, "floater", "module cache extension 9 -> 20")
+    return 1
+
+
+# -- bench ---------------------------------------------------------------------------------
+
+
+def _plain_step(y, t, dt, w1, b1, w2, b2):
+    """One 3/8-rule step of the ReLU dynamics, as a user would write it in PyTorch."""
+    d, H = y.shape[1], w1.shape[1]
+
+    def h(t, p):
+        return torch.relu(p @ w1[:d] + t * w1[d] + b1) @ w2[:H] + t * w2[H] + b2
+
+    k1 = h(t, y)
+    k2 = h(t + dt / 3, y + dt * k1 / 3)
+    k3 = h(t + 2 * dt / 3, y + dt * (k2 - k1 / 3))
+    k4 = h(t + dt, y + dt * (k1 - k2 + k3))
+    return y + dt * (k1 + 3 * (k2 + k3) + k4) / 8
+
+
+@torch.compiler.disable(recursive=False)
+def plain_floater(p0, w1, b1, w2, b2, times, substeps: int = BENCH_SUBSTEPS):
+    """The benchmark's reference: the plain loop in the working dtype. Under
+    torch.compile only ``_plain_step`` is compiled (recursive=False keeps this loop eager),
+    which is the compiled baseline PERFORMANCE.md asks for: a compiled step in a loop."""
+    y = p0
+    states = []
+    t_prev = torch.zeros((), dtype=p0.dtype, device=p0.device)
+    for j in range(times.shape[0]):
+        dt = (times[j] - t_prev) / substeps
+        for k in range(substeps):
+            y = _plain_step(y, t_prev + k * dt, dt, w1, b1, w2, b2)
+        states.append(y)
+        t_prev = times[j]
+    return torch.stack(states, dim=1)
+
+
+def _grid(times: torch.Tensor, K: int) -> torch.Tensor:
+    """Our step grid from times[0]: K equal steps per interval, the sample times on it."""
+    prev = times[:-1]
+    h = (times[1:] - prev) / K
+    inner = prev[:, None] + torch.arange(1, K, dtype=times.dtype, device=times.device) * h[:, None]
+    return torch.cat([times[:1], torch.cat([inner, times[1:, None]], 1).reshape(-1)])
+
+
+class _TorchdiffeqDynamics(torch.nn.Module):
+    """h(t, p) for torchdiffeq, reading the benchmark's own weight tensors."""
+
+    def __init__(self, w1, b1, w2, b2):
+        super().__init__()
+        self.weights = (w1, b1, w2, b2)
+
+    def forward(self, t, p):
+        w1, b1, w2, b2 = self.weights
+        d, H = p.shape[1], w1.shape[1]
+        return torch.relu(p @ w1[:d] + t * w1[d] + b1) @ w2[:H] + t * w2[H] + b2
+
+
+def _torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
+    try:
+        from torchdiffeq import odeint, odeint_adjoint
+    except ImportError:
+        return {}
+    func = _TorchdiffeqDynamics(w1, b1, w2, b2)
+    grid = _grid(times, K)
+
+    def forward_grid(f, y0, t):
+        return grid
+
+    def adjoint_grid(f, y0, t):  # the adjoint solves each interval [t1 -> t0] on its own
+        g = t[0] + torch.arange(K + 1, dtype=t.dtype, device=t.device) * ((t[-1] - t[0]) / K)
+        g[-1] = t[-1]
+        return g
+
+    opts = {"grid_constructor": forward_grid}
+    return {
+        "torchdiffeq": lambda: odeint(func, p0, times, method="rk4", options=opts),
+        "torchdiffeq-adjoint": lambda: odeint_adjoint(
+            func,
+            p0,
+            times,
+            method="rk4",
+            options=opts,
+            adjoint_options={"grid_constructor": adjoint_grid},
+            adjoint_params=(w1, b1, w2, b2),
+        ),
+    }
+
+
+def floater_case(
+    L: int, d: int, device: str, dtype=torch.float32, S: int = BENCH_STATES
+) -> BenchCase:
+    K = BENCH_SUBSTEPS
+    case = _testing.FloaterCase(S, d, d, L, K, "rk38", "relu")
+    p0, w1, b1, w2, b2, _ = _testing.floater_inputs(case, dtype, device, seed=L + d)
+    # Weights of the default initialisation's scale for w1 and a moderate w2: the states
+    # stay O(1) over the whole range (no overflow in float32 at L = 512).
+    with torch.no_grad():
+        w1.mul_(0.5)
+        w2.mul_(0.3)
+    leaves = [t.requires_grad_(True) for t in (p0, w1, b1, w2, b2)]
+    times = (torch.arange(L, dtype=torch.float64, device=device) * BENCH_DELTA_T).to(dtype)
+
+    def reference(p0, w1, b1, w2, b2):
+        return plain_floater(p0, w1, b1, w2, b2, times, K)
+
+    impls = {
+        name: (lambda name=name: floater(*leaves, times, K, "rk38", "relu", backend=name))
+        for name in _available("floater", device, dtype)
+    }
+    impls.update(_torchdiffeq_baselines(*leaves, times, K))
+    return BenchCase(
+        "floater",
+        f"S={S} L={L} d={d} H={d} K={K} rk38 {str(dtype)[6:]}",
+        L,
+        {"S": S, "L": L, "d": d, "H": d, "substeps": K, "method": "rk38", "dtype": str(dtype)[6:]},
+        leaves,
+        reference,
+        tuple(leaves),
+        impls,
+        floor_bytes=0,  # latency-bound (a chain of L*K*4 dependent small layers): no GB/s
+        extra={"steps": L * K, "dependent_layers": L * K * 4 * 2},
+    )
+
+
+def bench_cases(quick: bool, device: str) -> list[BenchCase]:
+    sizes = [(64, 16), (64, 128)] if quick else [(64, 16), (64, 128), (512, 16), (512, 128)]
+    if device == "cuda" and not quick:
+        sizes.append((1024, 512))  # PERFORMANCE.md's FLOATER case
+    return [floater_case(L, d, device) for L, d in sizes]
+
+
+def agreement(case: BenchCase) -> str:
+    """'' when every implementation of a bench case agrees with the reference, else why
+    (a quick check that the baselines integrate the same problem)."""
+    with torch.no_grad():
+        want = case.reference(*case.args)
+        for name, fn in case.backends.items():
+            got = fn()
+            if name.startswith("torchdiffeq"):
+                got = got.transpose(0, 1)  # [L, S, d] -> [S, L, d]
+            msg = mismatch(got, want, want.dtype, "floater")
+            if msg:
+                return f"{name}: {msg}"
+    return ""

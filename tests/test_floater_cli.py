@@ -1,0 +1,54 @@
+"""FLOATER's part of ``python -m posenc_fast verify`` and ``bench`` (cli/floater_suite.py)."""
+
+import pytest
+import torch
+from conftest import backend_params
+
+from posenc_fast.cli import floater_suite
+
+
+@pytest.mark.parametrize("backend", backend_params("floater"))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_verify_check_passes(backend, dtype, device):
+    res = floater_suite.check_floater(backend, dtype, device, seed=17)
+    assert res.cases == len(floater_suite.verify_cases()) + 1
+    assert not res.failures, res.failures[:3]
+    assert 0 < res.fwd_err < 1e-4 and 0 < res.grad_err < 1e-4
+
+
+def test_verify_check_catches_a_wrong_backend(monkeypatch, device):
+    """The check must be able to fail: a backend integrating with one substep too few."""
+    from posenc_fast import backends
+
+    torch_backend = backends.get("torch")
+    forward = torch_backend.floater_forward
+
+    def wrong(p0, w1, b1, w2, b2, times, substeps, method, activation):
+        return forward(p0, w1, b1, w2, b2, times, max(1, substeps - 1), method, activation)
+
+    monkeypatch.setattr(torch_backend, "floater_forward", wrong)
+    res = floater_suite.check_floater("torch", torch.float64, device, seed=3)
+    assert res.failures
+
+
+def test_bench_case_implementations_agree(device):
+    """Every implementation of a bench case (backends, torchdiffeq odeint and
+    odeint_adjoint, the plain loop) integrates the same problem on the same steps."""
+    pytest.importorskip("torchdiffeq")
+    case = floater_suite.floater_case(8, 4, device)
+    assert {"torch", "torchdiffeq", "torchdiffeq-adjoint"} <= set(case.backends)
+    assert floater_suite.agreement(case) == ""
+    out = case.backends["torchdiffeq-adjoint"]()
+    out.backward(torch.ones_like(out))  # the adjoint baseline runs backwards too
+    assert all(t.grad is not None for t in case.leaves)
+
+
+def test_bench_sizes():
+    cases = floater_suite.bench_cases(quick=False, device="cpu")
+    assert sorted((c.sizes["L"], c.sizes["d"]) for c in cases) == [
+        (64, 16),
+        (64, 128),
+        (512, 16),
+        (512, 128),
+    ]
+    assert all(c.op == "floater" and c.sizes["method"] == "rk38" for c in cases)
