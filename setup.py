@@ -235,4 +235,5 @@ def _write_json(path: str, record: dict) -> None:
     os.replace(tmp, path)
 
 
-setup(**_extension_setup())
+if __name__ == "__main__":  # setuptools' PEP 517 backend runs this file as __main__
+    setup(**_extension_setup())

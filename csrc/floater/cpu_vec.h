@@ -42,7 +42,11 @@ PF_INLINE void vstore(void* p, V v) {
 }
 template <typename V, typename T>
 PF_INLINE V vsplat(T x) {
-  return V{} + x;  // GNU vectors broadcast a scalar operand
+  // Lane by lane (the compiler emits one broadcast). Not V{} + x: 0 + x is not an
+  // identity for x = -0.0, so that form costs a scalar add per broadcast.
+  V v;
+  for (int i = 0; i < static_cast<int>(sizeof(V) / sizeof(T)); ++i) v[i] = x;
+  return v;
 }
 // Partial load/store of n < lanes elements (zero-filled), for row tails that must go
 // through the same vector code as the rest of the row.

@@ -105,104 +105,135 @@ struct Bwd {
 // Micro-kernels (always_inline: compiled inside each instruction-set wrapper below)
 // ------------------------------------------------------------------------------------
 
-// out[r, c] = init[c] + sum_k x[r, k] * w[k, c]   for r < R, c in [c0, c1)
-// x [R, K] (row stride K), w row stride ldw, out row stride ldo. Each element is the same
-// left-to-right sum in every code path (full block, single vector, partial vector).
+// Row tiles: the accumulators of RT states x 2 vectors stay in registers. AVX-512 has 32
+// vector registers, room for RT = 12 (24 accumulators): the weights, which stream from L2
+// or L3 when d and H are large, are then read once per 12 states instead of once per 4.
+// The narrower instruction sets (16 registers) use RT = 4.
+template <typename T, int B>
+constexpr int max_row_tile() {
+  return B >= 64 ? 12 : kTile;
+}
+
+// out[r, c] = init[c] + sum_k x[r, k] * w[k, c]   for r < RT, c in [c0, c1)
+// x [RT, K] (row stride K), w row stride ldw, out row stride ldo. Each element is the same
+// left-to-right sum in every code path (full block, single vector, partial vector) and
+// for every RT.
+template <typename T, int B, int RT>
+PF_INLINE void mm_nn_tile(const T* xr, int64_t K, const T* w, int64_t ldw, const T* init, int64_t c0,
+                          int64_t c1, T* orow, int64_t ldo) {
+  using V = typename VecT<T, B>::type;
+  constexpr int W = VecT<T, B>::lanes;
+  int64_t c = c0;
+  for (; c + 2 * W <= c1; c += 2 * W) {
+    const V i0 = vload<V>(init + c), i1 = vload<V>(init + c + W);
+    V acc[RT][2];
+    for (int s = 0; s < RT; ++s) {
+      acc[s][0] = i0;
+      acc[s][1] = i1;
+    }
+    const T* wk = w + c;
+    for (int64_t k = 0; k < K; ++k, wk += ldw) {
+      const V w0 = vload<V>(wk), w1 = vload<V>(wk + W);
+      for (int s = 0; s < RT; ++s) {
+        const V xs = vsplat<V>(xr[s * K + k]);
+        acc[s][0] += xs * w0;
+        acc[s][1] += xs * w1;
+      }
+    }
+    for (int s = 0; s < RT; ++s) {
+      vstore(orow + s * ldo + c, acc[s][0]);
+      vstore(orow + s * ldo + c + W, acc[s][1]);
+    }
+  }
+  for (; c < c1; c += W) {
+    const int n = static_cast<int>(std::min<int64_t>(W, c1 - c));
+    const V i0 = vload_n<V>(init + c, n);
+    V acc[RT];
+    for (int s = 0; s < RT; ++s) acc[s] = i0;
+    const T* wk = w + c;
+    for (int64_t k = 0; k < K; ++k, wk += ldw) {
+      const V w0 = vload_n<V>(wk, n);
+      for (int s = 0; s < RT; ++s) acc[s] += vsplat<V>(xr[s * K + k]) * w0;
+    }
+    for (int s = 0; s < RT; ++s) vstore_n(orow + s * ldo + c, acc[s], n);
+  }
+}
+
+// The same over R rows (a multiple of kTile), in tiles of 12, 8 or 4 rows.
 template <typename T, int B>
 PF_INLINE void mm_nn(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, const T* init,
                      int64_t c0, int64_t c1, T* out, int64_t ldo) {
+  int64_t r = 0;
+  if (max_row_tile<T, B>() >= 12) {
+    for (; R - r >= 12; r += 12) mm_nn_tile<T, B, 12>(x + r * K, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+    if (R - r >= 8) {
+      mm_nn_tile<T, B, 8>(x + r * K, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+      r += 8;
+    }
+  }
+  for (; r < R; r += kTile) mm_nn_tile<T, B, kTile>(x + r * K, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+}
+
+// out[r, j] = sum_k x[r, k] * w[j, k]   for r < RT, j in [j0, j1)
+// x [RT, K] (row stride K), w row stride ldw (rows contiguous in k), out row stride ldo.
+// Per element: vector partial sums over full vectors, lanes added in order, then the
+// scalar tail; the same whether j is computed alone or paired, and for every RT.
+template <typename T, int B, int RT>
+PF_INLINE void mm_nt_tile(const T* xr, int64_t K, const T* w, int64_t ldw, int64_t j0, int64_t j1, T* orow,
+                          int64_t ldo) {
   using V = typename VecT<T, B>::type;
   constexpr int W = VecT<T, B>::lanes;
-  for (int64_t r = 0; r < R; r += kTile) {
-    const T* xr = x + r * K;
-    T* orow = out + r * ldo;
-    int64_t c = c0;
-    for (; c + 2 * W <= c1; c += 2 * W) {
-      const V i0 = vload<V>(init + c), i1 = vload<V>(init + c + W);
-      V acc[kTile][2];
-      for (int s = 0; s < kTile; ++s) {
-        acc[s][0] = i0;
-        acc[s][1] = i1;
-      }
-      const T* wk = w + c;
-      for (int64_t k = 0; k < K; ++k, wk += ldw) {
-        const V w0 = vload<V>(wk), w1 = vload<V>(wk + W);
-        for (int s = 0; s < kTile; ++s) {
-          const V xs = vsplat<V>(xr[s * K + k]);
-          acc[s][0] += xs * w0;
-          acc[s][1] += xs * w1;
-        }
-      }
-      for (int s = 0; s < kTile; ++s) {
-        vstore(orow + s * ldo + c, acc[s][0]);
-        vstore(orow + s * ldo + c + W, acc[s][1]);
+  const int64_t Kv = K - K % W;
+  int64_t j = j0;
+  for (; j + 2 <= j1; j += 2) {
+    const T* wa = w + j * ldw;
+    const T* wb = wa + ldw;
+    V acc[RT][2] = {};
+    for (int64_t k = 0; k < Kv; k += W) {
+      const V va = vload<V>(wa + k), vb = vload<V>(wb + k);
+      for (int s = 0; s < RT; ++s) {
+        const V xs = vload<V>(xr + s * K + k);
+        acc[s][0] += xs * va;
+        acc[s][1] += xs * vb;
       }
     }
-    for (; c < c1; c += W) {
-      const int n = static_cast<int>(std::min<int64_t>(W, c1 - c));
-      const V i0 = vload_n<V>(init + c, n);
-      V acc[kTile];
-      for (int s = 0; s < kTile; ++s) acc[s] = i0;
-      const T* wk = w + c;
-      for (int64_t k = 0; k < K; ++k, wk += ldw) {
-        const V w0 = vload_n<V>(wk, n);
-        for (int s = 0; s < kTile; ++s) acc[s] += vsplat<V>(xr[s * K + k]) * w0;
+    for (int s = 0; s < RT; ++s) {
+      T sa = vsum<T>(acc[s][0]), sb = vsum<T>(acc[s][1]);
+      for (int64_t k = Kv; k < K; ++k) {
+        sa += xr[s * K + k] * wa[k];
+        sb += xr[s * K + k] * wb[k];
       }
-      for (int s = 0; s < kTile; ++s) vstore_n(orow + s * ldo + c, acc[s], n);
+      orow[s * ldo + j] = sa;
+      orow[s * ldo + j + 1] = sb;
+    }
+  }
+  for (; j < j1; ++j) {
+    const T* wa = w + j * ldw;
+    V acc[RT] = {};
+    for (int64_t k = 0; k < Kv; k += W) {
+      const V va = vload<V>(wa + k);
+      for (int s = 0; s < RT; ++s) acc[s] += vload<V>(xr + s * K + k) * va;
+    }
+    for (int s = 0; s < RT; ++s) {
+      T sa = vsum<T>(acc[s]);
+      for (int64_t k = Kv; k < K; ++k) sa += xr[s * K + k] * wa[k];
+      orow[s * ldo + j] = sa;
     }
   }
 }
 
-// out[r, j] = sum_k x[r, k] * w[j, k]   for r < R, j in [j0, j1)
-// x [R, K] (row stride K), w row stride ldw (rows contiguous in k), out row stride ldo.
-// Per element: vector partial sums over full vectors, lanes added in order, then the
-// scalar tail; the same whether j is computed alone or paired.
 template <typename T, int B>
-PF_INLINE void mm_nt(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, int64_t j0,
-                     int64_t j1, T* out, int64_t ldo) {
-  using V = typename VecT<T, B>::type;
-  constexpr int W = VecT<T, B>::lanes;
-  const int64_t Kv = K - K % W;
-  for (int64_t r = 0; r < R; r += kTile) {
-    const T* xr = x + r * K;
-    T* orow = out + r * ldo;
-    int64_t j = j0;
-    for (; j + 2 <= j1; j += 2) {
-      const T* wa = w + j * ldw;
-      const T* wb = wa + ldw;
-      V acc[kTile][2] = {};
-      for (int64_t k = 0; k < Kv; k += W) {
-        const V va = vload<V>(wa + k), vb = vload<V>(wb + k);
-        for (int s = 0; s < kTile; ++s) {
-          const V xs = vload<V>(xr + s * K + k);
-          acc[s][0] += xs * va;
-          acc[s][1] += xs * vb;
-        }
-      }
-      for (int s = 0; s < kTile; ++s) {
-        T sa = vsum<T>(acc[s][0]), sb = vsum<T>(acc[s][1]);
-        for (int64_t k = Kv; k < K; ++k) {
-          sa += xr[s * K + k] * wa[k];
-          sb += xr[s * K + k] * wb[k];
-        }
-        orow[s * ldo + j] = sa;
-        orow[s * ldo + j + 1] = sb;
-      }
-    }
-    for (; j < j1; ++j) {
-      const T* wa = w + j * ldw;
-      V acc[kTile] = {};
-      for (int64_t k = 0; k < Kv; k += W) {
-        const V va = vload<V>(wa + k);
-        for (int s = 0; s < kTile; ++s) acc[s] += vload<V>(xr + s * K + k) * va;
-      }
-      for (int s = 0; s < kTile; ++s) {
-        T sa = vsum<T>(acc[s]);
-        for (int64_t k = Kv; k < K; ++k) sa += xr[s * K + k] * wa[k];
-        orow[s * ldo + j] = sa;
-      }
+PF_INLINE void mm_nt(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, int64_t j0, int64_t j1, T* out,
+                     int64_t ldo) {
+  int64_t r = 0;
+  if (max_row_tile<T, B>() >= 12) {
+    for (; R - r >= 12; r += 12) mm_nt_tile<T, B, 12>(x + r * K, K, w, ldw, j0, j1, out + r * ldo, ldo);
+    if (R - r >= 8) {
+      mm_nt_tile<T, B, 8>(x + r * K, K, w, ldw, j0, j1, out + r * ldo, ldo);
+      r += 8;
     }
   }
+  for (; r < R; r += kTile) mm_nt_tile<T, B, kTile>(x + r * K, K, w, ldw, j0, j1, out + r * ldo, ldo);
 }
 
 // acc[j, c] += sum_r x[r, j] * g[r, c]   for j in [j0, j1), c < N, r < R (in order)

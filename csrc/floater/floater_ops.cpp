@@ -59,6 +59,27 @@ std::vector<at::Tensor> integrate_backward_cpu(const at::Tensor& grad, const at:
           or_empty(needs[3], dw2), or_empty(needs[4], db2), or_empty(needs[5], dtimes)};
 }
 
+// Meta (fake tensor) kernels: shapes only, so torch.compile and opcheck can trace the ops.
+at::Tensor integrate_meta(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                          const at::Tensor& b2, const at::Tensor& times, int64_t substeps, c10::string_view method,
+                          c10::string_view activation) {
+  return at::empty({p0.size(0), times.size(0), p0.size(1)}, p0.options());
+}
+
+std::vector<at::Tensor> integrate_backward_meta(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p0,
+                                                const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                                                const at::Tensor& b2, const at::Tensor& times, int64_t substeps,
+                                                c10::string_view method, c10::string_view activation,
+                                                const c10::List<bool>& needs) {
+  const at::Tensor* refs[6] = {&p0, &w1, &b1, &w2, &b2, &times};
+  std::vector<at::Tensor> res;
+  for (size_t i = 0; i < 6; ++i) {
+    const bool need = i < needs.size() && needs.get(i);
+    res.push_back(need ? at::empty(refs[i]->sizes(), p0.options()) : at::empty({0}, p0.options()));
+  }
+  return res;
+}
+
 }  // namespace
 
 }  // namespace floater
@@ -78,4 +99,9 @@ TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
 TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
   m.impl("floater_integrate", &posenc_fast::floater::integrate_cpu);
   m.impl("floater_integrate_backward", &posenc_fast::floater::integrate_backward_cpu);
+}
+
+TORCH_LIBRARY_IMPL(posenc_fast, Meta, m) {
+  m.impl("floater_integrate", &posenc_fast::floater::integrate_meta);
+  m.impl("floater_integrate_backward", &posenc_fast::floater::integrate_backward_meta);
 }

@@ -1,0 +1,131 @@
+// CUDA implementations of posenc_fast::floater_integrate / floater_integrate_backward:
+// checks, allocation through torch's caching allocator, device guard and the current
+// stream; the kernels are in floater_cuda.cu (see there for the design). Compiled only
+// in CUDA builds (POSENC_FAST_WITH_CUDA).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "floater_checks.h"
+#include "floater_cuda.h"
+
+namespace posenc_fast {
+namespace floater {
+namespace cuda {
+
+int runtime_version() {
+  int v = 0;
+  if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return v;
+}
+
+namespace {
+
+Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backward) {
+  Problem cp{};
+  cp.S = pr.S;
+  cp.d = pr.d;
+  cp.H = pr.H;
+  cp.L = pr.L;
+  cp.substeps = pr.substeps;
+  cp.method = static_cast<int>(pr.method);
+  cp.activation = static_cast<int>(pr.act);
+  cp.dtype_size = p0.scalar_type() == at::kDouble ? 8 : 4;
+  cp.backward = backward;
+  return cp;
+}
+
+Plan make_plan(const Problem& cp, const at::Tensor& p0) {
+  Plan plan{};
+  const cudaError_t err = cuda::plan(cp, p0.get_device(), &plan);
+  if (err != cudaSuccess) cudaGetLastError();
+  TORCH_CHECK(err == cudaSuccess, "floater (cuda): no launch configuration fits d=", cp.d, ", H=", cp.H, ", S=", cp.S,
+              " on ", p0.device(), " (", cudaGetErrorString(err), ")");
+  return plan;
+}
+
+void check_launch(cudaError_t err, const Plan& plan) {
+  if (err != cudaSuccess) cudaGetLastError();
+  TORCH_CHECK(err == cudaSuccess, "floater (cuda): launch failed: ", cudaGetErrorString(err), " [", plan.why, "]");
+}
+
+at::Tensor integrate_cuda(const at::Tensor& p0_, const at::Tensor& w1_, const at::Tensor& b1_, const at::Tensor& w2_,
+                          const at::Tensor& b2_, const at::Tensor& times_, int64_t substeps, c10::string_view method,
+                          c10::string_view activation) {
+  const floater::Problem pr = check_forward(p0_, w1_, b1_, w2_, b2_, times_, substeps, std::string(method),
+                                            std::string(activation), c10::DeviceType::CUDA);
+  const c10::cuda::CUDAGuard guard(p0_.device());
+  const at::Tensor p0 = p0_.contiguous(), w1 = w1_.contiguous(), b1 = b1_.contiguous(), w2 = w2_.contiguous(),
+                   b2 = b2_.contiguous(), times = times_.contiguous();
+  at::Tensor out = at::empty({pr.S, pr.L, pr.d}, p0.options());
+  if (pr.S == 0 || pr.L == 0 || pr.d == 0) return out;
+  const Problem cp = to_problem(pr, p0, false);
+  const Plan plan = make_plan(cp, p0);
+  at::Tensor ws = at::zeros({static_cast<int64_t>(plan.workspace_bytes)}, p0.options().dtype(at::kByte));
+  Pointers ptr{};
+  ptr.p0 = p0.data_ptr();
+  ptr.w1 = w1.data_ptr();
+  ptr.b1 = b1.data_ptr();
+  ptr.w2 = w2.data_ptr();
+  ptr.b2 = b2.data_ptr();
+  ptr.times = times.data_ptr();
+  ptr.out = out.data_ptr();
+  ptr.workspace = ws.data_ptr();
+  check_launch(launch(cp, plan, ptr, c10::cuda::getCurrentCUDAStream().stream()), plan);
+  return out;
+}
+
+std::vector<at::Tensor> integrate_backward_cuda(const at::Tensor& grad_, const at::Tensor& out_, const at::Tensor& p0_,
+                                                const at::Tensor& w1_, const at::Tensor& b1_, const at::Tensor& w2_,
+                                                const at::Tensor& b2_, const at::Tensor& times_, int64_t substeps,
+                                                c10::string_view method, c10::string_view activation,
+                                                const c10::List<bool>& needs_list) {
+  const floater::Problem pr = check_forward(p0_, w1_, b1_, w2_, b2_, times_, substeps, std::string(method),
+                                            std::string(activation), c10::DeviceType::CUDA);
+  check_backward(pr, grad_, out_, p0_, needs_list.size());
+  const c10::cuda::CUDAGuard guard(p0_.device());
+  const at::Tensor grad = grad_.contiguous(), saved = out_.contiguous(), p0 = p0_.contiguous(),
+                   w1 = w1_.contiguous(), b1 = b1_.contiguous(), w2 = w2_.contiguous(), b2 = b2_.contiguous(),
+                   times = times_.contiguous();
+  bool needs[6];
+  for (size_t i = 0; i < 6; ++i) needs[i] = needs_list.get(i);
+  const auto opt = p0.options();
+  const at::Tensor* refs[6] = {&p0, &w1, &b1, &w2, &b2, &times};
+  std::vector<at::Tensor> res(6);
+  for (int i = 0; i < 6; ++i) res[i] = needs[i] ? at::zeros(refs[i]->sizes(), opt) : at::empty({0}, opt);
+  if (pr.S == 0 || pr.L == 0 || pr.d == 0) return res;
+  Problem cp = to_problem(pr, p0, true);
+  for (int i = 0; i < 6; ++i) cp.needs[i] = needs[i];
+  const Plan plan = make_plan(cp, p0);
+  at::Tensor ws = at::zeros({static_cast<int64_t>(plan.workspace_bytes)}, opt.dtype(at::kByte));
+  Pointers ptr{};
+  ptr.p0 = p0.data_ptr();
+  ptr.w1 = w1.data_ptr();
+  ptr.b1 = b1.data_ptr();
+  ptr.w2 = w2.data_ptr();
+  ptr.b2 = b2.data_ptr();
+  ptr.times = times.data_ptr();
+  ptr.grad = grad.data_ptr();
+  ptr.out_saved = saved.data_ptr();
+  void** outs[6] = {&ptr.dp0, &ptr.dw1, &ptr.db1, &ptr.dw2, &ptr.db2, &ptr.dtimes};
+  for (int i = 0; i < 6; ++i) *outs[i] = needs[i] ? res[i].data_ptr() : nullptr;
+  ptr.workspace = ws.data_ptr();
+  check_launch(launch(cp, plan, ptr, c10::cuda::getCurrentCUDAStream().stream()), plan);
+  return res;
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace floater
+}  // namespace posenc_fast
+
+TORCH_LIBRARY_IMPL(posenc_fast, CUDA, m) {
+  m.impl("floater_integrate", &posenc_fast::floater::cuda::integrate_cuda);
+  m.impl("floater_integrate_backward", &posenc_fast::floater::cuda::integrate_backward_cuda);
+}
