@@ -1,4 +1,5 @@
-"""The Triton kernels compile for the H200 (sm_90) -- checked without a GPU.
+"""The Triton kernels compile for the H200 (sm_90) -- checked without a GPU -- and the
+GPU benchmark script's dry run works.
 
 The interpreter (which runs every other test in CI) executes kernels as Python and
 accepts code the compiler rejects; this runs Triton's own compiler and the ptxas bundled

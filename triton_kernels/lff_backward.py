@@ -31,11 +31,16 @@ fixed rule (no autotuning): a timing-dependent choice would change the summation
 Only what ``needs`` asks for is computed: the constexpr flags remove the dY @ w2^T
 pass, the second feature pass, and each partial sum when not needed.
 
-Traffic (canonical case, bf16): dY 1.61 GB read once + x 8 MB + dx 8 MB; the workspace
-partials (P * 132 kB with P ~ 2 x SMs, ~35 MB) are read-modified-written once per tile
-from L2. Tensor-core work: 2*F*H (recompute) + 4*H*Dg (dY w2^T, h^T dY) + 4*F*H (dw1, gr)
-FLOPs per row ~ 0.16 MFLOP -> ~0.17 TFLOP for 2^20 rows (~0.2 ms at ~790 TFLOP/s);
-sincos: two feature passes, 2 * F/2 per row. Floor: ~0.38 ms (dY read), pending on GPU.
+Traffic (canonical case, bf16): dY 1.61 GB read once + x 8 MB + dx 8 MB from HBM. The
+workspace (P * 132 kB, P = 2 x 132 SMs: ~35 MB, L2-resident on a 50 MB L2) is
+read-modified-written once per tile: dw2 + dw1 partials = (32*768 + 256*32) * 8 B = 262 kB
+per 128-row tile against 197 kB of dY -- about 1.3x the dY traffic, served by L2. This is
+the first suspect if the H200 shows the backward short of its floor; the cure would be
+more rows per read-modify-write (e.g. two sub-tiles accumulated in registers first),
+which the register budget (252 of 255 at BLOCK_R=128) does not allow in this form.
+Tensor-core work: 2*F*H (recompute) + 4*H*Dg (dY w2^T, h^T dY) + 4*F*H (dw1, gr) FLOPs
+per row ~ 0.15 MFLOP -> ~0.16 TFLOP for 2^20 rows (~0.2 ms at ~790 TFLOP/s); sincos: two
+feature passes, 2 * F/2 per row. Floor: ~0.38 ms (dY read). GPU timings: pending.
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ hidden_dim H <= 256 (the [rows, H] tiles live in registers), group_out_dim D/G <
 float32 / bfloat16 / float16 (float64 goes to the torch backend), positions not float64.
 LayerNorm / dropout are not fused: LearnableFourierFeatures runs them in PyTorch after
 the fused features.
+
+Verification without a GPU: the test matrix runs these kernels under the interpreter;
+``python -m posenc_fast.triton_kernels.compile_report`` compiles them for sm_90 with
+Triton's own compiler (registers, spills, no approximate trig). GPU timings:
+benchmarks/lff_gpu.py.
 """
 
 from __future__ import annotations
