@@ -373,11 +373,18 @@ class Floater(nn.Module):
         else:
             t = _check_times(times, self.p0.dtype)
         training_step = self.training and torch.is_grad_enabled()
-        if training_step and self.refresh_every == 1:
-            return self._compute(t)[0]  # the plain path: no cache, traceable by torch.compile
+        if (training_step and self.refresh_every == 1) or _is_compiling():
+            # The plain path: no cache. Under torch.compile always (the cache's bookkeeping,
+            # pointers and version counters, is not traceable), so compiled graphs stay whole.
+            return self._compute(t)[0]
         mode = "length" if length is not None else "times"
         if training_step:
             return self._refresh_step(mode, length, t)
+        if torch.is_inference_mode_enabled():
+            # Tensors made in inference mode have no version counter, which the cache needs
+            # to notice edits of what it handed out: build and keep the cache outside it.
+            with torch.inference_mode(False), torch.no_grad():
+                return self._cached(mode, length, t)
         return self._cached(mode, length, t)
 
     def _refresh_step(self, mode: str, length: Optional[int], t: Tensor) -> Tensor:

@@ -243,3 +243,28 @@ def test_attention_bias_is_cached(calls, device):
     a = pos(10)
     b = pos(10)
     assert len(calls) == 1 and torch.equal(a, b) and a.shape == (3, 3, 10, 8)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inference_mode_is_cached(backend, calls, device):
+    fl = _module(backend, device).eval()
+    with torch.inference_mode():
+        a = fl(length=8)
+        b = fl(length=8)
+        assert calls == [8] and torch.equal(a, b)
+        a.mul_(2)  # an edit of a returned tensor, made in inference mode
+        c = fl(length=8)
+    assert calls == [8, 8]
+    assert_close(c, _fresh(fl, 8), torch.float64, "floater")
+
+
+def test_compiled_eval_mode_bypasses_the_cache(calls, device):
+    """Under torch.compile the cache's bookkeeping is skipped, so an eval-mode module
+    compiles to one graph too (and recomputes)."""
+    torch._dynamo.reset()
+    fl = _module("auto", device).eval()
+    compiled = torch.compile(fl, fullgraph=True, backend="aot_eager")
+    a = compiled(length=6)
+    b = compiled(length=6)
+    assert len(calls) == 2 and torch.equal(a, b)
+    assert_close(a, _fresh(fl, 6), torch.float64, "floater")

@@ -74,6 +74,19 @@ TABLEAUX: dict[str, Tableau] = {
 }
 
 
+_CONSTANTS: dict = {}
+
+
+def _const(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A tableau row as a tensor on ``device``, made once: copying a Python list to a GPU
+    waits for the copy, which would otherwise happen on every call."""
+    key = (values, dtype, device)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        t = _CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=device)
+    return t
+
+
 def _act(name: str, z: Tensor) -> Tensor:
     if name == "relu":
         return torch.relu(z)
@@ -128,7 +141,7 @@ def _block(times: Tensor, block: range, K: int, tab: Tableau, w1t, b1, w2t, b2) 
     t_prev = torch.cat([times.new_zeros(1), times[: j1 - 1]]) if j0 == 0 else times[j0 - 1 : j1 - 1]
     hstep = (t_end - t_prev) / K  # [n]
     k = torch.arange(K, dtype=dt, device=dev)
-    c = torch.tensor(tab.c, dtype=dt, device=dev)
+    c = _const(tab.c, dt, dev)
     # Step k starts at t_prev + k * hstep; stage i is at that + c_i * hstep.
     starts = t_prev[:, None] + k[None, :] * hstep[:, None]  # [n, K]
     ts = starts[:, :, None] + c[None, None, :] * hstep[:, None, None]  # [n, K, s]
@@ -136,11 +149,11 @@ def _block(times: Tensor, block: range, K: int, tab: Tableau, w1t, b1, w2t, b2) 
     c1 = torch.addcmul(b1, flat, w1t).unbind(0)  # n*K*s x [H]
     c2 = torch.addcmul(b2, flat, w2t).unbind(0)  # n*K*s x [d]
     rows_per_stage = [
-        (hstep[:, None] * torch.tensor(tab.a[i], dtype=dt, device=dev))[:, None, :].unbind(0)
+        (hstep[:, None] * _const(tab.a[i], dt, dev))[:, None, :].unbind(0)
         for i in range(1, tab.stages)
     ]
     a_rows = [[rows[jj] for rows in rows_per_stage] for jj in range(len(block))]
-    b_row = (hstep[:, None] * torch.tensor(tab.b, dtype=dt, device=dev))[:, None, :].unbind(0)
+    b_row = (hstep[:, None] * _const(tab.b, dt, dev))[:, None, :].unbind(0)
     return _Block(ts, list(hstep.unbind(0)), list(c1), list(c2), a_rows, list(b_row))
 
 
@@ -265,15 +278,12 @@ def floater_backward(
         ZBv, YBv = ZB.view(K * s, S, H).unbind(0), YB.view(K * s, S, d).unbind(0)
         YBstep = YB.view(K, s, S * d).unbind(0)
         YBsuffix = [[yb[i + 1 :] for i in range(s)] for yb in YBstep]  # Ybar_{i+1..s-1}
-        b_col = torch.tensor(tab.b, dtype=dt, device=dev)[:, None]  # [s, 1]
-        a_cols = [
-            torch.tensor(tab.column_below(i), dtype=dt, device=dev)[None, :] for i in range(s)
-        ]
+        b_col = _const(tab.b, dt, dev)[:, None]  # [s, 1]
+        a_cols = [_const(tab.column_below(i), dt, dev)[None, :] for i in range(s)]
         feeds_later = [any(x != 0.0 for x in tab.column_below(i)) for i in range(s)]
         ones_s = p0.new_ones((1, s))
-        kc = torch.arange(K, dtype=dt, device=dev)[:, None] + torch.tensor(
-            tab.c, dtype=dt, device=dev
-        )
+        # stage i of step k sits at t_prev + (k + c_i) h
+        kc = torch.arange(K, dtype=dt, device=dev)[:, None] + _const(tab.c, dt, dev)
         blocks = _interval_blocks(L, _per_interval_bytes(K, s, H, d, p0.element_size()))
         for block in reversed(blocks):
             blk = _block(times, block, K, tab, w1t, b1c, w2t, b2c)
