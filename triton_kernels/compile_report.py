@@ -124,6 +124,25 @@ def _cases(quick: bool):
                      BLOCK_M=triton.next_power_of_2(M), **blocks),
                 dict(enable_fp_fusion=False, **opts),
             )  # fmt: skip
+    # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term)
+    blocks, opts = bwd._blocks(1 << 20, 128, 32, 768, torch.bfloat16)
+    yield (
+        "lff_fwd canonical bf16 relu SPLIT",
+        fwd._lff_fwd_kernel,
+        {"OUT": "*bf16"},
+        dict(M=2, MLP=True, ACT="relu", COMPUTE=bf16, PRECISION=None, INTERPRET=False,
+             SPLIT=True, BLOCK_R=128, BLOCK_K=32, BLOCK_H=32, BLOCK_D=64),
+        dict(num_warps=8, num_stages=2, enable_fp_fusion=False),
+    )  # fmt: skip
+    yield (
+        f"lff_bwd canonical bf16 relu SPLIT BR{blocks['BLOCK_R']}",
+        bwd._lff_bwd_kernel,
+        {"GRAD": "*bf16"},
+        dict(M=2, MLP=True, ACT="relu", COMPUTE=bf16, PRECISION=None, INTERPRET=False,
+             SPLIT=True, NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True,
+             NEED_W2=True, NEED_B2=True, BLOCK_H=32, BLOCK_M=2, **blocks),
+        dict(enable_fp_fusion=False, **opts),
+    )  # fmt: skip
     yield (
         "lff_fwd features-only bf16",
         fwd._lff_fwd_kernel,
