@@ -7,6 +7,7 @@ drawn from a seeded generator so a failure can be reproduced from its seed.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
@@ -14,6 +15,11 @@ from typing import Optional
 import torch
 
 from . import backends
+
+
+def seed_of(text: str) -> int:
+    """A stable seed derived from a test id (``hash`` is randomised per process)."""
+    return zlib.crc32(text.encode()) % 2**31
 
 
 def generator(seed: int) -> torch.Generator:

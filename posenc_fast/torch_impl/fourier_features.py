@@ -7,9 +7,8 @@ saves nothing but the inputs and recomputes features and hidden layer chunk by c
 Shapes (R = rows = N * G: every group of every position is one row of M coordinates):
     rows [R, M], wr [F/2, M], w1 [F, H], b1 [H], w2 [H, Dg], b2 [Dg] -> out [R, Dg]
 Precision: phases in float64 reduced exactly before a float32 trig (see _common.py);
-features and MLP in float32 (float64 for float64 weights). On the CPU half-precision
-outputs are computed in float32 and rounded once at the end; on the GPU the MLP runs in
-the output dtype on tensor cores, like the Triton kernel. Matmuls follow
+features and MLP in float32 (float64 for float64 weights); half-precision outputs are
+computed in float32 and rounded once at the end, on every device. Matmuls follow
 torch.backends.cuda.matmul.allow_tf32 (off by default), so fp32 means fp32.
 Speed: the 1/sqrt(F) scale is folded into w1, cos and sin are written straight into one
 feature buffer reused across chunks, and the last matmul writes into the output.
@@ -28,7 +27,10 @@ from ._common import TWO_PI, feature_dtype, phase_turns, reduced_angle, row_chun
 
 
 def _mlp_dtype(out_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    if out_dtype in (torch.float16, torch.bfloat16) and device.type == "cpu":
+    """The torch backend runs the MLP in float32 for half-precision outputs on every device
+    and rounds once at the end: the fallback favours accuracy and identical numbers on CPU
+    and GPU (a bf16 pre-activation would flip relu's gradient for near-zero entries)."""
+    if out_dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     return out_dtype
 
