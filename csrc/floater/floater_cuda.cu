@@ -19,7 +19,14 @@
 //   The vectors go through an exchange buffer: shared memory when the team is one block
 //   ("solo"), else global memory read with ld.global.cg (L2; the L1 of another SM may hold
 //   stale lines), with a thread-block-cluster barrier (sm_90, C <= 16: "cluster") or a
-//   cooperative grid barrier ("grid", any arch, C beyond a cluster).
+//   cooperative grid barrier ("grid", any arch, C beyond a cluster). The full vectors are
+//   staged in shared memory before each product, unless the weight slices need that room
+//   (d = H = 1024: then the products read them from L2 directly).
+// - plan() picks the layout from the shapes and the device's properties: solo if one
+//   block's shared memory holds everything, else the smallest cluster, else the smallest
+//   cooperative team; POSENC_FAST_CUDA_PLAN forces one (floater_cuda_ops.cpp).
+// - Testing without a GPU: tools/cuda_emulation compiles this file as host C++ with one
+//   std::thread per CUDA thread (tests/test_extension_cuda_emulation.py).
 // - Backward (per team): intervals in reverse; each interval's sub-steps are recomputed
 //   from its stored starting state (out[:, j-1] or p0); each step is recomputed once more
 //   keeping its stage values, then differentiated stage by stage. Transposed products
@@ -33,8 +40,15 @@
 //   elements (4 states x 1 column each), the reduction dimension is split into a fixed
 //   number of contiguous parts when the output is too small to occupy the block, and the
 //   parts are added in order. Everything depends on the shapes only (determinism).
+#if defined(POSENC_FAST_CUDA_EMULATION)
+// tools/cuda_emulation: the kernels compiled as host C++ with one std::thread per CUDA
+// thread, so their logic can be tested on machines without a GPU.
+#include "cuda_emulation.h"
+#else
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
+#define PF_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 
 #include <algorithm>
 #include <cstdio>
@@ -139,9 +153,19 @@ __device__ __forceinline__ T act_bwd(int act, T z, T a, T ga) {
 
 // ------------------------------------------------------------------------------------
 // block_gemm: v(m, n) = sum_{k<K} X[m*ldx + k] * W[k*sk + n*sn], m < M, n < N; epi(m, n, v)
-// X in shared memory; W in shared or global memory (generic pointer).
+// X in shared memory (or, XG, in another block's global exchange buffer, read through L2);
+// W in shared or global memory (generic pointer).
 // ------------------------------------------------------------------------------------
-template <typename T, typename Epi>
+template <bool XG, typename T>
+__device__ __forceinline__ T ld_x(const T* p) {
+  if constexpr (XG) {
+    return __ldcg(p);  // X read straight from another block's global exchange buffer
+  } else {
+    return *p;
+  }
+}
+
+template <typename T, bool XG = false, typename Epi>
 __device__ void block_gemm(int M, int N, int K, const T* __restrict__ X, int ldx, const T* W, long sk,
                            long sn, T* red, Epi epi) {
   const int MG = (M + kRT - 1) / kRT;
@@ -158,7 +182,7 @@ __device__ void block_gemm(int M, int N, int K, const T* __restrict__ X, int ldx
       for (int k = 0; k < K; ++k) {
         const T wk = w[k * sk];
 #pragma unroll
-        for (int r = 0; r < kRT; ++r) acc[r] += X[min(m0 + r, M - 1) * ldx + k] * wk;
+        for (int r = 0; r < kRT; ++r) acc[r] += ld_x<XG>(X + min(m0 + r, M - 1) * ldx + k) * wk;
       }
 #pragma unroll
       for (int r = 0; r < kRT; ++r)
@@ -179,7 +203,7 @@ __device__ void block_gemm(int M, int N, int K, const T* __restrict__ X, int ldx
     for (int k = k0; k < k1; ++k) {
       const T wk = w[k * sk];
 #pragma unroll
-      for (int r = 0; r < kRT; ++r) acc[r] += X[min(m0 + r, M - 1) * ldx + k] * wk;
+      for (int r = 0; r < kRT; ++r) acc[r] += ld_x<XG>(X + min(m0 + r, M - 1) * ldx + k) * wk;
     }
 #pragma unroll
     for (int r = 0; r < kRT; ++r)
@@ -222,6 +246,7 @@ struct Params {
   Tableau tab;
   int C, G, Sg;
   bool resident;
+  bool stage_x;  // copy the exchanged vectors into shared memory before each product
   int ld1, ld2;
   bool need_w1, need_b1, need_w2, need_b2, need_t, need_p0;
   // global workspace (per team unless noted)
@@ -265,7 +290,8 @@ struct SmemLayout {
   long w1, w2, yx, ax, part1, part2, stage, P, K, lam, gK, Z, GZ, red, total;
 };
 __host__ __device__ inline SmemLayout smem_layout(int stages, int Sg, int d, int H, int nh, int nd, int ld1,
-                                                  int ld2, bool resident, bool smem_exchange, bool bwd) {
+                                                  int ld2, bool resident, bool smem_exchange, bool stage_x,
+                                                  bool bwd) {
   SmemLayout s{};
   long o = 0;
   auto take = [&o](long n) {
@@ -283,7 +309,7 @@ __host__ __device__ inline SmemLayout smem_layout(int stages, int Sg, int d, int
     s.stage = take(0);
   } else {
     s.yx = s.ax = s.part1 = s.part2 = take(0);
-    s.stage = take(static_cast<long>(Sg) * (d > H ? d : H));
+    s.stage = take(stage_x ? static_cast<long>(Sg) * (d > H ? d : H) : 0);
   }
   s.P = take(static_cast<long>(Sg) * nd);
   s.K = take(static_cast<long>(stages) * Sg * nd);
@@ -353,7 +379,7 @@ __device__ Block<T, Team> make_block(const Params<T>& p, unsigned char* smem_raw
   b.nd = static_cast<int>(static_cast<long>(p.d) * (b.rank + 1) / p.C) - b.db0;
   const int nh_max = (p.H + p.C - 1) / p.C, nd_max = (p.d + p.C - 1) / p.C;
   const SmemLayout L = smem_layout(p.tab.stages, p.Sg, p.d, p.H, nh_max, nd_max, p.ld1, p.ld2, p.resident,
-                                   Team::kSmemExchange, bwd);
+                                   Team::kSmemExchange, p.stage_x, bwd);
   T* sm = reinterpret_cast<T*>(smem_raw);
   if (p.resident) {
     T* w1s = sm + L.w1;
@@ -423,23 +449,25 @@ __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool ke
     const T tau = t + static_cast<T>(tb.c[i]) * h;
     // Phase A: z = Y_i @ w1[:d, hs] + tau w1[d, hs] + b1[hs]; a = act(z) -> A_i[:, hs]
     {
-      const T* X = b.operand(b.Y(i), d);
       T* Ai = b.A(i);
       T* Zi = b.Z + static_cast<long>(i) * b.Sg * b.nh;
       const T* W1 = b.W1;
       const int ld1 = b.ld1, hb0 = b.hb0, nh = b.nh;
       const T* b1 = b.b1;
       const int act = p.act;
-      block_gemm<T>(M, nh, d, X, d, W1, ld1, 1, b.red, [&](int m, int n, T v) {
+      auto epi = [&](int m, int n, T v) {
         const T z = v + (b1[hb0 + n] + tau * W1[static_cast<long>(d) * ld1 + n]);
         Ai[static_cast<long>(m) * H + hb0 + n] = act_fwd(act, z);
         if (keep_z) Zi[m * nh + n] = z;
-      });
+      };
+      if (Team::kSmemExchange || p.stage_x)
+        block_gemm<T, false>(M, nh, d, b.operand(b.Y(i), d), d, W1, ld1, 1, b.red, epi);
+      else
+        block_gemm<T, true>(M, nh, d, b.Y(i), d, W1, ld1, 1, b.red, epi);
     }
     Team::sync();
     // Phase B: k_i = A_i @ w2[:H, ds] + tau w2[H, ds] + b2[ds]; then the combination
     {
-      const T* X = b.operand(b.A(i), H);
       const T* W2 = b.W2;
       const int ld2 = b.ld2, db0 = b.db0, nd = b.nd, Sg = b.Sg;
       const T* b2 = b.b2;
@@ -449,7 +477,7 @@ __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool ke
       T* Ynext = last ? (write_next ? b.Y(0) : nullptr) : b.Y(i + 1);
       T* out = p.out;
       const int L = p.L;
-      block_gemm<T>(M, nd, H, X, H, W2, ld2, 1, b.red, [&](int m, int n, T v) {
+      auto epi = [&](int m, int n, T v) {
         const T k = v + (b2[db0 + n] + tau * W2[static_cast<long>(H) * ld2 + n]);
         const long own = static_cast<long>(m) * nd + n;
         Kb[static_cast<long>(i) * Sg * nd + own] = k;
@@ -469,7 +497,11 @@ __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool ke
           if (starts_dst) starts_dst[static_cast<long>(m) * d + db0 + n] = y;
         }
         if (Ynext) Ynext[static_cast<long>(m) * d + db0 + n] = y;
-      });
+      };
+      if (Team::kSmemExchange || p.stage_x)
+        block_gemm<T, false>(M, nd, H, b.operand(b.A(i), H), H, W2, ld2, 1, b.red, epi);
+      else
+        block_gemm<T, true>(M, nd, H, b.A(i), H, W2, ld2, 1, b.red, epi);
     }
     Team::sync();
   }
@@ -491,7 +523,7 @@ __device__ void publish_state(Block<T, Team>& b) {
 // ------------------------------------------------------------------------------------
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  PF_DYNAMIC_SMEM(smem_raw);
   Block<T, Team> b = make_block<T, Team>(p, smem_raw, false);
   for (int e = threadIdx.x; e < b.M * b.nd; e += kThreads) {
     const int m = e / b.nd, n = e % b.nd;
@@ -524,7 +556,7 @@ __device__ void load_start(Block<T, Team>& b, const Params<T>& p, int j) {
 
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  PF_DYNAMIC_SMEM(smem_raw);
   Block<T, Team> b = make_block<T, Team>(p, smem_raw, true);
   const Tableau& tb = p.tab;
   const int d = p.d, H = p.H, M = b.M, Sg = b.Sg, nd = b.nd, nh = b.nh, S_ = tb.stages;
@@ -574,7 +606,6 @@ __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p
       }
       __syncthreads();
       for (int i = S_ - 1; i >= 0; --i) {
-        const T tau = t + static_cast<T>(tb.c[i]) * h;
         const double ci = tb.c[i];
         T* gKi = b.gK + i * SgNd;
         T* GZi = b.GZ + i * SgNh;
@@ -715,29 +746,78 @@ __global__ void reduce_strided(const T* __restrict__ part, int G, long stride, l
 // ------------------------------------------------------------------------------------
 // Host side
 // ------------------------------------------------------------------------------------
+template <typename T>
+using KernelFn = void (*)(const Params<T>);
+
 template <typename T, class Team>
-const void* kernel_ptr(bool bwd) {
-  return bwd ? reinterpret_cast<const void*>(&floater_bwd_kernel<T, Team>)
-             : reinterpret_cast<const void*>(&floater_fwd_kernel<T, Team>);
+KernelFn<T> kernel_fn(bool bwd) {
+  return bwd ? &floater_bwd_kernel<T, Team> : &floater_fwd_kernel<T, Team>;
+}
+
+template <typename T>
+KernelFn<T> pick_kernel_t(int mode, bool bwd) {
+  if (mode == kSolo) return kernel_fn<T, SoloTeam>(bwd);
+  if (mode == kCluster) return kernel_fn<T, ClusterTeam>(bwd);
+  return kernel_fn<T, GridTeam>(bwd);
 }
 
 const void* pick_kernel(int dtype_size, int mode, bool bwd) {
-  if (dtype_size == 4) {
-    if (mode == kSolo) return kernel_ptr<float, SoloTeam>(bwd);
-    if (mode == kCluster) return kernel_ptr<float, ClusterTeam>(bwd);
-    return kernel_ptr<float, GridTeam>(bwd);
+  return dtype_size == 4 ? reinterpret_cast<const void*>(pick_kernel_t<float>(mode, bwd))
+                         : reinterpret_cast<const void*>(pick_kernel_t<double>(mode, bwd));
+}
+
+// The three ways of launching the persistent kernel.
+template <typename T>
+cudaError_t launch_persistent(int mode, KernelFn<T> kernel, int C, dim3 grid, size_t smem, cudaStream_t stream,
+                              Params<T>& p) {
+#if defined(POSENC_FAST_CUDA_EMULATION)
+  return emu::launch(kernel, mode, C, grid, dim3(kThreads), smem, p);
+#else
+  void* args[] = {&p};
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  const dim3 block(kThreads);
+  if (mode == kSolo) return cudaLaunchKernel(fn, grid, block, args, smem, stream);
+  if (mode == kGrid) return cudaLaunchCooperativeKernel(fn, grid, block, args, smem, stream);
+  if (C > 8) {
+    const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
   }
-  if (mode == kSolo) return kernel_ptr<double, SoloTeam>(bwd);
-  if (mode == kCluster) return kernel_ptr<double, ClusterTeam>(bwd);
-  return kernel_ptr<double, GridTeam>(bwd);
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelExC(&cfg, fn, args);
+#endif
+}
+
+template <typename T>
+cudaError_t launch_reduce(const T* part, int G, long stride, long n, T* out, cudaStream_t stream) {
+  const int rb = 256;
+  const long blocks = std::min<long>((n + rb - 1) / rb, 4096);
+#if defined(POSENC_FAST_CUDA_EMULATION)
+  return emu::launch_simple(&reduce_strided<T>, dim3(static_cast<unsigned>(blocks)), dim3(rb), part, G, stride, n, out);
+#else
+  reduce_strided<T><<<static_cast<unsigned>(blocks), rb, 0, stream>>>(part, G, stride, n, out);
+  return cudaGetLastError();
+#endif
 }
 
 int odd_at_least(int n) { return n % 2 == 0 ? n + 1 : n; }
 
-size_t smem_bytes_for(const Problem& pr, int stages, int C, int Sg, bool resident, bool smem_exchange) {
+size_t smem_bytes_for(const Problem& pr, int stages, int C, int Sg, bool resident, bool smem_exchange,
+                      bool stage_x = true) {
   const int nh = static_cast<int>((pr.H + C - 1) / C), nd = static_cast<int>((pr.d + C - 1) / C);
   const SmemLayout L = smem_layout(stages, Sg, static_cast<int>(pr.d), static_cast<int>(pr.H), nh, nd,
-                                   odd_at_least(nh), odd_at_least(nd), resident, smem_exchange, pr.backward);
+                                   odd_at_least(nh), odd_at_least(nd), resident, smem_exchange, stage_x,
+                                   pr.backward);
   return static_cast<size_t>(L.total) * pr.dtype_size + 64;
 }
 
@@ -793,16 +873,17 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
       pl.C = 1;
       pl.Sg = Sg;
       pl.resident = true;
-      pl.smem_bytes = smem;
+      pl.stage_x = true;
       found = true;
     }
   }
-  // 2. cluster (sm_90): the smallest cluster whose shared memory holds the weights.
-  if (!found && dev.cluster) {
-    for (int C = 2; C <= kMaxCluster && !found; ++C) {
+  // 2. cluster (sm_90): the smallest cluster whose shared memory holds the weights
+  //    (with the exchanged vectors staged in shared memory, else read from L2).
+  for (int stage = 1; stage >= 0 && !found && dev.cluster; --stage) {
+    for (int C = 2; C <= std::min<long>({kMaxCluster, pr.d, pr.H}) && !found; ++C) {
       const int teams = std::max(1, dev.sms / C);
       const int Sg = static_cast<int>(std::max<long>(1, (S + teams - 1) / teams));
-      const size_t smem = smem_bytes_for(pr, stages, C, Sg, true, false);
+      const size_t smem = smem_bytes_for(pr, stages, C, Sg, true, false, stage != 0);
       if (smem > limit) continue;
       const void* k = pick_kernel(pr.dtype_size, kCluster, pr.backward);
       if (C > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
@@ -834,54 +915,75 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
       pl.C = C;
       pl.Sg = Sg;
       pl.resident = true;
-      pl.smem_bytes = smem;
+      pl.stage_x = stage != 0;
       found = true;
     }
   }
   // 3. cooperative grid: the weights spread over as many co-resident blocks as needed,
   //    or, when even the whole GPU's shared memory cannot hold them, read from L2.
+  //    Preference: resident weights, staged vectors, fewest states per team (the most
+  //    teams working in parallel).
   if (!found) {
     if (!dev.coop) return cudaErrorNotSupported;
     const void* k = pick_kernel(pr.dtype_size, kGrid, pr.backward);
-    for (long Sg = std::min<long>(S, 8); !found; Sg = std::min<long>(S, 2 * Sg)) {
-      const long G = (S + Sg - 1) / Sg;
-      // resident: the smallest team that holds the weights, with G teams co-resident
-      for (int C = 2; C <= 8 * dev.sms && !found; ++C) {
-        const size_t smem = smem_bytes_for(pr, stages, C, static_cast<int>(Sg), true, false);
-        if (smem > limit) continue;
-        const long capacity = static_cast<long>(blocks_per_sm(k, smem)) * dev.sms;
-        if (capacity < C) break;  // larger teams only need more blocks
-        if (capacity < G * C) break;
-        pl.mode = kGrid;
-        pl.C = C;
-        pl.Sg = static_cast<int>(Sg);
-        pl.resident = true;
-        pl.smem_bytes = smem;
-        found = true;
-      }
-      // streaming: every co-resident block works, G teams of capacity / G blocks
-      if (!found) {
-        const size_t smem = smem_bytes_for(pr, stages, dev.sms, static_cast<int>(Sg), false, false);
-        const long capacity = smem <= limit ? static_cast<long>(blocks_per_sm(k, smem)) * dev.sms : 0;
-        const long C = G > 0 ? capacity / G : 0;
-        if (C >= 1 && C <= dev.sms * 8) {
-          const size_t smem_c = smem_bytes_for(pr, stages, static_cast<int>(C), static_cast<int>(Sg), false, false);
-          if (smem_c <= limit && static_cast<long>(blocks_per_sm(k, smem_c)) * dev.sms >= G * C) {
+    for (int variant = 0; variant < 4 && !found; ++variant) {
+      const bool resident = variant < 2, stage = variant % 2 == 0;
+      for (long Sg = 1; !found; Sg = std::min<long>(S, 2 * Sg)) {
+        const long G = (S + Sg - 1) / Sg;
+        if (resident) {
+          // the smallest team that holds the weights, G teams co-resident
+          for (int C = 2; C <= std::min<long>({8L * dev.sms, pr.d, pr.H}) && !found; ++C) {
+            const size_t smem = smem_bytes_for(pr, stages, C, static_cast<int>(Sg), true, false, stage);
+            if (smem > limit) continue;
+            const long capacity = static_cast<long>(blocks_per_sm(k, smem)) * dev.sms;
+            if (capacity < G * C) break;  // larger teams need even more blocks
             pl.mode = kGrid;
-            pl.C = static_cast<int>(C);
+            pl.C = C;
             pl.Sg = static_cast<int>(Sg);
-            pl.resident = false;
-            pl.smem_bytes = smem_c;
+            pl.resident = true;
+            pl.stage_x = stage;
             found = true;
           }
+        } else {
+          // every co-resident block works: G teams of capacity / G blocks
+          const size_t smem = smem_bytes_for(pr, stages, dev.sms, static_cast<int>(Sg), false, false, stage);
+          const long capacity = smem <= limit ? static_cast<long>(blocks_per_sm(k, smem)) * dev.sms : 0;
+          const long C = std::min<long>({capacity / G, pr.d, pr.H});
+          if (C >= 2) {
+            const size_t smem_c = smem_bytes_for(pr, stages, static_cast<int>(C), static_cast<int>(Sg), false, false,
+                                                 stage);
+            if (smem_c <= limit && static_cast<long>(blocks_per_sm(k, smem_c)) * dev.sms >= G * C) {
+              pl.mode = kGrid;
+              pl.C = static_cast<int>(C);
+              pl.Sg = static_cast<int>(Sg);
+              pl.resident = false;
+              pl.stage_x = stage;
+              found = true;
+            }
+          }
         }
+        if (Sg >= S) break;
       }
-      if (Sg == S) break;
     }
   }
   if (!found) return cudaErrorInvalidConfiguration;
-  pl.G = static_cast<int>((S + pl.Sg - 1) / pl.Sg);
-  if (pl.G < 1) pl.G = 1;
+  return plan_with(pr, pl.mode, pl.C, pl.Sg, pl.resident, out, pl.stage_x);
+}
+
+cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, bool resident, Plan* out, bool stage_x) {
+  if (mode < kSolo || mode > kGrid || C < 1 || Sg < 1 || (mode == kSolo && C != 1) || (mode != kSolo && C < 2))
+    return cudaErrorInvalidValue;
+  if (C > pr.d || C > pr.H) return cudaErrorInvalidValue;  // every block owns part of d and H
+  const int stages = tableau(static_cast<Method>(pr.method)).stages;
+  const long S = pr.S;
+  Plan pl{};
+  pl.mode = mode;
+  pl.C = C;
+  pl.Sg = static_cast<int>(std::min<long>(Sg, std::max<long>(S, 1)));
+  pl.resident = resident;
+  pl.stage_x = stage_x || mode == kSolo;
+  pl.smem_bytes = smem_bytes_for(pr, stages, C, pl.Sg, resident, mode == kSolo, pl.stage_x);
+  pl.G = static_cast<int>(std::max<long>(1, (S + pl.Sg - 1) / pl.Sg));
   const int nh = static_cast<int>((pr.H + pl.C - 1) / pl.C), nd = static_cast<int>((pr.d + pl.C - 1) / pl.C);
   pl.ld1 = odd_at_least(nh);
   pl.ld2 = odd_at_least(nd);
@@ -894,9 +996,10 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
     elems += static_cast<long>(pl.G) * pl.C * pr.L;
   }
   pl.workspace_bytes = static_cast<size_t>(elems) * pr.dtype_size + 256;
-  std::snprintf(pl.why, sizeof(pl.why), "%s: %d team(s) of %d block(s), %d state(s) each, weights %s, %zu B smem",
+  std::snprintf(pl.why, sizeof(pl.why), "%s: %d team(s) of %d block(s), %d state(s) each, weights %s%s, %zu B smem",
                 pl.mode == kSolo ? "solo" : (pl.mode == kCluster ? "cluster" : "grid"), pl.G, pl.C, pl.Sg,
-                pl.resident ? "in shared memory" : "from L2", pl.smem_bytes);
+                pl.resident ? "in shared memory" : "from L2", pl.stage_x ? "" : ", vectors from L2",
+                pl.smem_bytes);
   *out = pl;
   return cudaSuccess;
 }
@@ -932,6 +1035,7 @@ cudaError_t launch_typed(const Problem& pr, const Plan& pl, const Pointers& ptr,
   p.G = pl.G;
   p.Sg = pl.Sg;
   p.resident = pl.resident;
+  p.stage_x = pl.stage_x;
   p.ld1 = pl.ld1;
   p.ld2 = pl.ld2;
   p.need_p0 = pr.needs[0];
@@ -951,39 +1055,14 @@ cudaError_t launch_typed(const Problem& pr, const Plan& pl, const Pointers& ptr,
     o += pl.G > 1 ? static_cast<long>(pl.G) * p.nW : 0;
     p.dt_part = ws + o;
   }
-  const void* kernel = pick_kernel(pr.dtype_size, pl.mode, pr.backward);
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(pl.smem_bytes));
+  KernelFn<T> kernel = pick_kernel_t<T>(pl.mode, pr.backward);
+  cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pl.smem_bytes));
   if (err != cudaSuccess) return err;
-  void* args[] = {&p};
-  const dim3 grid(pl.G * pl.C), block(kThreads);
-  if (pl.mode == kSolo) {
-    err = cudaLaunchKernel(kernel, grid, block, args, pl.smem_bytes, stream);
-  } else if (pl.mode == kCluster) {
-    if (pl.C > 8) {
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      if (err != cudaSuccess) return err;
-    }
-    cudaLaunchConfig_t cfg{};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = pl.C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = pl.smem_bytes;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    err = cudaLaunchKernelExC(&cfg, kernel, args);
-  } else {
-    err = cudaLaunchCooperativeKernel(kernel, grid, block, args, pl.smem_bytes, stream);
-  }
+  err = launch_persistent<T>(pl.mode, kernel, pl.C, dim3(pl.G * pl.C), pl.smem_bytes, stream, p);
   if (err != cudaSuccess) return err;
   if (!pr.backward) return cudaSuccess;
   // deterministic cross-team / cross-block reductions
-  const int rb = 256;
   if (pl.G > 1) {
     const long n1 = (static_cast<long>(p.d) + 1) * p.H, n2 = (static_cast<long>(p.H) + 1) * p.d;
     struct Part {
@@ -996,20 +1075,12 @@ cudaError_t launch_typed(const Problem& pr, const Plan& pl, const Pointers& ptr,
                   {p.need_b2, n1 + p.H + n2, p.d, p.db2}};
     for (const Part& q : parts) {
       if (!q.need || q.n == 0) continue;
-      // partial g of this array starts at dW_part + g * nW + off: reduce with stride nW
-      // by launching over a view whose "n" is nW (the other arrays are ignored).
-      const long blocks = std::min<long>((q.n + rb - 1) / rb, 4096);
-      reduce_strided<<<static_cast<unsigned>(blocks), rb, 0, stream>>>(p.dW_part + q.off, pl.G, p.nW, q.n, q.dst);
-      err = cudaGetLastError();
+      // team g's partial of this array starts at dW_part + g * nW + off
+      err = launch_reduce<T>(p.dW_part + q.off, pl.G, p.nW, q.n, q.dst, stream);
       if (err != cudaSuccess) return err;
     }
   }
-  if (p.need_t && p.L > 0) {
-    const long blocks = std::min<long>((p.L + rb - 1) / rb, 4096);
-    reduce_strided<<<static_cast<unsigned>(blocks), rb, 0, stream>>>(p.dt_part, pl.G * pl.C, p.L, p.L,
-                                                                     p.dtimes);
-    err = cudaGetLastError();
-  }
+  if (p.need_t && p.L > 0) err = launch_reduce<T>(p.dt_part, pl.G * pl.C, p.L, p.L, p.dtimes, stream);
   return err;
 }
 

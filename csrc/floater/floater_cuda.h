@@ -3,7 +3,11 @@
 // glue (checks, allocation, CUDAGuard, current stream) is floater_cuda_ops.cpp.
 #pragma once
 
+#if defined(POSENC_FAST_CUDA_EMULATION)
+#include "cuda_emulation.h"
+#else
 #include <cuda_runtime.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -29,6 +33,7 @@ struct Plan {
   int G;           // teams (each integrates Sg of the S states)
   int Sg;          // states per team
   bool resident;   // weights held in shared memory (else read from L2 at every stage)
+  bool stage_x;    // exchanged vectors copied into shared memory (else read from L2)
   int ld1, ld2;    // shared-memory row strides of the weight slices (odd: no bank conflicts)
   size_t smem_bytes;
   size_t workspace_bytes;  // global scratch, zero-filled by the caller
@@ -37,6 +42,12 @@ struct Plan {
 
 // Returns cudaSuccess and fills plan, or an error (e.g. sizes beyond what fits).
 cudaError_t plan(const Problem& pr, int device, Plan* plan);
+
+// A plan for a given layout (mode, blocks per team C, states per team Sg, weights resident
+// in shared memory or not), without asking the device whether it fits: for tests, the
+// CPU emulation (tools/cuda_emulation) and POSENC_FAST_CUDA_PLAN experiments on a GPU.
+cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, bool resident, Plan* plan,
+                      bool stage_x = true);
 
 struct Pointers {
   const void *p0, *w1, *b1, *w2, *b2, *times;

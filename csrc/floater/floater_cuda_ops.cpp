@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "floater_checks.h"
@@ -41,8 +43,37 @@ Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backwa
   return cp;
 }
 
+// POSENC_FAST_CUDA_PLAN="mode,C,Sg[,resident[,staged]]" (mode: solo, cluster or grid)
+// forces a layout instead of the automatic choice: for testing every layout on one GPU
+// and for experiments. A layout that does not fit fails at launch with CUDA's error.
+bool forced_plan(const Problem& cp, Plan* plan) {
+  const char* env = std::getenv("POSENC_FAST_CUDA_PLAN");
+  if (env == nullptr || *env == '\0') return false;
+  std::string spec(env);
+  std::vector<std::string> f;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = spec.find(',', start);
+    f.push_back(spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  TORCH_CHECK_VALUE(f.size() >= 3 && f.size() <= 5,
+                    "POSENC_FAST_CUDA_PLAN must be 'mode,C,Sg[,resident[,staged]]', got '", spec, "'");
+  const int mode = f[0] == "solo" ? 0 : f[0] == "cluster" ? 1 : f[0] == "grid" ? 2 : -1;
+  TORCH_CHECK_VALUE(mode >= 0, "POSENC_FAST_CUDA_PLAN: mode must be solo, cluster or grid, got '", f[0], "'");
+  const int C = std::stoi(f[1]), Sg = std::stoi(f[2]);
+  const bool resident = f.size() < 4 || f[3] != "0";
+  const bool staged = f.size() < 5 || f[4] != "0";
+  const cudaError_t err = plan_with(cp, mode, C, Sg, resident, plan, staged);
+  TORCH_CHECK_VALUE(err == cudaSuccess, "POSENC_FAST_CUDA_PLAN='", spec, "' is not a valid layout for d=", cp.d,
+                    ", H=", cp.H);
+  return true;
+}
+
 Plan make_plan(const Problem& cp, const at::Tensor& p0) {
   Plan plan{};
+  if (forced_plan(cp, &plan)) return plan;
   const cudaError_t err = cuda::plan(cp, p0.get_device(), &plan);
   if (err != cudaSuccess) cudaGetLastError();
   TORCH_CHECK(err == cudaSuccess, "floater (cuda): no launch configuration fits d=", cp.d, ", H=", cp.H, ", S=", cp.S,
