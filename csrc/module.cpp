@@ -55,6 +55,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_isa", &posenc_fast::floater::cpu::isa, "Instruction set of the CPU kernels");
   m.def("set_cpu_isa", &posenc_fast::floater::cpu::set_isa, pybind11::arg("name"),
         "Force the CPU kernels' instruction set ('generic', 'avx2', 'avx512', or 'auto'); for tests");
+  m.def("set_backward_keep_budget", &posenc_fast::floater::cpu::set_backward_keep_budget, pybind11::arg("bytes"),
+        "Memory (bytes) the CPU backward may use to keep an interval's stage values; for tests");
 #if defined(POSENC_FAST_WITH_CUDA)
   m.def("cuda_runtime_version", &posenc_fast::floater::cuda::runtime_version);
 #endif

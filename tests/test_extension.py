@@ -357,6 +357,26 @@ def test_cpu_kernels_split_regions(cpu_isa, dtype):
 
 
 @needs_ext
+def test_backward_recompute_path_matches():
+    """With no memory to keep an interval's stage values, the backward recomputes each step
+    from stored starting states: the same gradients, bitwise."""
+    args = make_inputs(5, 7, 6, 4, torch.float64, seed=12)
+    out = ops().floater_integrate(*args, 3, "rk4", "gelu")
+    grad = torch.randn_like(out)
+    kept = ops().floater_integrate_backward(grad, out, *args, 3, "rk4", "gelu", [True] * 6)
+    old = EXT.set_backward_keep_budget(0)
+    try:
+        recomputed = ops().floater_integrate_backward(
+            grad, out, *args, 3, "rk4", "gelu", [True] * 6
+        )
+        _check_against_loop(5, 7, 6, 4, 3, "rk38", "tanh", torch.float32, seed=13)
+    finally:
+        EXT.set_backward_keep_budget(old)
+    for a, b in zip(kept, recomputed):
+        assert torch.equal(a, b)
+
+
+@needs_ext
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_times_not_starting_at_zero_and_repeated(dtype):
     args = make_inputs(4, 6, 5, 5, dtype, seed=11, zero_first=False, repeat=True)

@@ -38,11 +38,11 @@ SOLO, CLUSTER, GRID = 0, 1, 2
 RESIDENT, VECTORS_FROM_L2 = 1, 2
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    exe = tmp_path_factory.mktemp("emu") / "emulate_floater"
+def _build(tmp_path_factory, threads):
+    exe = tmp_path_factory.mktemp("emu") / f"emulate_floater_{threads}"
     cmd = [
         CXX,
+        f"-DPOSENC_FAST_CUDA_THREADS={threads}",
         "-std=c++20",
         "-O1",
         "-pthread",
@@ -61,6 +61,19 @@ def emulator(tmp_path_factory):
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     return exe
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    """Blocks of 64 threads: every code path, a quarter of the host threads (this kind of
+    machine is shared; a case spawns blocks x threads std::threads)."""
+    return _build(tmp_path_factory, 64)
+
+
+@pytest.fixture(scope="module")
+def emulator256(tmp_path_factory):
+    """The real block size, for a few cases."""
+    return _build(tmp_path_factory, 256)
 
 
 def run_emulated(
@@ -121,6 +134,11 @@ def test_emulated_cuda_kernels_match_loop(emulator, tmp_path, case):
     ref_grads = torch.autograd.grad(ref, leaves, grad)
     for name, got, want in zip(("p0", "w1", "b1", "w2", "b2", "times"), parts[1:], ref_grads):
         assert_close(got, want, dtype, "grad", scale=float(want.abs().max()), what=f"d{name}")
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=[_id(CASES[0]), _id(CASES[3])])
+def test_emulated_cuda_kernels_256_threads(emulator256, tmp_path, case):
+    test_emulated_cuda_kernels_match_loop(emulator256, tmp_path, case)
 
 
 def test_emulated_needs_subset(emulator, tmp_path):

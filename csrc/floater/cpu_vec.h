@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if !defined(__GNUC__)
 #error "posenc_fast's C++ CPU kernels need GCC or Clang (GNU vector extensions)"
@@ -42,10 +43,16 @@ PF_INLINE void vstore(void* p, V v) {
 }
 template <typename V, typename T>
 PF_INLINE V vsplat(T x) {
-  // Lane by lane (the compiler emits one broadcast). Not V{} + x: 0 + x is not an
-  // identity for x = -0.0, so that form costs a scalar add per broadcast.
+  // Through the integer bits: 0 + bits is an exact identity, so the compiler emits a bare
+  // broadcast. (GCC 12 turns the float forms into a scalar add + broadcast, V{} + x, since
+  // 0 + -0.0 is +0.0, or into one masked broadcast per lane, {x, x, ...} and x - V{}.)
+  using U = typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type;
+  typedef U VU __attribute__((vector_size(sizeof(V))));
+  U bits;
+  std::memcpy(&bits, &x, sizeof(T));
+  const VU vu = VU{} + bits;
   V v;
-  for (int i = 0; i < static_cast<int>(sizeof(V) / sizeof(T)); ++i) v[i] = x;
+  std::memcpy(&v, &vu, sizeof(V));
   return v;
 }
 // Partial load/store of n < lanes elements (zero-filled), for row tails that must go

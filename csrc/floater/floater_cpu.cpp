@@ -19,9 +19,9 @@
 //   rows are owned by exactly one thread, chunks depend on the shapes only, and per-chunk
 //   weight-gradient partials are added in chunk order. No atomics.
 // - Backward: the discrete adjoint. Intervals are walked backwards; each interval's
-//   sub-steps are recomputed from its stored starting state (out[:, j-1] or p0), then each
-//   step is differentiated stage by stage (reverse order) with the stage values recomputed
-//   by the same code as the forward (bitwise the same trajectory).
+//   sub-steps are recomputed from its stored starting state (out[:, j-1] or p0) by the same
+//   code as the forward (bitwise the same trajectory), keeping every stage value, then the
+//   steps are differentiated in reverse, stage by stage (reverse order).
 // - Instruction sets: the region kernels are compiled three times (AVX-512, AVX2+FMA,
 //   baseline) through target attributes and the best one the CPU supports is picked at
 //   first use (POSENC_FAST_CPU_ISA=avx2|generic lowers it, e.g. to test every path).
@@ -56,6 +56,11 @@ struct Dyn {
   const T* b2;  // [d]
   int64_t d, H;
   Activation act;
+  // backward only: transposed copies, so the transposed products are row updates
+  // (mm_nn) like the forward's, and a zero row for their (absent) bias
+  const T* w1T = nullptr;  // [H, d]  w1T[h, c] = w1[c, h]
+  const T* w2T = nullptr;  // [d, H]  w2T[c, h] = w2[h, c]
+  const T* zeros = nullptr;
 };
 
 // One forward stage of a chunk.
@@ -172,68 +177,6 @@ PF_INLINE void mm_nn(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, 
     }
   }
   for (; r < R; r += kTile) mm_nn_tile<T, B, kTile>(x + r * K, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
-}
-
-// out[r, j] = sum_k x[r, k] * w[j, k]   for r < RT, j in [j0, j1)
-// x [RT, K] (row stride K), w row stride ldw (rows contiguous in k), out row stride ldo.
-// Per element: vector partial sums over full vectors, lanes added in order, then the
-// scalar tail; the same whether j is computed alone or paired, and for every RT.
-template <typename T, int B, int RT>
-PF_INLINE void mm_nt_tile(const T* xr, int64_t K, const T* w, int64_t ldw, int64_t j0, int64_t j1, T* orow,
-                          int64_t ldo) {
-  using V = typename VecT<T, B>::type;
-  constexpr int W = VecT<T, B>::lanes;
-  const int64_t Kv = K - K % W;
-  int64_t j = j0;
-  for (; j + 2 <= j1; j += 2) {
-    const T* wa = w + j * ldw;
-    const T* wb = wa + ldw;
-    V acc[RT][2] = {};
-    for (int64_t k = 0; k < Kv; k += W) {
-      const V va = vload<V>(wa + k), vb = vload<V>(wb + k);
-      for (int s = 0; s < RT; ++s) {
-        const V xs = vload<V>(xr + s * K + k);
-        acc[s][0] += xs * va;
-        acc[s][1] += xs * vb;
-      }
-    }
-    for (int s = 0; s < RT; ++s) {
-      T sa = vsum<T>(acc[s][0]), sb = vsum<T>(acc[s][1]);
-      for (int64_t k = Kv; k < K; ++k) {
-        sa += xr[s * K + k] * wa[k];
-        sb += xr[s * K + k] * wb[k];
-      }
-      orow[s * ldo + j] = sa;
-      orow[s * ldo + j + 1] = sb;
-    }
-  }
-  for (; j < j1; ++j) {
-    const T* wa = w + j * ldw;
-    V acc[RT] = {};
-    for (int64_t k = 0; k < Kv; k += W) {
-      const V va = vload<V>(wa + k);
-      for (int s = 0; s < RT; ++s) acc[s] += vload<V>(xr + s * K + k) * va;
-    }
-    for (int s = 0; s < RT; ++s) {
-      T sa = vsum<T>(acc[s]);
-      for (int64_t k = Kv; k < K; ++k) sa += xr[s * K + k] * wa[k];
-      orow[s * ldo + j] = sa;
-    }
-  }
-}
-
-template <typename T, int B>
-PF_INLINE void mm_nt(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, int64_t j0, int64_t j1, T* out,
-                     int64_t ldo) {
-  int64_t r = 0;
-  if (max_row_tile<T, B>() >= 12) {
-    for (; R - r >= 12; r += 12) mm_nt_tile<T, B, 12>(x + r * K, K, w, ldw, j0, j1, out + r * ldo, ldo);
-    if (R - r >= 8) {
-      mm_nt_tile<T, B, 8>(x + r * K, K, w, ldw, j0, j1, out + r * ldo, ldo);
-      r += 8;
-    }
-  }
-  for (; r < R; r += kTile) mm_nt_tile<T, B, kTile>(x + r * K, K, w, ldw, j0, j1, out + r * ldo, ldo);
 }
 
 // acc[j, c] += sum_r x[r, j] * g[r, c]   for j in [j0, j1), c < N, r < R (in order)
@@ -406,15 +349,16 @@ PF_INLINE void layer2_impl(const Fwd<T>& f, int64_t b0, int64_t b1) {
   combine<T, B>(f.dst, f.base, f.ks, f.coef, f.nk, f.h, f.R, d, c0, c1);
 }
 
-// Backward region 1 over rows [j0, j1) of H: gz, dw2[:H] rows, dw1[d] and db1 entries.
+// Backward region 1 over column blocks [b0, b1) of H: gz, dw2[:H] rows, dw1[d] and db1.
 template <typename T, int B>
-PF_INLINE void bwd1_impl(const Bwd<T>& g, int64_t j0, int64_t j1) {
+PF_INLINE void bwd1_impl(const Bwd<T>& g, int64_t b0, int64_t b1) {
   using V = typename VecT<T, B>::type;
   constexpr int W = VecT<T, B>::lanes;
   const int64_t H = g.dyn.H, d = g.dyn.d, R = g.R;
+  const int64_t j0 = b0 * col_block<T, B>(), j1 = std::min(H, b1 * col_block<T, B>());
   if (j0 >= j1) return;
-  // ga[r, j] = sum_c gk[r, c] * w2[j, c]  (into gz, then scaled by act')
-  mm_nt<T, B>(g.gk, d, R, g.dyn.w2, d, j0, j1, g.gz, H);
+  // ga = gk @ w2[:H]^T = gk @ w2T  (into gz, then scaled by act')
+  mm_nn<T, B>(g.gk, d, R, g.dyn.w2T, H, g.dyn.zeros, j0, j1, g.gz, H);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t o = r * H + j0;
     Act<T, B>::backward(g.dyn.act, g.z + o, g.a + o, g.gz + o, g.gz + o, j1 - j0);
@@ -434,16 +378,17 @@ PF_INLINE void bwd1_impl(const Bwd<T>& g, int64_t j0, int64_t j1) {
   }
 }
 
-// Backward region 2 over columns [c0, c1) of d: gy, dw1[:d] rows, dw2[H] and db2 entries,
-// then the adjoint combination.
+// Backward region 2 over column blocks [b0, b1) of d: gy, dw1[:d] rows, dw2[H] and db2
+// entries, then the adjoint combination.
 template <typename T, int B>
-PF_INLINE void bwd2_impl(const Bwd<T>& g, int64_t c0, int64_t c1) {
+PF_INLINE void bwd2_impl(const Bwd<T>& g, int64_t b0, int64_t b1) {
   using V = typename VecT<T, B>::type;
   constexpr int W = VecT<T, B>::lanes;
   const int64_t H = g.dyn.H, d = g.dyn.d, R = g.R;
+  const int64_t c0 = b0 * col_block<T, B>(), c1 = std::min(d, b1 * col_block<T, B>());
   if (c0 >= c1) return;
-  // gy[r, c] = sum_j gz[r, j] * w1[c, j]
-  mm_nt<T, B>(g.gz, H, R, g.dyn.w1, H, c0, c1, g.gy, d);
+  // gy = gz @ w1[:d]^T = gz @ w1T
+  mm_nn<T, B>(g.gz, H, R, g.dyn.w1T, d, g.dyn.zeros, c0, c1, g.gy, d);
   if (g.dw1) rank_update<T, B>(g.dw1, H, g.y, d, g.gz, R, c0, c1);
   if (g.dw2 || g.db2) {
     for (int64_t c = c0; c < c1; c += W) {
@@ -515,6 +460,8 @@ PF_ISA_WRAPPERS(generic, , 16)
 #endif
 
 std::atomic<int> g_isa_override{-1};  // -1: unset; else index into isa_names()
+// Memory the backward may use to keep an interval's stage values (see backward_chunk).
+std::atomic<int64_t> g_keep_budget{int64_t{64} << 20};
 
 const char* const kIsaNames[] = {"generic", "avx2", "avx512"};
 
@@ -639,21 +586,23 @@ class Integrator {
     }
   }
   void run_bwd1(const Bwd<T>& g) const {
+    const int64_t nb = (dyn_.H + kern_.block - 1) / kern_.block;
     if (split_) {
-      at::parallel_for(0, dyn_.H, grain(g.R, 3 * dyn_.d, 1), [&](int64_t j0, int64_t j1) {
-        kern_.bwd1(g, j0, j1);
+      at::parallel_for(0, nb, grain(g.R, 2 * dyn_.d, kern_.block), [&](int64_t b0, int64_t b1) {
+        kern_.bwd1(g, b0, b1);
       });
     } else {
-      kern_.bwd1(g, 0, dyn_.H);
+      kern_.bwd1(g, 0, nb);
     }
   }
   void run_bwd2(const Bwd<T>& g) const {
+    const int64_t nb = (dyn_.d + kern_.block - 1) / kern_.block;
     if (split_) {
-      at::parallel_for(0, dyn_.d, grain(g.R, 3 * dyn_.H, 1), [&](int64_t j0, int64_t j1) {
-        kern_.bwd2(g, j0, j1);
+      at::parallel_for(0, nb, grain(g.R, 2 * dyn_.H, kern_.block), [&](int64_t b0, int64_t b1) {
+        kern_.bwd2(g, b0, b1);
       });
     } else {
-      kern_.bwd2(g, 0, dyn_.d);
+      kern_.bwd2(g, 0, nb);
     }
   }
   // Units per task so that a task has at least ~64k multiply-adds (below that the
@@ -741,20 +690,34 @@ class Integrator {
                       T* db2, T* dtimes, const Chunk<T>& ch) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R, S_ = tab_.stages;
     const int64_t Rd = R * d, RH = R * H;
-    std::vector<T> starts(n_ * Rd), lam(Rd, T(0)), lam_in(Rd), init1(H), init2(d);
-    std::vector<T> Y(S_ * Rd), Z(S_ * RH), A(S_ * RH), K(S_ * Rd), GK(S_ * Rd), GZ(RH), GY(Rd);
-    std::vector<T> scratch_y(Rd), scratch_z(RH), scratch_a(RH);
+    // The stage values of every sub-step of an interval are kept when they fit in a
+    // budget (one forward pass per interval); otherwise only the sub-steps' starting
+    // states are, and each step is recomputed once more before it is differentiated.
+    const int64_t per_step = S_ * (2 * Rd + 2 * RH);
+    const bool keep_all = n_ * per_step * static_cast<int64_t>(sizeof(T)) <= g_keep_budget.load();
+    const int64_t nkeep = keep_all ? n_ : 1;
+    std::vector<T> starts(keep_all ? 0 : n_ * Rd), lam(Rd, T(0)), P(Rd), init1(H), init2(d);
+    std::vector<T> Y(nkeep * S_ * Rd), Z(nkeep * S_ * RH), A(nkeep * S_ * RH), K(nkeep * S_ * Rd);
+    std::vector<T> GK(S_ * Rd), GZ(RH), GY(Rd);
+    std::vector<T> scratch_y(keep_all ? 0 : Rd), scratch_z(keep_all ? 0 : RH), scratch_a(keep_all ? 0 : RH);
     std::vector<double> dt_row(R), dh_row(R);
-    StageStore keep{}, fwd_only{};
-    for (int i = 0; i < S_; ++i) {
-      keep.y[i] = Y.data() + i * Rd;
-      keep.z[i] = Z.data() + i * RH;
-      keep.a[i] = A.data() + i * RH;
-      keep.k[i] = K.data() + i * Rd;
-      fwd_only.y[i] = scratch_y.data();
-      fwd_only.z[i] = scratch_z.data();
-      fwd_only.a[i] = scratch_a.data();
-      fwd_only.k[i] = K.data() + i * Rd;
+    std::vector<StageStore> keep(nkeep);
+    for (int64_t k = 0; k < nkeep; ++k) {
+      for (int i = 0; i < S_; ++i) {
+        keep[k].y[i] = Y.data() + (k * S_ + i) * Rd;
+        keep[k].z[i] = Z.data() + (k * S_ + i) * RH;
+        keep[k].a[i] = A.data() + (k * S_ + i) * RH;
+        keep[k].k[i] = K.data() + (k * S_ + i) * Rd;
+      }
+    }
+    StageStore fwd_only{};
+    if (!keep_all) {
+      for (int i = 0; i < S_; ++i) {
+        fwd_only.y[i] = scratch_y.data();
+        fwd_only.z[i] = scratch_z.data();
+        fwd_only.a[i] = scratch_a.data();
+        fwd_only.k[i] = K.data() + i * Rd;
+      }
     }
     const T nT = static_cast<T>(n_);
     for (int64_t j = L_ - 1; j >= 0; --j) {
@@ -766,26 +729,37 @@ class Integrator {
       }
       const T tp = interval_start(j);
       const T h = (times_[j] - tp) / nT;
-      // starting states of the sub-steps of interval j
+      // the interval's starting state (the forward's own values: out[:, j-1] or p0)
       if (j == 0)
-        load_rows(starts.data(), p0, d, ch);
+        load_rows(P.data(), p0, d, ch);
       else
-        load_rows(starts.data(), out + (j - 1) * d, L_ * d, ch);
-      for (int64_t k = 1; k < n_; ++k) {
-        std::memcpy(starts.data() + k * Rd, starts.data() + (k - 1) * Rd, sizeof(T) * Rd);
-        step(starts.data() + k * Rd, R, tp + static_cast<T>(k - 1) * h, h, fwd_only, init1.data(), init2.data());
+        load_rows(P.data(), out + (j - 1) * d, L_ * d, ch);
+      if (keep_all) {
+        // one forward pass over the interval, keeping every stage value (Y_0 = the state)
+        for (int64_t k = 0; k < n_; ++k) {
+          std::memcpy(keep[k].y[0], P.data(), sizeof(T) * Rd);
+          step(P.data(), R, tp + static_cast<T>(k) * h, h, keep[k], init1.data(), init2.data());
+        }
+      } else {
+        std::memcpy(starts.data(), P.data(), sizeof(T) * Rd);
+        for (int64_t k = 1; k < n_; ++k) {
+          std::memcpy(starts.data() + k * Rd, starts.data() + (k - 1) * Rd, sizeof(T) * Rd);
+          step(starts.data() + k * Rd, R, tp + static_cast<T>(k - 1) * h, h, fwd_only, init1.data(), init2.data());
+        }
       }
       double dT = 0.0, dTprev = 0.0;
       for (int64_t k = n_ - 1; k >= 0; --k) {
         const T t = tp + static_cast<T>(k) * h;
-        // recompute the stages of step k, keeping every stage's values
-        std::memcpy(lam_in.data(), starts.data() + k * Rd, sizeof(T) * Rd);
-        std::memcpy(Y.data(), lam_in.data(), sizeof(T) * Rd);  // Y_0 = starting state
-        step_keep(lam_in.data(), R, t, h, keep, init1.data(), init2.data());
-        backprop_step(R, ch.rows, t, h, keep, lam.data(), GK.data(), GZ.data(), GY.data(), dw1, db1,
-                      dw2, db2, dt_row.data(), dh_row.data());
+        const StageStore& st = keep[keep_all ? k : 0];
+        if (!keep_all) {  // recompute step k, keeping its stage values
+          std::memcpy(P.data(), starts.data() + k * Rd, sizeof(T) * Rd);
+          std::memcpy(st.y[0], P.data(), sizeof(T) * Rd);
+          step(P.data(), R, t, h, st, init1.data(), init2.data());
+        }
+        backprop_step(R, ch.rows, t, h, st, lam.data(), GK.data(), GZ.data(), GY.data(), dw1, db1, dw2, db2,
+                      dtimes ? dt_row.data() : nullptr, dh_row.data());
         double dt_sum = 0.0, dh_sum = 0.0;
-        for (int64_t r = 0; r < ch.rows; ++r) {
+        for (int64_t r = 0; dtimes && r < ch.rows; ++r) {
           dt_sum += dt_row[r];
           dh_sum += dh_row[r];
         }
@@ -804,13 +778,6 @@ class Integrator {
     }
   }
 
-  // step() variant that keeps Y_i in distinct buffers (Y_0 already holds P).
-  void step_keep(T* P, int64_t R, T t, T h, const StageStore& st, T* init1, T* init2) const {
-    // Same code path as the forward (bitwise the same stage values): stage i's input is
-    // P for i == 0, else st.y[i]; the final combination updates P in place.
-    step(P, R, t, h, st, init1, init2);
-  }
-
   // Differentiate one step given the stored stage values; lam: dLoss/d(state after the
   // step) on entry, dLoss/d(state before) on exit.
   void backprop_step(int64_t R, int64_t rows, T t, T h, const StageStore& st, T* lam, T* GK, T* GZ,
@@ -823,7 +790,8 @@ class Integrator {
       T* g = GK + i * Rd;
       for (int64_t e = 0; e < Rd; ++e) g[e] = hb * lam[e];
     }
-    for (int64_t r = 0; r < rows; ++r) {
+    // (the time terms only when the times need a gradient: dt_row == nullptr otherwise)
+    for (int64_t r = 0; dt_row && r < rows; ++r) {
       double acc = 0.0;
       for (int i = 0; i < S_; ++i) {
         if (tab_.b[i] == 0.0) continue;
@@ -863,7 +831,7 @@ class Integrator {
       run_bwd2(g);
       // dLoss/dtau_i = gk . w2[H] + gz . w1[d]; tau_i = t + c_i h; Y_i depends on h through
       // h * sum_j a_ij K_j.
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = 0; dt_row && r < rows; ++r) {
         const double gt = dot(g.gk + r * d, w2t, d) + dot(GZ + r * H, w1t, H);
         dt_row[r] += gt;
         double acc = tab_.c[i] * gt;
@@ -921,7 +889,17 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   const int64_t d = dyn.d, H = dyn.H;
   if (S == 0 || L == 0 || d == 0) return;  // outputs are zero-initialised by the caller
   const Plan plan = make_plan<T>(S, d, H);
-  const Integrator<T> integ(dyn, tableau(method), times, L, substeps, kernels<T>(), plan.split_regions);
+  std::vector<T> w1T(H * d), w2T(d * H), zeros(std::max(d, H) + 64, T(0));
+  for (int64_t c = 0; c < d; ++c)
+    for (int64_t h = 0; h < H; ++h) {
+      w1T[h * d + c] = dyn.w1[c * H + h];
+      w2T[c * H + h] = dyn.w2[h * d + c];
+    }
+  Dyn<T> dynb = dyn;
+  dynb.w1T = w1T.data();
+  dynb.w2T = w2T.data();
+  dynb.zeros = zeros.data();
+  const Integrator<T> integ(dynb, tableau(method), times, L, substeps, kernels<T>(), plan.split_regions);
   const int64_t n1 = (d + 1) * H, n2 = (H + 1) * d;
   // chunk c > 0 accumulates into its own partial; chunk 0 into the outputs
   const int64_t extra = plan.nchunks - 1;
@@ -1006,6 +984,11 @@ void backward(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p
 }
 
 std::string isa() { return kIsaNames[active_isa()]; }
+
+int64_t set_backward_keep_budget(int64_t bytes) {
+  TORCH_CHECK_VALUE(bytes >= 0, "backward keep budget must be >= 0, got ", bytes);
+  return g_keep_budget.exchange(bytes);
+}
 
 std::string best_isa_name() { return kIsaNames[best_isa()]; }
 

@@ -29,6 +29,10 @@ std::string isa();
 std::string best_isa_name();
 void set_isa(const std::string& name);
 
+// Bytes the backward may use per chunk to keep a whole interval's stage values instead of
+// recomputing each step twice (default 64 MiB); returns the previous value. For tests.
+int64_t set_backward_keep_budget(int64_t bytes);
+
 }  // namespace cpu
 }  // namespace floater
 }  // namespace posenc_fast

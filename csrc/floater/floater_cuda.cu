@@ -65,7 +65,12 @@ namespace cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+#ifndef POSENC_FAST_CUDA_THREADS
+#define POSENC_FAST_CUDA_THREADS 256
+#endif
+// Threads per block (a multiple of 32). The CPU emulation builds with fewer to spawn fewer
+// host threads; nothing else depends on the value.
+constexpr int kThreads = POSENC_FAST_CUDA_THREADS;
 constexpr int kRT = 4;                          // states per thread in block_gemm
 constexpr int kRedElems = 2 * kThreads * kRT;   // K-split scratch of block_gemm
 constexpr int kMaxCluster = 16;                 // non-portable cluster size on sm_90
