@@ -131,6 +131,15 @@ def cpu_isa(request):
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(
+    os.environ.get("POSENC_FAST_REQUIRE_EXTENSION", "") in ("", "0"),
+    reason="POSENC_FAST_REQUIRE_EXTENSION not set (CI sets it: the cpp backend must be tested)",
+)
+def test_extension_required_is_available():
+    assert EXT is not None, "; ".join(_extension.reasons())
+    assert "cpp" in backends.available_backends()
+
+
 def test_import_does_not_load_or_build_the_extension():
     code = (
         "import sys, posenc_fast, posenc_fast.floater\n"
