@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sysconfig
 import time
@@ -211,15 +212,26 @@ def _extension_setup() -> dict:
             _write_json(info_path, record)
 
         def copy_extensions_to_source(self):
-            # --inplace / editable: the binary is copied into the source tree, so must the
-            # metadata that describes it (also after a failed build: it says why).
-            super().copy_extensions_to_source()
+            # --inplace / editable: copy the binary into the source tree, and the metadata
+            # that describes it (also after a failed build: it says why). Atomically (a new
+            # file renamed over the old one): processes that have the old binary mapped
+            # keep their inode instead of crashing on a file truncated under them.
             build_py = self.get_finalized_command("build_py")
             for ext in self.extensions:
                 inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
-                src = os.path.join(os.path.dirname(regular_file), BUILD_INFO)
-                if os.path.exists(src):
-                    self.copy_file(src, os.path.join(os.path.dirname(inplace_file), BUILD_INFO))
+                pairs = [(regular_file, inplace_file)]
+                pairs.append(
+                    (
+                        os.path.join(os.path.dirname(regular_file), BUILD_INFO),
+                        os.path.join(os.path.dirname(inplace_file), BUILD_INFO),
+                    )
+                )
+                for src, dst in pairs:
+                    if not os.path.exists(src):
+                        continue
+                    tmp = f"{dst}.tmp{os.getpid()}"
+                    shutil.copy2(src, tmp)
+                    os.replace(tmp, dst)
 
     return {
         "ext_modules": [ext],
