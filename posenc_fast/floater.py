@@ -135,7 +135,9 @@ def floater(
     Returns:
         [S, L, d] in p0's dtype: out[:, j] = p(times[j]). Gradients (to p0, the weights and
         times) are exact for the discretised solution (backpropagation through the solver
-        steps), with memory O(S*L*d).
+        steps), with memory O(S*L*d). Autocast does not apply: the state is integrated and
+        returned in p0's dtype under torch.autocast too (a half-precision state would
+        accumulate its rounding over hundreds of steps), and the same holds for the modules.
     """
     return _run(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)[0]
 
@@ -188,14 +190,18 @@ class Floater(nn.Module):
     - Cache: in eval mode or under no_grad the result is kept. A repeated call costs
       nothing (a longer one extends the cached states from the last one instead of
       starting over; there is no maximum length), and gradients still flow when enabled.
-      Any change to a parameter invalidates it: an in-place update or a replaced tensor
-      (``_version`` and ``data_ptr``), or new values written where those do not show
-      (``.data`` writes, fused optimizers), caught by comparing against the values the
-      cache was computed with. :meth:`clear_cache` drops it.
+      Any change to a parameter's values invalidates it (an in-place update, a replaced
+      tensor, ``.data`` writes, fused optimizers), caught by comparing against the values
+      the cache was computed with; parameters re-materialised with unchanged values (FSDP2
+      gathers them into fresh storage on every forward) keep it. :meth:`clear_cache` drops
+      it; copies (``copy.deepcopy``, pickling, ``torch.save`` of the module) start without
+      it.
     - ``refresh_every=k`` (training mode): compute a differentiable result on one call in
       k and return that result's values, detached, on the k - 1 calls in between (the
       official code's trick to save time; the dynamics then receive gradients only on
-      refresh calls). Default 1: every training call recomputes.
+      refresh calls, so DistributedDataParallel needs find_unused_parameters=True).
+      Default 1: every training call recomputes, and every parameter receives a gradient
+      on every call (DDP's default settings work).
     - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 small
       (U(+-0.01 / sqrt(H+1))), b2 = 0, so h is close to 0 and the output near zero: a model
       starts as if it had no FLOATER term (Sec. 3.3). With every parameter zero the output
@@ -262,6 +268,13 @@ class Floater(nn.Module):
         self._reused = 0
 
     # -- computation -------------------------------------------------------------------
+    def __getstate__(self):
+        # Copies and pickles leave the cache behind: it is derived data, [S, L, d] states
+        # plus a copy of every parameter, which would otherwise be written into checkpoints.
+        state = self.__dict__.copy()
+        state["_entries"], state["_reused"] = {}, 0
+        return state
+
 
     def _params(self) -> tuple[Tensor, ...]:
         return (self.p0, self.w1, self.b1, self.w2, self.b2)
@@ -330,11 +343,17 @@ class Floater(nn.Module):
         """Whether ``entry`` still describes the current parameters and configuration."""
         if entry is None or entry.out._version != entry.out_version:
             return False  # a returned view was edited in place
-        if entry.key != self._key():
-            return False  # in-place update (_version), replaced tensor (data_ptr) or config
-        # Fused optimizers and .data writes change values without bumping _version: compare
-        # the values too (the parameters are small; this costs a few microseconds).
-        return all(torch.equal(a, b) for a, b in zip(entry.params, self._params()))
+        key = self._key()
+        if entry.key[1:] != key[1:]:
+            return False  # configuration, dtype or device
+        # The values decide (the parameters are small; this costs a few microseconds).
+        # Fused optimizers and .data writes change them without bumping _version, and FSDP2
+        # gathers unchanged values into fresh storage on every forward (new data_ptr and
+        # _version), so neither pointers nor versions can.
+        if not all(torch.equal(a, b) for a, b in zip(entry.params, self._params())):
+            return False
+        entry.key = key
+        return True
 
     def _store(self, mode: str, out: Tensor, backend: str, times: Optional[Tensor]) -> None:
         out = out.detach()
@@ -479,6 +498,9 @@ class FloaterAttentionBias(nn.Module):
         """length: int >= 0, or times [L] -> [num_layers, num_projections, L, dim]."""
         out = self.floater(length, times)
         return out.unflatten(0, (self.num_layers, self.num_projections))
+
+    def reset_parameters(self) -> None:
+        self.floater.reset_parameters()
 
     def extra_repr(self) -> str:
         return f"num_layers={self.num_layers}, num_projections={self.num_projections}"

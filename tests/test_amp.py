@@ -1,6 +1,8 @@
 """torch.autocast: phases stay float32, outputs follow the autocast dtype (LFF, which has
-matmuls), elementwise encodings keep their input's dtype (like torch.sin does)."""
+matmuls), elementwise encodings keep their input's dtype (like torch.sin does), FLOATER
+is not affected by autocast at all (its ODE state and output keep the parameters' dtype)."""
 
+import contextlib
 import math
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
+from posenc_fast import _testing
 from posenc_fast.reference import fourier_features as ref
 from posenc_fast.tolerances import assert_close
 
@@ -80,3 +83,70 @@ def test_encodings_keep_their_dtype_under_autocast(backend, device):
 
     assert_close(pe, eref.sinusoidal(p, 16), torch.float32, "encoding")
     assert_close(y, x.double() + eref.dft(p, 16), torch.float32, "encoding")
+
+
+# -- FLOATER: autocast does not apply ------------------------------------------------------
+# The ODE state is integrated in the parameters' dtype (float32 or float64) under autocast
+# too, and the output keeps that dtype: hundreds of solver steps would accumulate half
+# precision's rounding (like the reductions and transcendental ops that autocast keeps in
+# float32). A caller mixing the biases into bfloat16 activations casts them (or lets type
+# promotion do it).
+
+
+def _floater_module(backend, device):
+    m = pf.FloaterAttentionBias(
+        8, num_layers=2, hidden_dim=12, delta_t=0.05, substeps=3, activation="relu",
+        backend=backend, device=device,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return m
+
+
+def _floater_all_paths(m, amp_dtype):
+    """Training output and gradients, eval (cached) and a longer eval (cache extension)."""
+    ctx = torch.autocast(DEVICE, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
+    m.zero_grad(set_to_none=True)
+    m.floater.clear_cache()
+    with ctx:
+        train = m.train()(30)
+        train.square().sum().backward()
+        with torch.no_grad():
+            cached = m.eval()(20)
+            longer = m(30)
+    return [train.detach(), cached, longer] + [p.grad for p in m.parameters()]
+
+
+@pytest.mark.parametrize("backend", backend_params("floater", include_reference=True))
+@pytest.mark.parametrize("amp_dtype", AMP_DTYPES, ids=["bf16", "fp16"])
+def test_floater_ignores_autocast(backend, amp_dtype, device):
+    m = _floater_module(backend, device)
+    plain = _floater_all_paths(m, None)
+    amp = _floater_all_paths(m, amp_dtype)
+    for i, (a, b) in enumerate(zip(plain, amp)):
+        assert b.dtype == torch.float32, f"output {i} is {b.dtype} under autocast"
+        assert torch.equal(a, b), f"output {i} differs under autocast"
+    p = [t.detach() for t in m.floater.parameters()]
+    t = m.floater.length_times(30)
+    with torch.autocast(DEVICE, dtype=amp_dtype):
+        y = pf.floater(*p, t, 3, "rk4", "relu", backend=backend)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, pf.floater(*p, t, 3, "rk4", "relu", backend=backend))
+
+
+def test_floater_in_half_precision_would_drift():
+    """Why the policy: the same integration with a bfloat16 state is off by far more than
+    the float32 result (which meets the library's float32 tolerance)."""
+    from posenc_fast.reference import floater as fref
+
+    case = _testing.FloaterCase(4, 16, 16, 64, 5, "rk4", "tanh")
+    p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, torch.float32, "cpu", 7)
+    args = (p0, w1, b1, w2, b2, times, case.substeps, case.method, case.activation)
+    exact = fref.floater(*args)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = pf.floater(*args)
+    assert_close(got, exact, torch.float32, "floater")
+    naive = fref.floater(*args, compute_dtype=torch.bfloat16)
+    assert (naive.double() - exact).abs().max() > 100 * (got.double() - exact).abs().max()

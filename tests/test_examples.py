@@ -39,3 +39,35 @@ def test_similarity_heatmaps(tmp_path):
     assert sine[c + 4, c + 4] < sine[c, c + 6] - 0.1
     path = module.main(str(tmp_path / "fig2.png"))
     assert pathlib.Path(path).stat().st_size > 10_000
+
+
+def test_floater_attention_caches_biases_at_inference(monkeypatch):
+    """The script's claims, counted independently of its profiler: one integration per
+    training step, one for every eval call together, and a longer sequence integrates
+    only its new positions."""
+    from posenc_fast import backends
+
+    seen = []
+    for name in backends.BACKEND_NAMES:
+        forward = getattr(backends.get(name), "floater_forward", None)
+        if forward is not None:
+
+            def counting(*args, _forward=forward, **kwargs):
+                seen.append(args[5].shape[0])  # the number of sample times integrated
+                return _forward(*args, **kwargs)
+
+            monkeypatch.setattr(backends.get(name), "floater_forward", counting)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: threads only add synchronisation
+    try:
+        steps, length = 150, 16
+        r = _load("floater_attention").main(steps=steps, length=length)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [length] * steps + [length] + [length], seen
+    assert r["train_calls"] == [length] * 3
+    assert r["eval_calls"] == [length], "five eval calls, one integration"
+    assert r["extension_calls"] == [length], "only the new positions are integrated"
+    assert r["losses"][-1] < 0.25 * r["losses"][0]
+    assert min(r["accuracy"]) > 0.5, "previous-token task learnt (chance: 1/16)"
+    assert len(set(r["accuracy"])) == 1
