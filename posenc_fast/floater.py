@@ -267,7 +267,6 @@ class Floater(nn.Module):
         self._entries = {}
         self._reused = 0
 
-    # -- computation -------------------------------------------------------------------
     def __getstate__(self):
         # Copies and pickles leave the cache behind: it is derived data, [S, L, d] states
         # plus a copy of every parameter, which would otherwise be written into checkpoints.
@@ -275,6 +274,7 @@ class Floater(nn.Module):
         state["_entries"], state["_reused"] = {}, 0
         return state
 
+    # -- computation -------------------------------------------------------------------
 
     def _params(self) -> tuple[Tensor, ...]:
         return (self.p0, self.w1, self.b1, self.w2, self.b2)
@@ -494,13 +494,13 @@ class FloaterAttentionBias(nn.Module):
         self.num_layers, self.num_projections = num_layers, num_projections
         self.floater = Floater(dim, num_layers * num_projections, **floater_kwargs)
 
+    def reset_parameters(self) -> None:
+        self.floater.reset_parameters()
+
     def forward(self, length: Optional[int] = None, times: Optional[Tensor] = None) -> Tensor:
         """length: int >= 0, or times [L] -> [num_layers, num_projections, L, dim]."""
         out = self.floater(length, times)
         return out.unflatten(0, (self.num_layers, self.num_projections))
-
-    def reset_parameters(self) -> None:
-        self.floater.reset_parameters()
 
     def extra_repr(self) -> str:
         return f"num_layers={self.num_layers}, num_projections={self.num_projections}"
