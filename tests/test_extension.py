@@ -368,7 +368,8 @@ def test_cpu_kernels_split_regions(cpu_isa, dtype):
 @needs_ext
 def test_backward_recompute_path_matches():
     """With no memory to keep an interval's stage values, the backward recomputes each step
-    from stored starting states: the same gradients, bitwise."""
+    from stored starting states: the same adjoint bitwise (dp0, dtimes); the weight
+    gradients are summed step by step instead of per interval (rounding differs)."""
     args = make_inputs(5, 7, 6, 4, torch.float64, seed=12)
     out = ops().floater_integrate(*args, 3, "rk4", "gelu")
     grad = torch.randn_like(out)
@@ -381,8 +382,11 @@ def test_backward_recompute_path_matches():
         _check_against_loop(5, 7, 6, 4, 3, "rk38", "tanh", torch.float32, seed=13)
     finally:
         EXT.set_backward_keep_budget(old)
-    for a, b in zip(kept, recomputed):
-        assert torch.equal(a, b)
+    for i, (a, b) in enumerate(zip(kept, recomputed)):
+        if i in (0, 5):
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
 
 
 @needs_ext

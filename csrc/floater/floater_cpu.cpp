@@ -83,8 +83,9 @@ struct Fwd {
   T h;
 };
 
-// Backward through one stage of a chunk: given gk = dLoss/dK, produce gz, gy and the
-// parameter gradients, then lam += gy and gks[j] += coef[j] * gy.
+// Backward through one stage of a chunk: given gk = dLoss/dK, produce gz and gy, then
+// lam += gy and gks[j] += coef[j] * gy. (The weight gradients are accumulated later, for
+// many stages at once: Flush.)
 template <typename T>
 struct Bwd {
   Dyn<T> dyn;
@@ -96,10 +97,6 @@ struct Bwd {
   const T* gk;  // [R, d]
   T* gz;        // [R, H]
   T* gy;        // [R, d]
-  T* dw1;       // [d+1, H] accumulators, nullptr when not needed
-  T* db1;       // [H]
-  T* dw2;       // [H+1, d]
-  T* db2;       // [d]
   T* lam;       // [R, d]
   T* gks[kMaxStages];
   T coef[kMaxStages];
@@ -120,21 +117,29 @@ constexpr int max_row_tile() {
 }
 
 // out[r, c] = init[c] + sum_k x[r, k] * w[k, c]   for r < RT, c in [c0, c1)
+// (ACC: out[r, c] += sum_k ..., the sum starting from out's own value.)
 // x [RT, K] (row stride K), w row stride ldw, out row stride ldo. Each element is the same
 // left-to-right sum in every code path (full block, single vector, partial vector) and
 // for every RT.
-template <typename T, int B, int RT>
+template <typename T, int B, int RT, bool ACC = false>
 PF_INLINE void mm_nn_tile(const T* xr, int64_t K, const T* w, int64_t ldw, const T* init, int64_t c0,
                           int64_t c1, T* orow, int64_t ldo) {
   using V = typename VecT<T, B>::type;
   constexpr int W = VecT<T, B>::lanes;
   int64_t c = c0;
   for (; c + 2 * W <= c1; c += 2 * W) {
-    const V i0 = vload<V>(init + c), i1 = vload<V>(init + c + W);
     V acc[RT][2];
-    for (int s = 0; s < RT; ++s) {
-      acc[s][0] = i0;
-      acc[s][1] = i1;
+    if (ACC) {
+      for (int s = 0; s < RT; ++s) {
+        acc[s][0] = vload<V>(orow + s * ldo + c);
+        acc[s][1] = vload<V>(orow + s * ldo + c + W);
+      }
+    } else {
+      const V i0 = vload<V>(init + c), i1 = vload<V>(init + c + W);
+      for (int s = 0; s < RT; ++s) {
+        acc[s][0] = i0;
+        acc[s][1] = i1;
+      }
     }
     const T* wk = w + c;
     for (int64_t k = 0; k < K; ++k, wk += ldw) {
@@ -152,9 +157,8 @@ PF_INLINE void mm_nn_tile(const T* xr, int64_t K, const T* w, int64_t ldw, const
   }
   for (; c < c1; c += W) {
     const int n = static_cast<int>(std::min<int64_t>(W, c1 - c));
-    const V i0 = vload_n<V>(init + c, n);
     V acc[RT];
-    for (int s = 0; s < RT; ++s) acc[s] = i0;
+    for (int s = 0; s < RT; ++s) acc[s] = ACC ? vload_n<V>(orow + s * ldo + c, n) : vload_n<V>(init + c, n);
     const T* wk = w + c;
     for (int64_t k = 0; k < K; ++k, wk += ldw) {
       const V w0 = vload_n<V>(wk, n);
@@ -179,28 +183,18 @@ PF_INLINE void mm_nn(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, 
   for (; r < R; r += kTile) mm_nn_tile<T, B, kTile>(x + r * K, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
 }
 
-// acc[j, c] += sum_r x[r, j] * g[r, c]   for j in [j0, j1), c < N, r < R (in order)
-// x row stride ldx, g [R, N], acc row stride N.
+// out[j, c] += sum_k x[j, k] * w[k, c] for any number of rows R (tiles of 12 / 4, then
+// single rows): the weight-gradient update dW += X^T G with x = X^T.
 template <typename T, int B>
-PF_INLINE void rank_update(T* acc, int64_t N, const T* x, int64_t ldx, const T* g, int64_t R,
-                           int64_t j0, int64_t j1) {
-  using V = typename VecT<T, B>::type;
-  constexpr int W = VecT<T, B>::lanes;
-  for (int64_t j = j0; j < j1; ++j) {
-    T* arow = acc + j * N;
-    for (int64_t c = 0; c < N; c += W) {
-      const int n = static_cast<int>(std::min<int64_t>(W, N - c));
-      V v = n == W ? vload<V>(arow + c) : vload_n<V>(arow + c, n);
-      for (int64_t r = 0; r < R; ++r) {
-        const V gv = n == W ? vload<V>(g + r * N + c) : vload_n<V>(g + r * N + c, n);
-        v += vsplat<V>(x[r * ldx + j]) * gv;
-      }
-      if (n == W)
-        vstore(arow + c, v);
-      else
-        vstore_n(arow + c, v, n);
-    }
-  }
+PF_INLINE void mm_nn_acc(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, int64_t c0, int64_t c1,
+                         T* out, int64_t ldo) {
+  int64_t r = 0;
+  if (max_row_tile<T, B>() >= 12)
+    for (; R - r >= 12; r += 12)
+      mm_nn_tile<T, B, 12, true>(x + r * K, K, w, ldw, nullptr, c0, c1, out + r * ldo, ldo);
+  for (; R - r >= kTile; r += kTile)
+    mm_nn_tile<T, B, kTile, true>(x + r * K, K, w, ldw, nullptr, c0, c1, out + r * ldo, ldo);
+  for (; r < R; ++r) mm_nn_tile<T, B, 1, true>(x + r * K, K, w, ldw, nullptr, c0, c1, out + r * ldo, ldo);
 }
 
 // Activations over a contiguous row segment. float32: vectorised polynomials (cpu_vec.h);
@@ -349,11 +343,9 @@ PF_INLINE void layer2_impl(const Fwd<T>& f, int64_t b0, int64_t b1) {
   combine<T, B>(f.dst, f.base, f.ks, f.coef, f.nk, f.h, f.R, d, c0, c1);
 }
 
-// Backward region 1 over column blocks [b0, b1) of H: gz, dw2[:H] rows, dw1[d] and db1.
+// Backward region 1 over column blocks [b0, b1) of H: gz.
 template <typename T, int B>
 PF_INLINE void bwd1_impl(const Bwd<T>& g, int64_t b0, int64_t b1) {
-  using V = typename VecT<T, B>::type;
-  constexpr int W = VecT<T, B>::lanes;
   const int64_t H = g.dyn.H, d = g.dyn.d, R = g.R;
   const int64_t j0 = b0 * col_block<T, B>(), j1 = std::min(H, b1 * col_block<T, B>());
   if (j0 >= j1) return;
@@ -363,23 +355,9 @@ PF_INLINE void bwd1_impl(const Bwd<T>& g, int64_t b0, int64_t b1) {
     const int64_t o = r * H + j0;
     Act<T, B>::backward(g.dyn.act, g.z + o, g.a + o, g.gz + o, g.gz + o, j1 - j0);
   }
-  if (g.dw2) rank_update<T, B>(g.dw2, d, g.a, H, g.gk, R, j0, j1);
-  if (g.dw1 || g.db1) {
-    for (int64_t c = j0; c < j1; c += W) {
-      const int n = static_cast<int>(std::min<int64_t>(W, j1 - c));
-      V s = vload_n<V>(g.gz + c, n);
-      for (int64_t r = 1; r < R; ++r) s += vload_n<V>(g.gz + r * H + c, n);
-      if (g.dw1) {
-        T* p = g.dw1 + d * H + c;
-        vstore_n(p, vload_n<V>(p, n) + g.tau * s, n);
-      }
-      if (g.db1) vstore_n(g.db1 + c, vload_n<V>(g.db1 + c, n) + s, n);
-    }
-  }
 }
 
-// Backward region 2 over column blocks [b0, b1) of d: gy, dw1[:d] rows, dw2[H] and db2
-// entries, then the adjoint combination.
+// Backward region 2 over column blocks [b0, b1) of d: gy, then the adjoint combination.
 template <typename T, int B>
 PF_INLINE void bwd2_impl(const Bwd<T>& g, int64_t b0, int64_t b1) {
   using V = typename VecT<T, B>::type;
@@ -389,19 +367,6 @@ PF_INLINE void bwd2_impl(const Bwd<T>& g, int64_t b0, int64_t b1) {
   if (c0 >= c1) return;
   // gy = gz @ w1[:d]^T = gz @ w1T
   mm_nn<T, B>(g.gz, H, R, g.dyn.w1T, d, g.dyn.zeros, c0, c1, g.gy, d);
-  if (g.dw1) rank_update<T, B>(g.dw1, H, g.y, d, g.gz, R, c0, c1);
-  if (g.dw2 || g.db2) {
-    for (int64_t c = c0; c < c1; c += W) {
-      const int n = static_cast<int>(std::min<int64_t>(W, c1 - c));
-      V s = vload_n<V>(g.gk + c, n);
-      for (int64_t r = 1; r < R; ++r) s += vload_n<V>(g.gk + r * d + c, n);
-      if (g.dw2) {
-        T* p = g.dw2 + H * d + c;
-        vstore_n(p, vload_n<V>(p, n) + g.tau * s, n);
-      }
-      if (g.db2) vstore_n(g.db2 + c, vload_n<V>(g.db2 + c, n) + s, n);
-    }
-  }
   for (int64_t r = 0; r < R; ++r) {
     const int64_t o = r * d;
     for (int64_t c = c0; c < c1; c += W) {
@@ -416,6 +381,37 @@ PF_INLINE void bwd2_impl(const Bwd<T>& g, int64_t b0, int64_t b1) {
   }
 }
 
+// Weight gradients of many stages at once: R rows, one per (step, stage, state).
+//   dw1[:d] += Y^T GZ, dw1[d] += tau^T GZ, db1 += 1^T GZ, and the same for dw2 with A, GK,
+// as products out += xt @ g with xt = [Y^T; tau; 1] ([d+2, R]) and [A^T; tau; 1] ([H+2, R]).
+// Units: rows [0, d+2) of the first product, then [d+2, d+H+4) of the second. Each
+// output row is owned by one thread and summed over the R rows in order (determinism).
+template <typename T>
+struct Flush {
+  int64_t R, d, H;
+  const T* xt1;  // [d+2, R]
+  const T* xt2;  // [H+2, R]
+  const T* gz;   // [R, H]
+  const T* gk;   // [R, d]
+  T *dw1, *db1, *dw2, *db2;  // accumulators (nullptr: not needed)
+};
+
+template <typename T, int B>
+PF_INLINE void flush_rows(const T* xt, int64_t R, const T* g, int64_t N, int64_t rows, T* w, T* b, int64_t u0,
+                          int64_t u1) {
+  // rows [0, rows+1) of xt update w (its time row included), row rows+1 updates b
+  const int64_t wend = std::min(u1, rows + 1);
+  if (w && u0 < wend) mm_nn_acc<T, B>(xt + u0 * R, R, wend - u0, g, N, 0, N, w + u0 * N, N);
+  if (b && u0 <= rows + 1 && rows + 1 < u1) mm_nn_acc<T, B>(xt + (rows + 1) * R, R, 1, g, N, 0, N, b, N);
+}
+
+template <typename T, int B>
+PF_INLINE void flush_impl(const Flush<T>& f, int64_t u0, int64_t u1) {
+  const int64_t d = f.d, H = f.H, n1 = d + 2;
+  if (u0 < n1) flush_rows<T, B>(f.xt1, f.R, f.gz, H, d, f.dw1, f.db1, u0, std::min(u1, n1));
+  if (u1 > n1) flush_rows<T, B>(f.xt2, f.R, f.gk, d, H, f.dw2, f.db2, std::max(u0, n1) - n1, u1 - n1);
+}
+
 template <typename T>
 struct Kernels {
   const char* isa;
@@ -424,6 +420,7 @@ struct Kernels {
   void (*layer2)(const Fwd<T>&, int64_t, int64_t);
   void (*bwd1)(const Bwd<T>&, int64_t, int64_t);
   void (*bwd2)(const Bwd<T>&, int64_t, int64_t);
+  void (*flush)(const Flush<T>&, int64_t, int64_t);
 };
 
 #define PF_ISA_WRAPPERS(NAME, ATTR, BYTES)                                                   \
@@ -444,9 +441,13 @@ struct Kernels {
     bwd2_impl<T, BYTES>(g, b0, b1);                                                           \
   }                                                                                           \
   template <typename T>                                                                       \
+  ATTR void flush_##NAME(const Flush<T>& f, int64_t u0, int64_t u1) {                         \
+    flush_impl<T, BYTES>(f, u0, u1);                                                          \
+  }                                                                                           \
+  template <typename T>                                                                       \
   Kernels<T> kernels_##NAME() {                                                               \
-    return Kernels<T>{#NAME, col_block<T, BYTES>(), &layer1_##NAME<T>, &layer2_##NAME<T>,     \
-                      &bwd1_##NAME<T>, &bwd2_##NAME<T>};                                      \
+    return Kernels<T>{#NAME,           col_block<T, BYTES>(), &layer1_##NAME<T>, &layer2_##NAME<T>, \
+                      &bwd1_##NAME<T>, &bwd2_##NAME<T>,       &flush_##NAME<T>};             \
   }
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -605,6 +606,16 @@ class Integrator {
       kern_.bwd2(g, 0, nb);
     }
   }
+  void run_flush(const Flush<T>& f) const {
+    const int64_t units = dyn_.d + dyn_.H + 4;
+    if (split_) {
+      at::parallel_for(0, units, grain(f.R, std::max(dyn_.d, dyn_.H), 1), [&](int64_t u0, int64_t u1) {
+        kern_.flush(f, u0, u1);
+      });
+    } else {
+      kern_.flush(f, 0, units);
+    }
+  }
   // Units per task so that a task has at least ~64k multiply-adds (below that the
   // fork/join costs more than it saves).
   static int64_t grain(int64_t R, int64_t K, int64_t unit) {
@@ -690,15 +701,18 @@ class Integrator {
                       T* db2, T* dtimes, const Chunk<T>& ch) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R, S_ = tab_.stages;
     const int64_t Rd = R * d, RH = R * H;
-    // The stage values of every sub-step of an interval are kept when they fit in a
-    // budget (one forward pass per interval); otherwise only the sub-steps' starting
-    // states are, and each step is recomputed once more before it is differentiated.
-    const int64_t per_step = S_ * (2 * Rd + 2 * RH);
+    // The stage values of every sub-step of an interval (and their adjoints) are kept when
+    // they fit in a budget: one forward pass per interval, and the weight gradients of the
+    // whole interval in one pass over the weight-gradient rows. Otherwise only the
+    // sub-steps' starting states are kept, each step is recomputed once more before it is
+    // differentiated, and the weight gradients are added step by step.
+    const int64_t per_step = S_ * (3 * Rd + 3 * RH + 2 * R);
     const bool keep_all = n_ * per_step * static_cast<int64_t>(sizeof(T)) <= g_keep_budget.load();
     const int64_t nkeep = keep_all ? n_ : 1;
+    const bool need_w = dw1 || db1 || dw2 || db2;
     std::vector<T> starts(keep_all ? 0 : n_ * Rd), lam(Rd, T(0)), P(Rd), init1(H), init2(d);
     std::vector<T> Y(nkeep * S_ * Rd), Z(nkeep * S_ * RH), A(nkeep * S_ * RH), K(nkeep * S_ * Rd);
-    std::vector<T> GK(S_ * Rd), GZ(RH), GY(Rd);
+    std::vector<T> GK(nkeep * S_ * Rd), GZ(nkeep * S_ * RH), GY(Rd), tau(nkeep * S_ * R);
     std::vector<T> scratch_y(keep_all ? 0 : Rd), scratch_z(keep_all ? 0 : RH), scratch_a(keep_all ? 0 : RH);
     std::vector<double> dt_row(R), dh_row(R);
     std::vector<StageStore> keep(nkeep);
@@ -719,6 +733,15 @@ class Integrator {
         fwd_only.k[i] = K.data() + i * Rd;
       }
     }
+    std::vector<T> xt1(need_w ? (d + 2) * nkeep * S_ * R : 0), xt2(need_w ? (H + 2) * nkeep * S_ * R : 0);
+    auto flush = [&](int64_t steps) {  // weight gradients of the kept steps
+      if (!need_w) return;
+      const int64_t Rf = steps * S_ * R;
+      transpose_into(xt1.data(), Y.data(), Rf, d, tau.data());
+      transpose_into(xt2.data(), A.data(), Rf, H, tau.data());
+      const Flush<T> f{Rf, d, H, xt1.data(), xt2.data(), GZ.data(), GK.data(), dw1, db1, dw2, db2};
+      run_flush(f);
+    };
     const T nT = static_cast<T>(n_);
     for (int64_t j = L_ - 1; j >= 0; --j) {
       // lam += grad[:, j]
@@ -750,14 +773,20 @@ class Integrator {
       double dT = 0.0, dTprev = 0.0;
       for (int64_t k = n_ - 1; k >= 0; --k) {
         const T t = tp + static_cast<T>(k) * h;
-        const StageStore& st = keep[keep_all ? k : 0];
+        const int64_t slot = keep_all ? k : 0;
+        const StageStore& st = keep[slot];
         if (!keep_all) {  // recompute step k, keeping its stage values
           std::memcpy(P.data(), starts.data() + k * Rd, sizeof(T) * Rd);
           std::memcpy(st.y[0], P.data(), sizeof(T) * Rd);
           step(P.data(), R, t, h, st, init1.data(), init2.data());
         }
-        backprop_step(R, ch.rows, t, h, st, lam.data(), GK.data(), GZ.data(), GY.data(), dw1, db1, dw2, db2,
-                      dtimes ? dt_row.data() : nullptr, dh_row.data());
+        for (int i = 0; i < S_; ++i) {
+          const T ti = t + static_cast<T>(tab_.c[i]) * h;
+          std::fill_n(tau.data() + (slot * S_ + i) * R, R, ti);
+        }
+        backprop_step(R, ch.rows, t, h, st, lam.data(), GK.data() + slot * S_ * Rd, GZ.data() + slot * S_ * RH,
+                      GY.data(), dtimes ? dt_row.data() : nullptr, dh_row.data());
+        if (!keep_all) flush(1);
         double dt_sum = 0.0, dh_sum = 0.0;
         for (int64_t r = 0; dtimes && r < ch.rows; ++r) {
           dt_sum += dt_row[r];
@@ -767,6 +796,7 @@ class Integrator {
         dT += dt_sum * kn + dh_sum / static_cast<double>(n_);
         dTprev += dt_sum * (1.0 - kn) - dh_sum / static_cast<double>(n_);
       }
+      if (keep_all) flush(n_);
       if (dtimes) {
         dtimes[j] += static_cast<T>(dT);
         if (j > 0) dtimes[j - 1] += static_cast<T>(dTprev);
@@ -778,11 +808,13 @@ class Integrator {
     }
   }
 
-  // Differentiate one step given the stored stage values; lam: dLoss/d(state after the
-  // step) on entry, dLoss/d(state before) on exit.
-  void backprop_step(int64_t R, int64_t rows, T t, T h, const StageStore& st, T* lam, T* GK, T* GZ,
-                     T* GY, T* dw1, T* db1, T* dw2, T* db2, double* dt_row, double* dh_row) const {
-    const int64_t d = dyn_.d, H = dyn_.H, Rd = R * d;
+  // Differentiate one step given its stored stage values. lam: dLoss/d(state after the
+  // step) on entry, dLoss/d(state before) on exit. GK, GZ: [stages][R, d] and
+  // [stages][R, H], the adjoints of every stage's slope and pre-activation (kept for
+  // the weight gradients).
+  void backprop_step(int64_t R, int64_t rows, T t, T h, const StageStore& st, T* lam, T* GK, T* GZ, T* GY,
+                     double* dt_row, double* dh_row) const {
+    const int64_t d = dyn_.d, H = dyn_.H, Rd = R * d, RH = R * H;
     const int S_ = tab_.stages;
     // dLoss/dK_i = h b_i lam; dLoss/dh gets lam . sum_i b_i K_i
     for (int i = 0; i < S_; ++i) {
@@ -804,21 +836,16 @@ class Integrator {
     const T* w2t = dyn_.w2 + H * d;
     // lam keeps accumulating dLoss/dP: the identity path P -> P_new plus every stage's gy.
     for (int i = S_ - 1; i >= 0; --i) {
-      const T tau = t + static_cast<T>(tab_.c[i]) * h;
       Bwd<T> g{};
       g.dyn = dyn_;
       g.R = R;
-      g.tau = tau;
-      g.y = i == 0 ? st.y[0] : st.y[i];
+      g.tau = t + static_cast<T>(tab_.c[i]) * h;
+      g.y = st.y[i];
       g.z = st.z[i];
       g.a = st.a[i];
       g.gk = GK + i * Rd;
-      g.gz = GZ;
+      g.gz = GZ + i * RH;
       g.gy = GY;
-      g.dw1 = dw1;
-      g.db1 = db1;
-      g.dw2 = dw2;
-      g.db2 = db2;
       g.lam = lam;
       g.nk = 0;
       for (int j = 0; j < i; ++j) {
@@ -832,7 +859,7 @@ class Integrator {
       // dLoss/dtau_i = gk . w2[H] + gz . w1[d]; tau_i = t + c_i h; Y_i depends on h through
       // h * sum_j a_ij K_j.
       for (int64_t r = 0; dt_row && r < rows; ++r) {
-        const double gt = dot(g.gk + r * d, w2t, d) + dot(GZ + r * H, w1t, H);
+        const double gt = dot(g.gk + r * d, w2t, d) + dot(g.gz + r * H, w1t, H);
         dt_row[r] += gt;
         double acc = tab_.c[i] * gt;
         for (int j = 0; j < i; ++j) {
@@ -841,6 +868,17 @@ class Integrator {
         dh_row[r] += acc;
       }
     }
+  }
+
+  // xt [n+2, R] = [x^T; tau; 1] for x [R, n]
+  static void transpose_into(T* xt, const T* x, int64_t R, int64_t n, const T* tau) {
+    constexpr int64_t kBlock = 32;  // cache blocking
+    for (int64_t r0 = 0; r0 < R; r0 += kBlock)
+      for (int64_t c0 = 0; c0 < n; c0 += kBlock)
+        for (int64_t c = c0; c < std::min(n, c0 + kBlock); ++c)
+          for (int64_t r = r0; r < std::min(R, r0 + kBlock); ++r) xt[c * R + r] = x[r * n + c];
+    std::memcpy(xt + n * R, tau, sizeof(T) * R);
+    std::fill_n(xt + (n + 1) * R, R, T(1));
   }
 
   static double dot(const T* x, const T* y, int64_t n) {
