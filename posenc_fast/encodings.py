@@ -110,7 +110,13 @@ def dft_inverse(encoding: Tensor, backend: str = "auto") -> Tensor:
     _checks.float_tensor("encoding", encoding)
     if encoding.dim() < 1:
         raise ValueError("encoding must have shape [..., dim], got a scalar")
-    dim = _check_dim("dft", encoding.shape[-1])
+    dim = encoding.shape[-1]
+    if dim <= 0 or dim % 2:
+        # The size comes from encoding's last dimension: name encoding, not a "dim" argument.
+        need = "positive" if dim <= 0 else "even for the DFT (Eq. 21 pairs cosines and sines)"
+        raise ValueError(
+            f"encoding must have shape [..., dim], got {list(encoding.shape)}: dim must be {need}"
+        )
     name = _choose("dft", encoding.device, encoding.dtype, dim, encoding, backend)
     if name == "reference":
         return _reference.dft_inverse(encoding, encoding.dtype)

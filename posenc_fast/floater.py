@@ -39,8 +39,9 @@ def _check_times(times, dtype: torch.dtype) -> Tensor:
         raise ValueError(f"times must be a 1-D tensor [L], got shape {list(times.shape)}")
     times = times.to(dtype)
     # Value checks read the tensor back once per call. Under torch.compile they would break
-    # the graph, so they are skipped there (the module's own times are valid by construction).
-    if times.numel() and not _is_compiling():
+    # the graph, so they are skipped there (the module's own times are valid by construction),
+    # and on the meta device there are no values to read (shape inference only).
+    if times.numel() and not _is_compiling() and times.device.type != "meta":
         if not bool(torch.isfinite(times).all()):
             raise ValueError("times must be finite")
         if bool((times < 0).any()):
@@ -390,6 +391,10 @@ class Floater(nn.Module):
                 raise ValueError(f"length must be >= 0, got {length}")
             t = self.length_times(length)
         else:
+            # Device first: the value checks in _check_times read the tensor back (a meta
+            # tensor would fail there with an error that names no argument).
+            _checks.real_positions("times", times)
+            _checks.same_device("the module (p0)", self.p0, times=times)
             t = _check_times(times, self.p0.dtype)
         training_step = self.training and torch.is_grad_enabled()
         if (training_step and self.refresh_every == 1) or _is_compiling():

@@ -37,7 +37,17 @@ def _check_lff_args(x, wr, w1, b1, w2, b2, activation) -> tuple[Tensor, bool]:
             f"x must have shape [..., G, M] (at least 2 dimensions), got {list(x.shape)}"
         )
     M = x.shape[-1]
+    # M = 0 or F = 0 would make every feature constant (and the torch backend divides by
+    # sqrt(F)): like the module (pos_dim, fourier_dim > 0), refuse them here.
+    if M == 0:
+        raise ValueError(
+            f"x must have shape [..., G, M] with M >= 1 coordinates, got {list(x.shape)}"
+        )
     _checks.shape("wr", wr, (None, M), "[F/2, M] with M = x.shape[-1]")
+    if wr.shape[0] == 0:
+        raise ValueError(
+            f"wr must have shape [F/2, M] with F/2 >= 1 frequencies, got {list(wr.shape)}"
+        )
     mlp_args = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
     given = [name for name, t in mlp_args.items() if t is not None]
     if given and len(given) != 4:

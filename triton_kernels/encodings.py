@@ -133,7 +133,8 @@ def _encoding_fwd_kernel(
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < n_freq
         c, s = _cos_sin(p_hi, p_lo, TAB, ks, kmask, stride_tab, POS_INT)
-        c *= tl.load(TAB + ks + stride_tab * _COS_AMP, mask=kmask, other=0.0)[None, :]
+        cos_amp = tl.load(TAB + ks + stride_tab * _COS_AMP, mask=kmask, other=0.0)[None, :]
+        c *= cos_amp
         s *= tl.load(TAB + ks + stride_tab * _SIN_AMP, mask=kmask, other=0.0)[None, :]
         if INTERLEAVED:
             # sin of frequency i at column 2i, cos at 2i + 1: one contiguous [BR, 2 BK] tile.
@@ -155,6 +156,9 @@ def _encoding_fwd_kernel(
                 INTERPRET,
             )
         else:
+            # DFT frequency 0 is the constant a0: keep it constant for a NaN / inf position
+            # (0 * inf is NaN), as the reference and the torch backend do.
+            c = tl.where((ks == 0)[None, :], cos_amp, c)
             ccol = tl.load(COLS + ks, mask=kmask, other=-1)
             scol = tl.load(COLS + n_freq + ks, mask=kmask, other=-1)
             _put(

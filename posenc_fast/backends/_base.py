@@ -41,6 +41,13 @@ class OpSupport:
     input_dtypes: Mapping[str, tuple[torch.dtype, ...]] = field(default_factory=dict)
 
 
+def device_capability() -> tuple[int, int]:
+    """Compute capability of the current CUDA device. The one place backends ask, so tests
+    can simulate a GPU older than the kernels support (tests/test_degradation.py)."""
+    major, minor = torch.cuda.get_device_capability()
+    return int(major), int(minor)
+
+
 def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 

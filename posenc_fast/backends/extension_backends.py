@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from .. import _extension
+from . import _base
 from ._base import Backend, OpSupport
 
 METHODS = ("euler", "midpoint", "rk4", "rk38")
@@ -111,15 +112,12 @@ class CudaBackend(_ExtensionBackend):
             return ["the extension was built without CUDA" + (f" ({why})" if why else "")]
         if not torch.cuda.is_available():
             return ["no CUDA device available"]
+        major, minor = _base.device_capability()
+        if major < 7:  # an environment reason: "auto" warns and info shows it
+            return [f"needs a GPU of compute capability >= 7.0, this one is {major}.{minor}"]
         if not CUDA_VALIDATED and os.environ.get(CUDA_GATE_ENV, "") in ("", "0"):
             return [
                 "the CUDA kernels have not passed the test matrix on a GPU yet; "
                 f"set {CUDA_GATE_ENV}=1 to use them"
             ]
-        return []
-
-    def extra_reasons(self, problem) -> list[str]:
-        major, _ = torch.cuda.get_device_capability()
-        if major < 7:
-            return [f"needs a GPU of compute capability >= 7.0, this one is {major}.x"]
         return []

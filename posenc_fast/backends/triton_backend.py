@@ -29,7 +29,8 @@ from functools import lru_cache
 
 import torch
 
-from ._base import Backend, OpSupport, Problem
+from . import _base
+from ._base import Backend, OpSupport
 
 _HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)
 _INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -64,6 +65,8 @@ class TritonBackend(Backend):
     summary = "fused Triton kernels (CUDA; CPU tensors under TRITON_INTERPRET=1)"
     # Devices on which "auto" may pick this backend: the interpreter is for verification.
     auto_devices = ("cuda",)
+    # On a CUDA machine, triton missing or a GPU too old means slow fallbacks: say so once.
+    warn_when_unavailable = True
     SUPPORT: dict[str, OpSupport] = {
         "lff": OpSupport(
             devices=_devices(),
@@ -91,17 +94,16 @@ class TritonBackend(Backend):
             return [err]
         if not (torch.cuda.is_available() or interpreter_enabled()):
             return ["no CUDA device and TRITON_INTERPRET is not set"]
-        return []
-
-    def extra_reasons(self, problem: Problem) -> list[str]:
-        out = []
-        if problem.device == "cuda" and not interpreter_enabled() and torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
+        if torch.cuda.is_available() and not interpreter_enabled():
+            # An environment reason (not an input-dependent one), so that "auto" warns once
+            # and `python -m posenc_fast info` shows it, instead of a silent fallback.
+            major, minor = _base.device_capability()
             if major < 8:
-                out.append(
-                    f"needs compute capability >= 8.0 (bf16 tensor cores), got {major}.{minor}"
-                )
-        return out
+                return [
+                    f"needs a GPU of compute capability >= 8.0 (bf16 tensor cores), "
+                    f"this one is {major}.{minor}"
+                ]
+        return []
 
     # ------------------------------------------------------------------ lff
     def lff_forward(self, x, wr, w1, b1, w2, b2, activation, out_dtype):
