@@ -27,7 +27,8 @@ class Tol:
 
 TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
     torch.float64: {
-        "encoding": Tol(1e-12, 1e-12),
+        # the float64 reference itself rounds p * freq: ~1e-16 * |phase|, 1e-11 at 1e5
+        "encoding": Tol(1e-10, 1e-12),
         "lff": Tol(1e-10, 1e-10),
         "floater": Tol(1e-9, 1e-9),
         "grad": Tol(1e-9, 1e-9),
