@@ -118,12 +118,12 @@ constexpr int max_row_tile() {
 
 // out[r, c] = init[c] + sum_k x[r, k] * w[k, c]   for r < RT, c in [c0, c1)
 // (ACC: out[r, c] += sum_k ..., the sum starting from out's own value.)
-// x [RT, K] (row stride K), w row stride ldw, out row stride ldo. Each element is the same
+// x [RT, K] (row stride ldx), w row stride ldw, out row stride ldo. Each element is the same
 // left-to-right sum in every code path (full block, single vector, partial vector) and
 // for every RT.
 template <typename T, int B, int RT, bool ACC = false>
-PF_INLINE void mm_nn_tile(const T* xr, int64_t K, const T* w, int64_t ldw, const T* init, int64_t c0,
-                          int64_t c1, T* orow, int64_t ldo) {
+PF_INLINE void mm_nn_tile(const T* xr, int64_t ldx, int64_t K, const T* w, int64_t ldw, const T* init,
+                          int64_t c0, int64_t c1, T* orow, int64_t ldo) {
   using V = typename VecT<T, B>::type;
   constexpr int W = VecT<T, B>::lanes;
   int64_t c = c0;
@@ -145,7 +145,7 @@ PF_INLINE void mm_nn_tile(const T* xr, int64_t K, const T* w, int64_t ldw, const
     for (int64_t k = 0; k < K; ++k, wk += ldw) {
       const V w0 = vload<V>(wk), w1 = vload<V>(wk + W);
       for (int s = 0; s < RT; ++s) {
-        const V xs = vsplat<V>(xr[s * K + k]);
+        const V xs = vsplat<V>(xr[s * ldx + k]);
         acc[s][0] += xs * w0;
         acc[s][1] += xs * w1;
       }
@@ -162,39 +162,52 @@ PF_INLINE void mm_nn_tile(const T* xr, int64_t K, const T* w, int64_t ldw, const
     const T* wk = w + c;
     for (int64_t k = 0; k < K; ++k, wk += ldw) {
       const V w0 = vload_n<V>(wk, n);
-      for (int s = 0; s < RT; ++s) acc[s] += vsplat<V>(xr[s * K + k]) * w0;
+      for (int s = 0; s < RT; ++s) acc[s] += vsplat<V>(xr[s * ldx + k]) * w0;
     }
     for (int s = 0; s < RT; ++s) vstore_n(orow + s * ldo + c, acc[s], n);
   }
 }
 
 // The same over R rows (a multiple of kTile), in tiles of 12, 8 or 4 rows.
-template <typename T, int B>
-PF_INLINE void mm_nn(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, const T* init,
-                     int64_t c0, int64_t c1, T* out, int64_t ldo) {
+// Long reductions are cut into blocks of kKBlock (128) rows of w, partial sums parked in
+// out (L1): w is then read in contiguous row blocks, which the hardware prefetchers
+// stream, instead of one 2 x 64-byte piece per row (a 2 KiB stride at d = 512). The sum
+// of each element keeps its order, so the result is bitwise the same.
+constexpr int64_t kKBlock = 128;
+
+template <typename T, int B, bool ACC>
+PF_INLINE void mm_nn_rows(const T* x, int64_t ldx, int64_t K, int64_t R, const T* w, int64_t ldw,
+                          const T* init, int64_t c0, int64_t c1, T* out, int64_t ldo) {
   int64_t r = 0;
   if (max_row_tile<T, B>() >= 12) {
-    for (; R - r >= 12; r += 12) mm_nn_tile<T, B, 12>(x + r * K, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+    for (; R - r >= 12; r += 12)
+      mm_nn_tile<T, B, 12, ACC>(x + r * ldx, ldx, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
     if (R - r >= 8) {
-      mm_nn_tile<T, B, 8>(x + r * K, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+      mm_nn_tile<T, B, 8, ACC>(x + r * ldx, ldx, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
       r += 8;
     }
   }
-  for (; r < R; r += kTile) mm_nn_tile<T, B, kTile>(x + r * K, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+  for (; R - r >= kTile; r += kTile)
+    mm_nn_tile<T, B, kTile, ACC>(x + r * ldx, ldx, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+  for (; r < R; ++r) mm_nn_tile<T, B, 1, ACC>(x + r * ldx, ldx, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
 }
 
-// out[j, c] += sum_k x[j, k] * w[k, c] for any number of rows R (tiles of 12 / 4, then
-// single rows): the weight-gradient update dW += X^T G with x = X^T.
+template <typename T, int B>
+PF_INLINE void mm_nn(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, const T* init,
+                     int64_t c0, int64_t c1, T* out, int64_t ldo) {
+  const int64_t k1 = std::min(K, kKBlock);
+  mm_nn_rows<T, B, false>(x, K, k1, R, w, ldw, init, c0, c1, out, ldo);
+  for (int64_t k0 = k1; k0 < K; k0 += kKBlock)
+    mm_nn_rows<T, B, true>(x + k0, K, std::min(kKBlock, K - k0), R, w + k0 * ldw, ldw, nullptr, c0, c1, out, ldo);
+}
+
+// out[j, c] += sum_k x[j, k] * w[k, c] for any number of rows R: the weight-gradient
+// update dW += X^T G with x = X^T (blocked over k like mm_nn).
 template <typename T, int B>
 PF_INLINE void mm_nn_acc(const T* x, int64_t K, int64_t R, const T* w, int64_t ldw, int64_t c0, int64_t c1,
                          T* out, int64_t ldo) {
-  int64_t r = 0;
-  if (max_row_tile<T, B>() >= 12)
-    for (; R - r >= 12; r += 12)
-      mm_nn_tile<T, B, 12, true>(x + r * K, K, w, ldw, nullptr, c0, c1, out + r * ldo, ldo);
-  for (; R - r >= kTile; r += kTile)
-    mm_nn_tile<T, B, kTile, true>(x + r * K, K, w, ldw, nullptr, c0, c1, out + r * ldo, ldo);
-  for (; r < R; ++r) mm_nn_tile<T, B, 1, true>(x + r * K, K, w, ldw, nullptr, c0, c1, out + r * ldo, ldo);
+  for (int64_t k0 = 0; k0 < K; k0 += kKBlock)
+    mm_nn_rows<T, B, true>(x + k0, K, std::min(kKBlock, K - k0), R, w + k0 * ldw, ldw, nullptr, c0, c1, out, ldo);
 }
 
 // Activations over a contiguous row segment. float32: vectorised polynomials (cpu_vec.h);
