@@ -4,16 +4,16 @@
 // times [L], out / grad [S, L, d]; all contiguous, one dtype (float32 or float64).
 //
 // Design
-// - States advance in lockstep, a "chunk" of R states at a time (R padded to a multiple of
-//   kTile with copies of the chunk's first state, whose incoming gradient is zero, so the
+// - States advance in lockstep, a "chunk" of R states at a time (R padded to an even count
+//   with copies of the chunk's first state, whose incoming gradient is zero, so the
 //   padding contributes exact zeros). Each stage is two regions:
 //     layer 1: Z = Y @ w1[:d] + (b1 + tau w1[d]), A = act(Z)          (over columns of H)
 //     layer 2: K = A @ w2[:H] + (b2 + tau w2[H]), then the RK combination (over columns of d)
-//   Register tiles of kTile states x 2 vectors read each weight row once per tile.
-// - Parallelism. Small dynamics (weights within a core's L2): chunks of kTile states run in
-//   parallel (at::parallel_for over chunks), each chunk serially. Large dynamics: one chunk
-//   holds every state and each region is split over columns (at::parallel_for), so the
-//   weights are read once per tile per stage instead of once per thread.
+//   Register tiles of up to 12 states x 2 vectors read each weight row once per tile.
+// - Parallelism. Small dynamics (weights within a core's L2): chunks of up to 8 states run
+//   in parallel (at::parallel_for over chunks), each chunk serially. Large dynamics: one
+//   chunk holds every state and each region is split over columns (at::parallel_for), so
+//   the weights are read once per tile per stage instead of once per thread.
 // - Determinism. Every output element is computed by the same sequence of operations
 //   whatever the thread count: regions are split at fixed column blocks, weight-gradient
 //   rows are owned by exactly one thread, chunks depend on the shapes only, and per-chunk
@@ -21,7 +21,8 @@
 // - Backward: the discrete adjoint. Intervals are walked backwards; each interval's
 //   sub-steps are recomputed from its stored starting state (out[:, j-1] or p0) by the same
 //   code as the forward (bitwise the same trajectory), keeping every stage value, then the
-//   steps are differentiated in reverse, stage by stage (reverse order).
+//   steps are differentiated in reverse, stage by stage (reverse order); the weight
+//   gradients of the whole interval are then one product per weight.
 // - Instruction sets: the region kernels are compiled three times (AVX-512, AVX2+FMA,
 //   baseline) through target attributes and the best one the CPU supports is picked at
 //   first use (POSENC_FAST_CPU_ISA=avx2|generic lowers it, e.g. to test every path).
@@ -46,7 +47,7 @@ namespace cpu {
 
 namespace {
 
-constexpr int kTile = 4;  // states per register tile
+constexpr int kTile = 4;  // states per register tile of the 16-register instruction sets
 
 template <typename T>
 struct Dyn {
@@ -67,7 +68,7 @@ struct Dyn {
 template <typename T>
 struct Fwd {
   Dyn<T> dyn;
-  int64_t R;        // rows (states, padded to a multiple of kTile)
+  int64_t R;        // rows (states, padded to an even count)
   const T* y;       // [R, d] stage input
   const T* init1;   // [H]    b1 + tau * w1[d]
   T* z;             // [R, H] pre-activation
@@ -168,7 +169,7 @@ PF_INLINE void mm_nn_tile(const T* xr, int64_t ldx, int64_t K, const T* w, int64
   }
 }
 
-// The same over R rows (a multiple of kTile), in tiles of 12, 8 or 4 rows.
+// The same over any R rows, in tiles of 12, 8 (AVX-512), 6, 4, 2, then 1 rows.
 // Long reductions are cut into blocks of kKBlock (128) rows of w, partial sums parked in
 // out (L1): w is then read in contiguous row blocks, which the hardware prefetchers
 // stream, instead of one 2 x 64-byte piece per row (a 2 KiB stride at d = 512). The sum
@@ -187,8 +188,16 @@ PF_INLINE void mm_nn_rows(const T* x, int64_t ldx, int64_t K, int64_t R, const T
       r += 8;
     }
   }
+  if (R - r >= 6) {
+    mm_nn_tile<T, B, 6, ACC>(x + r * ldx, ldx, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+    r += 6;
+  }
   for (; R - r >= kTile; r += kTile)
     mm_nn_tile<T, B, kTile, ACC>(x + r * ldx, ldx, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+  if (R - r >= 2) {
+    mm_nn_tile<T, B, 2, ACC>(x + r * ldx, ldx, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
+    r += 2;
+  }
   for (; r < R; ++r) mm_nn_tile<T, B, 1, ACC>(x + r * ldx, ldx, K, w, ldw, init, c0, c1, out + r * ldo, ldo);
 }
 
@@ -543,14 +552,17 @@ template <typename T>
 Plan make_plan(int64_t S, int64_t d, int64_t H) {
   const int64_t weight_bytes = ((d + 1) * H + (H + 1) * d) * static_cast<int64_t>(sizeof(T));
   // Weights that stay in a core's L2 (>= 1 MiB on current x86): every chunk can own a core.
+  // Chunks of at most 8 states (a register tile), as even as possible: S = 12 -> 2 x 6.
   if (weight_bytes <= (384 << 10)) {
-    const int64_t chunk = kTile;
+    const int64_t nchunks = (S + 7) / 8;
+    int64_t chunk = (S + nchunks - 1) / nchunks;
+    chunk += chunk % 2;  // tiles come in even sizes
     return Plan{chunk, (S + chunk - 1) / chunk, false};
   }
   return Plan{S, 1, true};
 }
 
-// Work buffers of one chunk; rows padded to a multiple of kTile.
+// A chunk of states; rows padded to an even count (with copies of its first state).
 template <typename T>
 struct Chunk {
   int64_t r0 = 0, rows = 0, R = 0;  // first state, real states, padded rows
@@ -914,7 +926,7 @@ Chunk<T> chunk_of(const Plan& plan, int64_t S, int64_t c) {
   Chunk<T> ch;
   ch.r0 = c * plan.chunk;
   ch.rows = std::min(plan.chunk, S - ch.r0);
-  ch.R = (ch.rows + kTile - 1) / kTile * kTile;
+  ch.R = ch.rows <= 1 ? ch.rows : ch.rows + ch.rows % 2;  // even: register tiles of 2..12 rows
   return ch;
 }
 
