@@ -47,3 +47,16 @@ def test_triton_kernels_are_not_a_top_level_package(tmp_path):
     assert origin == "None" or not origin.startswith(str(ROOT)), origin
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"posenc_fast.triton_kernels" = "triton_kernels"' in pyproject
+
+
+def test_readme_python_examples_run():
+    """Every ```python block of the README runs, in order, in one namespace."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)\n```", text, flags=re.S)
+    assert len(blocks) >= 4
+    namespace: dict = {}
+    for i, block in enumerate(blocks):
+        try:
+            exec(compile(block, f"README.md python block {i}", "exec"), namespace)
+        except Exception as exc:  # pragma: no cover - the message is the point
+            raise AssertionError(f"README python block {i} failed: {exc!r}\n{block}") from exc
