@@ -6,13 +6,16 @@
 #      POSENC_FAST_WITH_CUDA) is syntax-checked against torch's headers and the toolkit's.
 # Nothing is linked or run. Usage: tools/check_cuda_compile.sh [arch ...]  (default: 90)
 # Environment: NVCC (default: nvcc on PATH, else $CUDA_HOME/bin/nvcc), CXX (default g++),
-# PYTHON (default python; must import torch for its include paths).
+# PYTHON (default .venv/bin/python when present, else python; must import torch for its
+# include paths).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 ARCHS=("${@:-90}")
-PYTHON="${PYTHON:-python}"
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
+fi
 CXX="${CXX:-g++}"
 if [[ -z "${NVCC:-}" ]]; then
   if command -v nvcc >/dev/null 2>&1; then NVCC=nvcc
