@@ -79,7 +79,7 @@ class Dynamics(torch.nn.Module):
 
 
 def implementations(leaves, times):
-    from posenc_fast.floater import floater
+    from posenc_fast.floater_encoding import floater
 
     impls = {}
     for name in ("cpp", "torch"):

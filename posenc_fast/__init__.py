@@ -17,7 +17,7 @@ Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "ref
 from ._version import __version__
 from .backends import BackendError, available_backends
 from .encodings import DFTPE, SinusoidalPE, dft, dft_inverse, sinusoidal, sinusoidal_nd
-from .floater import Floater, FloaterAttentionBias, floater
+from .floater_encoding import Floater, FloaterAttentionBias, floater
 from .fourier_features import LearnableFourierFeatures, lff
 from .grid import grid_positions
 

@@ -140,6 +140,8 @@ def _try_load() -> tuple[Optional[ModuleType], list[str], Optional[str]]:
 
 def load() -> Optional[ModuleType]:
     """The extension module, or None (then :func:`reasons` says why). Loads at most once."""
+    if _state["tried"]:  # the common case: no lock, so dynamo can trace it after the first load
+        return _state["module"]
     with _lock:
         if not _state["tried"]:
             _state["tried"] = True

@@ -142,7 +142,7 @@ def test_extension_required_is_available():
 
 def test_import_does_not_load_or_build_the_extension():
     code = (
-        "import sys, posenc_fast, posenc_fast.floater\n"
+        "import sys, posenc_fast, posenc_fast.floater_encoding\n"
         "assert 'posenc_fast._C' not in sys.modules, 'imported eagerly'\n"
         "print('ok')\n"
     )
@@ -218,7 +218,7 @@ def extension_unavailable(monkeypatch):
 
 
 def test_auto_falls_back_with_one_warning(extension_unavailable):
-    from posenc_fast.floater import floater
+    from posenc_fast.floater_encoding import floater
 
     args = make_inputs(2, 3, 4, 3, torch.float32, seed=1)
     with warnings.catch_warnings(record=True) as caught:
@@ -311,7 +311,7 @@ def test_pure_python_wheel_builds_without_the_extension(tmp_path):
 
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "posenc_fast/floater.py" in names or "posenc_fast/__init__.py" in names
+    assert "posenc_fast/floater_encoding.py" in names or "posenc_fast/__init__.py" in names
     assert not [n for n in names if n.endswith((".so", ".pyd"))], names
     assert "py3-none-any" in wheel.name
 

@@ -60,3 +60,20 @@ def test_readme_python_examples_run():
             exec(compile(block, f"README.md python block {i}", "exec"), namespace)
         except Exception as exc:  # pragma: no cover - the message is the point
             raise AssertionError(f"README python block {i} failed: {exc!r}\n{block}") from exc
+
+
+def test_public_functions_do_not_shadow_modules():
+    """`pf.floater` is the function; the module behind it has its own name, so
+    `import posenc_fast.floater_encoding` and mock.patch strings work."""
+    import importlib
+
+    import posenc_fast as pf
+
+    for name in ("lff", "floater", "sinusoidal", "dft"):
+        assert callable(getattr(pf, name)) and not isinstance(getattr(pf, name), type(pf))
+        try:
+            importlib.import_module(f"posenc_fast.{name}")
+        except ModuleNotFoundError:
+            continue
+        raise AssertionError(f"posenc_fast.{name} is both a module and a public function")
+    assert importlib.import_module("posenc_fast.floater_encoding").Floater is pf.Floater

@@ -48,7 +48,7 @@ class _ExtensionBackend(Backend):
     def floater_forward(
         self, p0, w1, b1, w2, b2, times, substeps: int, method: str, activation: str
     ):
-        """out [S, L, d] = p at times; see posenc_fast/floater.py for the semantics."""
+        """out [S, L, d] = p at times; see posenc_fast/reference/floater.py for the semantics."""
         return self._ops().floater_integrate(
             *_call_args(p0, w1, b1, w2, b2, times, substeps, method, activation)
         )

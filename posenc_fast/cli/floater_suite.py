@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from .. import _testing
-from ..floater import Floater, floater
+from ..floater_encoding import Floater, floater
 from ..reference import floater as ref
 from ..tolerances import mismatch
 from ._cases import BenchCase, _available
