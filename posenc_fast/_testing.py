@@ -197,3 +197,30 @@ FLOATER_CASES: Sequence[FloaterCase] = (
     FloaterCase(0, 4, 4, 3, 2, "rk4", "tanh"),
     FloaterCase(5, 1, 2, 6, 2, "rk38", "identity"),
 )
+
+
+def count_floater_integrations():
+    """Count FLOATER integrations: returns ``(seen, restore)``.
+
+    Until ``restore()`` is called, every call that reaches any backend's integrator appends
+    its number of sample times to ``seen`` (cache hits append nothing)."""
+    seen: list = []
+    patched = []
+    for name in backends.BACKEND_NAMES:
+        b = backends.get(name)
+        forward = getattr(b, "floater_forward", None)
+        if forward is None:
+            continue
+
+        def counting(*args, _forward=forward, **kwargs):
+            seen.append(args[5].shape[0])  # times [L]
+            return _forward(*args, **kwargs)
+
+        b.floater_forward = counting  # an instance attribute shadows the class's method
+        patched.append(b)
+
+    def restore():
+        for b in patched:
+            del b.floater_forward
+
+    return seen, restore

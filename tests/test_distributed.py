@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import posenc_fast as pf
-from posenc_fast import _testing, backends
+from posenc_fast import _testing
 from posenc_fast.tolerances import assert_close
 
 THIS = pathlib.Path(__file__).resolve()
@@ -143,23 +143,6 @@ def reference_training(steps, refresh_every=1, data=None):
 
 
 # -- worker side ---------------------------------------------------------------------------
-
-
-def _count_integrations() -> list:
-    """Every call that reaches a backend's FLOATER integrator appends to the list."""
-    seen = []
-    for name in backends.BACKEND_NAMES:
-        b = backends.get(name)
-        forward = getattr(b, "floater_forward", None)
-        if forward is None:
-            continue
-
-        def counting(*args, _forward=forward, **kwargs):
-            seen.append(args[5].shape[0])
-            return _forward(*args, **kwargs)
-
-        b.floater_forward = counting
-    return seen
 
 
 def _fresh_bias(bias_module: pf.FloaterAttentionBias, length: int) -> torch.Tensor:
@@ -356,7 +339,7 @@ def worker(rank: int, out_dir: pathlib.Path, scenarios: list[str]) -> None:
         world_size=WORLD,
         timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
     )
-    calls = _count_integrations()
+    calls, _ = _testing.count_floater_integrations()
     for name in scenarios:
         try:
             result = SCENARIOS[name](rank, calls)

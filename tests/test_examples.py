@@ -41,22 +41,13 @@ def test_similarity_heatmaps(tmp_path):
     assert pathlib.Path(path).stat().st_size > 10_000
 
 
-def test_floater_attention_caches_biases_at_inference(monkeypatch):
+def test_floater_attention_caches_biases_at_inference():
     """The script's claims, counted independently of its profiler: one integration per
     training step, one for every eval call together, and a longer sequence integrates
     only its new positions."""
-    from posenc_fast import backends
+    from posenc_fast import _testing
 
-    seen = []
-    for name in backends.BACKEND_NAMES:
-        forward = getattr(backends.get(name), "floater_forward", None)
-        if forward is not None:
-
-            def counting(*args, _forward=forward, **kwargs):
-                seen.append(args[5].shape[0])  # the number of sample times integrated
-                return _forward(*args, **kwargs)
-
-            monkeypatch.setattr(backends.get(name), "floater_forward", counting)
+    seen, restore = _testing.count_floater_integrations()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: threads only add synchronisation
     try:
@@ -64,6 +55,7 @@ def test_floater_attention_caches_biases_at_inference(monkeypatch):
         r = _load("floater_attention").main(steps=steps, length=length)
     finally:
         torch.set_num_threads(threads)
+        restore()
     assert seen == [length] * steps + [length] + [length], seen
     assert r["train_calls"] == [length] * 3
     assert r["eval_calls"] == [length], "five eval calls, one integration"

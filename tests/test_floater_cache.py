@@ -10,7 +10,7 @@ import torch
 from conftest import backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing, backends
+from posenc_fast import _testing
 from posenc_fast.reference import floater as ref
 from posenc_fast.tolerances import assert_close
 
@@ -18,21 +18,11 @@ BACKENDS = backend_params("floater")
 
 
 @pytest.fixture
-def calls(monkeypatch):
+def calls():
     """Lengths (number of intervals) of every integration run by any backend."""
-    seen = []
-    for name in backends.BACKEND_NAMES:
-        b = backends.get(name)
-        forward = getattr(b, "floater_forward", None)
-        if forward is None:
-            continue
-
-        def counting(*args, _forward=forward, **kwargs):
-            seen.append(args[5].shape[0])  # times
-            return _forward(*args, **kwargs)
-
-        monkeypatch.setattr(b, "floater_forward", counting)
-    return seen
+    seen, restore = _testing.count_floater_integrations()
+    yield seen
+    restore()
 
 
 def _module(backend, device, dtype=torch.float64, seed=0, **kw):
