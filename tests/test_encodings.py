@@ -328,3 +328,9 @@ def test_grid_positions():
     assert pf.grid_positions(4, 5, 6, dtype=torch.float64).shape == (120, 3)
     with pytest.raises(ValueError, match=r"sizes\[1\] must be positive"):
         pf.grid_positions(3, 0)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_dft_inverse_gradcheck_float64(backend):
+    e = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda e: pf.dft_inverse(e, backend=backend), (e,))
