@@ -40,11 +40,9 @@ Measured figures: pending (no GPU in the session that wrote this script).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-import time
 
 CASES = {
     # name: (N, M_total, G, F, H, D, dtype name)
@@ -95,6 +93,7 @@ if ARGS.dry_run:
     # Before anything imports the kernels: the interpreter replaces the compiler.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import _gpu_common  # noqa: E402  (benchmarks/, beside this script)
 import torch  # noqa: E402
 
 import posenc_fast as pf  # noqa: E402
@@ -107,58 +106,22 @@ COPY_TBPS_DATASHEET, MMA_TFLOPS_DATASHEET = 4.3, 790.0  # PERFORMANCE.md, for pr
 
 
 # ---------------------------------------------------------------- measuring
-
-
-def sync():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
+# (shared with floater_gpu.py: benchmarks/_gpu_common.py)
 
 
 def bench(fn) -> tuple[float, float, float]:
     """(median, p20, p80) milliseconds."""
-    if DEVICE == "cuda":
-        from triton.testing import do_bench
-
-        res = do_bench(
-            fn, warmup=max(25, ARGS.rep_ms // 4), rep=ARGS.rep_ms, quantiles=[0.5, 0.2, 0.8]
-        )
-        return tuple(float(v) for v in res)
-    fn()
-    samples = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    samples.sort()
-    return samples[1], samples[0], samples[2]
+    return _gpu_common.bench(fn, DEVICE, ARGS.rep_ms)
 
 
 def peak_bytes(fn) -> int | None:
     """Most bytes allocated at once during fn(), above what was allocated before."""
-    if DEVICE != "cuda":
-        return None
-    sync()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    sync()
-    return int(torch.cuda.max_memory_allocated() - base)
+    return _gpu_common.peak_bytes(fn, DEVICE)
 
 
 def ceilings() -> dict:
     """Device-to-device copy bandwidth (bytes read + written) and bf16 matmul rate."""
-    if DEVICE != "cuda":
-        return {"copy_GBps": None, "bf16_mm_TFLOPs": None, "note": "dry run: not measured"}
-    n = 2**30  # 2 GiB of bf16 copied: far beyond the L2
-    buffers = [torch.randn(n, device=DEVICE, dtype=torch.bfloat16)]
-    buffers.append(torch.empty_like(buffers[0]))
-    ms = bench(lambda: buffers[1].copy_(buffers[0]))[0]
-    copy = 2 * n * 2 / (ms * 1e-3) / 1e9
-    buffers.clear()
-    k = 8192
-    mats = [torch.randn(k, k, device=DEVICE, dtype=torch.bfloat16) for _ in range(2)]
-    ms = bench(lambda: mats[0] @ mats[1])[0]
-    return {"copy_GBps": copy, "bf16_mm_TFLOPs": 2 * k**3 / (ms * 1e-3) / 1e12}
+    return _gpu_common.ceilings(DEVICE, bench)
 
 
 # ---------------------------------------------------------------- cases
@@ -267,12 +230,7 @@ def forward_config() -> dict | None:
 
 
 def environment() -> dict:
-    try:
-        from posenc_fast.cli._environment import describe
-
-        return describe()
-    except Exception as exc:  # the CLI is another module's; never fail the run on it
-        return {"torch": torch.__version__, "describe_error": repr(exc)}
+    return _gpu_common.environment()
 
 
 def eager_table(kind, positions, dim):
@@ -349,11 +307,7 @@ def main() -> int:
         print(f"unknown cases {unknown}; choose from {list(cases)}", file=sys.stderr)
         return 2
     env = environment()
-    sha = str(env.get("git_sha", "unknown"))[:12]
-    gpu = str(env.get("gpu", "cpu-dry-run")).replace(" ", "-")
-    out_path = ARGS.out or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "results", f"lff_gpu_{gpu}_{sha}.json"
-    )
+    out_path = ARGS.out or _gpu_common.default_out("lff_gpu", env)
     ceil = ceilings()
     report = {
         "benchmark": "benchmarks/lff_gpu.py (issue 4)",
@@ -425,9 +379,7 @@ def main() -> int:
 
 
 def _write(report, path) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1, default=str)
+    _gpu_common.write_json(report, path)
 
 
 def _graph_replay(case, fn, nbytes) -> dict:

@@ -1,0 +1,430 @@
+#!/usr/bin/env bash
+# GPU validation of posenc_fast on an NVIDIA H200 (issue 7, with issue 5's FLOATER
+# benchmark): on a fresh machine with only the source tree, in stages that can be split
+# across device calls of at most 10 minutes each.
+#
+#   benchmarks/gpu_validate.sh [--dry-run] STAGE|PRESET ...     run them, in that order
+#   benchmarks/gpu_validate.sh --list                            stages and presets
+#
+# Stages (each writes under ${OUT:-./gpu_out}, prints its duration, and appends a line to
+# stages.jsonl):
+#   build        build the extension for sm_90 (pip install --no-build-isolation --no-deps
+#                -e ., TORCH_CUDA_ARCH_LIST=9.0); nothing when already built; a carried
+#                build (.gpu_build/extension_build.tar.*, or $GPU_BUILD_ARCHIVE) is
+#                installed instead of compiling. A fresh build is packed into
+#                extension_build.tar.gz for the next calls.
+#   tests        the test suite on CUDA (POSENC_FAST_TEST_DEVICE=cuda, the CUDA gate lifted),
+#                pytest-xdist when installed -> tests_junit.xml
+#   tests-large  the tests with more than 2^31 elements, serially -> tests_large_junit.xml
+#   verify       python -m posenc_fast verify --device cuda
+#   ceilings     benchmarks/gpu_ceilings.py: copy, fill, bf16 / fp32 matmul -> ceilings.json
+#   floater      benchmarks/floater_gpu.py (issue 5's grid and goals) -> floater_gpu.json
+#   lff          benchmarks/lff_gpu.py (LFF and tables vs eager / compile) -> lff_gpu.json
+#   bench        python -m posenc_fast bench --device cuda -> bench_cli.json
+#   compile      Triton compile report for sm_90 (fails on sin.approx / cos.approx in the
+#                PTX) -> compile_report.txt
+#   summary      benchmarks/summarize_gpu.py over the folder -> summary.json, summary.md
+# Presets (one device call each; benchmarks/README.md has the plan):
+#          call1 = build tests-large verify tests summary
+#          call2 = build ceilings floater summary
+#          call3 = build compile lff bench summary
+#          all   = every stage (longer than one 10-minute device call)
+# Stages already listed are not repeated, and summary runs last (e.g. "call3 tests-large
+# verify" adds those two before the summary).
+# Also written: gpu_validate.log (everything printed) and stages.jsonl. A device call
+# returns at most 8 files: the presets stay within that.
+#
+# Time: the whole invocation ends within $GPU_VALIDATE_DEADLINE seconds (default 560): each
+# stage gets min(its own limit, what is left, keeping 30 s for summary), is stopped with
+# SIGINT at its limit (pytest still writes its junit file; the benchmarks have written
+# their JSON after every case), and is skipped when too little is left.
+#
+# Environment: OUT (output folder), PYTHON (default python3: the one with torch there),
+# GIT_SHA (recorded when the tree has no .git), GPU_VALIDATE_DEADLINE, MAX_JOBS (16),
+# TORCH_CUDA_ARCH_LIST (9.0), PYTEST_WORKERS (8; 1 = serial), PYTEST_ARGS, FLOATER_ARGS,
+# LFF_ARGS, BENCH_ARGS, COMPILE_ARGS (extra arguments of each stage), BUILD_VERBOSE=1.
+#
+# --dry-run runs every stage in a tiny CPU form (no build, no GPU), so that this script
+# and the programs it calls can be tested anywhere (tests/test_gpu_scripts.py).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+ALL_STAGES=(build tests tests-large verify ceilings floater lff bench compile summary)
+declare -A PRESETS=(
+  [call1]="build tests-large verify tests summary"
+  [call2]="build ceilings floater summary"
+  [call3]="build compile lff bench summary"
+  [all]="${ALL_STAGES[*]}"
+)
+# stage: default time limit, minimum worth starting (seconds)
+declare -A LIMIT=([build]=420 [tests]=480 [tests-large]=180 [verify]=120 [ceilings]=90
+  [floater]=480 [lff]=300 [bench]=240 [compile]=150 [summary]=60)
+declare -A MIN_TIME=([build]=60 [tests]=60 [tests-large]=30 [verify]=20 [ceilings]=20
+  [floater]=60 [lff]=60 [bench]=40 [compile]=30 [summary]=5)
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+short_usage() { echo "usage: benchmarks/gpu_validate.sh [--dry-run] STAGE|PRESET ...  (--list, --help)"; }
+die() { echo "gpu_validate: ERROR: $*" >&2; exit 2; }
+
+DRY=0
+LIST=0
+REQUESTED=()
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    --list) LIST=1 ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "gpu_validate: unknown option '$arg'" >&2; short_usage >&2; exit 2 ;;
+    *) REQUESTED+=("$arg") ;;
+  esac
+done
+if ((LIST)); then
+  echo "stages: ${ALL_STAGES[*]}"
+  for p in call1 call2 call3 all; do echo "preset $p: ${PRESETS[$p]}"; done
+  exit 0
+fi
+((${#REQUESTED[@]})) || { short_usage >&2; echo "gpu_validate: name at least one stage or preset" >&2; exit 2; }
+
+STAGES=()
+add_stage() {
+  local s
+  for s in "${STAGES[@]:-}"; do [[ "$s" == "$1" ]] && return 0; done
+  STAGES+=("$1")
+}
+for name in "${REQUESTED[@]}"; do
+  if [[ -n "${PRESETS[$name]:-}" ]]; then
+    for s in ${PRESETS[$name]}; do add_stage "$s"; done
+  elif [[ -n "${LIMIT[$name]:-}" ]]; then
+    add_stage "$name"
+  else
+    die "unknown stage or preset '$name' (stages: ${ALL_STAGES[*]}; presets: call1 call2 call3 all)"
+  fi
+done
+if [[ " ${STAGES[*]} " == *" summary "* ]]; then  # the summary comes last, after any additions
+  ORDERED=()
+  for s in "${STAGES[@]}"; do [[ "$s" == summary ]] || ORDERED+=("$s"); done
+  STAGES=("${ORDERED[@]}" summary)
+fi
+
+PYTHON="${PYTHON:-python3}"
+OUT_DIR="${OUT:-$ROOT/gpu_out}"
+DEADLINE="${GPU_VALIDATE_DEADLINE:-560}"
+[[ "$DEADLINE" =~ ^[0-9]+$ ]] || die "GPU_VALIDATE_DEADLINE must be a number of seconds, got '$DEADLINE'"
+mkdir -p "$OUT_DIR"
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+LOG="$OUT_DIR/gpu_validate.log"
+STAGES_JSONL="$OUT_DIR/stages.jsonl"
+START=$SECONDS
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+if ((DRY)); then
+  # a dry run is the same on every machine: CPU tensors, never the test device of a caller
+  unset POSENC_FAST_TEST_DEVICE
+fi
+if [[ -z "${GIT_SHA:-}" ]] && command -v git >/dev/null 2>&1 && git rev-parse HEAD >/dev/null 2>&1; then
+  GIT_SHA="$(git rev-parse HEAD)"
+  [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || GIT_SHA="$GIT_SHA-dirty"
+fi
+export POSENC_FAST_GIT_SHA="${GIT_SHA:-}"
+
+exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
+trap 'exec 1>&- 2>&-; wait "$TEE_PID" 2>/dev/null || true' EXIT
+
+# ------------------------------------------------------------------ checks before anything
+
+need_cmd() { command -v "$1" >/dev/null 2>&1 || die "command '$1' not found ($2)"; }
+need_py() { "$PYTHON" -c "import $1" >/dev/null 2>&1 || die "Python module '$1' is missing for $PYTHON ($2)"; }
+has_stage() { [[ " ${STAGES[*]} " == *" $1 "* ]]; }
+
+need_cmd "$PYTHON" "set PYTHON to the interpreter that has torch"
+need_cmd timeout "coreutils"
+need_cmd tar "to pack or unpack the extension build"
+need_py torch "the GPU machine's image provides it"
+if ((!DRY)); then
+  need_cmd nvidia-smi "no NVIDIA driver?"
+  "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" ||
+    die "torch ($PYTHON) sees no CUDA device; on a CPU machine use --dry-run"
+  if has_stage build; then
+    need_cmd nvcc "the CUDA toolkit builds the extension"
+    command -v ninja >/dev/null 2>&1 || need_py ninja "torch.utils.cpp_extension builds with ninja"
+    need_py setuptools "the build backend (no build isolation: no registry there)"
+  fi
+  if has_stage tests || has_stage tests-large; then need_py pytest "the test suite"; fi
+  if has_stage floater || has_stage tests; then need_py torchdiffeq "the FLOATER baselines"; fi
+  if has_stage lff || has_stage compile || has_stage tests; then need_py triton "the Triton kernels"; fi
+fi
+echo "== gpu_validate $(date -u +%FT%TZ): stages ${STAGES[*]}$( ((DRY)) && echo ' (dry run: CPU)')"
+echo "   root $ROOT, output $OUT_DIR, deadline ${DEADLINE} s, python $PYTHON, git ${GIT_SHA:-unknown}"
+if ((!DRY)); then nvidia-smi -L || true; fi
+"$PYTHON" -c "import sys, torch; print('   python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+
+# ------------------------------------------------------------------ helpers
+
+run_limited() { timeout -s INT -k 30 "$STAGE_LIMIT" "$@"; }
+
+record() {  # stage status rc seconds limit note
+  local note="${6//[\"\\]/}"
+  printf '{"stage": "%s", "status": "%s", "rc": %s, "seconds": %s, "limit_s": %s, "note": "%s", "dry_run": %s, "git_sha": "%s", "date": "%s"}\n' \
+    "$1" "$2" "$3" "$4" "$5" "$note" "$( ((DRY)) && echo true || echo false)" "${GIT_SHA:-unknown}" \
+    "$(date -u +%FT%TZ)" >>"$STAGES_JSONL"
+}
+
+extension_ready() {  # $1: cuda (the CUDA backend usable from this tree) or cpu (cpp)
+  "$PYTHON" - "$1" <<'PY'
+import os
+import sys
+
+os.environ.setdefault("POSENC_FAST_CUDA_UNVALIDATED", "1")
+want = sys.argv[1]
+try:
+    import posenc_fast
+    from posenc_fast import _extension, backends
+
+    if want == "cuda":
+        import posenc_fast.triton_kernels  # noqa: F401  (the installed package mapping)
+except Exception as exc:
+    print(f"   not ready: import failed: {exc!r}")
+    sys.exit(1)
+tree = os.path.realpath("posenc_fast")
+if os.path.dirname(os.path.realpath(posenc_fast.__file__)) != tree:
+    print(f"   not ready: posenc_fast imports from {posenc_fast.__file__}, not this tree")
+    sys.exit(1)
+name = "cuda" if want == "cuda" else "cpp"
+reasons = backends.get(name).environment_reasons()
+if reasons:
+    print(f"   not ready: backend {name}: {'; '.join(reasons)}")
+    sys.exit(1)
+meta = _extension.extension_build_metadata() or {}
+print(f"   backend {name} ready (built {meta.get('build_time')}, archs {meta.get('cuda_archs')})")
+PY
+}
+
+pip_install() {
+  local verbose=()
+  [[ "${BUILD_VERBOSE:-0}" == 1 ]] && verbose=(-v)
+  run_limited "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index "${verbose[@]}" -e .
+}
+
+pack_build() {  # $1: archive path (.tar.gz; .tar.xz when gzip is over the 16 MiB limit)
+  local so
+  so="$(cd posenc_fast && ls _C*.so 2>/dev/null | head -1 || true)"
+  [[ -n "$so" && -f posenc_fast/_build_info.json ]] || { echo "   no built extension to pack"; return 1; }
+  tar -czf "$1" -C posenc_fast "$so" _build_info.json
+  local size
+  size=$(stat -c %s "$1")
+  if ((size > 16 * 1024 * 1024)) && command -v xz >/dev/null 2>&1; then
+    rm -f "$1"
+    set -- "${1%.gz}.xz"
+    tar -cJf "$1" -C posenc_fast "$so" _build_info.json
+    size=$(stat -c %s "$1")
+  fi
+  if ((size > 16 * 1024 * 1024)); then
+    echo "   warning: the packed build is $size bytes, over the 16 MiB a device call returns: dropped"
+    rm -f "$1"
+    return 0
+  fi
+  echo "   packed $so + _build_info.json into $(basename "$1") ($size bytes); for the next calls:"
+  echo "   copy it to .gpu_build/ in the repository (git-ignored via .git/info/exclude) and carry .gpu_build"
+}
+
+# ------------------------------------------------------------------ stages
+
+stage_build() {
+  if ((DRY)); then
+    echo "   [dry run] would run: TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}" \
+      "POSENC_FAST_REQUIRE_EXTENSION=1 POSENC_FAST_FORCE_CUDA=1 $PYTHON -m pip install" \
+      "--no-build-isolation --no-deps --no-index -e ."
+    extension_ready cpu || return 1
+    local tmp
+    tmp="$(mktemp -d)"
+    pack_build "$tmp/extension_build.tar.gz" || { rm -rf "$tmp"; return 1; }
+    mkdir "$tmp/x"
+    tar -xf "$tmp"/extension_build.tar.* -C "$tmp/x"
+    ls "$tmp/x" | sed 's/^/   unpacked: /'
+    local ok=0
+    [[ -f "$tmp/x/_build_info.json" ]] && ls "$tmp/x"/_C*.so >/dev/null 2>&1 && ok=1
+    rm -rf "$tmp"
+    ((ok))
+    return
+  fi
+  if extension_ready cuda; then
+    echo "   the extension is built and loads with CUDA: nothing to build"
+    return 0
+  fi
+  local carried="${GPU_BUILD_ARCHIVE:-}"
+  if [[ -z "$carried" ]]; then
+    carried="$(ls .gpu_build/extension_build.tar.* 2>/dev/null | head -1 || true)"
+  fi
+  if [[ -n "$carried" && -f "$carried" ]]; then
+    echo "   installing the carried build $carried (editable install without compiling, then the binary)"
+    if POSENC_FAST_SKIP_EXTENSION=1 pip_install && tar -xf "$carried" -C posenc_fast && extension_ready cuda; then
+      return 0
+    fi
+    echo "   the carried build does not load here: building from source"
+  fi
+  echo "   building the extension for sm_${TORCH_CUDA_ARCH_LIST:-9.0} with ${MAX_JOBS:-16} jobs"
+  TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
+    POSENC_FAST_REQUIRE_EXTENSION=1 POSENC_FAST_FORCE_CUDA=1 pip_install || return $?
+  extension_ready cuda || return 1
+  "$PYTHON" -m posenc_fast info | sed -n '1,/^C++/p' || true
+  pack_build "$OUT_DIR/extension_build.tar.gz" || true
+}
+
+stage_tests() {
+  local args=(-q -rfE -p no:cacheprovider --junitxml "$OUT_DIR/tests_junit.xml")
+  if ((DRY)); then
+    run_limited "$PYTHON" -m pytest "${args[@]}" tests/test_repository.py -k pins_torch
+    return
+  fi
+  args+=(--durations=25 --ignore tests/test_large_gpu.py)
+  args+=(--deselect tests/test_triton.py::test_more_than_2_31_output_elements)
+  local workers="${PYTEST_WORKERS:-8}"
+  if ((workers > 1)) && "$PYTHON" -c "import xdist" >/dev/null 2>&1; then
+    args+=(-n "$workers" --dist loadfile)
+  fi
+  if "$PYTHON" -c "import pytest_timeout" >/dev/null 2>&1; then
+    args+=(--timeout "${PYTEST_TIMEOUT:-300}")
+  fi
+  # shellcheck disable=SC2086  # PYTEST_ARGS: words on purpose
+  POSENC_FAST_TEST_DEVICE=cuda POSENC_FAST_CUDA_UNVALIDATED=1 \
+    run_limited "$PYTHON" -m pytest "${args[@]}" ${PYTEST_ARGS:-}
+}
+
+stage_tests_large() {
+  local args=(-q -rfEs -p no:cacheprovider --junitxml "$OUT_DIR/tests_large_junit.xml")
+  if ((DRY)); then
+    run_limited "$PYTHON" -m pytest "${args[@]}" tests/test_large_gpu.py -k small_size
+    return
+  fi
+  POSENC_FAST_TEST_DEVICE=cuda POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m pytest \
+    "${args[@]}" tests/test_large_gpu.py tests/test_triton.py::test_more_than_2_31_output_elements
+}
+
+stage_verify() {
+  if ((DRY)); then
+    run_limited "$PYTHON" -m posenc_fast verify --device cpu --ops floater
+    return
+  fi
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m posenc_fast verify --device cuda
+}
+
+stage_ceilings() {
+  local dry=()
+  ((DRY)) && dry=(--dry-run)
+  run_limited "$PYTHON" benchmarks/gpu_ceilings.py "${dry[@]}" --out "$OUT_DIR/ceilings.json"
+}
+
+stage_floater() {
+  local budget=$((STAGE_LIMIT - 40))
+  ((budget < 30)) && budget=30
+  if ((DRY)); then
+    run_limited "$PYTHON" benchmarks/floater_gpu.py --dry-run --methods rk38 \
+      --impls cuda,torchdiffeq,graph --out "$OUT_DIR/floater_gpu.json"
+    return
+  fi
+  # shellcheck disable=SC2086
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/floater_gpu.py \
+    --out "$OUT_DIR/floater_gpu.json" --time-budget "$budget" ${FLOATER_ARGS:-}
+}
+
+stage_lff() {
+  if ((DRY)); then
+    run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run --cases canonical --modes fwd \
+      --no-encodings --out "$OUT_DIR/lff_gpu.json"
+    return
+  fi
+  # shellcheck disable=SC2086
+  run_limited "$PYTHON" benchmarks/lff_gpu.py --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-}
+}
+
+stage_bench() {
+  if ((DRY)); then
+    run_limited "$PYTHON" -m posenc_fast bench --device cpu --quick --ops sinusoidal \
+      --modes fwd --no-compile --min-time 0.01 --json "$OUT_DIR/bench_cli.json"
+    return
+  fi
+  # FLOATER is floater_gpu.py's; torch.compile baselines are lff_gpu.py's (bench would
+  # compile every case twice: minutes)
+  # shellcheck disable=SC2086
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m posenc_fast bench --device cuda \
+    --json "$OUT_DIR/bench_cli.json" ${BENCH_ARGS:---ops lff,sinusoidal,dft --no-compile --min-time 0.1}
+}
+
+stage_compile() {
+  local report="$OUT_DIR/compile_report.txt"
+  if ((DRY)); then
+    (unset TRITON_INTERPRET; run_limited "$PYTHON" -m posenc_fast.triton_kernels.compile_report --help) |
+      tee "$report"
+    return
+  fi
+  # shellcheck disable=SC2086
+  (unset TRITON_INTERPRET; run_limited "$PYTHON" -m posenc_fast.triton_kernels.compile_report \
+    --arch 90 ${COMPILE_ARGS:---quick}) | tee "$report"
+}
+
+stage_summary() {
+  "$PYTHON" benchmarks/summarize_gpu.py "$OUT_DIR" --json "$OUT_DIR/summary.json" \
+    --md "$OUT_DIR/summary.md"
+}
+
+# ------------------------------------------------------------------ run
+
+FAILED=()
+RESULTS=()
+BUILD_FAILED=0
+for stage in "${STAGES[@]}"; do
+  elapsed=$((SECONDS - START))
+  reserve=0
+  if [[ "$stage" != summary ]] && has_stage summary; then reserve=30; fi
+  left=$((DEADLINE - elapsed - reserve))
+  limit=${LIMIT[$stage]}
+  ((left < limit)) && limit=$left
+  if ((BUILD_FAILED)) && [[ "$stage" != summary ]]; then
+    echo "== $stage: skipped (the build failed)"
+    record "$stage" skipped null 0 0 "the build failed"
+    RESULTS+=("$stage skipped (build failed)")
+    continue
+  fi
+  if ((limit < ${MIN_TIME[$stage]})); then
+    echo "== $stage: skipped (deadline: ${left} s left, it needs at least ${MIN_TIME[$stage]} s)"
+    record "$stage" skipped null 0 "$limit" "deadline: ${left} s left of ${DEADLINE} s"
+    RESULTS+=("$stage skipped (deadline)")
+    FAILED+=("$stage")
+    continue
+  fi
+  echo
+  echo "== [$(date -u +%T)] stage $stage (limit ${limit} s, ${elapsed} s elapsed)"
+  t0=$SECONDS
+  rc=0
+  STAGE_LIMIT=$limit "stage_${stage//-/_}" || rc=$?
+  dt=$((SECONDS - t0))
+  if ((rc == 0)); then
+    status=ok
+  elif ((rc == 124 || dt >= limit)); then
+    status=timeout
+  else
+    status=failed
+  fi
+  echo "== stage $stage: $status (rc $rc) in ${dt} s"
+  record "$stage" "$status" "$rc" "$dt" "$limit" ""
+  RESULTS+=("$stage $status ${dt}s")
+  if [[ "$status" != ok ]]; then
+    FAILED+=("$stage")
+    [[ "$stage" == build ]] && BUILD_FAILED=1
+  fi
+done
+
+echo
+echo "== gpu_validate finished in $((SECONDS - START)) s:"
+for r in "${RESULTS[@]}"; do echo "   $r"; done
+n_files=$(find "$OUT_DIR" -maxdepth 1 -type f | wc -l)
+if ((n_files > 8)); then
+  echo "   note: $n_files files in $OUT_DIR; a device call returns at most 8:" \
+    "$(cd "$OUT_DIR" && ls | tr '\n' ' ')"
+fi
+if ((${#FAILED[@]})); then
+  echo "   not ok: ${FAILED[*]}"
+  exit 1
+fi

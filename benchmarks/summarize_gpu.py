@@ -1,0 +1,408 @@
+"""Merge the outputs of benchmarks/gpu_validate.sh into one JSON summary and a short
+Markdown table, each figure against the goals of ../shared/PERFORMANCE.md.
+
+    python benchmarks/summarize_gpu.py OUT_DIR [OUT_DIR ...] --json summary.json --md summary.md
+
+Reads whatever it finds in the folders (or files) given, so the outputs of several device
+calls can be merged afterwards on any machine (no GPU, no torch needed):
+    stages.jsonl           one line per stage of gpu_validate.sh (status, seconds)
+    *junit*.xml            pytest results (tests, tests-large)
+    ceilings.json          benchmarks/gpu_ceilings.py
+    floater_gpu*.json      benchmarks/floater_gpu.py (issue 5's goals per case)
+    lff_gpu*.json          benchmarks/lff_gpu.py (LFF and table goals)
+    bench_cli*.json        python -m posenc_fast bench --json
+    compile_report*.txt    python -m posenc_fast.triton_kernels.compile_report
+A figure that is missing is reported as pending, never filled in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+# PERFORMANCE.md "Goals" (LFF and tables; FLOATER's come with floater_gpu.json)
+LFF_FWD_FLOOR_PCT, LFF_BWD_FLOOR_PCT, LFF_MMA_PCT = 85.0, 65.0, 70.0
+LFF_FWD_VS_EAGER = {"float32": 10.0, "bfloat16": 3.0}
+LFF_BWD_VS_EAGER, LFF_FWD_VS_COMPILE, LFF_BWD_VS_COMPILE, LFF_MEMORY = 4.0, 2.0, 2.5, 2.0
+ENV_KEYS = ("gpu", "gpu_capability", "driver", "torch", "torch_cuda", "triton", "python")
+ENV_KEYS += ("posenc_fast", "git_sha")
+TABLE_PCT_COPY, TABLE_VS_EAGER, TABLE_VS_COMPILE, TABLE_MIN_BYTES = 90.0, 8.0, 1.2, 256e6
+
+
+def _files(paths: list[str]) -> list[str]:
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            out += sorted(glob.glob(os.path.join(p, "*")))
+        elif os.path.exists(p):
+            out.append(p)
+    return [f for f in out if os.path.isfile(f)]
+
+
+def _load_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except Exception as exc:  # a truncated file is reported, not fatal
+        return {"unreadable": f"{type(exc).__name__}: {exc}"}
+
+
+def junit(path: str) -> dict:
+    try:
+        root = ET.parse(path).getroot()
+    except Exception as exc:
+        return {"file": os.path.basename(path), "unreadable": f"{type(exc).__name__}: {exc}"}
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    res = {"file": os.path.basename(path), "tests": 0, "failures": 0, "errors": 0}
+    res.update(skipped=0, time_s=0.0, failed=[], skip_reasons={})
+    for s in suites:
+        for key in ("tests", "failures", "errors", "skipped"):
+            res[key] += int(s.get(key, 0) or 0)
+        res["time_s"] += float(s.get("time", 0) or 0)
+        for case in s.iter("testcase"):
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            for tag in ("failure", "error"):
+                for el in case.findall(tag):
+                    res["failed"].append(f"{name}: {(el.get('message') or '')[:200]}")
+            for el in case.findall("skipped"):
+                why = (el.get("message") or "")[:120]
+                res["skip_reasons"][why] = res["skip_reasons"].get(why, 0) + 1
+    res["passed"] = res["tests"] - res["failures"] - res["errors"] - res["skipped"]
+    return res
+
+
+def compile_report(path: str) -> dict:
+    with open(path, errors="replace") as f:
+        lines = f.read().splitlines()
+    return {
+        "file": os.path.basename(path),
+        "compiled_ok": sum(1 for ln in lines if ln.startswith("ok  ")),
+        "approx_trig": [ln.strip() for ln in lines if ln.startswith("BAD ")],
+        "failed": [ln.strip()[:300] for ln in lines if ln.startswith("FAIL")],
+        "wgmma_kernels": sum(1 for ln in lines if ln.startswith("ok  ") and "wgmma" in ln),
+    }
+
+
+def floater(report: dict) -> dict:
+    cases = []
+    for c in report.get("cases", []):
+        rows = {(r["impl"], r["mode"], r["method"]): r for r in c.get("rows", [])}
+        sub = report.get("subject", "cuda")
+        entry = {"case": c["case"], "L": c.get("L"), "S": c.get("S"), "d": c.get("d")}
+        for mode in ("fwd", "bwd"):
+            r = rows.get((sub, mode, "rk38"), {})
+            entry[f"{sub}_{mode}_ms"] = r.get("ms")
+            entry[f"{sub}_{mode}_rk4_ms"] = rows.get((sub, mode, "rk4"), {}).get("ms")
+        entry["checks"] = {m: v.get("check") for m, v in c.get("checks", {}).items()}
+        entry["goals"] = c.get("goals", {})
+        cases.append(entry)
+    return {
+        "subject": report.get("subject"),
+        "complete": report.get("complete"),
+        "elapsed_s": report.get("elapsed_s"),
+        "goals_summary": report.get("goals_summary"),
+        "cases": cases,
+    }
+
+
+def _verdict(value, threshold, op=">=") -> dict:
+    if value is None:
+        return {"value": None, "pending": "not measured"}
+    met = value >= threshold if op == ">=" else value <= threshold
+    return {"value": value, "goal": f"{op} {threshold:g}", "met": met}
+
+
+def lff(report: dict) -> dict:
+    rows = report.get("results", [])
+    by = {}
+    for r in rows:
+        by.setdefault((r["case"], r["mode"]), {})[r["impl"]] = r
+    out = []
+    for (case, mode), impls in by.items():
+        t = impls.get("triton")
+        if t is None:
+            continue
+        e = {"case": case, "mode": mode, "ms": t.get("ms"), "error": t.get("error")}
+        e["pct_of_floor"] = t.get("pct_of_floor")
+        e["pct_copy_ceiling"] = t.get("pct_copy_ceiling")
+        e["speedup_vs_eager"] = t.get("speedup_vs_eager")
+        e["speedup_vs_compile"] = t.get("speedup_vs_compile")
+        corr = t.get("correctness")
+        e["check"] = corr.get("check") if isinstance(corr, dict) else corr
+        goals = {}
+        dtype = str(t.get("dtype", "")).replace("torch.", "")
+        if "N" not in t:  # tables and fused adds
+            if (t.get("bytes") or 0) >= TABLE_MIN_BYTES:
+                goals["pct_copy_ceiling"] = _verdict(t.get("pct_copy_ceiling"), TABLE_PCT_COPY)
+            goals["vs_eager"] = _verdict(t.get("speedup_vs_eager"), TABLE_VS_EAGER)
+            if "compile" in impls:
+                goals["vs_compile"] = _verdict(t.get("speedup_vs_compile"), TABLE_VS_COMPILE)
+        elif mode == "fwd":
+            if case == "compute":
+                goals["pct_mma_ceiling"] = _verdict(t.get("pct_mma_ceiling"), LFF_MMA_PCT)
+            elif case != "small":  # launch-bound: no floor goal
+                goals["pct_of_floor"] = _verdict(t.get("pct_of_floor"), LFF_FWD_FLOOR_PCT)
+            goals["vs_eager"] = _verdict(
+                t.get("speedup_vs_eager"), LFF_FWD_VS_EAGER.get(dtype, LFF_FWD_VS_EAGER["bfloat16"])
+            )
+            if "compile" in impls:
+                goals["vs_compile"] = _verdict(t.get("speedup_vs_compile"), LFF_FWD_VS_COMPILE)
+        elif mode == "bwd":
+            if case != "small":
+                goals["pct_of_floor"] = _verdict(t.get("pct_of_floor"), LFF_BWD_FLOOR_PCT)
+            goals["vs_eager"] = _verdict(t.get("speedup_vs_eager"), LFF_BWD_VS_EAGER)
+            if "compile" in impls:
+                goals["vs_compile"] = _verdict(t.get("speedup_vs_compile"), LFF_BWD_VS_COMPILE)
+        elif mode == "fwd+bwd":
+            eager_peak = impls.get("eager", {}).get("peak_bytes")
+            peak = t.get("peak_bytes")
+            ratio = eager_peak / peak if eager_peak and peak else None
+            e["memory_vs_eager"] = ratio
+            goals["memory_vs_eager"] = _verdict(ratio, LFF_MEMORY)
+        e["goals"] = goals
+        out.append(e)
+    return {"ceilings": report.get("ceilings"), "rows": out}
+
+
+def bench_cli(report: dict) -> dict:
+    """Per op, case and mode: the fastest posenc_fast backend against the reference."""
+    groups = {}
+    for r in report.get("results", []):
+        groups.setdefault((r["op"], r["case"], r["mode"]), []).append(r)
+    rows = []
+    for (op, case, mode), rs in groups.items():
+        ours = [r for r in rs if r["impl"] not in ("reference", "compile", "compile-max")]
+        ours = [r for r in ours if not r.get("error") and r.get("ms") == r.get("ms")]
+        if not ours:
+            continue
+        best = min(ours, key=lambda r: r["ms"])
+        rows.append(
+            {
+                "op": op,
+                "case": case,
+                "mode": mode,
+                "best": best["impl"],
+                "ms": best["ms"],
+                "speedup_vs_reference": best.get("speedup_vs_reference"),
+                "speedup_vs_compile": best.get("speedup_vs_compile"),
+                "gbps": best.get("gbps"),
+            }
+        )
+    errors = [
+        f"{r['op']} {r['case']} {r['mode']} {r['impl']}: {r['error']}"
+        for r in report.get("results", [])
+        if r.get("error")
+    ]
+    return {"device": report.get("device"), "rows": rows, "errors": errors[:50]}
+
+
+def summarize(paths: list[str]) -> dict:
+    summary: dict = {"sources": [], "stages": [], "tests": [], "environment": None}
+    for path in _files(paths):
+        name = os.path.basename(path)
+        src = os.path.relpath(path)
+        if name.endswith(".jsonl") and name.startswith("stages"):
+            with open(path) as f:
+                for ln in f:
+                    if ln.strip():
+                        try:
+                            rec = json.loads(ln)
+                        except json.JSONDecodeError:
+                            rec = {"stage": "?", "unreadable": ln.strip()[:200]}
+                        rec["source"] = os.path.dirname(src)
+                        summary["stages"].append(rec)
+        elif name.endswith(".xml") and "junit" in name:
+            summary["tests"].append(junit(path))
+        elif name.startswith("compile_report") and name.endswith(".txt"):
+            summary["compile_report"] = compile_report(path)
+        elif name.endswith(".json") and name not in ("summary.json",):
+            data = _load_json(path)
+            if not isinstance(data, dict):
+                continue
+            kind = str(data.get("benchmark", ""))
+            if "floater_gpu" in kind:
+                summary["floater"] = floater(data)
+            elif "lff_gpu" in kind:
+                summary["lff"] = lff(data)
+            elif "gpu_ceilings" in kind:
+                summary["ceilings"] = data.get("ceilings")
+                summary["nvidia_smi"] = data.get("nvidia_smi_before")
+            elif "results" in data and "quick" in data:
+                summary["bench_cli"] = bench_cli(data)
+            else:
+                continue
+            env = data.get("environment")
+            if isinstance(env, dict) and (summary["environment"] is None or env.get("gpu")):
+                summary["environment"] = {k: env.get(k) for k in ENV_KEYS}
+        else:
+            continue
+        summary["sources"].append(src)
+    return summary
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _x(v, fmt="{:.2f}x") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _goal(g: dict | None) -> str:
+    if not g:
+        return "-"
+    if g.get("value") is None:
+        return "pending"
+    return f"{g['value']:.2f}{'' if g.get('met') else ' (missed)'}"
+
+
+def markdown(s: dict) -> str:
+    out = ["# GPU validation summary", ""]
+    env = {k: v for k, v in (s.get("environment") or {}).items() if v is not None}
+    if env:
+        out.append(
+            f"{env.get('gpu', '?')}, driver {env.get('driver', '?')}, "
+            f"torch {env.get('torch', '?')} (CUDA {env.get('torch_cuda', '?')}), "
+            f"triton {env.get('triton', '?')}, "
+            f"posenc_fast {env.get('posenc_fast', '?')} at {env.get('git_sha', '?')}"
+        )
+        out.append("")
+    if s["stages"]:
+        out += ["| stage | status | seconds | note |", "|---|---|---|---|"]
+        for r in s["stages"]:
+            secs = r.get("seconds")
+            out.append(
+                f"| {r.get('stage')} | {r.get('status')} | "
+                f"{secs if secs is not None else '-'} | {r.get('note', '')} |"
+            )
+        out.append("")
+    for t in s["tests"]:
+        if "unreadable" in t:
+            out.append(f"**{t['file']}**: unreadable ({t['unreadable']})")
+            continue
+        out.append(
+            f"**{t['file']}**: {t['passed']} passed, {t['failures']} failed, {t['errors']} "
+            f"errors, {t['skipped']} skipped in {t['time_s']:.0f} s"
+        )
+        out += [f"- FAILED {f}" for f in t["failed"][:20]]
+        out.append("")
+    c = s.get("ceilings")
+    if c:
+        out.append(
+            "Ceilings: copy "
+            + _x(c.get("copy_GBps"), "{:.0f} GB/s")
+            + ", fill "
+            + _x(c.get("fill_GBps"), "{:.0f} GB/s")
+            + ", bf16 matmul "
+            + _x(c.get("bf16_mm_TFLOPs"), "{:.0f} TFLOP/s")
+            + ", fp32 matmul "
+            + _x(c.get("fp32_mm_TFLOPs"), "{:.1f} TFLOP/s")
+        )
+        out.append("")
+    f = s.get("floater")
+    if f:
+        sub = f.get("subject") or "cuda"
+        out += [
+            f"FLOATER ({sub}, rk38; ratios = baseline time / {sub} time; goals: fwd vs "
+            "torchdiffeq >= 40, bwd vs adjoint >= 50, vs graphed loop >= 6, bwd/fwd <= 2)",
+            "",
+            f"| case | {sub} fwd ms | {sub} bwd ms | bwd/fwd | vs torchdiffeq fwd | "
+            "vs adjoint bwd | vs graph fwd | vs graph bwd | check |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for e in f["cases"]:
+            g = e["goals"]
+            checks = ", ".join(f"{m} {v}" for m, v in e["checks"].items()) or "-"
+            out.append(
+                f"| {e['case']} | {_x(e.get(sub + '_fwd_ms'), '{:.3f}')} | "
+                f"{_x(e.get(sub + '_bwd_ms'), '{:.3f}')} | {_goal(g.get('bwd_over_fwd'))} | "
+                f"{_goal(g.get('fwd_vs_torchdiffeq'))} | {_goal(g.get('bwd_vs_adjoint'))} | "
+                f"{_goal(g.get('fwd_vs_graph'))} | {_goal(g.get('bwd_vs_graph'))} | "
+                f"{checks[:80]} |"
+            )
+        if not f.get("complete"):
+            out.append("")
+            out.append("(floater_gpu.py did not finish: the cases above are those it wrote)")
+        out.append("")
+    lf = s.get("lff")
+    if lf and lf["rows"]:
+        out += [
+            "LFF and tables (triton; % of the floor at the measured ceilings; goals as in "
+            "PERFORMANCE.md)",
+            "",
+            "| case | mode | ms | % floor | vs eager | vs compile | goals | check |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for e in lf["rows"]:
+            goals = e.get("goals", {})
+            missed = [k for k, v in goals.items() if v.get("met") is False]
+            pending = [k for k, v in goals.items() if v.get("value") is None]
+            verdict = "met" if goals and not missed and not pending else ""
+            if missed:
+                verdict = "missed: " + ", ".join(missed)
+            if pending:
+                verdict += (" " if verdict else "") + "pending: " + ", ".join(pending)
+            out.append(
+                f"| {e['case']} | {e['mode']} | {_x(e.get('ms'), '{:.4f}')} | "
+                f"{_x(e.get('pct_of_floor') or e.get('pct_copy_ceiling'), '{:.0f}%')} | "
+                f"{_x(e.get('speedup_vs_eager'))} | {_x(e.get('speedup_vs_compile'))} | "
+                f"{verdict or '-'} | {str(e.get('check') or e.get('error') or '-')[:40]} |"
+            )
+        out.append("")
+    b = s.get("bench_cli")
+    if b and b["rows"]:
+        out += [
+            f"`python -m posenc_fast bench --device {b.get('device')}`: fastest backend per case",
+            "",
+            "| op | case | mode | backend | ms | vs reference | vs compile |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in b["rows"]:
+            out.append(
+                f"| {r['op']} | {r['case']} | {r['mode']} | {r['best']} | {r['ms']:.4f} | "
+                f"{_x(r['speedup_vs_reference'])} | {_x(r['speedup_vs_compile'])} |"
+            )
+        if b["errors"]:
+            out.append("")
+            out += [f"- failed: {e}" for e in b["errors"][:10]]
+        out.append("")
+    cr = s.get("compile_report")
+    if cr:
+        out.append(
+            f"Triton compile report: {cr['compiled_ok']} kernels compiled ({cr['wgmma_kernels']} "
+            f"with wgmma), {len(cr['failed'])} failed, {len(cr['approx_trig'])} with approximate "
+            "trig (must be 0)"
+        )
+        out += [f"- {ln}" for ln in (cr["failed"] + cr["approx_trig"])[:10]]
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("paths", nargs="+", help="folders (or files) written by gpu_validate.sh")
+    p.add_argument("--json", default=None, help="write the merged summary here")
+    p.add_argument("--md", default=None, help="write the Markdown table here")
+    args = p.parse_args(argv)
+    s = summarize(args.paths)
+    if not s["sources"]:
+        print(f"summarize_gpu: nothing to summarize in {args.paths}", file=sys.stderr)
+        return 1
+    md = markdown(s)
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(s, f, indent=1, default=str)
+        os.replace(tmp, args.json)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
