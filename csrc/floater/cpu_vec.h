@@ -55,16 +55,24 @@ PF_INLINE V vsplat(T x) {
   std::memcpy(&v, &vu, sizeof(V));
   return v;
 }
-// Partial load/store of n < lanes elements (zero-filled), for row tails that must go
-// through the same vector code as the rest of the row.
+// Load/store of n <= lanes elements (zero-filled), for row tails that must go through the
+// same vector code as the rest of the row. A full vector (n == lanes) takes a plain vector
+// load/store: a memcpy of a run-time length is a call into libc (GCC 12 does not inline
+// it), which cost ~40% of a layer at d = H = 512 where every vector of the RK combination
+// went through here.
 template <typename V, typename T>
 PF_INLINE V vload_n(const T* p, int n) {
+  if (n == static_cast<int>(sizeof(V) / sizeof(T))) return vload<V>(p);
   V v{};
   std::memcpy(&v, p, sizeof(T) * n);
   return v;
 }
 template <typename V, typename T>
 PF_INLINE void vstore_n(T* p, V v, int n) {
+  if (n == static_cast<int>(sizeof(V) / sizeof(T))) {
+    vstore(p, v);
+    return;
+  }
   std::memcpy(p, &v, sizeof(T) * n);
 }
 // Sum of the lanes in a fixed order (the same on every run).
