@@ -11,7 +11,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -62,11 +65,33 @@ def time_cuda(fn: Callable[[], object], min_time: float) -> tuple[float, float, 
     return _quantiles(samples)
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Kineto writes two 'USDT: profiler_start/stop' lines to file descriptor 2 on every
+    profile (torch 2.13, no setting turns them off); they would drown the bench table. Python
+    exceptions still propagate: only the C-level stream is redirected, for this block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def peak_bytes_cpu(fn: Callable[[], object]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_native_stderr():
+        prof.start()
+    try:
         fn()
+    finally:
+        with _quiet_native_stderr():
+            prof.stop()
     records = []
     for e in prof.events():
         if e.name == "[memory]":
