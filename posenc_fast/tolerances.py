@@ -9,7 +9,8 @@ the float64 reference evaluated on the same inputs (already rounded to their dty
 - "lff": LFF with its MLP. float32: accumulation of two small matmuls. Half precision:
   features and hidden layer are rounded to the dtype before the tensor-core matmuls.
 - "floater": ODE solutions after hundreds of solver steps (error accumulates along them).
-- "grad": gradients, compared relative to the largest gradient entry (see ``check``).
+- "grad": gradients, compared relative to the largest finite gradient entry of the
+  reference (``mismatch`` does this unless it is given another ``scale``).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def mismatch(
 ) -> str:
     """'' if ``out`` is within tolerance of ``ref``, else a report of the worst element.
 
-    ``scale`` (e.g. for gradients) replaces |ref| in the relative term by one number.
+    ``scale`` replaces |ref| in the relative term by one number. For ``kind == "grad"`` it
+    defaults to the largest |ref| over the finite entries of ``ref`` (0 if there are none),
+    so an inf in the reference cannot widen the bound to inf.
     NaNs must sit at the same places in both.
     """
     t = tol(dtype, kind)
@@ -84,6 +87,9 @@ def mismatch(
         )
     o = torch.where(nan_r, 0.0, o)
     r = torch.where(nan_r, 0.0, r)
+    if scale is None and kind == "grad":
+        finite = r[torch.isfinite(r)]
+        scale = finite.abs().max().item() if finite.numel() else 0.0
     rel_base = r.abs() if scale is None else torch.full_like(r, float(scale))
     allowed = t.atol + t.rtol * rel_base
     err = (o - r).abs()

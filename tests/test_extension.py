@@ -345,8 +345,7 @@ def _check_against_loop(S, d, H, L, n, method, act, dtype, seed, repeat=False):
     got = ops().floater_integrate_backward(grad.to(dtype), out, *args, n, method, act, [True] * 6)
     for name, gg, rg in zip(("p0", "w1", "b1", "w2", "b2", "times"), got, ref_grads):
         rg = torch.zeros_like(leaves[0] if rg is None else rg) if rg is None else rg
-        scale = float(rg.abs().max()) if rg.numel() else 1.0
-        assert_close(gg, rg, dtype, "grad", scale=scale, what=f"d{name} {method} {act}")
+        assert_close(gg, rg, dtype, "grad", what=f"d{name} {method} {act}")
 
 
 @needs_ext

@@ -133,7 +133,7 @@ def test_emulated_cuda_kernels_match_loop(emulator, tmp_path, case):
     assert_close(parts[0], ref, dtype, "floater", what=f"forward [{log.splitlines()[0]}]")
     ref_grads = torch.autograd.grad(ref, leaves, grad)
     for name, got, want in zip(("p0", "w1", "b1", "w2", "b2", "times"), parts[1:], ref_grads):
-        assert_close(got, want, dtype, "grad", scale=float(want.abs().max()), what=f"d{name}")
+        assert_close(got, want, dtype, "grad", what=f"d{name}")
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=[_id(CASES[0]), _id(CASES[3])])

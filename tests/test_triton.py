@@ -48,8 +48,7 @@ def _grads_vs_reference(case, dtype, seed, backend="triton"):
     ref.lff(*leaves64, case.activation).backward(g.double())
     for name, got, want in zip(NAMES, leaves, leaves64):
         if got is not None:
-            scale = want.grad.abs().max().item() + 1e-30
-            assert_close(got.grad, want.grad, dtype, "grad", scale=scale, what=f"d{name} {case.id}")
+            assert_close(got.grad, want.grad, dtype, "grad", what=f"d{name} {case.id}")
     return [t.grad for t in leaves if t is not None]
 
 
@@ -133,8 +132,7 @@ def test_autocast_weights_feed_a_bf16_mlp():
     ref.lff(x64, *w64).backward(g.double())
     for name, got, want in zip(NAMES[1:], leaves, w64):
         assert got.grad.dtype == torch.float32, name
-        scale = want.grad.abs().max().item()
-        assert_close(got.grad, want.grad, torch.bfloat16, "grad", scale=scale, what=f"d{name}")
+        assert_close(got.grad, want.grad, torch.bfloat16, "grad", what=f"d{name}")
 
 
 def test_strided_inputs_and_gradient():
@@ -286,8 +284,7 @@ def test_encoding_backward_deterministic_and_accurate(kind):
     p64 = p.double().requires_grad_()
     out = ref_enc.dft(p64, 34) if kind == "dft" else ref_enc.sinusoidal(p64, 34)
     out.backward(grad.double())
-    scale = p64.grad.abs().max().item()
-    assert_close(first, p64.grad, torch.float32, "grad", scale=scale)
+    assert_close(first, p64.grad, torch.float32, "grad")
 
 
 # ---------------------------------------------------------------- dispatch
@@ -394,5 +391,4 @@ def test_more_than_2_31_output_elements():
     dx = TRITON.lff_backward(g, x, *w, "gelu", [True] + [False] * 5)[0]
     x_tail = x[-3:].double().requires_grad_()
     ref.lff(x_tail, *w).backward(torch.ones(3, 1024, dtype=torch.float64, device=DEVICE))
-    scale = x_tail.grad.abs().max().item()
-    assert_close(dx[-3:], x_tail.grad, torch.float32, "grad", scale=scale)
+    assert_close(dx[-3:], x_tail.grad, torch.float32, "grad")
