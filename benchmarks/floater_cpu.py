@@ -6,7 +6,8 @@ and torchdiffeq on the same step grid.
 
 Problem (per case): S = 12 states, d = H, L sample times i * 0.01, 5 steps of the 3/8
 rule per interval ("rk38" = torchdiffeq's fixed-grid "rk4", so torchdiffeq integrates the
-very same steps), ReLU, float32. Modes, each timed on its own:
+very same steps), ReLU, float32; the inputs of floater_suite.bench_inputs (those of
+``python -m posenc_fast bench`` and floater_gpu.py). Modes, each timed on its own:
     fwd      the integration without autograd (inference)
     fwd+bwd  the integration with gradients to p0 and the weights, then backward
     bwd      fwd+bwd minus fwd (medians), reported for convenience
@@ -14,7 +15,8 @@ Implementations: "cpp" (posenc_fast, compiled extension), "torch" (posenc_fast's
 PyTorch backend), "torchdiffeq" (odeint, method "rk4", grid_constructor = our grid;
 gradients by autograd through its steps). Correctness first: every implementation is
 compared with the float64 reference loop before timing. Reported: median seconds with
-20th / 80th percentiles of --repeats runs (wall clock, perf_counter), speed-ups of cpp
+20th / 80th percentiles of --repeats runs (wall clock, perf_counter; fastest / slowest
+below five runs: _gpu_common.timed_calls), speed-ups of cpp
 over each baseline, threads, and the machine's load average before and after (this
 kind of machine is shared: a high load makes every figure slower and noisier). JSON
 goes to benchmarks/results/floater_cpu.json with versions and the git SHA.
@@ -24,58 +26,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import torch
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import _gpu_common  # noqa: E402  (benchmarks/, beside this script)
+import torch  # noqa: E402
+
+from posenc_fast.cli import floater_suite  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-S_STATES = 12
-DELTA_T = 0.01
-SUBSTEPS = 5
+S_STATES = floater_suite.BENCH_STATES
+SUBSTEPS = floater_suite.BENCH_SUBSTEPS
 METHOD = "rk38"
-ACTIVATION = "relu"
-
-
-def inputs(S, d, L, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-
-    def rn(*shape, scale):
-        return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
-
-    p0 = rn(S, d, scale=1.0)
-    # weights of the default initialisation's scale: states stay O(1) over the range
-    w1 = rn(d + 1, d, scale=0.5 / math.sqrt(d + 1))
-    b1 = rn(d, scale=0.1)
-    w2 = rn(d + 1, d, scale=0.3 / math.sqrt(d + 1))
-    b2 = rn(d, scale=0.1)
-    times = (torch.arange(L, dtype=torch.float64) * DELTA_T).to(dtype)
-    return p0, w1, b1, w2, b2, times
-
-
-def step_grid(times, K):
-    """The step grid: from times[0], K equal steps per interval, sample times on it."""
-    prev = times[:-1]
-    h = (times[1:] - prev) / K
-    inner = prev[:, None] + torch.arange(1, K, dtype=times.dtype) * h[:, None]
-    return torch.cat([times[:1], torch.cat([inner, times[1:, None]], 1).reshape(-1)])
-
-
-class Dynamics(torch.nn.Module):
-    def __init__(self, w1, b1, w2, b2):
-        super().__init__()
-        self.w = (w1, b1, w2, b2)
-
-    def forward(self, t, p):
-        w1, b1, w2, b2 = self.w
-        d, H = p.shape[1], w1.shape[1]
-        return torch.relu(torch.addmm(b1 + t * w1[d], p, w1[:d])) @ w2[:H] + (t * w2[H] + b2)
+ACTIVATION = "relu"  # floater_suite's torchdiffeq dynamics are the ReLU ones
 
 
 def implementations(leaves, times):
@@ -86,17 +55,10 @@ def implementations(leaves, times):
         impls[name] = lambda name=name: floater(
             *leaves, times, SUBSTEPS, METHOD, ACTIVATION, backend=name
         )
-    try:
-        from torchdiffeq import odeint
-    except ImportError:
-        return impls
-    func = Dynamics(*leaves[1:])
-    grid = step_grid(times, SUBSTEPS)
-    opts = {"grid_constructor": lambda f, y0, t: grid}
     # times[0] = 0: the state at the first sample time is p0, as in our contract
-    impls["torchdiffeq"] = lambda: odeint(
-        func, leaves[0], times, method="rk4", options=opts
-    ).transpose(0, 1)
+    odeint = floater_suite._torchdiffeq_baselines(*leaves, times, SUBSTEPS).get("torchdiffeq")
+    if odeint is not None:
+        impls["torchdiffeq"] = lambda: odeint().transpose(0, 1)  # [L, S, d] -> [S, L, d]
     return impls
 
 
@@ -110,59 +72,50 @@ def reference(leaves, times):
 
 
 def timed(fn, repeats, warmup=1):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    ts.sort()
-    q = statistics.quantiles(ts, n=5) if len(ts) >= 2 else [ts[0]] * 4
-    return {"median": statistics.median(ts), "p20": q[0], "p80": q[3], "runs": ts}
+    """_gpu_common.timed_calls on the CPU (wall clock), in seconds: median, p20 / p80 (the
+    20th / 80th percentiles; fastest / slowest below five runs) and the runs in call order."""
+    t = _gpu_common.timed_calls(fn, "cpu", warmup, repeats)
+    return {
+        "median": t["ms"] / 1e3,
+        "p20": t["ms_p20"] / 1e3,
+        "p80": t["ms_p80"] / 1e3,
+        "runs": [r / 1e3 for r in t["runs"]],
+    }
 
 
-def git_sha():
+def _cpu_model():
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-    except Exception:
+        with open("/proc/cpuinfo") as f:
+            return next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None
+            )
+    except OSError:
         return None
 
 
 def environment():
-    from posenc_fast import __version__, _extension
+    """_gpu_common.environment() (versions, git SHA, threads ...) and what this benchmark
+    adds: the CPU model, the core count and the extension's build (its SIMD level)."""
+    from posenc_fast import _extension
 
     info = _extension.extension_info()
-    return {
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_model": next(
-            (
-                ln.split(":", 1)[1].strip()
-                for ln in open("/proc/cpuinfo")
-                if ln.startswith("model name")
-            ),
-            None,
-        )
-        if os.path.exists("/proc/cpuinfo")
-        else None,
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "posenc_fast": __version__,
-        "git_sha": git_sha(),
-        "extension": info.get("build_info"),
-        "cpu_isa": info.get("cpu_isa"),
-    }
+    env = _gpu_common.environment()
+    env.update(
+        {
+            "machine": platform.machine(),
+            "cpu_model": _cpu_model(),
+            "cores": os.cpu_count(),
+            "extension": info.get("build_info"),
+            "cpu_isa": info.get("cpu_isa"),
+        }
+    )
+    return env
 
 
 def run_case(d, L, repeats, dtype=torch.float32):
     S = S_STATES
-    p0, w1, b1, w2, b2, times = inputs(S, d, L, dtype, seed=d + L)
-    leaves = [t.clone().requires_grad_(True) for t in (p0, w1, b1, w2, b2)]
+    *weights, times = floater_suite.bench_inputs(S, d, L, dtype, "cpu", seed=d + L)
+    leaves = [t.requires_grad_(True) for t in weights]
     impls = implementations(leaves, times)
     want = reference(leaves, times)
     result = {

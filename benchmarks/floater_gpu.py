@@ -79,7 +79,7 @@ import _gpu_common  # noqa: E402  (benchmarks/, beside this script)
 import torch  # noqa: E402
 
 SUBSTEPS = 5
-DELTA_T = 0.01
+DELTA_T = 0.01  # floater_suite.BENCH_DELTA_T: the spacing of bench_inputs' times
 ACTIVATION = "relu"
 BASELINE_METHOD = "rk38"  # = torchdiffeq's fixed-grid "rk4"
 BASELINES = ("torch", "graph", "torchdiffeq", "adjoint")
@@ -246,19 +246,14 @@ class Prepared:
 class Case:
     def __init__(self, ctx, L: int, S: int, d: int):
         from posenc_fast import _testing
+        from posenc_fast.cli import floater_suite
 
         self.ctx, self.L, self.S, self.d = ctx, L, S, d
         dev = ctx.device
-        spec = _testing.FloaterCase(S, d, d, L, SUBSTEPS, BASELINE_METHOD, ACTIVATION)
-        p0, w1, b1, w2, b2, _ = _testing.floater_inputs(
-            spec, torch.float32, dev, ctx.seed + L + d + S
+        *weights, self.times = floater_suite.bench_inputs(
+            S, d, L, torch.float32, dev, ctx.seed + L + d + S
         )
-        with torch.no_grad():  # floater_suite.floater_case's scale: states stay finite
-            w1.mul_(0.5)
-            w2.mul_(0.3)
-        self.leaves = [t.requires_grad_(True) for t in (p0, w1, b1, w2, b2)]
-        times = torch.arange(L, dtype=torch.float64) * DELTA_T
-        self.times = times.to(torch.float32).to(dev)
+        self.leaves = [t.requires_grad_(True) for t in weights]
         self.times_host = self.times.cpu().double().tolist()
         self.grad_out = _testing.randn(
             (S, L, d), _testing.generator(ctx.seed + 7 * L + d), torch.float32, dev

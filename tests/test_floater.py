@@ -15,6 +15,7 @@ from torch.library import opcheck
 
 import posenc_fast as pf
 from posenc_fast import _testing
+from posenc_fast.cli import floater_suite
 from posenc_fast.reference import floater as ref
 from posenc_fast.tolerances import assert_close
 
@@ -152,18 +153,6 @@ def test_matches_high_accuracy_solution(backend, method, device):
     assert_close(out, exact, torch.float64, "floater", what=f"{backend} {method} vs DOP853")
 
 
-def _substep_grid(times, K):
-    """The time grid of the integration: 0, then K equal steps per interval."""
-    pts = [torch.zeros(1, dtype=times.dtype)]
-    prev = torch.zeros((), dtype=times.dtype)
-    for t in times.cpu():
-        h = (t - prev) / K
-        pts.append(prev + torch.arange(1, K, dtype=times.dtype) * h)
-        pts.append(t.reshape(1))
-        prev = t
-    return torch.cat(pts)
-
-
 @pytest.mark.parametrize("backend,dtype", list(_matrix()))
 def test_rk38_matches_torchdiffeq_rk4_step_for_step(backend, dtype, device):
     """torchdiffeq's "rk4" is the 3/8 rule. On the same grid (its grid_constructor given
@@ -175,8 +164,8 @@ def test_rk38_matches_torchdiffeq_rk4_step_for_step(backend, dtype, device):
     p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, dtype, device, seed=5)
     out = pf.floater(p0, w1, b1, w2, b2, times, K, "rk38", "gelu", backend=backend)
     h = ref.dynamics(w1, b1, w2, b2, "gelu")
-    grid = _substep_grid(times, K).to(device)
     t = torch.cat([times.new_zeros(1), times])
+    grid = floater_suite._grid(t, K)  # 0, then K equal steps per interval
     sol = odeint(
         lambda t, y: h(t, y),
         p0,

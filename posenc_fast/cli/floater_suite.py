@@ -159,19 +159,27 @@ def _torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
     }
 
 
-def floater_case(
-    L: int, d: int, device: str, dtype=torch.float32, S: int = BENCH_STATES
-) -> BenchCase:
-    K = BENCH_SUBSTEPS
-    case = _testing.FloaterCase(S, d, d, L, K, "rk38", "relu")
-    p0, w1, b1, w2, b2, _ = _testing.floater_inputs(case, dtype, device, seed=L + d)
+def bench_inputs(S: int, d: int, L: int, dtype, device: str, seed: int):
+    """(p0, w1, b1, w2, b2, times) of the FLOATER benchmarks (this module's ``bench``,
+    benchmarks/floater_cpu.py and benchmarks/floater_gpu.py): H = d, ``_testing``'s random
+    states and weights with w1 scaled by 0.5 and w2 by 0.3, times i * BENCH_DELTA_T."""
+    case = _testing.FloaterCase(S, d, d, L)
+    p0, w1, b1, w2, b2, _ = _testing.floater_inputs(case, dtype, device, seed)
     # Weights of the default initialisation's scale for w1 and a moderate w2: the states
     # stay O(1) over the whole range (no overflow in float32 at L = 512).
     with torch.no_grad():
         w1.mul_(0.5)
         w2.mul_(0.3)
-    leaves = [t.requires_grad_(True) for t in (p0, w1, b1, w2, b2)]
     times = (torch.arange(L, dtype=torch.float64, device=device) * BENCH_DELTA_T).to(dtype)
+    return p0, w1, b1, w2, b2, times
+
+
+def floater_case(
+    L: int, d: int, device: str, dtype=torch.float32, S: int = BENCH_STATES
+) -> BenchCase:
+    K = BENCH_SUBSTEPS
+    *weights, times = bench_inputs(S, d, L, dtype, device, seed=L + d)
+    leaves = [t.requires_grad_(True) for t in weights]
 
     def reference(p0, w1, b1, w2, b2):
         return plain_floater(p0, w1, b1, w2, b2, times, K)
