@@ -37,6 +37,18 @@ def rand(shape, gen, low, high, dtype=torch.float32, device="cpu") -> torch.Tens
     return (low + (high - low) * u).to(dtype=dtype, device=device)
 
 
+def randomize_parameters(module, seed: int, scale: float = 1.0, fan_in: bool = False) -> None:
+    """Overwrite every parameter of ``module``, in ``parameters()`` order, with :func:`randn`
+    values from one generator seeded with ``seed``, each in the parameter's own dtype and
+    device: standard deviation ``scale``, divided by sqrt(rows) for matrices when
+    ``fan_in`` (their first dimension is the input dimension)."""
+    g = generator(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            std = scale / math.sqrt(p.shape[0]) if fan_in and p.dim() == 2 else scale
+            p.copy_(randn(p.shape, g, p.dtype, p.device, std))
+
+
 @dataclass(frozen=True)
 class LffCase:
     batch: tuple  # leading batch shape (N, or e.g. (B, N))

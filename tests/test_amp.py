@@ -98,10 +98,7 @@ def _floater_module(backend, device):
         8, num_layers=2, hidden_dim=12, delta_t=0.05, substeps=3, activation="relu",
         backend=backend, device=device,
     )  # fmt: skip
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    _testing.randomize_parameters(m, 5, 0.5)
     return m
 
 

@@ -85,11 +85,8 @@ def _floater_module_run(backend, device, dtype):
         8, num_layers=2, hidden_dim=12, delta_t=0.05, substeps=2, activation="tanh",
         backend=backend, device=device, dtype=dtype,
     )  # fmt: skip
-    g = _testing.generator(47)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(_testing.randn(p.shape, g, dtype, device, 0.5))
-    w = _testing.randn((2, 3, 40, 8), g, dtype, device)
+    _testing.randomize_parameters(m, 47, 0.5)
+    w = _testing.randn((2, 3, 40, 8), _testing.generator(48), dtype, device)
     train = m(25)
     (train * w[:, :, :25]).sum().backward()
     m.eval()

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import math
 import os
 import pathlib
 import subprocess
@@ -99,11 +98,7 @@ def make_model(floater_backend="auto", refresh_every=1) -> TinyModel:
     default initialisation starts it near zero)."""
     torch.manual_seed(0)
     model = TinyModel(floater_backend, refresh_every)
-    g = _testing.generator(1)
-    with torch.no_grad():
-        for p in model.bias.parameters():
-            fan = p.shape[0] if p.dim() == 2 else 1
-            p.copy_(_testing.randn(p.shape, g, p.dtype, "cpu", 1.0 / math.sqrt(fan)))
+    _testing.randomize_parameters(model.bias, 1, fan_in=True)
     return model
 
 

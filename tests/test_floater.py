@@ -98,20 +98,12 @@ def test_length_form_starts_at_p0(backend, device):
         device=device,
         dtype=torch.float64,
     )
-    _randomize(fl, seed=4)
+    _testing.randomize_parameters(fl, 4, fan_in=True)
     out = fl(length=9)
     assert torch.equal(out[:, 0], fl.p0.detach())
     times = torch.arange(9, dtype=torch.float64, device=device) * 0.1
     expected = ref.floater(fl.p0, fl.w1, fl.b1, fl.w2, fl.b2, times, 3, "rk4", "tanh")
     assert_close(out, expected, torch.float64, "floater")
-
-
-def _randomize(fl, seed, scale=1.0):
-    g = _testing.generator(seed)
-    with torch.no_grad():
-        for p in fl.parameters():
-            fan = p.shape[0] if p.dim() == 2 else 1
-            p.copy_(_testing.randn(p.shape, g, p.dtype, p.device, scale / math.sqrt(fan)))
 
 
 # -- independent solvers ---------------------------------------------------------------------
@@ -366,7 +358,7 @@ def test_backward_is_deterministic(backend, device):
 def test_compile_fullgraph_module(device):
     torch._dynamo.reset()
     fl = pf.Floater(6, 4, hidden_dim=5, activation="gelu", device=device)
-    _randomize(fl, seed=2)
+    _testing.randomize_parameters(fl, 2, fan_in=True)
     compiled = torch.compile(fl, fullgraph=True, backend="aot_eager")
     got = compiled(length=9)
     expected = fl(length=9)
@@ -441,7 +433,7 @@ def test_integer_times_are_converted(device):
 
 def test_module_times_form_and_attention_bias(device):
     fl = pf.Floater(4, 6, hidden_dim=3, activation="gelu", device=device, dtype=torch.float64)
-    _randomize(fl, seed=6)
+    _testing.randomize_parameters(fl, 6, fan_in=True)
     times = torch.tensor([0.2, 0.5, 0.5, 1.25], dtype=torch.float64, device=device)
     expected = ref.floater(fl.p0, fl.w1, fl.b1, fl.w2, fl.b2, times, 5, "rk4", "gelu")
     assert_close(fl(times=times), expected, torch.float64, "floater")

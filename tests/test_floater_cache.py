@@ -3,8 +3,6 @@ invalidation on every kind of parameter change, gradients through cached states,
 refresh_every. Work is measured by counting the calls that reach the backend's
 integrator (and the number of intervals each call integrates)."""
 
-import math
-
 import pytest
 import torch
 from conftest import backend_params
@@ -28,11 +26,7 @@ def calls():
 def _module(backend, device, dtype=torch.float64, seed=0, **kw):
     kw = {"hidden_dim": 6, "delta_t": 0.05, "substeps": 3, "activation": "tanh", **kw}
     fl = pf.Floater(5, 3, backend=backend, device=device, dtype=dtype, **kw)
-    g = _testing.generator(seed)
-    with torch.no_grad():
-        for p in fl.parameters():
-            fan = p.shape[0] if p.dim() == 2 else 1
-            p.copy_(_testing.randn(p.shape, g, dtype, device, 1.0 / math.sqrt(fan)))
+    _testing.randomize_parameters(fl, seed, fan_in=True)
     return fl
 
 

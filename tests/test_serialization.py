@@ -10,6 +10,7 @@ import torch
 from conftest import backend_params
 
 import posenc_fast as pf
+from posenc_fast import _testing
 from posenc_fast.tolerances import assert_close
 
 
@@ -112,10 +113,7 @@ FLOATER_KEYS = {"p0", "w1", "b1", "w2", "b2"}
 def _floater(name, seed=0, **kw):
     """A module with random parameters (the default initialisation starts near zero)."""
     m = FLOATER_FACTORIES[name](**kw)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
+    _testing.randomize_parameters(m, seed, 0.5)
     return m
 
 

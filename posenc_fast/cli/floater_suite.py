@@ -60,10 +60,7 @@ def _check_extension(backend, dtype, device, seed, res: Result) -> int:
     equal the reference on all sample times."""
     fl = Floater(7, 3, hidden_dim=5, delta_t=0.05, substeps=2, activation="gelu",
                  backend=backend, device=device, dtype=dtype)  # fmt: skip
-    g = _testing.generator(seed + 500)
-    with torch.no_grad():
-        for p in fl.parameters():
-            p.copy_(_testing.randn(p.shape, g, dtype, device, 0.5))
+    _testing.randomize_parameters(fl, seed + 500, 0.5)
     fl.eval()
     with torch.no_grad():
         fl(length=9)
