@@ -1,5 +1,6 @@
-"""The compiled extension (csrc/): loader behaviour, the C++ CPU FLOATER kernels against an
-independent float64 loop, determinism, bad inputs to the low-level ops.
+"""The compiled extension (csrc/): loader behaviour, the C++ CPU FLOATER kernels against the
+float64 reference loop (posenc_fast/reference/floater.py), determinism, bad inputs to the
+low-level ops.
 
 The shared FLOATER matrix (tests/test_floater*.py) covers the "cpp" backend through the
 public API once the extension is built; this file tests the extension itself and runs
@@ -21,7 +22,9 @@ import pytest
 import torch
 
 from posenc_fast import _extension, backends
+from posenc_fast._testing import FloaterCase, floater_inputs
 from posenc_fast.backends import extension_backends as eb
+from posenc_fast.reference import floater as ref
 from posenc_fast.tolerances import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,80 +35,6 @@ needs_ext = pytest.mark.skipif(
 
 METHODS = ("euler", "midpoint", "rk4", "rk38")
 ACTIVATIONS = ("relu", "tanh", "gelu", "identity")
-TABLEAUX = {  # c, a (rows), b
-    "euler": ((0.0,), ((),), (1.0,)),
-    "midpoint": ((0.0, 0.5), ((), (0.5,)), (0.0, 1.0)),
-    "rk4": (
-        (0.0, 0.5, 0.5, 1.0),
-        ((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)),
-        (1 / 6, 1 / 3, 1 / 3, 1 / 6),
-    ),
-    "rk38": (
-        (0.0, 1 / 3, 2 / 3, 1.0),
-        ((), (1 / 3,), (-1 / 3, 1.0), (1.0, -1.0, 1.0)),
-        (1 / 8, 3 / 8, 3 / 8, 1 / 8),
-    ),
-}
-
-
-def _act(name, z):
-    if name == "relu":
-        return torch.relu(z)
-    if name == "tanh":
-        return torch.tanh(z)
-    if name == "gelu":
-        return 0.5 * z * (1.0 + torch.erf(z / math.sqrt(2.0)))
-    return z
-
-
-def loop_reference(p0, w1, b1, w2, b2, times, substeps, method, activation):
-    """An independent float64 statement of the contract (explicit tableau loop),
-    differentiable by autograd: its gradients are the discrete adjoint."""
-    d, H = p0.shape[1], w1.shape[1]
-    c, a, b = TABLEAUX[method]
-
-    def f(t, y):
-        z = y @ w1[:d] + t * w1[d] + b1
-        return _act(activation, z) @ w2[:H] + t * w2[H] + b2
-
-    y, states = p0, []
-    t_prev = torch.zeros((), dtype=p0.dtype)
-    for j in range(times.shape[0]):
-        h = (times[j] - t_prev) / substeps
-        for k in range(substeps):
-            t = t_prev + k * h
-            ks = []
-            for i in range(len(c)):
-                yi = y
-                for m, am in enumerate(a[i]):
-                    if am:
-                        yi = yi + h * am * ks[m]
-                ks.append(f(t + c[i] * h, yi))
-            y = y + h * sum(bi * ki for bi, ki in zip(b, ks) if bi)
-        states.append(y)
-        t_prev = times[j]
-    if not states:
-        return p0.new_empty((p0.shape[0], 0, d))
-    return torch.stack(states, dim=1)
-
-
-def make_inputs(S, d, H, L, dtype, seed, zero_first=True, repeat=False):
-    g = torch.Generator().manual_seed(seed)
-
-    def rn(*shape, scale=1.0):
-        return torch.randn(shape, generator=g, dtype=torch.float64) * scale
-
-    p0 = rn(S, d)
-    w1 = rn(d + 1, H, scale=1.5 / math.sqrt(d + 1))
-    b1 = rn(H, scale=0.5)
-    w2 = rn(H + 1, d, scale=1.0 / math.sqrt(H + 1))
-    b2 = rn(d, scale=0.5)
-    times = torch.sort(torch.rand(L, generator=g, dtype=torch.float64) * 2.0).values
-    if L and zero_first:
-        times[0] = 0.0
-    if repeat and L > 2:
-        times[2] = times[1]  # a zero-length interval
-    return [t.to(dtype) for t in (p0, w1, b1, w2, b2, times)]
 
 
 def ops():
@@ -220,7 +149,7 @@ def extension_unavailable(monkeypatch):
 def test_auto_falls_back_with_one_warning(extension_unavailable):
     from posenc_fast.floater_encoding import floater
 
-    args = make_inputs(2, 3, 4, 3, torch.float32, seed=1)
+    args = floater_inputs(FloaterCase(2, 3, 4, 3), torch.float32, "cpu", seed=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         a = floater(*args, substeps=2, method="rk4", activation="tanh")
@@ -238,7 +167,7 @@ def test_unavailable_backend_explains(extension_unavailable):
     assert eb.CudaBackend().environment_reasons() == ["test: extension hidden"]
     with pytest.raises(RuntimeError, match="test: extension hidden"):
         eb.CppBackend().floater_forward(
-            *make_inputs(1, 2, 2, 1, torch.float32, 0), 1, "rk4", "relu"
+            *floater_inputs(FloaterCase(1, 2, 2, 1), torch.float32, "cpu", 0), 1, "rk4", "relu"
         )
 
 
@@ -317,7 +246,7 @@ def test_pure_python_wheel_builds_without_the_extension(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# C++ CPU kernels against the independent loop
+# C++ CPU kernels against the float64 reference loop
 # ---------------------------------------------------------------------------------------
 
 # (S, d, H, L, substeps): odd sizes, single state / dimension / hidden unit, chunks of 4
@@ -333,18 +262,17 @@ BIG = (6, 300, 270, 2, 1)
 
 
 def _check_against_loop(S, d, H, L, n, method, act, dtype, seed, repeat=False):
-    args = make_inputs(S, d, H, L, dtype, seed, repeat=repeat)
+    args = floater_inputs(FloaterCase(S, d, H, L, repeat_time=repeat), dtype, "cpu", seed)
     out = ops().floater_integrate(*args, n, method, act)
     leaves = [a.detach().to(torch.float64).requires_grad_() for a in args]
-    ref = loop_reference(*leaves, n, method, act)
+    want = ref.floater(*leaves, n, method, act)
     assert out.dtype == dtype and out.shape == (S, L, d)
-    assert_close(out, ref, dtype, "floater", what=f"forward {method} {act}")
+    assert_close(out, want, dtype, "floater", what=f"forward {method} {act}")
     g = torch.Generator().manual_seed(seed + 7)
-    grad = torch.randn(ref.shape, generator=g, dtype=torch.float64)
-    ref_grads = torch.autograd.grad(ref, leaves, grad, allow_unused=True)
+    grad = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    ref_grads = torch.autograd.grad(want, leaves, grad)
     got = ops().floater_integrate_backward(grad.to(dtype), out, *args, n, method, act, [True] * 6)
     for name, gg, rg in zip(("p0", "w1", "b1", "w2", "b2", "times"), got, ref_grads):
-        rg = torch.zeros_like(leaves[0] if rg is None else rg) if rg is None else rg
         assert_close(gg, rg, dtype, "grad", what=f"d{name} {method} {act}")
 
 
@@ -369,7 +297,7 @@ def test_backward_recompute_path_matches():
     """With no memory to keep an interval's stage values, the backward recomputes each step
     from stored starting states: the same adjoint bitwise (dp0, dtimes); the weight
     gradients are summed step by step instead of per interval (rounding differs)."""
-    args = make_inputs(5, 7, 6, 4, torch.float64, seed=12)
+    args = floater_inputs(FloaterCase(5, 7, 6, 4), torch.float64, "cpu", seed=12)
     out = ops().floater_integrate(*args, 3, "rk4", "gelu")
     grad = torch.randn_like(out)
     kept = ops().floater_integrate_backward(grad, out, *args, 3, "rk4", "gelu", [True] * 6)
@@ -391,16 +319,18 @@ def test_backward_recompute_path_matches():
 @needs_ext
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_times_not_starting_at_zero_and_repeated(dtype):
-    args = make_inputs(4, 6, 5, 5, dtype, seed=11, zero_first=False, repeat=True)
+    args = floater_inputs(FloaterCase(4, 6, 5, 5, repeat_time=True), dtype, "cpu", seed=11)
+    assert args[5][0] > 0 and args[5][1] == args[5][0]
     out = ops().floater_integrate(*args, 3, "rk38", "tanh")
-    ref = loop_reference(*[a.double() for a in args], 3, "rk38", "tanh")
-    assert_close(out, ref, dtype, "floater")
-    torch.testing.assert_close(out[:, 2], out[:, 1], rtol=0, atol=0)  # zero-length interval
+    want = ref.floater(*[a.double() for a in args], 3, "rk38", "tanh")
+    assert_close(out, want, dtype, "floater")
+    torch.testing.assert_close(out[:, 1], out[:, 0], rtol=0, atol=0)  # zero-length interval
 
 
 @needs_ext
 def test_first_sample_at_zero_returns_p0():
-    args = make_inputs(3, 4, 5, 3, torch.float64, seed=2)
+    args = floater_inputs(FloaterCase(3, 4, 5, 3), torch.float64, "cpu", seed=2)
+    args[5][0] = 0.0  # interval 0 has length zero
     out = ops().floater_integrate(*args, 4, "rk4", "gelu")
     torch.testing.assert_close(out[:, 0], args[0], rtol=0, atol=0)
 
@@ -411,11 +341,11 @@ def test_first_sample_at_zero_returns_p0():
 )
 def test_empty_sizes(shape):
     S, d, H, L = shape
-    args = make_inputs(S, d, H, L, torch.float64, seed=3)
+    args = floater_inputs(FloaterCase(S, d, H, L), torch.float64, "cpu", seed=3)
     out = ops().floater_integrate(*args, 2, "rk4", "relu")
     assert out.shape == (S, L, d)
-    ref = loop_reference(*args, 2, "rk4", "relu")
-    torch.testing.assert_close(out, ref)
+    want = ref.floater(*args, 2, "rk4", "relu")
+    torch.testing.assert_close(out, want)
     grads = ops().floater_integrate_backward(
         torch.ones_like(out), out, *args, 2, "rk4", "relu", [True] * 6
     )
@@ -427,7 +357,7 @@ def test_empty_sizes(shape):
 
 @needs_ext
 def test_needs_selects_outputs():
-    args = make_inputs(3, 4, 5, 3, torch.float32, seed=4)
+    args = floater_inputs(FloaterCase(3, 4, 5, 3), torch.float32, "cpu", seed=4)
     out = ops().floater_integrate(*args, 2, "rk4", "relu")
     grad = torch.randn_like(out)
     full = ops().floater_integrate_backward(grad, out, *args, 2, "rk4", "relu", [True] * 6)
@@ -444,7 +374,7 @@ def test_needs_selects_outputs():
 @pytest.mark.parametrize("shape", [(13, 16, 32, 5, 2), BIG], ids=["chunked", "split"])
 def test_deterministic_and_thread_count_independent(shape):
     S, d, H, L, n = shape
-    args = make_inputs(S, d, H, L, torch.float32, seed=6)
+    args = floater_inputs(FloaterCase(S, d, H, L), torch.float32, "cpu", seed=6)
     grad = torch.randn((S, L, d), generator=torch.Generator().manual_seed(1))
     threads = torch.get_num_threads()
     results = []
@@ -469,7 +399,7 @@ def test_team_results_independent_of_team_size(method):
     splits, partial vectors at d = 300) give bitwise the same results, with the stage
     values kept or recomputed, and match the loop."""
     S, d, H, L, n = 5, 300, 270, 3, 2
-    args = make_inputs(S, d, H, L, torch.float32, seed=21)
+    args = floater_inputs(FloaterCase(S, d, H, L), torch.float32, "cpu", seed=21)
     grad = torch.randn((S, L, d), generator=torch.Generator().manual_seed(2))
     threads = torch.get_num_threads()
     results = {}
@@ -497,7 +427,7 @@ def test_team_results_independent_of_team_size(method):
 
 @needs_ext
 def test_inputs_unchanged_and_noncontiguous_inputs():
-    args = make_inputs(5, 6, 7, 4, torch.float64, seed=8)
+    args = floater_inputs(FloaterCase(5, 6, 7, 4), torch.float64, "cpu", seed=8)
     copies = [a.clone() for a in args]
     # non-contiguous views of the same values
     w1_t = args[1].t().contiguous().t()
@@ -569,7 +499,7 @@ def test_float32_activations_accuracy(cpu_isa):
     ids=["w1", "b1", "w2", "b2", "times", "p0-rank", "dtype", "half"],
 )
 def test_bad_inputs_name_the_argument(mutate, exc, match):
-    args = make_inputs(2, 3, 4, 3, torch.float32, seed=9)
+    args = list(floater_inputs(FloaterCase(2, 3, 4, 3), torch.float32, "cpu", seed=9))
     mutate(args)
     with pytest.raises(exc, match=match):
         ops().floater_integrate(*args, 2, "rk4", "relu")
@@ -577,7 +507,7 @@ def test_bad_inputs_name_the_argument(mutate, exc, match):
 
 @needs_ext
 def test_bad_options():
-    args = make_inputs(2, 3, 4, 3, torch.float32, seed=9)
+    args = floater_inputs(FloaterCase(2, 3, 4, 3), torch.float32, "cpu", seed=9)
     with pytest.raises(ValueError, match="substeps must be >= 1"):
         ops().floater_integrate(*args, 0, "rk4", "relu")
     with pytest.raises(ValueError, match="method must be one of"):
@@ -595,7 +525,7 @@ def test_bad_options():
 
 @needs_ext
 def test_opcheck_low_level_ops():
-    args = make_inputs(3, 4, 5, 3, torch.float64, seed=10)
+    args = floater_inputs(FloaterCase(3, 4, 5, 3), torch.float64, "cpu", seed=10)
     torch.library.opcheck(ops().floater_integrate.default, (*args, 2, "rk4", "gelu"))
     out = ops().floater_integrate(*args, 2, "rk4", "gelu")
     torch.library.opcheck(

@@ -3,7 +3,7 @@ tools/cuda_emulation: every CUDA thread a std::thread, barriers and warp shuffle
 emulated. This checks the kernels' logic (phases, slicing, reduce-scatters, adjoint,
 weight and time gradients, cross-team reductions) in every layout - solo, cluster, grid;
 weights in shared memory or from L2; vectors staged or read from L2 - against the
-independent float64 loop, on machines without a GPU. It cannot check the GPU memory
+float64 reference loop, on machines without a GPU. It cannot check the GPU memory
 model, timing or resource limits: that is the GPU run (POSENC_FAST_TEST_DEVICE=cuda).
 """
 
@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 import torch
 
+from posenc_fast._testing import FloaterCase, floater_inputs
+from posenc_fast.reference import floater as ref
 from posenc_fast.tolerances import assert_close
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_extension import loop_reference, make_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 CXX = shutil.which("g++") or shutil.which("clang++")
@@ -79,7 +78,8 @@ def emulator256(tmp_path_factory):
 def run_emulated(
     exe, tmp, S, d, H, L, n, method, act, dtype, mode, C, Sg, layout, seed, needs=(1,) * 6
 ):
-    args = [a.to(dtype).double() for a in make_inputs(S, d, H, L, torch.float64, seed, repeat=True)]
+    case = FloaterCase(S, d, H, L, repeat_time=True)
+    args = [a.to(dtype).double() for a in floater_inputs(case, torch.float64, "cpu", seed)]
     grad = torch.randn(
         (S, L, d), generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64
     )
@@ -129,9 +129,9 @@ def test_emulated_cuda_kernels_match_loop(emulator, tmp_path, case):
     S, d, H, _, n, method, act, dtype = case[:8]
     args, grad, parts, log = run_emulated(emulator, tmp_path, *case, seed=S + d + H)
     leaves = [a.clone().requires_grad_(True) for a in args]
-    ref = loop_reference(*leaves, n, method, act)
-    assert_close(parts[0], ref, dtype, "floater", what=f"forward [{log.splitlines()[0]}]")
-    ref_grads = torch.autograd.grad(ref, leaves, grad)
+    expected = ref.floater(*leaves, n, method, act)
+    assert_close(parts[0], expected, dtype, "floater", what=f"forward [{log.splitlines()[0]}]")
+    ref_grads = torch.autograd.grad(expected, leaves, grad)
     for name, got, want in zip(("p0", "w1", "b1", "w2", "b2", "times"), parts[1:], ref_grads):
         assert_close(got, want, dtype, "grad", what=f"d{name}")
 
