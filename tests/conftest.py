@@ -32,6 +32,25 @@ def backend_params(op: str, dtype=None, include_reference=False, exclude=()):
     return [pytest.param(n, id=n) for n in names if n not in exclude]
 
 
+def backend_dtype_params(op: str, dtypes, include_reference=False):
+    """pytest params ``(backend, dtype)``: for each of ``dtypes``, every backend usable here
+    that implements ``op`` in that dtype on DEVICE (ids "<backend>-<dtype>")."""
+    return [
+        pytest.param(bp.values[0], dtype, id=f"{bp.id}-{str(dtype)[6:]}")
+        for dtype in dtypes
+        for bp in backend_params(op, dtype, include_reference)
+    ]
+
+
+@pytest.fixture
+def calls():
+    """Lengths (number of intervals) of every FLOATER integration run by any backend
+    during the test (_testing.count_floater_integrations)."""
+    seen, restore = _testing.count_floater_integrations()
+    yield seen
+    restore()
+
+
 def pytest_report_header(config):
     usable = posenc_fast.available_backends(verbose=True)
     lines = [f"posenc_fast {posenc_fast.__version__}, test device {DEVICE}"]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import backend_params
+from conftest import backend_dtype_params, backend_params
 from torch.library import opcheck
 
 import posenc_fast as pf
@@ -23,13 +23,7 @@ def _reference(kind, positions, dim, **kw):
     return ref.dft(positions, dim) if kind == "dft" else ref.sinusoidal(positions, dim, **kw)
 
 
-def _matrix():
-    for dtype in DTYPES:
-        for bp in backend_params("encoding", dtype):
-            yield pytest.param(bp.values[0], dtype, id=f"{bp.id}-{str(dtype)[6:]}")
-
-
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("encoding", DTYPES))
 @pytest.mark.parametrize("case", CASES)
 def test_forward_matches_reference(backend, dtype, case, device):
     p = _testing.positions(case, dtype, device, seed=_testing.seed_of(case.id))
@@ -47,7 +41,7 @@ def test_forward_matches_reference(backend, dtype, case, device):
     assert torch.equal(p, before)
 
 
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("encoding", DTYPES))
 @pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
 def test_backward_matches_reference(backend, dtype, kind, device):
     g = _testing.generator(3)
@@ -61,7 +55,7 @@ def test_backward_matches_reference(backend, dtype, kind, device):
     assert_close(p.grad, p64.grad, dtype, "grad", what=f"{kind} {backend}")
 
 
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("encoding", DTYPES))
 @pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
 @pytest.mark.parametrize("pos_shape", [(7,), (3, 7), (3, 1)], ids=["P-L", "P-BL", "P-B1"])
 def test_fused_add_matches_reference(backend, dtype, kind, pos_shape, device):

@@ -41,13 +41,10 @@ def test_similarity_heatmaps(tmp_path):
     assert pathlib.Path(path).stat().st_size > 10_000
 
 
-def test_floater_attention_caches_biases_at_inference():
+def test_floater_attention_caches_biases_at_inference(calls):
     """The script's claims, counted independently of its profiler: one integration per
     training step, one for every eval call together, and a longer sequence integrates
     only its new positions."""
-    from posenc_fast import _testing
-
-    seen, restore = _testing.count_floater_integrations()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: threads only add synchronisation
     try:
@@ -55,8 +52,7 @@ def test_floater_attention_caches_biases_at_inference():
         r = _load("floater_attention").main(steps=steps, length=length)
     finally:
         torch.set_num_threads(threads)
-        restore()
-    assert seen == [length] * steps + [length] + [length], seen
+    assert calls == [length] * steps + [length] + [length], calls
     assert r["train_calls"] == [length] * 3
     assert r["eval_calls"] == [length], "five eval calls, one integration"
     assert r["extension_calls"] == [length], "only the new positions are integrated"

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import backend_params
+from conftest import backend_dtype_params, backend_params
 from torch.library import opcheck
 
 import posenc_fast as pf
@@ -25,12 +25,6 @@ ACTIVATIONS = ["relu", "tanh", "gelu", "identity"]
 SMOOTH = ["tanh", "gelu", "identity"]  # gradcheck needs differentiable dynamics
 CASES = [pytest.param(c, id=c.id) for c in _testing.FLOATER_CASES]
 NAMES = ("p0", "w1", "b1", "w2", "b2", "times")
-
-
-def _matrix():
-    for dtype in DTYPES:
-        for bp in backend_params("floater", dtype):
-            yield pytest.param(bp.values[0], dtype, id=f"{bp.id}-{str(dtype)[6:]}")
 
 
 def _reference_grads(inputs, grad, case):
@@ -62,14 +56,14 @@ def _check_case(backend, dtype, case, device, seed):
         assert torch.equal(t, b), "inputs must not be modified"
 
 
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("floater", DTYPES))
 @pytest.mark.parametrize("case", CASES)
 def test_matches_reference(backend, dtype, case, device):
     """Forward and every gradient (p0, weights, times) on the shared case list."""
     _check_case(backend, dtype, case, device, seed=_testing.seed_of(case.id))
 
 
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("floater", DTYPES))
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_every_method_and_activation(backend, dtype, method, activation, device):
@@ -145,7 +139,7 @@ def test_matches_high_accuracy_solution(backend, method, device):
     assert_close(out, exact, torch.float64, "floater", what=f"{backend} {method} vs DOP853")
 
 
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("floater", DTYPES))
 def test_rk38_matches_torchdiffeq_rk4_step_for_step(backend, dtype, device):
     """torchdiffeq's "rk4" is the 3/8 rule. On the same grid (its grid_constructor given
     our substep grid, the sample times on it, so no interpolation happens) the two agree
@@ -374,7 +368,7 @@ def test_compile_fullgraph_module(device):
 # -- robustness ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("floater", DTYPES))
 def test_nan_state_does_not_poison_other_states(backend, dtype, device):
     case = _testing.FloaterCase(4, 5, 6, 6, 2, "rk4", "relu")
     p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, dtype, device, seed=9)

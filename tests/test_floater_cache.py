@@ -15,14 +15,6 @@ from posenc_fast.tolerances import assert_close
 BACKENDS = backend_params("floater")
 
 
-@pytest.fixture
-def calls():
-    """Lengths (number of intervals) of every integration run by any backend."""
-    seen, restore = _testing.count_floater_integrations()
-    yield seen
-    restore()
-
-
 def _module(backend, device, dtype=torch.float64, seed=0, **kw):
     kw = {"hidden_dim": 6, "delta_t": 0.05, "substeps": 3, "activation": "tanh", **kw}
     fl = pf.Floater(5, 3, backend=backend, device=device, dtype=dtype, **kw)

@@ -19,7 +19,7 @@ import os
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
 from posenc_fast import _testing, backends
@@ -54,12 +54,6 @@ MAX_PHASE = 1e5
 def _dtypes(backend: str, op: str):
     declared = backends.get(backend).SUPPORT[op].dtypes
     return [d for d in FLOATS if declared is None or d in declared]
-
-
-def _params(op: str):
-    return [
-        pytest.param(b, id=b) for b in _testing.backends_for(op, DEVICE, include_reference=False)
-    ]
 
 
 def _check_grads(names, leaves, leaves64, dtype, what):
@@ -109,7 +103,7 @@ def _lff_inputs(case, dtype, x_kind, wr_scale, seed):
     return [x, wr, *mlp]
 
 
-@pytest.mark.parametrize("backend", _params("lff"))
+@pytest.mark.parametrize("backend", backend_params("lff"))
 def test_lff_matches_reference(backend):
     @fuzz(40)
     @given(lff_problems(_dtypes(backend, "lff")))
@@ -178,7 +172,7 @@ def _positions(shape, dtype, integer, scale, g):
 
 
 @pytest.mark.parametrize("op", ENCODING_KINDS)
-@pytest.mark.parametrize("backend", _params("encoding"))
+@pytest.mark.parametrize("backend", backend_params("encoding"))
 def test_encodings_match_reference(backend, op):
     """sinusoidal (with base and block), dft, sinusoidal_nd, dft_inverse, and the fused
     adds of SinusoidalPE / DFTPE (positions [L] broadcast, or one per row)."""
@@ -273,7 +267,7 @@ def floater_problems(draw, dtypes):
     return case, dtype, weight_scale, integer_times, seed
 
 
-@pytest.mark.parametrize("backend", _params("floater"))
+@pytest.mark.parametrize("backend", backend_params("floater"))
 def test_floater_matches_reference(backend):
     @fuzz(40)
     @given(floater_problems(_dtypes(backend, "floater")))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
 from posenc_fast import _testing, backends
@@ -180,13 +180,9 @@ def test_torch_backend_beyond_2_31(big_gpu):
 # ---------------------------------------------------------------- the helpers, small
 
 
-@pytest.mark.parametrize(
-    "backend", [b for b in ("torch", "triton") if not backends.get(b).environment_reasons()]
-)
+@pytest.mark.parametrize("backend", backend_params("lff"))
 def test_helpers_at_small_size(backend):
     """The GPU tests' checks on a few rows, on the test device (CPU: the interpreter)."""
-    if DEVICE not in (backends.get(backend).SUPPORT["lff"].devices or (DEVICE,)):
-        pytest.skip(f"{backend} does not run on {DEVICE} here")
     check_dft_forward(37, 8, DEVICE, backend)
     check_sinusoidal_forward(37, 8, DEVICE, backend)
     for kind in ("sinusoidal", "dft"):

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import DEVICE, backend_params
+from conftest import DEVICE, backend_dtype_params, backend_params
 from torch.library import opcheck
 
 import posenc_fast as pf
@@ -26,13 +26,7 @@ def _kind(case):
     return "lff" if case.hidden_dim else "encoding"
 
 
-def _matrix():
-    for dtype in DTYPES:
-        for bp in backend_params("lff", dtype):
-            yield pytest.param(bp.values[0], dtype, id=f"{bp.id}-{str(dtype)[6:]}")
-
-
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("lff", DTYPES))
 @pytest.mark.parametrize("case", CASES)
 def test_forward_matches_reference(backend, dtype, case, device):
     x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, dtype, device, seed=_testing.seed_of(case.id))
@@ -48,7 +42,7 @@ def test_forward_matches_reference(backend, dtype, case, device):
             assert torch.equal(t, b), "inputs must not be modified"
 
 
-@pytest.mark.parametrize("backend,dtype", list(_matrix()))
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("lff", DTYPES))
 @pytest.mark.parametrize("case", CASES)
 def test_backward_matches_reference(backend, dtype, case, device):
     if math.prod(case.batch) == 0:
