@@ -103,7 +103,11 @@ def test_length_form_starts_at_p0(backend, device):
 # -- independent solvers ---------------------------------------------------------------------
 
 
-def _numpy_dynamics(w1, b1, w2, b2, activation, S, d):
+def _dop853(p0, w1, b1, w2, b2, times, activation, tol):
+    """scipy's DOP853 solution at ``times`` with rtol = atol = ``tol``: [S, L, d], float64,
+    on the CPU."""
+    solve_ivp = pytest.importorskip("scipy.integrate").solve_ivp
+    S, d = p0.shape
     h = ref.dynamics(
         w1.double().cpu(), b1.double().cpu(), w2.double().cpu(), b2.double().cpu(), activation
     )
@@ -112,30 +116,28 @@ def _numpy_dynamics(w1, b1, w2, b2, activation, S, d):
         p = torch.from_numpy(y).reshape(S, d)
         return h(torch.tensor(t, dtype=torch.float64), p).reshape(-1).numpy()
 
-    return f
+    t_eval = times.double().cpu().numpy()
+    sol = solve_ivp(
+        f,
+        (0.0, t_eval[-1]),
+        p0.double().cpu().numpy().reshape(-1),
+        method="DOP853",
+        t_eval=t_eval,
+        rtol=tol,
+        atol=tol,
+    )
+    assert sol.success, sol.message
+    return torch.from_numpy(sol.y.T.reshape(len(t_eval), S, d)).transpose(0, 1)
 
 
 @pytest.mark.parametrize("backend", backend_params("floater", torch.float64))
 @pytest.mark.parametrize("method", ["rk4", "rk38"])
 def test_matches_high_accuracy_solution(backend, method, device):
     """Fine steps converge to scipy's DOP853 at rtol = atol = 1e-12 (float64)."""
-    solve_ivp = pytest.importorskip("scipy.integrate").solve_ivp
     case = _testing.FloaterCase(3, 4, 6, 5, activation="tanh")
     p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, torch.float64, device, seed=11)
     out = pf.floater(p0, w1, b1, w2, b2, times, 64, method, "tanh", backend=backend)
-    f = _numpy_dynamics(w1, b1, w2, b2, "tanh", 3, 4)
-    t_eval = times.cpu().numpy()
-    sol = solve_ivp(
-        f,
-        (0.0, t_eval[-1]),
-        p0.cpu().numpy().reshape(-1),
-        method="DOP853",
-        t_eval=t_eval,
-        rtol=1e-12,
-        atol=1e-12,
-    )
-    assert sol.success
-    exact = torch.from_numpy(sol.y.T.reshape(5, 3, 4)).transpose(0, 1)
+    exact = _dop853(p0, w1, b1, w2, b2, times, "tanh", 1e-12)
     assert_close(out, exact, torch.float64, "floater", what=f"{backend} {method} vs DOP853")
 
 
@@ -168,21 +170,9 @@ def test_rk38_matches_torchdiffeq_rk4_step_for_step(backend, dtype, device):
 )
 def test_convergence_order(backend, method, order, substeps, device):
     """Doubling the substeps divides the error by about 2^order (2, 4, 16, 16)."""
-    solve_ivp = pytest.importorskip("scipy.integrate").solve_ivp
     case = _testing.FloaterCase(2, 4, 5, 4, activation="tanh")
     p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, torch.float64, device, seed=3)
-    f = _numpy_dynamics(w1, b1, w2, b2, "tanh", 2, 4)
-    t_eval = times.cpu().numpy()
-    sol = solve_ivp(
-        f,
-        (0.0, t_eval[-1]),
-        p0.cpu().numpy().reshape(-1),
-        method="DOP853",
-        t_eval=t_eval,
-        rtol=1e-13,
-        atol=1e-13,
-    )
-    exact = torch.from_numpy(sol.y.T.reshape(4, 2, 4)).transpose(0, 1)
+    exact = _dop853(p0, w1, b1, w2, b2, times, "tanh", 1e-13)
 
     def error(k):
         out = pf.floater(p0, w1, b1, w2, b2, times, k, method, "tanh", backend=backend)
