@@ -86,6 +86,43 @@ def lff_inputs(case: LffCase, dtype, device, seed: int, x_dtype=None):
     return x, wr, w1, b1, w2, b2
 
 
+LFF_NAMES = ("x", "wr", "w1", "b1", "w2", "b2")
+
+
+def assert_grads_close(names, leaves, leaves64, dtype, what: str = "") -> None:
+    """Every leaf that requires grad got a gradient of its own shape and dtype, within the
+    "grad" tolerance of the float64 reference leaf's gradient. The tolerance is the
+    looser of ``dtype`` (the op's: float32 positions of a bfloat16 MLP carry the MLP's
+    rounding in their gradient) and the gradient's own dtype (float16 positions of a
+    float64 op get a float16 gradient)."""
+    from .tolerances import assert_close, tol
+
+    for name, got, want in zip(names, leaves, leaves64):
+        if got is None or not got.requires_grad:
+            continue
+        g = got.grad
+        assert g is not None and g.shape == got.shape and g.dtype == got.dtype, f"{what} d{name}"
+        d = max((dtype, g.dtype), key=lambda t: tol(t, "grad").rtol)
+        assert_close(g, want.grad, d, "grad", what=f"{what} d{name}")
+
+
+def check_lff_backward(case: LffCase, inputs, backend: str, grad_seed: int, what: str = ""):
+    """pf.lff's backward on ``inputs`` (as from :func:`lff_inputs`, in the dtype of the
+    weights) for a random grad_output drawn from ``grad_seed``, against float64 autograd
+    through the reference (:func:`assert_grads_close`)."""
+    from .fourier_features import lff
+    from .reference import fourier_features as ref
+
+    dtype = inputs[1].dtype
+    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in inputs]
+    y = lff(*leaves, activation=case.activation, backend=backend)
+    g = randn(y.shape, generator(grad_seed), dtype, y.device)
+    y.backward(g)
+    leaves64 = [t.detach().double().requires_grad_(True) if t is not None else None for t in inputs]
+    ref.lff(*leaves64, case.activation).backward(g.double())
+    assert_grads_close(LFF_NAMES, leaves, leaves64, dtype, f"{what} {backend} {case.id}")
+
+
 # The shared LFF matrix: odd sizes, N = 0 and 1, extra batch dimensions, G in {1, 2, 4},
 # M in {1, 2, 4}, every activation, with and without the MLP. Small enough for the
 # Triton interpreter (about 0.5 ms per program instance) in CI.

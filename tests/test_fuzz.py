@@ -26,7 +26,7 @@ from posenc_fast import _testing, backends
 from posenc_fast.reference import encodings as ref_enc
 from posenc_fast.reference import floater as ref_fl
 from posenc_fast.reference import fourier_features as ref_lff
-from posenc_fast.tolerances import assert_close, tol
+from posenc_fast.tolerances import assert_close
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, note, settings  # noqa: E402
@@ -54,18 +54,6 @@ MAX_PHASE = 1e5
 def _dtypes(backend: str, op: str):
     declared = backends.get(backend).SUPPORT[op].dtypes
     return [d for d in FLOATS if declared is None or d in declared]
-
-
-def _check_grads(names, leaves, leaves64, dtype, what):
-    for name, got, want in zip(names, leaves, leaves64):
-        if got is None or not got.requires_grad:
-            continue
-        assert got.grad is not None and got.grad.shape == got.shape, f"{what} d{name}"
-        # The looser of the op's dtype (float32 positions of a bf16 MLP carry the MLP's
-        # rounding in their gradient, as in test_lff.py) and the gradient's own dtype
-        # (float16 positions of a float64 op get a float16 gradient).
-        d = max((dtype, got.grad.dtype), key=lambda t: tol(t, "grad").rtol)
-        assert_close(got.grad, want.grad, d, "grad", what=f"{what} d{name}")
 
 
 # ---------------------------------------------------------------- lff
@@ -135,8 +123,7 @@ def test_lff_matches_reference(backend):
             g = _testing.randn(y.shape, _testing.generator(seed + 1), dtype, DEVICE)
             y.backward(g)
             expected.backward(g.double())
-            names = ("x", "wr", "w1", "b1", "w2", "b2")
-            _check_grads(names, leaves, leaves64, dtype, what)
+            _testing.assert_grads_close(_testing.LFF_NAMES, leaves, leaves64, dtype, what)
 
     check()
 
@@ -240,7 +227,8 @@ def test_encodings_match_reference(backend, op):
             grad = _testing.randn(out.shape, _testing.generator(seed + 1), out_dtype, DEVICE)
             out.backward(grad)
             expected.backward(grad.double())
-            _check_grads(("input", "positions"), leaves, leaves64, out_dtype, what)
+            names = ("input", "positions")
+            _testing.assert_grads_close(names, leaves, leaves64, out_dtype, what)
 
     check()
 
@@ -291,6 +279,7 @@ def test_floater_matches_reference(backend):
             g = _testing.randn(out.shape, _testing.generator(seed + 1), dtype, DEVICE)
             out.backward(g)
             expected.backward(g.double())
-            _check_grads(("p0", "w1", "b1", "w2", "b2", "times"), leaves, leaves64, dtype, what)
+            names = ("p0", "w1", "b1", "w2", "b2", "times")
+            _testing.assert_grads_close(names, leaves, leaves64, dtype, what)
 
     check()

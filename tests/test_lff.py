@@ -47,19 +47,8 @@ def test_forward_matches_reference(backend, dtype, case, device):
 def test_backward_matches_reference(backend, dtype, case, device):
     if math.prod(case.batch) == 0:
         pytest.skip("empty batch: covered by test_empty_batch_backward")
-    x, *weights = _testing.lff_inputs(case, dtype, device, seed=1 + _testing.seed_of(case.id))
-    inputs = [x, *weights]
-    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in inputs]
-    y = pf.lff(*leaves, activation=case.activation, backend=backend)
-    g = _testing.randn(y.shape, _testing.generator(7), dtype, device)
-    y.backward(g)
-    leaves64 = [t.detach().double().requires_grad_(True) if t is not None else None for t in inputs]
-    ref.lff(*leaves64, case.activation).backward(g.double())
-    for name, got, want in zip(("x", "wr", "w1", "b1", "w2", "b2"), leaves, leaves64):
-        if got is None:
-            continue
-        assert got.grad is not None and got.grad.dtype == got.dtype, name
-        assert_close(got.grad, want.grad, dtype, "grad", what=f"d{name} {backend} {case.id}")
+    inputs = _testing.lff_inputs(case, dtype, device, seed=1 + _testing.seed_of(case.id))
+    _testing.check_lff_backward(case, inputs, backend, grad_seed=7)
 
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32))

@@ -37,19 +37,10 @@ def _case(rows, M, F, H, Dg, act="gelu", groups=1):
     return _testing.LffCase((rows,), groups, M, F, H, Dg, act)
 
 
-def _grads_vs_reference(case, dtype, seed, backend="triton"):
+def _grads_vs_reference(case, dtype, seed):
     """Backward through the public API against float64 autograd of the reference."""
     inputs = _testing.lff_inputs(case, dtype, DEVICE, seed)
-    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in inputs]
-    y = pf.lff(*leaves, activation=case.activation, backend=backend)
-    g = _testing.randn(y.shape, _testing.generator(seed + 1), dtype, DEVICE)
-    y.backward(g)
-    leaves64 = [t.detach().double().requires_grad_(True) if t is not None else None for t in inputs]
-    ref.lff(*leaves64, case.activation).backward(g.double())
-    for name, got, want in zip(NAMES, leaves, leaves64):
-        if got is not None:
-            assert_close(got.grad, want.grad, dtype, "grad", what=f"d{name} {case.id}")
-    return [t.grad for t in leaves if t is not None]
+    _testing.check_lff_backward(case, inputs, "triton", seed + 1)
 
 
 # ---------------------------------------------------------------- accuracy
