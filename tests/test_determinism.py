@@ -1,6 +1,8 @@
 """Forward and backward are bitwise identical across runs, on every backend, and
 torch.use_deterministic_algorithms(True) is respected (no op raises, same bits)."""
 
+import functools
+
 import pytest
 import torch
 from conftest import backend_params
@@ -11,9 +13,11 @@ from posenc_fast.tolerances import assert_close
 
 
 @pytest.fixture
-def deterministic():
+def deterministic(request):
+    """torch.use_deterministic_algorithms(True) for the test; a test parametrising this
+    fixture indirectly with False runs with the flag off (PyTorch's default)."""
     before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(getattr(request, "param", True))
     yield
     torch.use_deterministic_algorithms(before)
 
@@ -70,8 +74,8 @@ def test_chunking_does_not_change_the_numbers(monkeypatch):
 # -- FLOATER -------------------------------------------------------------------------------
 
 
-def _floater_functional_run(backend, device, dtype):
-    case = _testing.FloaterCase(6, 16, 24, 20, 3, "rk38", "tanh")
+def _floater_functional_run(backend, device, dtype, method="rk38", activation="tanh"):
+    case = _testing.FloaterCase(6, 16, 24, 20, 3, method, activation)
     leaves = [t.requires_grad_() for t in _testing.floater_inputs(case, dtype, device, 45)]
     y = pf.floater(*leaves, case.substeps, case.method, case.activation, backend=backend)
     y.backward(_testing.randn(y.shape, _testing.generator(46), dtype, device))
@@ -97,10 +101,18 @@ def _floater_module_run(backend, device, dtype):
     return [train.detach(), cached.detach(), longer.detach()] + [p.grad for p in m.parameters()]
 
 
+FLOATER_RUNS = {
+    "op": _floater_functional_run,
+    "op-rk4-gelu": functools.partial(_floater_functional_run, method="rk4", activation="gelu"),
+    "module": _floater_module_run,
+}
+
+
 @pytest.mark.parametrize("backend", backend_params("floater"))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("run", list(FLOATER_RUNS.values()), ids=list(FLOATER_RUNS))
 @pytest.mark.parametrize(
-    "run", [_floater_functional_run, _floater_module_run], ids=["op", "module"]
+    "deterministic", [True, False], ids=["deterministic", "default"], indirect=True
 )
 def test_floater_bitwise_reproducible(run, backend, dtype, device, deterministic):
     first, second = run(backend, device, dtype), run(backend, device, dtype)

@@ -325,20 +325,6 @@ def test_only_needed_gradients(backend, device):
     assert w1.grad is not None and w2.grad is not None
 
 
-@pytest.mark.parametrize("backend", backend_params("floater"))
-def test_backward_is_deterministic(backend, device):
-    case = _testing.FloaterCase(6, 16, 24, 20, 3, "rk4", "gelu")
-    inputs = _testing.floater_inputs(case, torch.float32, device, seed=8)
-    grads = []
-    for _ in range(2):
-        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
-        out = pf.floater(*leaves, 3, "rk4", "gelu", backend=backend)
-        out.backward(torch.ones_like(out))
-        grads.append([t.grad for t in leaves])
-    for a, b in zip(*grads):
-        assert torch.equal(a, b)
-
-
 def test_compile_fullgraph_module(device):
     torch._dynamo.reset()
     fl = pf.Floater(6, 4, hidden_dim=5, activation="gelu", device=device)

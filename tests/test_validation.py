@@ -17,9 +17,9 @@ cover per backend, which are not repeated here:
 - empty batches, forward and backward (lff: test_lff.py::test_empty_batch_backward;
   floater: test_floater.py::test_empty_shapes_backward).
 - N = 1 (lff, sinusoidal, dft, floater: the case matrices of their own files).
-- NaN and inf positions stay in their own rows, forward and backward (forward of lff,
-  sinusoidal, dft: their files; FLOATER rejects non-finite times by design: a later
-  state depends on every earlier time).
+- NaN and inf positions stay in their own rows, forward and backward, for every op but
+  FLOATER, which rejects non-finite times by design (a later state depends on every
+  earlier time); test_lff.py checks lff's forward per group as well.
 - huge positions (1e5, ACCURACY.md), forward and backward (forward of lff, sinusoidal,
   dft: their files).
 - requires_grad on positions only (sinusoidal, dft: test_encodings.py).
