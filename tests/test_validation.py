@@ -695,15 +695,14 @@ def test_nan_and_inf_stay_in_their_rows(op, backend):
     of those rows are finite and correct."""
     spec = SPECS[op]
     a = spec.make(14)
-    p = a[spec.position].clone()
     if op in ("SinusoidalPE", "DFTPE"):  # positions [B=2, L=5]: rows are (b, l) pairs
+        p = a[spec.position].clone()
         p[1, 1], p[0, 3], p[1, 4] = float("nan"), float("inf"), float("-inf")
         bad = torch.zeros(p.shape, dtype=torch.bool, device=p.device)
         bad[1, 1] = bad[0, 3] = bad[1, 4] = True
         out_rows, p_rows = bad, bad
     else:  # positions [N=5, ...]: rows 1, 3, 4
-        flat = p.view(p.shape[0], -1)
-        flat[1, 0], flat[3, -1], flat[4, 0] = float("nan"), float("inf"), float("-inf")
+        p = _poison(a[spec.position])
         out_rows = torch.tensor([False, True, False, True, True], device=p.device)
         p_rows = out_rows
     a[spec.position] = p
