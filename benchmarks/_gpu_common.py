@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 
 import torch
@@ -51,8 +50,8 @@ def timed_calls(fn, device: str, warmups: int, repeats: int) -> dict:
     enough that a few runs suffice. CUDA events around each call (they include the
     host-side gaps of launch-bound code, like a wall clock would), wall clock on the CPU.
     Peak memory is taken during the first timed call. Returns ms (median), ms_p20 / ms_p80
-    (20th / 80th percentiles; min / max below five runs), runs, peak_bytes and the last
-    call's result."""
+    (20th / 80th percentiles, see ``quantiles``), runs, peak_bytes and the last call's
+    result."""
     result = None
     for _ in range(warmups):
         result = fn()
@@ -80,23 +79,23 @@ def timed_calls(fn, device: str, warmups: int, repeats: int) -> dict:
 
 
 def quantiles(runs: list[float]) -> dict:
-    s = sorted(runs)
-    if len(s) < 5:
-        return {"ms": statistics.median(s), "ms_p20": s[0], "ms_p80": s[-1]}
-    q = statistics.quantiles(s, n=10, method="inclusive")
-    return {"ms": statistics.median(s), "ms_p20": q[1], "ms_p80": q[7]}
+    """Median and 20th / 80th percentiles as ``python -m posenc_fast bench`` computes them
+    (posenc_fast.cli._timing: 10-quantiles, inclusive method, interpolated between runs;
+    one run gives that run thrice)."""
+    from posenc_fast.cli._timing import _quantiles
+
+    ms, p20, p80 = _quantiles(runs)
+    return {"ms": ms, "ms_p20": p20, "ms_p80": p80}
 
 
 def peak_bytes(fn, device: str) -> int | None:
-    """Most bytes allocated at once during fn(), above what was allocated before."""
+    """Most bytes allocated at once during fn(), above what was allocated before (CUDA;
+    None on the CPU): posenc_fast.cli._timing.peak_bytes_cuda."""
     if device != "cuda":
         return None
-    sync(device)
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    sync(device)
-    return int(torch.cuda.max_memory_allocated() - base)
+    from posenc_fast.cli._timing import peak_bytes_cuda
+
+    return int(peak_bytes_cuda(fn))
 
 
 def ceilings(device: str, bench_fn, fill: bool = False, dry_run: bool = False) -> dict:

@@ -15,8 +15,8 @@ Implementations: "cpp" (posenc_fast, compiled extension), "torch" (posenc_fast's
 PyTorch backend), "torchdiffeq" (odeint, method "rk4", grid_constructor = our grid;
 gradients by autograd through its steps). Correctness first: every implementation is
 compared with the float64 reference loop before timing. Reported: median seconds with
-20th / 80th percentiles of --repeats runs (wall clock, perf_counter; fastest / slowest
-below five runs: _gpu_common.timed_calls), speed-ups of cpp
+20th / 80th percentiles of --repeats runs (wall clock, perf_counter; interpolated as in
+``python -m posenc_fast bench``: _gpu_common.timed_calls), speed-ups of cpp
 over each baseline, threads, and the machine's load average before and after (this
 kind of machine is shared: a high load makes every figure slower and noisier). JSON
 goes to benchmarks/results/floater_cpu.json with versions and the git SHA.
@@ -73,7 +73,7 @@ def reference(leaves, times):
 
 def timed(fn, repeats, warmup=1):
     """_gpu_common.timed_calls on the CPU (wall clock), in seconds: median, p20 / p80 (the
-    20th / 80th percentiles; fastest / slowest below five runs) and the runs in call order."""
+    20th / 80th percentiles, _gpu_common.quantiles) and the runs in call order."""
     t = _gpu_common.timed_calls(fn, "cpu", warmup, repeats)
     return {
         "median": t["ms"] / 1e3,

@@ -229,10 +229,6 @@ def forward_config() -> dict | None:
         return None
 
 
-def environment() -> dict:
-    return _gpu_common.environment()
-
-
 def eager_table(kind, positions, dim):
     """The encoding as a user would write it in float32 (phases rounded to float32)."""
     p = positions.float()[..., None]
@@ -306,7 +302,7 @@ def main() -> int:
     if unknown:
         print(f"unknown cases {unknown}; choose from {list(cases)}", file=sys.stderr)
         return 2
-    env = environment()
+    env = _gpu_common.environment()
     out_path = ARGS.out or _gpu_common.default_out("lff_gpu", env)
     ceil = ceilings()
     report = {
