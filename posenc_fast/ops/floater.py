@@ -11,8 +11,8 @@ in calls traced by torch.compile, resolved by the op when it runs). The
 autograd registration saves the inputs and the output: the states at the sample times are
 all the backward (the discrete adjoint) needs, since it recomputes each interval's
 substeps from its starting state. When a double backward is requested (grad mode on
-inside backward), the gradient is instead built by differentiating the torch backend's
-out-of-place recomputation, so gradgradcheck works.
+inside backward), the gradient is instead built by differentiating the reference
+integrator run in the inputs' dtype, so gradgradcheck works.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .. import backends
 from ..backends import Problem
-from ..torch_impl import floater as _torch_floater
+from ..reference import floater as _reference
 from ._autocast import autocast_disabled
 
 
@@ -124,7 +124,9 @@ def _double_backward_friendly(grad, inputs, substeps, method, activation, needs)
     """Gradients as a differentiable graph of the inputs (create_graph=True)."""
     wanted = [t for t, n in zip(inputs, needs) if n]
     with autocast_disabled(grad.device.type), torch.enable_grad():
-        y = _torch_floater.floater_autograd(*inputs, substeps, method, activation)
+        # The reference integrated in the inputs' dtype: differentiable by autograd, and
+        # its L = 0 result still has a graph to every input.
+        y = _reference.floater(*inputs, substeps, method, activation, None, inputs[0].dtype)
         got = iter(torch.autograd.grad(y, wanted, grad, create_graph=True, allow_unused=True))
     out = []
     for t, n in zip(inputs, needs):
