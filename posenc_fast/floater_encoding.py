@@ -42,16 +42,19 @@ def _check_times(times, dtype: torch.dtype) -> Tensor:
     # the graph, so they are skipped there (the module's own times are valid by construction),
     # and on the meta device there are no values to read (shape inference only).
     if times.numel() and not _is_compiling() and times.device.type != "meta":
-        if not bool(torch.isfinite(times).all()):
-            raise ValueError("times must be finite")
-        if bool((times < 0).any()):
-            raise ValueError(f"times must be >= 0, got a minimum of {float(times.min()):g}")
-        if times.numel() > 1 and bool((times[1:] < times[:-1]).any()):
-            j = int(torch.nonzero(times[1:] < times[:-1])[0, 0])
-            raise ValueError(
-                f"times must be non-decreasing, but times[{j + 1}] = {float(times[j + 1]):g} "
-                f"< times[{j}] = {float(times[j]):g}"
-            )
+        # One read-back decides; only a bad tensor is read again, to name the problem.
+        bad = (~torch.isfinite(times)).any() | (times < 0).any() | (times[1:] < times[:-1]).any()
+        if bool(bad):
+            if not bool(torch.isfinite(times).all()):
+                raise ValueError("times must be finite")
+            if bool((times < 0).any()):
+                raise ValueError(f"times must be >= 0, got a minimum of {float(times.min()):g}")
+            if times.numel() > 1 and bool((times[1:] < times[:-1]).any()):
+                j = int(torch.nonzero(times[1:] < times[:-1])[0, 0])
+                raise ValueError(
+                    f"times must be non-decreasing, but times[{j + 1}] = "
+                    f"{float(times[j + 1]):g} < times[{j}] = {float(times[j]):g}"
+                )
     return times
 
 
