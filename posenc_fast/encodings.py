@@ -17,6 +17,7 @@ from . import _checks, backends
 from .backends import Problem
 from .ops import encodings as _ops  # noqa: F401  (registers the ops)
 from .reference import encodings as _reference
+from .torch_impl._common import device_constant
 
 KINDS = ("sinusoidal", "dft")
 
@@ -124,17 +125,15 @@ def dft_inverse(encoding: Tensor, backend: str = "auto") -> Tensor:
     return encoding @ basis
 
 
-_BASIS_CACHE: dict = {}
-
-
 def _lattice_basis(dim: int, device, dtype) -> Tensor:
-    key = (dim, str(device), dtype)
-    basis = _BASIS_CACHE.get(key)
-    if basis is None:
+    """[l, t] = phi_l(t) on the lattice t = 0..dim-1, cached per device (shared: never
+    modified)."""
+
+    def make(dev: torch.device) -> Tensor:
         lattice = torch.arange(dim, dtype=torch.float64)
-        basis = _reference.dft_basis(dim, lattice).T.contiguous().to(device=device, dtype=dtype)
-        _BASIS_CACHE[key] = basis
-    return basis
+        return _reference.dft_basis(dim, lattice).T.contiguous().to(device=dev, dtype=dtype)
+
+    return device_constant(("dft_basis", dim, dtype), make, device)
 
 
 def _add_encoding(kind: str, x, positions, base: float, backend: str) -> Tensor:

@@ -11,15 +11,13 @@ results are written straight into their columns of the output (no scatter, no co
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 
-from ._common import TWO_PI, feature_dtype, reduced_angle, row_chunks
+from ._common import TWO_PI, device_constant, feature_dtype, reduced_angle, row_chunks
 
 
-@lru_cache(maxsize=64)
-def _turns_cpu(kind: str, dim: int, base: float) -> torch.Tensor:
+def _make_turns(kind: str, dim: int, base: float) -> torch.Tensor:
     if kind == "sinusoidal":
         i = torch.arange(dim // 2, dtype=torch.float64)
         return base ** (-2.0 * i / dim) / TWO_PI
@@ -29,8 +27,11 @@ def _turns_cpu(kind: str, dim: int, base: float) -> torch.Tensor:
 
 
 def _turns(kind: str, dim: int, base: float, device: torch.device) -> torch.Tensor:
-    t = _turns_cpu(kind, dim, float(base))
-    return t if device.type == "cpu" else t.to(device)
+    """The frequencies in turns, float64 [K], cached per device (shared: never modified)."""
+    base = float(base)
+    return device_constant(
+        ("turns", kind, dim, base), lambda dev: _make_turns(kind, dim, base).to(dev), device
+    )
 
 
 def _angles(p: torch.Tensor, turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -61,17 +62,18 @@ def _fill(out: torch.Tensor, p: torch.Tensor, kind: str, dim: int, turns: torch.
 
 
 def _block_term(kind: str, dim: int, base: float, block, dtype, device):
+    """The encoding of position ``block`` [dim], cached per device (shared: never modified)."""
     if block is None:
         return None
-    row = torch.empty((1, dim), dtype=torch.float64)
-    _fill(
-        row,
-        torch.tensor([float(block)], dtype=torch.float64),
-        kind,
-        dim,
-        _turns_cpu(kind, dim, float(base)),
-    )
-    return row[0].to(device=device, dtype=dtype)
+
+    def make(dev: torch.device) -> torch.Tensor:
+        row = torch.empty((1, dim), dtype=torch.float64)
+        position = torch.tensor([float(block)], dtype=torch.float64)
+        _fill(row, position, kind, dim, _turns(kind, dim, base, "cpu"))
+        return row[0].to(device=dev, dtype=dtype)
+
+    key = ("block", kind, dim, float(base), float(block), dtype)
+    return device_constant(key, make, device)
 
 
 def _bytes_per_row(dim: int) -> int:

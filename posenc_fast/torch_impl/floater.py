@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import chunk_bytes
+from ._common import chunk_bytes, device_constant
 
 _INV_SQRT_2 = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -74,17 +74,13 @@ TABLEAUX: dict[str, Tableau] = {
 }
 
 
-_CONSTANTS: dict = {}
-
-
 def _const(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A tableau row as a tensor on ``device``, made once: copying a Python list to a GPU
-    waits for the copy, which would otherwise happen on every call."""
-    key = (values, dtype, device)
-    t = _CONSTANTS.get(key)
-    if t is None:
-        t = _CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=device)
-    return t
+    """A tableau row as a tensor on ``device``, made once (shared: never modified)."""
+    return device_constant(
+        ("tableau", values, dtype),
+        lambda dev: torch.tensor(values, dtype=dtype, device=dev),
+        device,
+    )
 
 
 def _act(name: str, z: Tensor) -> Tensor:
