@@ -44,6 +44,13 @@ def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (TWO_PI * torch.frac(turns)).to(dtype)
 
 
+def reduced_angle_(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``reduced_angle`` computed in place in ``turns``, which it overwrites (the same
+    values; not for tensors autograd differentiates)."""
+    torch.frac(turns, out=turns)
+    return turns.mul_(TWO_PI).to(dtype)
+
+
 def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     """(rows @ freq^T) / (2 pi) in float64: [R, M] x [K, M] -> [R, K].
 

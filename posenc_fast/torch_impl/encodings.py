@@ -14,7 +14,14 @@ import math
 
 import torch
 
-from ._common import TWO_PI, device_constant, feature_dtype, reduced_angle, row_chunks
+from ._common import (
+    TWO_PI,
+    device_constant,
+    feature_dtype,
+    reduced_angle,
+    reduced_angle_,
+    row_chunks,
+)
 
 
 def _make_turns(kind: str, dim: int, base: float) -> torch.Tensor:
@@ -39,8 +46,12 @@ def _angles(p: torch.Tensor, turns: torch.Tensor, dtype: torch.dtype) -> torch.T
     t = p.to(torch.float64)[:, None] * turns
     if t.requires_grad:  # double backward differentiates this: no out= / in-place ops
         return reduced_angle(t, dtype)
-    torch.frac(t, out=t)
-    return t.mul_(TWO_PI).to(dtype)
+    return reduced_angle_(t, dtype)
+
+
+def _half_angle(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2 pi frac(p / 2) = pi p reduced, [n]: the angle of the DFT's last column, cos(pi p)."""
+    return reduced_angle(p.to(torch.float64) * 0.5, dtype)
 
 
 def _fill(out: torch.Tensor, p: torch.Tensor, kind: str, dim: int, turns: torch.Tensor) -> None:
@@ -57,8 +68,7 @@ def _fill(out: torch.Tensor, p: torch.Tensor, kind: str, dim: int, turns: torch.
     torch.cos(ang, out=out[:, 1 : K + 1]).mul_(amp)
     torch.sin(ang, out=out[:, K + 1 : 2 * K + 1]).mul_(amp)
     # cos(pi s) = cos(2 pi * frac(s / 2)): the last column, frequency 1/2 turn
-    half = _angles(p, turns.new_full((1,), 0.5), out.dtype)[:, 0]
-    torch.cos(half, out=out[:, dim - 1]).mul_(1.0 / math.sqrt(dim))
+    torch.cos(_half_angle(p, out.dtype), out=out[:, dim - 1]).mul_(1.0 / math.sqrt(dim))
 
 
 def _block_term(kind: str, dim: int, base: float, block, dtype, device):
@@ -134,6 +144,6 @@ def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torc
         per_freq = torch.mul(g_sin, torch.cos(ang)).addcmul_(g_cos, torch.sin(ang), value=-1.0)
         out[sl] = per_freq @ amp_rate
         if kind == "dft":  # the last column, cos(pi s) / sqrt(dim)
-            half = reduced_angle(p[sl].to(torch.float64) * 0.5, fdt)
+            half = _half_angle(p[sl], fdt)
             out[sl] -= gs[:, dim - 1] * torch.sin(half) * (math.pi / math.sqrt(dim))
     return out.to(positions.dtype).reshape(positions.shape)

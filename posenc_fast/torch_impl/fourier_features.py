@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from .. import _activations
-from ._common import TWO_PI, feature_dtype, phase_turns, reduced_angle, row_chunks
+from ._common import TWO_PI, feature_dtype, phase_turns, reduced_angle, reduced_angle_, row_chunks
 
 
 def _mlp_dtype(out_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -80,8 +80,7 @@ def _prepare(wr, w1, b1, w2, b2, mlp_dtype) -> _Prepared:
 def _cos_sin_into(rows: torch.Tensor, p: _Prepared, buf: torch.Tensor) -> None:
     """buf[:, :F/2] = cos(phase), buf[:, F/2:] = sin(phase) (unscaled), phase = rows wr^T."""
     turns = rows.to(torch.float64) @ p.turns_t  # [n, F/2], exact products (float64)
-    torch.frac(turns, out=turns)  # error-free reduction to (-1, 1) turns
-    angle = turns.mul_(TWO_PI).to(buf.dtype)  # rounded once to the feature dtype
+    angle = reduced_angle_(turns, buf.dtype)  # error-free reduction, rounded once
     torch.cos(angle, out=buf[:, : p.half])
     torch.sin(angle, out=buf[:, p.half :])
 
