@@ -24,6 +24,7 @@ from .. import backends
 from ..backends import Problem
 from ..reference import floater as _reference
 from ._autocast import autocast_disabled
+from ._common import differentiable_grads
 
 
 def problem(
@@ -113,29 +114,21 @@ def gradients(grad, out, inputs, substeps, method, activation, backend, needs) -
     if not any(needs):
         return [None] * 6
     if torch.is_grad_enabled():
-        return _double_backward_friendly(grad, inputs, substeps, method, activation, needs)
+        # The reference integrated in the inputs' dtype: differentiable by autograd, and
+        # its L = 0 result still has a graph to every input.
+        return differentiable_grads(
+            lambda: _reference.floater(
+                *inputs, substeps, method, activation, None, inputs[0].dtype
+            ),
+            inputs,
+            needs,
+            grad,
+            zero_fill=True,
+        )
     grads = torch.ops.posenc_fast.floater_backward(
         grad, out, *inputs, substeps, method, activation, backend, needs
     )
     return [g if n else None for g, n in zip(grads, needs)]
-
-
-def _double_backward_friendly(grad, inputs, substeps, method, activation, needs):
-    """Gradients as a differentiable graph of the inputs (create_graph=True)."""
-    wanted = [t for t, n in zip(inputs, needs) if n]
-    with autocast_disabled(grad.device.type), torch.enable_grad():
-        # The reference integrated in the inputs' dtype: differentiable by autograd, and
-        # its L = 0 result still has a graph to every input.
-        y = _reference.floater(*inputs, substeps, method, activation, None, inputs[0].dtype)
-        got = iter(torch.autograd.grad(y, wanted, grad, create_graph=True, allow_unused=True))
-    out = []
-    for t, n in zip(inputs, needs):
-        if not n:
-            out.append(None)
-            continue
-        g = next(got)
-        out.append(torch.zeros_like(t) if g is None else g)
-    return out
 
 
 def _setup_context(ctx, inputs, output):
