@@ -136,13 +136,12 @@ def _lattice_basis(dim: int, device, dtype) -> Tensor:
     return device_constant(("dft_basis", dim, dtype), make, device)
 
 
-def _add_encoding(kind: str, x, positions, base: float, backend: str) -> Tensor:
+def _add_encoding(kind: str, x, positions, dim: int, base: float, backend: str) -> Tensor:
+    """x + encoding(positions) for the modules; x must be [..., L, dim]."""
+    _checks.tensor("x", x)
+    if x.dim() < 2 or x.shape[-1] != dim:
+        raise ValueError(f"x must have shape [..., L, dim={dim}], got {list(x.shape)}")
     _checks.float_tensor("x", x)
-    if x.dim() < 2:
-        raise ValueError(
-            f"x must have shape [..., L, dim] (at least 2 dimensions), got {list(x.shape)}"
-        )
-    dim = x.shape[-1]
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)
     else:
@@ -182,10 +181,7 @@ class SinusoidalPE(nn.Module):
         self.backend = backends.validate_name(backend)
 
     def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
-        _checks.tensor("x", x)
-        if x.dim() < 2 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape [..., L, dim={self.dim}], got {list(x.shape)}")
-        return _add_encoding("sinusoidal", x, positions, self.base, self.backend)
+        return _add_encoding("sinusoidal", x, positions, self.dim, self.base, self.backend)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, base={self.base}" + (
@@ -203,10 +199,7 @@ class DFTPE(nn.Module):
         self.backend = backends.validate_name(backend)
 
     def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
-        _checks.tensor("x", x)
-        if x.dim() < 2 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape [..., L, dim={self.dim}], got {list(x.shape)}")
-        return _add_encoding("dft", x, positions, 1.0, self.backend)
+        return _add_encoding("dft", x, positions, self.dim, 1.0, self.backend)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}" + (f", backend={self.backend!r}" if self.backend != "auto" else "")
