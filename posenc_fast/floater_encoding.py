@@ -58,10 +58,6 @@ def _check_times(times, dtype: torch.dtype) -> Tensor:
     return times
 
 
-def _check_substeps(substeps) -> int:
-    return _checks.positive_int("substeps", substeps)
-
-
 def _check_floater_args(
     p0, w1, b1, w2, b2, times, substeps, method, activation, check_values=True
 ) -> Tensor:
@@ -79,7 +75,7 @@ def _check_floater_args(
     _checks.tensor("times", times)
     _checks.same_device("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2, times=times)
     _checks.same_dtype("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2)
-    _check_substeps(substeps)
+    _checks.positive_int("substeps", substeps)
     _checks.choice("method", method, METHODS)
     _checks.choice("activation", activation, ACTIVATIONS)
     if not check_values:  # times built by the module: valid by construction
@@ -240,7 +236,7 @@ class Floater(nn.Module):
             hidden_dim = dim
         _checks.positive_int("hidden_dim", hidden_dim)
         self.delta_t = _checks.positive_float("delta_t", delta_t)
-        self.substeps = _check_substeps(substeps)
+        self.substeps = _checks.positive_int("substeps", substeps)
         self.method = _checks.choice("method", method, METHODS)
         self.activation = _checks.choice("activation", activation, ACTIVATIONS)
         self.backend = backends.validate_name(backend)
