@@ -29,22 +29,6 @@ def apply(name: str, a: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"activation must be one of {ACTIVATIONS}; got {name!r}")
 
 
-def derivative(name: str, a: torch.Tensor) -> torch.Tensor:
-    """d act(a) / da, elementwise."""
-    if name == "gelu":
-        cdf = 0.5 * (1.0 + torch.erf(a * _INV_SQRT_2))
-        pdf = torch.exp(-0.5 * a * a) * _INV_SQRT_2PI
-        return cdf + a * pdf
-    if name == "gelu_tanh":
-        inner = _SQRT_2_OVER_PI * (a + _GELU_TANH_C * a * a * a)
-        t = torch.tanh(inner)
-        dinner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_C * a * a)
-        return 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * dinner
-    if name == "relu":
-        return (a > 0).to(a.dtype)
-    raise ValueError(f"activation must be one of {ACTIVATIONS}; got {name!r}")
-
-
 # The erf-form GELU kernels of torch's CPU build (aten::gelu / gelu_backward with
 # approximate="none") stall for milliseconds when they follow an MKL matmul on a busy
 # 2-core machine (measured: addmm + F.gelu 4.3 ms vs 17 us for erf-based arithmetic on a

@@ -17,6 +17,7 @@ from . import _checks, backends
 from .backends import Problem
 from .ops import encodings as _ops  # noqa: F401  (registers the ops)
 from .reference import encodings as _reference
+from .torch_impl._common import device_constant
 
 KINDS = ("sinusoidal", "dft")
 
@@ -124,26 +125,23 @@ def dft_inverse(encoding: Tensor, backend: str = "auto") -> Tensor:
     return encoding @ basis
 
 
-_BASIS_CACHE: dict = {}
-
-
 def _lattice_basis(dim: int, device, dtype) -> Tensor:
-    key = (dim, str(device), dtype)
-    basis = _BASIS_CACHE.get(key)
-    if basis is None:
+    """[l, t] = phi_l(t) on the lattice t = 0..dim-1, cached per device (shared: never
+    modified)."""
+
+    def make(dev: torch.device) -> Tensor:
         lattice = torch.arange(dim, dtype=torch.float64)
-        basis = _reference.dft_basis(dim, lattice).T.contiguous().to(device=device, dtype=dtype)
-        _BASIS_CACHE[key] = basis
-    return basis
+        return _reference.dft_basis(dim, lattice).T.contiguous().to(device=dev, dtype=dtype)
+
+    return device_constant(("dft_basis", dim, dtype), make, device)
 
 
-def _add_encoding(kind: str, x, positions, base: float, backend: str) -> Tensor:
+def _add_encoding(kind: str, x, positions, dim: int, base: float, backend: str) -> Tensor:
+    """x + encoding(positions) for the modules; x must be [..., L, dim]."""
+    _checks.tensor("x", x)
+    if x.dim() < 2 or x.shape[-1] != dim:
+        raise ValueError(f"x must have shape [..., L, dim={dim}], got {list(x.shape)}")
     _checks.float_tensor("x", x)
-    if x.dim() < 2:
-        raise ValueError(
-            f"x must have shape [..., L, dim] (at least 2 dimensions), got {list(x.shape)}"
-        )
-    dim = x.shape[-1]
     if positions is None:
         positions = torch.arange(x.shape[-2], device=x.device)
     else:
@@ -183,10 +181,7 @@ class SinusoidalPE(nn.Module):
         self.backend = backends.validate_name(backend)
 
     def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
-        _checks.tensor("x", x)
-        if x.dim() < 2 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape [..., L, dim={self.dim}], got {list(x.shape)}")
-        return _add_encoding("sinusoidal", x, positions, self.base, self.backend)
+        return _add_encoding("sinusoidal", x, positions, self.dim, self.base, self.backend)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, base={self.base}" + (
@@ -204,10 +199,7 @@ class DFTPE(nn.Module):
         self.backend = backends.validate_name(backend)
 
     def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
-        _checks.tensor("x", x)
-        if x.dim() < 2 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape [..., L, dim={self.dim}], got {list(x.shape)}")
-        return _add_encoding("dft", x, positions, 1.0, self.backend)
+        return _add_encoding("dft", x, positions, self.dim, 1.0, self.backend)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}" + (f", backend={self.backend!r}" if self.backend != "auto" else "")

@@ -42,21 +42,20 @@ def _check_times(times, dtype: torch.dtype) -> Tensor:
     # the graph, so they are skipped there (the module's own times are valid by construction),
     # and on the meta device there are no values to read (shape inference only).
     if times.numel() and not _is_compiling() and times.device.type != "meta":
-        if not bool(torch.isfinite(times).all()):
-            raise ValueError("times must be finite")
-        if bool((times < 0).any()):
-            raise ValueError(f"times must be >= 0, got a minimum of {float(times.min()):g}")
-        if times.numel() > 1 and bool((times[1:] < times[:-1]).any()):
-            j = int(torch.nonzero(times[1:] < times[:-1])[0, 0])
-            raise ValueError(
-                f"times must be non-decreasing, but times[{j + 1}] = {float(times[j + 1]):g} "
-                f"< times[{j}] = {float(times[j]):g}"
-            )
+        # One read-back decides; only a bad tensor is read again, to name the problem.
+        bad = (~torch.isfinite(times)).any() | (times < 0).any() | (times[1:] < times[:-1]).any()
+        if bool(bad):
+            if not bool(torch.isfinite(times).all()):
+                raise ValueError("times must be finite")
+            if bool((times < 0).any()):
+                raise ValueError(f"times must be >= 0, got a minimum of {float(times.min()):g}")
+            if times.numel() > 1 and bool((times[1:] < times[:-1]).any()):
+                j = int(torch.nonzero(times[1:] < times[:-1])[0, 0])
+                raise ValueError(
+                    f"times must be non-decreasing, but times[{j + 1}] = "
+                    f"{float(times[j + 1]):g} < times[{j}] = {float(times[j]):g}"
+                )
     return times
-
-
-def _check_substeps(substeps) -> int:
-    return _checks.positive_int("substeps", substeps)
 
 
 def _check_floater_args(
@@ -76,7 +75,7 @@ def _check_floater_args(
     _checks.tensor("times", times)
     _checks.same_device("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2, times=times)
     _checks.same_dtype("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2)
-    _check_substeps(substeps)
+    _checks.positive_int("substeps", substeps)
     _checks.choice("method", method, METHODS)
     _checks.choice("activation", activation, ACTIVATIONS)
     if not check_values:  # times built by the module: valid by construction
@@ -168,7 +167,7 @@ class _Entry:
 
     out: Tensor
     out_version: int  # out._version when stored: an in-place edit of a returned view shows here
-    key: tuple  # parameter (data_ptr, _version) pairs and the configuration
+    key: tuple  # the configuration: dtype, device, delta_t, substeps, method, ... (_key)
     params: tuple  # detached copies of the parameters' values when computed
     backend: str
     times: Optional[Tensor] = None  # times-mode entries: the times, for comparison by value
@@ -237,7 +236,7 @@ class Floater(nn.Module):
             hidden_dim = dim
         _checks.positive_int("hidden_dim", hidden_dim)
         self.delta_t = _checks.positive_float("delta_t", delta_t)
-        self.substeps = _check_substeps(substeps)
+        self.substeps = _checks.positive_int("substeps", substeps)
         self.method = _checks.choice("method", method, METHODS)
         self.activation = _checks.choice("activation", activation, ACTIVATIONS)
         self.backend = backends.validate_name(backend)
@@ -328,9 +327,8 @@ class Floater(nn.Module):
     # -- cache -------------------------------------------------------------------------
 
     def _key(self) -> tuple:
-        p = self._params()
+        """The configuration a result depends on besides the parameters' values."""
         return (
-            tuple((t.data_ptr(), t._version) for t in p),
             self.p0.dtype,
             self.p0.device,
             self.delta_t,
@@ -342,19 +340,28 @@ class Floater(nn.Module):
 
     def _valid(self, entry: Optional[_Entry]) -> bool:
         """Whether ``entry`` still describes the current parameters and configuration."""
-        if entry is None or entry.out._version != entry.out_version:
-            return False  # a returned view was edited in place
-        key = self._key()
-        if entry.key[1:] != key[1:]:
+        if entry is None or not self._entry_intact(entry):
+            return False
+        if entry.key != self._key():
             return False  # configuration, dtype or device
         # The values decide (the parameters are small; this costs a few microseconds).
         # Fused optimizers and .data writes change them without bumping _version, and FSDP2
         # gathers unchanged values into fresh storage on every forward (new data_ptr and
         # _version), so neither pointers nor versions can.
-        if not all(torch.equal(a, b) for a, b in zip(entry.params, self._params())):
-            return False
-        entry.key = key
-        return True
+        return all(torch.equal(a, b) for a, b in zip(entry.params, self._params()))
+
+    @staticmethod
+    def _entry_intact(entry: _Entry) -> bool:
+        """False when a returned view of ``entry.out`` was edited in place."""
+        return entry.out._version == entry.out_version
+
+    @staticmethod
+    def _serve(entry: _Entry, mode: str, length: Optional[int], t: Tensor) -> Optional[Tensor]:
+        """The stored values answering this call when ``entry`` covers it, or None."""
+        if mode == "times":
+            same = entry.times.shape == t.shape and torch.equal(entry.times, t)
+            return entry.out if same else None
+        return entry.out[:, :length] if length <= entry.out.shape[1] else None
 
     def _store(self, mode: str, out: Tensor, backend: str, times: Optional[Tensor]) -> None:
         out = out.detach()
@@ -367,14 +374,9 @@ class Floater(nn.Module):
         entry = self._entries.get(mode)
         if not self._valid(entry):
             return None
-        if mode == "times":
-            same = entry.times.shape == times.shape and torch.equal(entry.times, times)
-            return entry.out if same else None
-        Lc = entry.out.shape[1]
-        if length <= Lc:
-            return entry.out[:, :length]
-        if Lc == 0:
-            return None
+        values = self._serve(entry, mode, length, times)
+        if values is not None or mode == "times" or entry.out.shape[1] == 0:
+            return values
         with torch.no_grad():
             out = self._extend(entry, length)
         self._store(mode, out, entry.backend, None)
@@ -399,7 +401,8 @@ class Floater(nn.Module):
         training_step = self.training and torch.is_grad_enabled()
         if (training_step and self.refresh_every == 1) or _is_compiling():
             # The plain path: no cache. Under torch.compile always (the cache's bookkeeping,
-            # pointers and version counters, is not traceable), so compiled graphs stay whole.
+            # version counters and value comparisons, is not traceable), so compiled graphs
+            # stay whole.
             return self._compute(t)[0]
         mode = "length" if length is not None else "times"
         if training_step:
@@ -416,14 +419,12 @@ class Floater(nn.Module):
         if (
             entry is not None
             and self._reused < self.refresh_every - 1
-            and entry.out._version == entry.out_version
+            and self._entry_intact(entry)
         ):
-            if mode == "length" and length <= entry.out.shape[1]:
+            values = self._serve(entry, mode, length, t)
+            if values is not None:
                 self._reused += 1
-                return entry.out[:, :length]
-            if mode == "times" and entry.times.shape == t.shape and torch.equal(entry.times, t):
-                self._reused += 1
-                return entry.out
+                return values
         out, backend = self._compute(t)
         self._store(mode, out, backend, t if mode == "times" else None)
         self._reused = 0

@@ -562,3 +562,38 @@ def test_reference_of_identity_is_affine():
         *(torch.from_numpy(x) for x in (p0, w1, b1, w2, b2, times)), 1, "euler", "identity"
     )
     np.testing.assert_allclose(got[:, 0].numpy(), expected, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize(
+    "backend", backend_params("floater", torch.float64, include_reference=True)
+)
+@pytest.mark.parametrize("length", [0, 3])
+def test_double_backward_against_reference(backend, length, device):
+    """Gradients with create_graph=True, and gradients of those, equal the reference's
+    (regression: at L = 0 the torch backend's double-backward path returned an output
+    without a graph, so autograd.grad raised "element 0 of tensors does not require grad")."""
+    case = _testing.FloaterCase(2, 3, 4, length, 2, "rk4", "tanh")
+    inputs = _testing.floater_inputs(case, torch.float64, device, seed=5)
+    results = []
+    for name in (backend, "reference"):
+        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+        out = pf.floater(*leaves, 2, "rk4", "tanh", backend=name)
+        g = _testing.randn(out.shape, _testing.generator(6), torch.float64, device)
+        first = torch.autograd.grad(out, leaves, g, create_graph=True)
+        loss = sum((x * x).sum() for x in first)
+        # L = 0: the first gradients are constant zeros, so there is nothing to go through.
+        second = (
+            torch.autograd.grad(loss, leaves, allow_unused=True)
+            if loss.requires_grad
+            else (None,) * 6
+        )
+        results.append((first, second))
+    (first, second), (want_first, want_second) = results
+    for name, got, want in zip(NAMES, first, want_first):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"d{name}")
+        assert length or not got.any(), f"d{name}"
+    for name, got, want in zip(NAMES, second, want_second):
+        if want is None:
+            assert got is None or not got.any(), f"dd{name}"
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"dd{name}")

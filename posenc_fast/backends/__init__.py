@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Optional
 
 from ._base import ANY, Backend, OpSupport, Problem
 
@@ -49,9 +48,7 @@ class BackendError(RuntimeError):
 def get(name: str) -> Backend:
     """The backend object called ``name`` (imported on first use)."""
     if name not in BACKEND_NAMES:
-        raise ValueError(
-            f"backend must be 'auto' or one of {_NAMES}; got {name!r}"
-        )
+        raise ValueError(f"backend must be 'auto' or one of {_NAMES}; got {name!r}")
     inst = _instances.get(name)
     if inst is None:
         if name == "reference":
@@ -68,7 +65,7 @@ def get(name: str) -> Backend:
     return inst
 
 
-def _report(problem: Problem, reasons: dict[str, list[str]]) -> str:
+def _report(reasons: dict[str, list[str]]) -> str:
     lines = []
     for name, rs in reasons.items():
         lines.append(f"  {name}: " + ("; ".join(rs) if rs else "ok"))
@@ -106,14 +103,14 @@ def choose(problem: Problem, requested: str = "auto") -> str:
         raise BackendError(
             f"posenc_fast: no backend can run {problem.op} on these inputs "
             f"(device={problem.device}, dtype={problem.dtype}):\n"
-            f"{_report(problem, _all_reasons(problem))}"
+            f"{_report(_all_reasons(problem))}"
         )
     backend = get(requested)
     if backend.reasons(problem):
         raise BackendError(
             f"posenc_fast: backend {requested!r} cannot run {problem.op} on these inputs "
             f"(device={problem.device}, dtype={problem.dtype}). Reasons per backend:\n"
-            f"{_report(problem, _all_reasons(problem))}"
+            f"{_report(_all_reasons(problem))}"
         )
     return requested
 
@@ -123,9 +120,7 @@ def validate_name(backend) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
     if backend != "auto" and backend not in BACKEND_NAMES:
-        raise ValueError(
-            f"backend must be 'auto' or one of {_NAMES}; got {backend!r}"
-        )
+        raise ValueError(f"backend must be 'auto' or one of {_NAMES}; got {backend!r}")
     return backend
 
 
@@ -139,7 +134,3 @@ def available_backends(verbose: bool = False) -> dict[str, list[str]] | list[str
     if verbose:
         return info
     return [name for name, reasons in info.items() if not reasons]
-
-
-def describe(name: str) -> Optional[str]:
-    return get(name).summary

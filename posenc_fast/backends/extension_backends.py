@@ -16,11 +16,9 @@ from typing import Optional
 import torch
 
 from .. import _extension
+from ..reference.floater import ACTIVATIONS, METHODS
 from . import _base
 from ._base import Backend, OpSupport
-
-METHODS = ("euler", "midpoint", "rk4", "rk38")
-ACTIVATIONS = ("relu", "tanh", "gelu", "identity")
 
 # The CUDA kernels compile in CI (tools/check_cuda_compile.sh) but have not yet run the
 # test matrix on a GPU. Until they have, they are used only when asked for explicitly:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _testing
+from .. import backends as _backends
 from .. import encodings as enc_api
 from ..fourier_features import lff
 from ..reference import encodings as enc_ref
@@ -40,11 +41,10 @@ class BenchCase:
 
 
 def _available(op: str, device: str, dtype) -> list[str]:
+    """Usable backends that "auto" could pick here: e.g. not the Triton interpreter on the
+    CPU (TRITON_INTERPRET=1), which is for verification, not timing."""
     names = _testing.backends_for(op, device, dtype)
-    if device == "cpu":
-        # The Triton interpreter (TRITON_INTERPRET=1) is for verification, not timing.
-        names = [n for n in names if n != "triton"]
-    return names
+    return [n for n in names if _backends.get(n).auto_eligible(op, device)]
 
 
 def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> BenchCase:

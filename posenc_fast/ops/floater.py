@@ -11,8 +11,8 @@ in calls traced by torch.compile, resolved by the op when it runs). The
 autograd registration saves the inputs and the output: the states at the sample times are
 all the backward (the discrete adjoint) needs, since it recomputes each interval's
 substeps from its starting state. When a double backward is requested (grad mode on
-inside backward), the gradient is instead built by differentiating the torch backend's
-out-of-place recomputation, so gradgradcheck works.
+inside backward), the gradient is instead built by differentiating the reference
+integrator run in the inputs' dtype, so gradgradcheck works.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from torch import Tensor
 
 from .. import backends
 from ..backends import Problem
-from ..torch_impl import floater as _torch_floater
+from ..reference import floater as _reference
 from ._autocast import autocast_disabled
+from ._common import differentiable_grads
 
 
 def problem(
@@ -113,27 +114,21 @@ def gradients(grad, out, inputs, substeps, method, activation, backend, needs) -
     if not any(needs):
         return [None] * 6
     if torch.is_grad_enabled():
-        return _double_backward_friendly(grad, inputs, substeps, method, activation, needs)
+        # The reference integrated in the inputs' dtype: differentiable by autograd, and
+        # its L = 0 result still has a graph to every input.
+        return differentiable_grads(
+            lambda: _reference.floater(
+                *inputs, substeps, method, activation, None, inputs[0].dtype
+            ),
+            inputs,
+            needs,
+            grad,
+            zero_fill=True,
+        )
     grads = torch.ops.posenc_fast.floater_backward(
         grad, out, *inputs, substeps, method, activation, backend, needs
     )
     return [g if n else None for g, n in zip(grads, needs)]
-
-
-def _double_backward_friendly(grad, inputs, substeps, method, activation, needs):
-    """Gradients as a differentiable graph of the inputs (create_graph=True)."""
-    wanted = [t for t, n in zip(inputs, needs) if n]
-    with autocast_disabled(grad.device.type), torch.enable_grad():
-        y = _torch_floater.floater_autograd(*inputs, substeps, method, activation)
-        got = iter(torch.autograd.grad(y, wanted, grad, create_graph=True, allow_unused=True))
-    out = []
-    for t, n in zip(inputs, needs):
-        if not n:
-            out.append(None)
-            continue
-        g = next(got)
-        out.append(torch.zeros_like(t) if g is None else g)
-    return out
 
 
 def _setup_context(ctx, inputs, output):

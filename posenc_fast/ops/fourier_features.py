@@ -21,6 +21,7 @@ from torch import Tensor
 from .. import backends
 from ..torch_impl import fourier_features as _torch_lff
 from ._autocast import autocast_disabled
+from ._common import differentiable_grads
 
 
 @torch.library.custom_op("posenc_fast::lff", mutates_args=())
@@ -82,21 +83,17 @@ def _backward(ctx, grad):
     x, wr, w1, b1, w2, b2 = ctx.saved_tensors
     needs = [bool(n) for n in ctx.needs_input_grad[:6]]
     if torch.is_grad_enabled():
-        grads = _double_backward_friendly(ctx, grad, (x, wr, w1, b1, w2, b2), needs)
+        grads = differentiable_grads(
+            lambda: _torch_lff.lff_autograd(x, wr, w1, b1, w2, b2, ctx.activation, ctx.out_dtype),
+            (x, wr, w1, b1, w2, b2),
+            needs,
+            grad,
+        )
     else:
         grads = torch.ops.posenc_fast.lff_backward(
             grad, x, wr, w1, b1, w2, b2, ctx.activation, ctx.backend, needs
         )
     return (*(g if n else None for g, n in zip(grads, needs)), None, None, None)
-
-
-def _double_backward_friendly(ctx, grad, inputs, needs):
-    """Gradients as a differentiable graph of the inputs (create_graph=True)."""
-    wanted = [t for t, n in zip(inputs, needs) if n]
-    with autocast_disabled(grad.device.type):
-        y = _torch_lff.lff_autograd(*inputs, ctx.activation, ctx.out_dtype)
-        got = iter(torch.autograd.grad(y, wanted, grad, create_graph=True, allow_unused=True))
-    return [next(got) if n else None for n in needs]
 
 
 lff_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,10 +1,11 @@
-"""Helpers shared by the pure-PyTorch implementations: accurate phases and chunking."""
+"""Helpers shared by the pure-PyTorch implementations: accurate phases, chunking and
+cached device constants."""
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 import torch
 
@@ -43,6 +44,13 @@ def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (TWO_PI * torch.frac(turns)).to(dtype)
 
 
+def reduced_angle_(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``reduced_angle`` computed in place in ``turns``, which it overwrites (the same
+    values; not for tensors autograd differentiates)."""
+    torch.frac(turns, out=turns)
+    return turns.mul_(TWO_PI).to(dtype)
+
+
 def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     """(rows @ freq^T) / (2 pi) in float64: [R, M] x [K, M] -> [R, K].
 
@@ -50,3 +58,28 @@ def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     and for small M it carries only float64 rounding (~1e-16 relative).
     """
     return rows.to(torch.float64) @ (freq.to(torch.float64) / TWO_PI).T
+
+
+# Constant tensors (frequencies, Runge-Kutta tableaux, the DFT basis) per device. Small, but
+# bounded all the same: the oldest entry goes when the table is full.
+_DEVICE_CONSTANTS: dict = {}
+_MAX_DEVICE_CONSTANTS = 256
+
+
+def device_constant(
+    key: Hashable, make: Callable[[torch.device], torch.Tensor], device
+) -> torch.Tensor:
+    """``make(device)``, a constant tensor on ``device``, made once per (key, device) and
+    then served from a cache: copying a host tensor to a GPU waits for the copy, which would
+    otherwise happen on every call. The result is shared, so callers must never modify it in
+    place. It is made outside inference mode, so that autograd may save it later."""
+    device = torch.device(device)
+    full_key = (key, device)
+    t = _DEVICE_CONSTANTS.get(full_key)
+    if t is None:
+        with torch.inference_mode(False):
+            t = make(device)
+        if len(_DEVICE_CONSTANTS) >= _MAX_DEVICE_CONSTANTS:
+            del _DEVICE_CONSTANTS[next(iter(_DEVICE_CONSTANTS))]
+        _DEVICE_CONSTANTS[full_key] = t
+    return t

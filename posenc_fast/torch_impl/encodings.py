@@ -11,15 +11,20 @@ results are written straight into their columns of the output (no scatter, no co
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 
-from ._common import TWO_PI, feature_dtype, reduced_angle, row_chunks
+from ._common import (
+    TWO_PI,
+    device_constant,
+    feature_dtype,
+    reduced_angle,
+    reduced_angle_,
+    row_chunks,
+)
 
 
-@lru_cache(maxsize=64)
-def _turns_cpu(kind: str, dim: int, base: float) -> torch.Tensor:
+def _make_turns(kind: str, dim: int, base: float) -> torch.Tensor:
     if kind == "sinusoidal":
         i = torch.arange(dim // 2, dtype=torch.float64)
         return base ** (-2.0 * i / dim) / TWO_PI
@@ -29,8 +34,11 @@ def _turns_cpu(kind: str, dim: int, base: float) -> torch.Tensor:
 
 
 def _turns(kind: str, dim: int, base: float, device: torch.device) -> torch.Tensor:
-    t = _turns_cpu(kind, dim, float(base))
-    return t if device.type == "cpu" else t.to(device)
+    """The frequencies in turns, float64 [K], cached per device (shared: never modified)."""
+    base = float(base)
+    return device_constant(
+        ("turns", kind, dim, base), lambda dev: _make_turns(kind, dim, base).to(dev), device
+    )
 
 
 def _angles(p: torch.Tensor, turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -38,8 +46,12 @@ def _angles(p: torch.Tensor, turns: torch.Tensor, dtype: torch.dtype) -> torch.T
     t = p.to(torch.float64)[:, None] * turns
     if t.requires_grad:  # double backward differentiates this: no out= / in-place ops
         return reduced_angle(t, dtype)
-    torch.frac(t, out=t)
-    return t.mul_(TWO_PI).to(dtype)
+    return reduced_angle_(t, dtype)
+
+
+def _half_angle(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2 pi frac(p / 2) = pi p reduced, [n]: the angle of the DFT's last column, cos(pi p)."""
+    return reduced_angle(p.to(torch.float64) * 0.5, dtype)
 
 
 def _fill(out: torch.Tensor, p: torch.Tensor, kind: str, dim: int, turns: torch.Tensor) -> None:
@@ -56,22 +68,22 @@ def _fill(out: torch.Tensor, p: torch.Tensor, kind: str, dim: int, turns: torch.
     torch.cos(ang, out=out[:, 1 : K + 1]).mul_(amp)
     torch.sin(ang, out=out[:, K + 1 : 2 * K + 1]).mul_(amp)
     # cos(pi s) = cos(2 pi * frac(s / 2)): the last column, frequency 1/2 turn
-    half = _angles(p, turns.new_full((1,), 0.5), out.dtype)[:, 0]
-    torch.cos(half, out=out[:, dim - 1]).mul_(1.0 / math.sqrt(dim))
+    torch.cos(_half_angle(p, out.dtype), out=out[:, dim - 1]).mul_(1.0 / math.sqrt(dim))
 
 
 def _block_term(kind: str, dim: int, base: float, block, dtype, device):
+    """The encoding of position ``block`` [dim], cached per device (shared: never modified)."""
     if block is None:
         return None
-    row = torch.empty((1, dim), dtype=torch.float64)
-    _fill(
-        row,
-        torch.tensor([float(block)], dtype=torch.float64),
-        kind,
-        dim,
-        _turns_cpu(kind, dim, float(base)),
-    )
-    return row[0].to(device=device, dtype=dtype)
+
+    def make(dev: torch.device) -> torch.Tensor:
+        row = torch.empty((1, dim), dtype=torch.float64)
+        position = torch.tensor([float(block)], dtype=torch.float64)
+        _fill(row, position, kind, dim, _turns(kind, dim, base, "cpu"))
+        return row[0].to(device=dev, dtype=dtype)
+
+    key = ("block", kind, dim, float(base), float(block), dtype)
+    return device_constant(key, make, device)
 
 
 def _bytes_per_row(dim: int) -> int:
@@ -132,6 +144,6 @@ def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torc
         per_freq = torch.mul(g_sin, torch.cos(ang)).addcmul_(g_cos, torch.sin(ang), value=-1.0)
         out[sl] = per_freq @ amp_rate
         if kind == "dft":  # the last column, cos(pi s) / sqrt(dim)
-            half = reduced_angle(p[sl].to(torch.float64) * 0.5, fdt)
+            half = _half_angle(p[sl], fdt)
             out[sl] -= gs[:, dim - 1] * torch.sin(half) * (math.pi / math.sqrt(dim))
     return out.to(positions.dtype).reshape(positions.shape)

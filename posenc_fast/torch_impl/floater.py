@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import chunk_bytes
+from ._common import chunk_bytes, device_constant
 
 _INV_SQRT_2 = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -74,17 +74,13 @@ TABLEAUX: dict[str, Tableau] = {
 }
 
 
-_CONSTANTS: dict = {}
-
-
 def _const(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A tableau row as a tensor on ``device``, made once: copying a Python list to a GPU
-    waits for the copy, which would otherwise happen on every call."""
-    key = (values, dtype, device)
-    t = _CONSTANTS.get(key)
-    if t is None:
-        t = _CONSTANTS[key] = torch.tensor(values, dtype=dtype, device=device)
-    return t
+    """A tableau row as a tensor on ``device``, made once (shared: never modified)."""
+    return device_constant(
+        ("tableau", values, dtype),
+        lambda dev: torch.tensor(values, dtype=dtype, device=dev),
+        device,
+    )
 
 
 def _act(name: str, z: Tensor) -> Tensor:
@@ -360,38 +356,3 @@ def _accumulate_weights(buf, FB, ZB, ts, activation, dw1p, dw1t, db1, dw2a, dw2t
             dw2t.addmv_(FBs.T, ts)
         if db2 is not None:
             db2 += FBs.sum(0)
-
-
-def floater_autograd(
-    p0, w1, b1, w2, b2, times, substeps: int, method: str, activation: str
-) -> Tensor:
-    """The same integration with out-of-place ops only, so autograd can trace it: used to
-    build double-backward graphs (never on the first-order path)."""
-    S, d = p0.shape
-    H = w1.shape[1]
-    L = times.shape[0]
-    K, tab = substeps, TABLEAUX[method]
-    if L == 0:
-        return p0.new_empty((S, 0, d))
-    w1p, w1t, w2a, w2t = w1[:d], w1[d], w2[:H], w2[H]
-    t_prev = torch.cat([times.new_zeros(1), times[:-1]])
-    hstep = (times - t_prev) / K
-    y = p0
-    states = []
-    for j in range(L):
-        h = hstep[j]
-        for k in range(K):
-            t = t_prev[j] + k * h
-            ks = []
-            for i in range(tab.stages):
-                Y = y
-                for m, a in enumerate(tab.a[i]):
-                    if a != 0.0:
-                        Y = Y + (h * a) * ks[m]
-                ti = t + tab.c[i] * h
-                ks.append(_act(activation, Y @ w1p + (ti * w1t + b1)) @ w2a + (ti * w2t + b2))
-            for i, b in enumerate(tab.b):
-                if b != 0.0:
-                    y = y + (h * b) * ks[i]
-        states.append(y)
-    return torch.stack(states, dim=1)

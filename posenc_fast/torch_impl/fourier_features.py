@@ -23,10 +23,10 @@ from typing import Optional
 import torch
 
 from .. import _activations
-from ._common import TWO_PI, feature_dtype, phase_turns, reduced_angle, row_chunks
+from ._common import TWO_PI, feature_dtype, phase_turns, reduced_angle, reduced_angle_, row_chunks
 
 
-def _mlp_dtype(out_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+def _mlp_dtype(out_dtype: torch.dtype) -> torch.dtype:
     """The torch backend runs the MLP in float32 for half-precision outputs on every device
     and rounds once at the end: the fallback favours accuracy and identical numbers on CPU
     and GPU (a bf16 pre-activation would flip relu's gradient for near-zero entries)."""
@@ -80,8 +80,7 @@ def _prepare(wr, w1, b1, w2, b2, mlp_dtype) -> _Prepared:
 def _cos_sin_into(rows: torch.Tensor, p: _Prepared, buf: torch.Tensor) -> None:
     """buf[:, :F/2] = cos(phase), buf[:, F/2:] = sin(phase) (unscaled), phase = rows wr^T."""
     turns = rows.to(torch.float64) @ p.turns_t  # [n, F/2], exact products (float64)
-    torch.frac(turns, out=turns)  # error-free reduction to (-1, 1) turns
-    angle = turns.mul_(TWO_PI).to(buf.dtype)  # rounded once to the feature dtype
+    angle = reduced_angle_(turns, buf.dtype)  # error-free reduction, rounded once
     torch.cos(angle, out=buf[:, : p.half])
     torch.sin(angle, out=buf[:, p.half :])
 
@@ -93,7 +92,7 @@ def lff_forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) 
     R = rows.shape[0]
     width = 2 * wr.shape[0] if w1 is None else w2.shape[1]
     out = torch.empty((R, width), dtype=out_dtype, device=x.device)
-    p = _prepare(wr, w1, b1, w2, b2, _mlp_dtype(out_dtype, x.device))
+    p = _prepare(wr, w1, b1, w2, b2, _mlp_dtype(out_dtype))
     buf = None
     for sl in row_chunks(R, _bytes_per_row(wr, w1, w2)):
         n = sl.stop - sl.start
@@ -118,7 +117,7 @@ def lff_autograd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype)
     double backward (create_graph=True). Same math as lff_forward, written plainly."""
     G = x.shape[-2]
     rows = _rows_of(x)
-    mlp_dtype = _mlp_dtype(out_dtype, x.device)
+    mlp_dtype = _mlp_dtype(out_dtype)
     angle = reduced_angle(phase_turns(rows, wr), feature_dtype(mlp_dtype))
     r = torch.cat([torch.cos(angle), torch.sin(angle)], dim=1) / math.sqrt(2 * wr.shape[0])
     if w1 is None:
@@ -145,7 +144,7 @@ def lff_backward(
         return out
     rows = _rows_of(x)
     R, M = rows.shape
-    p = _prepare(wr, w1, b1, w2, b2, _mlp_dtype(grad.dtype, x.device))
+    p = _prepare(wr, w1, b1, w2, b2, _mlp_dtype(grad.dtype))
     fdt = p.feat_dtype
     acc = torch.float64 if wr.dtype == torch.float64 else torch.float32
     g_rows = grad.reshape(R, grad.shape[-1] // x.shape[-2])
