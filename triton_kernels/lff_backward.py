@@ -120,6 +120,8 @@ def _lff_bwd_kernel(
     NEED_PHASE: tl.constexpr = NEED_X or NEED_WR
     NEED_GA: tl.constexpr = MLP and (NEED_B1 or (NEED_W1 or NEED_PHASE))
     NEED_H: tl.constexpr = MLP and (NEED_W2 or NEED_GA)
+    # dY is read for gh / dw2 (which need the hidden layer) and for db2.
+    NEED_DY: tl.constexpr = NEED_H or NEED_B2
     hs = tl.arange(0, BLOCK_H)
     hmask = hs < hidden
     ms = tl.arange(0, BLOCK_M)
@@ -157,6 +159,8 @@ def _lff_bwd_kernel(
             a += tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
             h = round_to(activation(a, ACT), COMPUTE, INTERPRET)
             gh = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
+        if NEED_DY:
+            # One pass over dY (db2 alone: just its column sums, no recomputation above).
             for d0 in range(0, width, BLOCK_D):
                 ds = d0 + tl.arange(0, BLOCK_D)
                 dmask = ds < width
@@ -187,18 +191,11 @@ def _lff_bwd_kernel(
                     )
                 if NEED_B2:
                     _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask)
-            if NEED_GA:
-                ga = gh * activation_grad(a, ACT)  # [BR, BH] float32
-                if NEED_B1:
-                    db1_acc += tl.sum(ga, axis=0)
-                ga_c = round_to(ga, COMPUTE, INTERPRET)
-        elif NEED_B2:
-            # db2 alone: a column sum of dY, no recomputation.
-            for d0 in range(0, width, BLOCK_D):
-                ds = d0 + tl.arange(0, BLOCK_D)
-                dmask = ds < width
-                g = tl.load(g_rows + ds[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
-                _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask)
+        if NEED_GA:
+            ga = gh * activation_grad(a, ACT)  # [BR, BH] float32
+            if NEED_B1:
+                db1_acc += tl.sum(ga, axis=0)
+            ga_c = round_to(ga, COMPUTE, INTERPRET)
         if NEED_PHASE or (MLP and NEED_W1):
             dx_acc = tl.zeros([BLOCK_R, BLOCK_M], dtype=tl.float32)
             for k0 in range(0, n_freq, BLOCK_K):
