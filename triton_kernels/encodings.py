@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, device_guard, pow2, rows_view
+from ._launch import INTERPRET, device_guard, interpreter_blocks, launch_rows, rows_view
 from ._phase import accumulate_phase, phase_term, sincos_turns
 from ._round import round_to
 
@@ -343,7 +343,7 @@ def _bwd_blocks(R: int, K: int) -> tuple[dict, dict]:
     """Fixed: the backward sums over frequency chunks, so its configuration is part of
     its (deterministic) summation order."""
     if INTERPRET:
-        return {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(K, 16, 64)}, {}
+        return interpreter_blocks(R, K), {}
     return {"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 8}
 
 
@@ -372,14 +372,9 @@ def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved, K):
         "INTERLEAVED": interleaved,
         "INTERPRET": INTERPRET,
     }
+    blocks = interpreter_blocks(R, K)
     with device_guard(out):
-        if INTERPRET:
-            blocks = {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(K, 16, 64)}
-            grid = (triton.cdiv(R, blocks["BLOCK_R"]),)
-            _encoding_fwd_kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
-        else:
-            grid = lambda cfg: (triton.cdiv(R, cfg["BLOCK_R"]),)
-            _encoding_fwd_tuned[grid](*args, **meta, enable_fp_fusion=False)
+        launch_rows(_encoding_fwd_kernel, _encoding_fwd_tuned, R, args, meta, blocks)
 
 
 def encoding_fwd(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:

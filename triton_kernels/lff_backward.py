@@ -51,7 +51,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, device_guard, dot_precision, pow2, sm_count, tl_dtype
+from ._launch import (
+    INTERPRET,
+    device_guard,
+    dot_precision,
+    interpreter_blocks,
+    pow2,
+    sm_count,
+    tl_dtype,
+)
 from ._mlp import activation, activation_grad, mma
 from ._round import load_as, round_to
 from .lff_forward import cos_sin_tile, hidden_preactivation, split_features
@@ -290,12 +298,7 @@ def _blocks(R: int, F2: int, H: int, DG: int, compute: torch.dtype) -> tuple[dic
     """(block sizes, launch options): a fixed rule, see the module docstring."""
     block_h = pow2(H)
     if INTERPRET:
-        blocks = {
-            "BLOCK_R": pow2(R, 16, 64),
-            "BLOCK_K": pow2(F2, 16, 64),
-            "BLOCK_D": pow2(DG, 16, 128),
-        }
-        return blocks, {}
+        return interpreter_blocks(R, F2, DG), {}
     # Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU) and reading registers /
     # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 252
     # registers without spilling at H=32; H=128 and H=256 spill ~330 B / ~780 B with the

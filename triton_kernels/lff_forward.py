@@ -34,7 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, device_guard, dot_precision, pow2, tl_dtype
+from ._launch import (
+    INTERPRET,
+    device_guard,
+    dot_precision,
+    interpreter_blocks,
+    launch_rows,
+    pow2,
+    tl_dtype,
+)
 from ._mlp import activation, mma
 from ._phase import accumulate_phase, phase_term, sincos_turns, turns_hi_lo
 from ._round import load_as, round_to
@@ -260,12 +268,6 @@ def split_features(activation: str, compute: torch.dtype) -> bool:
     return activation == "relu" and compute != torch.float32
 
 
-def _interpreter_blocks(R: int, F2: int, DG: int) -> dict:
-    # The interpreter pays per program and per loop iteration, not per element: few
-    # programs, large blocks.
-    return {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(F2, 16, 64), "BLOCK_D": pow2(DG, 16, 128)}
-
-
 def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> torch.Tensor:
     """x [..., G, M] -> [..., G * width] in out_dtype (width = Dg, or F without the MLP).
 
@@ -318,12 +320,7 @@ def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> t
         out.stride(0),
         1.0 / math.sqrt(2 * F2),
     )
+    blocks = interpreter_blocks(R, F2, width)
     with device_guard(x):
-        if INTERPRET:
-            blocks = _interpreter_blocks(R, F2, width)
-            grid = (triton.cdiv(R, blocks["BLOCK_R"]),)
-            _lff_fwd_kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
-        else:
-            grid = lambda cfg: (triton.cdiv(R, cfg["BLOCK_R"]),)
-            _lff_fwd_tuned[grid](*args, **meta, enable_fp_fusion=False)
+        launch_rows(_lff_fwd_kernel, _lff_fwd_tuned, R, args, meta, blocks)
     return result
