@@ -296,25 +296,22 @@ def _tables_cpu(kind: str, dim: int, base: float):
     return tab, cols, interleaved
 
 
-_device_tables: dict = {}
+# The cached tensors below are shared by every call: they are read-only kernel inputs,
+# never written to and never returned to the caller.
 
 
+@lru_cache(maxsize=256)
 def _tables(kind: str, dim: int, base: float, device: torch.device):
     """The tables on ``device``, built once per (kind, dim, base, device)."""
-    key = (kind, dim, float(base), str(device))
-    hit = _device_tables.get(key)
-    if hit is None:
-        tab, cols, interleaved = _tables_cpu(kind, dim, float(base))
-        hit = (tab.to(device), cols.to(device), interleaved)
-        if len(_device_tables) > 256:
-            _device_tables.clear()
-        _device_tables[key] = hit
-    return hit
+    tab, cols, interleaved = _tables_cpu(kind, dim, float(base))
+    return tab.to(device), cols.to(device), interleaved
 
 
+@lru_cache(maxsize=256)
 def _block_bias(kind: str, dim: int, base: float, block: float, device) -> torch.Tensor:
-    """The encoding of the block index (FLOATER Eq. 7) as a float32 [dim] vector,
-    computed in float64 with the phase reduced before the trig."""
+    """The encoding of the block index (FLOATER Eq. 7) as a float32 [dim] vector on
+    ``device``, computed in float64 with the phase reduced before the trig; built once
+    per (kind, dim, base, block, device)."""
     sp = _spectrum(kind, dim, float(base))
     turns = sp.turns * float(block)
     angle = 2.0 * math.pi * (turns - torch.round(turns))
@@ -347,8 +344,8 @@ def _bwd_blocks(R: int, K: int) -> tuple[dict, dict]:
     return {"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 8}
 
 
-def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved, K):
-    R = out.shape[0]
+def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved):
+    R, K = out.shape[0], tab.shape[1]
     args = (
         p_flat,
         x_rows if x_rows is not None else out,
@@ -385,7 +382,7 @@ def encoding_fwd(positions, dim: int, kind: str, base: float, block, out_dtype) 
         return out.view(*positions.shape, dim)
     tab, cols, interleaved = _tables(kind, dim, base, positions.device)
     bias = None if block is None else _block_bias(kind, dim, base, block, positions.device)
-    _launch_fwd(p, 0, None, out, tab, cols, bias, interleaved, tab.shape[1])
+    _launch_fwd(p, 0, None, out, tab, cols, bias, interleaved)
     return out.view(*positions.shape, dim)
 
 
@@ -405,7 +402,7 @@ def encoding_add_fwd(x, positions, kind: str, base: float, block) -> torch.Tenso
         p, period = positions.expand(lead).reshape(-1), 0
     tab, cols, interleaved = _tables(kind, dim, base, x.device)
     bias = None if block is None else _block_bias(kind, dim, base, block, x.device)
-    _launch_fwd(p, period, x_rows, out.view(R, dim), tab, cols, bias, interleaved, tab.shape[1])
+    _launch_fwd(p, period, x_rows, out.view(R, dim), tab, cols, bias, interleaved)
     return out
 
 
