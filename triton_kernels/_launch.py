@@ -57,10 +57,11 @@ def pow2(n: int, lo: int = 16, hi: int = 1 << 30) -> int:
     return max(lo, min(hi, triton.next_power_of_2(max(1, int(n)))))
 
 
-def rows_view(t: torch.Tensor, width: int) -> torch.Tensor:
+def rows_view(t: torch.Tensor, width: int, rows: int = -1) -> torch.Tensor:
     """t as a 2-D [rows, width] view whose last dimension has stride 1 (copies only when
-    no such view exists). Kernels take the row stride, so batch strides are free."""
-    r = t.reshape(-1, width)
+    no such view exists). Kernels take the row stride, so batch strides are free. rows
+    is inferred unless given (it must be given for width 0)."""
+    r = t.reshape(rows, width)
     if r.stride(-1) != 1 and r.shape[-1] > 1:
         r = r.contiguous()
     return r

@@ -57,6 +57,7 @@ from ._launch import (
     dot_precision,
     interpreter_blocks,
     pow2,
+    rows_view,
     sm_count,
     tl_dtype,
 )
@@ -316,8 +317,8 @@ def _blocks(R: int, F2: int, H: int, DG: int, compute: torch.dtype) -> tuple[dic
 def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     """Gradients (dx, dwr, dw1, db1, dw2, db2) of lff_fwd; None where needs[i] is False.
 
-    grad [..., G * width] in the forward's output dtype (the MLP compute dtype). Returned
-    gradients have the dtypes of their inputs.
+    grad [..., G * width] in the forward's output dtype (the MLP compute dtype); x is
+    floating, as in lff_fwd. Returned gradients have the dtypes of their inputs.
     """
     mlp = w1 is not None
     need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = (bool(n) for n in needs)
@@ -325,8 +326,6 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
         need_w1 = need_b1 = need_w2 = need_b2 = False
     M = x.shape[-1]
     rows = x.reshape(-1, M)
-    if not rows.is_floating_point():
-        rows = rows.to(torch.float32)
     R = rows.shape[0]
     F2 = wr.shape[0]
     H = w1.shape[1] if mlp else 0
@@ -351,18 +350,14 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     total = offset
 
     if need_x:
-        dx = torch.empty(
-            (R, M), dtype=x.dtype if x.is_floating_point() else torch.float32, device=device
-        )
+        dx = torch.empty((R, M), dtype=x.dtype, device=device)
         out[0] = dx.view(x.shape)
     if R == 0 or not (need_x or parts):
         for idx, ref, _ in parts:
             out[idx] = torch.zeros_like(ref)
         return out
 
-    g = grad.reshape(R, width)
-    if g.stride(-1) != 1:
-        g = g.contiguous()
+    g = rows_view(grad, width, R)
     compute = grad.dtype
     wr = wr.contiguous()
     if mlp:

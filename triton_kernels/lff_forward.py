@@ -270,6 +270,7 @@ def split_features(activation: str, compute: torch.dtype) -> bool:
 
 def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> torch.Tensor:
     """x [..., G, M] -> [..., G * width] in out_dtype (width = Dg, or F without the MLP).
+    x is floating (posenc_fast.lff converts integer positions before dispatching).
 
     out_dtype is also the MLP's compute dtype: bf16 / fp16 run the matmuls on tensor cores
     with float32 accumulation; float32 runs them in IEEE float32 (TF32 only if enabled in
@@ -277,8 +278,6 @@ def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> t
     """
     G, M = x.shape[-2], x.shape[-1]
     rows = x.reshape(-1, M)
-    if not rows.is_floating_point():
-        rows = rows.to(torch.float32)
     R = rows.shape[0]
     F2 = wr.shape[0]
     mlp = w1 is not None
