@@ -244,14 +244,21 @@ def _gpu_configs():
     ]
 
 
+def configs_for(block_h: int) -> list[tuple]:
+    """The _CONFIGS entries (BLOCK_R, BLOCK_K, BLOCK_D, num_warps, num_stages) meant for
+    this BLOCK_H, in _CONFIGS order."""
+    return [key for key, max_block_h in _CONFIGS.items() if max_block_h >= block_h]
+
+
 def _prune(configs, named_args, **kwargs):
     """Keep the configurations meant for this BLOCK_H (see _CONFIGS)."""
     block_h = kwargs.get("BLOCK_H", named_args.get("BLOCK_H", 16))
+    meant = set(configs_for(block_h))
     kept = []
     for c in configs:
         key = (c.kwargs["BLOCK_R"], c.kwargs["BLOCK_K"], c.kwargs["BLOCK_D"])
         key += (c.num_warps, c.num_stages)
-        if _CONFIGS.get(key, 0) >= block_h:
+        if key in meant:
             kept.append(c)
     return kept or configs[-2:-1]
 
