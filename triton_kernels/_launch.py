@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from functools import cache
 
 import torch
 import triton
 import triton.language as tl
 
+from ..backends.triton_backend import interpreter_enabled
+
 # Decided once: Triton itself reads TRITON_INTERPRET when the kernels are defined.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRET = interpreter_enabled()
 
 _TL_DTYPES = {
     torch.float32: tl.float32,

@@ -21,7 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+from ..backends.triton_backend import interpreter_enabled  # (does not import triton)
+
+if interpreter_enabled():
     raise SystemExit("compile_report: unset TRITON_INTERPRET (it replaces the compiler)")
 
 import torch
