@@ -4,7 +4,7 @@ autocast weights, strides, dispatch decisions, and (on a GPU) > 2^31 output elem
 
 On CPU these run through Triton's interpreter (conftest sets TRITON_INTERPRET=1), which
 block sizes here are chosen for: BLOCK_R = 64 rows, BLOCK_K = 64 frequencies,
-BLOCK_D = 128 output columns (triton_kernels/lff_forward.py::_interpreter_blocks).
+BLOCK_D = 128 output columns (triton_kernels/_launch.py::interpreter_blocks).
 """
 
 import math

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from functools import cache
 
 import torch
 import triton
 import triton.language as tl
 
+from ..backends.triton_backend import interpreter_enabled
+
 # Decided once: Triton itself reads TRITON_INTERPRET when the kernels are defined.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+INTERPRET = interpreter_enabled()
 
 _TL_DTYPES = {
     torch.float32: tl.float32,
@@ -57,10 +58,35 @@ def pow2(n: int, lo: int = 16, hi: int = 1 << 30) -> int:
     return max(lo, min(hi, triton.next_power_of_2(max(1, int(n)))))
 
 
-def rows_view(t: torch.Tensor, width: int) -> torch.Tensor:
+def rows_view(t: torch.Tensor, width: int, rows: int = -1) -> torch.Tensor:
     """t as a 2-D [rows, width] view whose last dimension has stride 1 (copies only when
-    no such view exists). Kernels take the row stride, so batch strides are free."""
-    r = t.reshape(-1, width)
+    no such view exists). Kernels take the row stride, so batch strides are free. rows
+    is inferred unless given (it must be given for width 0)."""
+    r = t.reshape(rows, width)
     if r.stride(-1) != 1 and r.shape[-1] > 1:
         r = r.contiguous()
     return r
+
+
+def interpreter_blocks(R: int, K: int, D: int | None = None) -> dict:
+    """Block sizes under the interpreter, which pays per program and per loop iteration,
+    not per element: few programs, large blocks. R rows, K frequencies, D output columns
+    (BLOCK_D only for kernels that have one)."""
+    blocks = {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(K, 16, 64)}
+    if D is not None:
+        blocks["BLOCK_D"] = pow2(D, 16, 128)
+    return blocks
+
+
+def launch_rows(kernel, tuned, n_rows: int, args: tuple, meta: dict, blocks: dict) -> None:
+    """Launch a kernel with one program per BLOCK_R rows: under the interpreter ``kernel``
+    with the fixed ``blocks`` (interpreter_blocks), on the GPU its autotuned version
+    ``tuned``, which picks BLOCK_R (and the other blocks) itself. Both with
+    enable_fp_fusion=False, which the phase reduction needs (see _phase.py)."""
+    if INTERPRET:
+        grid = (triton.cdiv(n_rows, blocks["BLOCK_R"]),)
+        kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
+    else:
+        tuned[lambda cfg: (triton.cdiv(n_rows, cfg["BLOCK_R"]),)](
+            *args, **meta, enable_fp_fusion=False
+        )

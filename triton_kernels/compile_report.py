@@ -21,7 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+from ..backends.triton_backend import interpreter_enabled  # (does not import triton)
+
+if interpreter_enabled():
     raise SystemExit("compile_report: unset TRITON_INTERPRET (it replaces the compiler)")
 
 import torch
@@ -33,6 +35,7 @@ from triton.compiler import ASTSource
 from . import encodings as enc
 from . import lff_backward as bwd
 from . import lff_forward as fwd
+from ._launch import pow2
 
 _PTR = {tl.float32: "*fp32", tl.bfloat16: "*bf16", tl.float16: "*fp16"}
 _FLOAT_ARGS = {"inv_sqrt_f"}
@@ -87,6 +90,21 @@ def compile_one(label, kernel, pointers, constexprs, options, arch) -> bool:
     return not approx
 
 
+# Constexprs every lff case starts from (bf16, gelu, M=2, no SPLIT), and the backward's
+# flags for all six gradients.
+_LFF = dict(M=2, MLP=True, ACT="gelu", COMPUTE=tl.bfloat16, PRECISION=None, INTERPRET=False,
+            SPLIT=False)  # fmt: skip
+_ALL_NEEDS = dict(NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True, NEED_W2=True,
+                  NEED_B2=True)  # fmt: skip
+_FEATURE_NEEDS = dict(_ALL_NEEDS, NEED_W1=False, NEED_B1=False, NEED_W2=False, NEED_B2=False)
+
+
+def _fwd_config(key: tuple) -> tuple[dict, dict]:
+    """(blocks, launch options) of a forward _CONFIGS entry."""
+    br, bk, bd, w, st = key
+    return dict(BLOCK_R=br, BLOCK_K=bk, BLOCK_D=bd), dict(num_warps=w, num_stages=st)
+
+
 def _cases(quick: bool):
     """(label, kernel, pointer dtypes, constexprs, launch options) to compile."""
     bf16 = tl.bfloat16
@@ -96,20 +114,22 @@ def _cases(quick: bool):
         "boxes": (4, 128, 32, 192),
     }
     for shape_name, (M, F2, H, DG) in shapes.items():
-        block_h = max(16, triton.next_power_of_2(H))
+        block_h = pow2(H)
         for dtype in (bf16, tl.float32):
             if dtype == tl.float32 and (quick or shape_name != "canonical"):
                 continue
-            configs = [c for c, max_bh in fwd._CONFIGS.items() if max_bh >= block_h]
-            for br, bk, bd, w, st in configs[:1] if quick else configs:
+            precision = "ieee" if dtype == tl.float32 else None
+            configs = fwd.configs_for(block_h)
+            for key in configs[:1] if quick else configs:
+                blocks, opts = _fwd_config(key)
+                br, bk, bd, w, st = key
                 yield (
                     f"lff_fwd {shape_name} {dtype} BR{br} BK{bk} BD{bd} w{w} s{st}",
                     fwd._lff_fwd_kernel,
                     {"OUT": _PTR[dtype]},
-                    dict(M=M, MLP=True, ACT="gelu", COMPUTE=dtype,
-                         PRECISION="ieee" if dtype == tl.float32 else None, INTERPRET=False,
-                         SPLIT=False, BLOCK_R=br, BLOCK_K=bk, BLOCK_H=block_h, BLOCK_D=bd),
-                    dict(num_warps=w, num_stages=st, enable_fp_fusion=False),
+                    dict(_LFF, M=M, COMPUTE=dtype, PRECISION=precision, BLOCK_H=block_h,
+                         **blocks),
+                    dict(enable_fp_fusion=False, **opts),
                 )  # fmt: skip
             torch_dtype = {bf16: torch.bfloat16, tl.float32: torch.float32}[dtype]
             blocks, opts = bwd._blocks(1 << 20, F2, H, DG, torch_dtype)
@@ -117,49 +137,42 @@ def _cases(quick: bool):
                 f"lff_bwd {shape_name} {dtype} BR{blocks['BLOCK_R']}",
                 bwd._lff_bwd_kernel,
                 {"GRAD": _PTR[dtype]},
-                dict(M=M, MLP=True, ACT="gelu", COMPUTE=dtype,
-                     PRECISION="ieee" if dtype == tl.float32 else None, INTERPRET=False,
-                     SPLIT=False, NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True,
-                     NEED_W2=True, NEED_B2=True, BLOCK_H=block_h,
-                     BLOCK_M=triton.next_power_of_2(M), **blocks),
+                dict(_LFF, **_ALL_NEEDS, M=M, COMPUTE=dtype, PRECISION=precision,
+                     BLOCK_H=block_h, BLOCK_M=triton.next_power_of_2(M), **blocks),
                 dict(enable_fp_fusion=False, **opts),
             )  # fmt: skip
-    # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term)
+    # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term),
+    # canonical shape (H=32): the forward's first configuration, the backward's rule.
+    fwd_blocks, fwd_opts = _fwd_config(fwd.configs_for(32)[0])
     blocks, opts = bwd._blocks(1 << 20, 128, 32, 768, torch.bfloat16)
     yield (
         "lff_fwd canonical bf16 relu SPLIT",
         fwd._lff_fwd_kernel,
         {"OUT": "*bf16"},
-        dict(M=2, MLP=True, ACT="relu", COMPUTE=bf16, PRECISION=None, INTERPRET=False,
-             SPLIT=True, BLOCK_R=128, BLOCK_K=32, BLOCK_H=32, BLOCK_D=64),
-        dict(num_warps=8, num_stages=2, enable_fp_fusion=False),
-    )  # fmt: skip
+        dict(_LFF, ACT="relu", SPLIT=True, BLOCK_H=32, **fwd_blocks),
+        dict(enable_fp_fusion=False, **fwd_opts),
+    )
     yield (
         f"lff_bwd canonical bf16 relu SPLIT BR{blocks['BLOCK_R']}",
         bwd._lff_bwd_kernel,
         {"GRAD": "*bf16"},
-        dict(M=2, MLP=True, ACT="relu", COMPUTE=bf16, PRECISION=None, INTERPRET=False,
-             SPLIT=True, NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True,
-             NEED_W2=True, NEED_B2=True, BLOCK_H=32, BLOCK_M=2, **blocks),
+        dict(_LFF, **_ALL_NEEDS, ACT="relu", SPLIT=True, BLOCK_H=32, BLOCK_M=2, **blocks),
         dict(enable_fp_fusion=False, **opts),
-    )  # fmt: skip
+    )
     yield (
         "lff_fwd features-only bf16",
         fwd._lff_fwd_kernel,
         {"OUT": "*bf16"},
-        dict(M=2, MLP=False, ACT="gelu", COMPUTE=bf16, PRECISION=None, INTERPRET=False,
-             SPLIT=False, BLOCK_R=64, BLOCK_K=32, BLOCK_H=16, BLOCK_D=64),
+        dict(_LFF, MLP=False, BLOCK_R=64, BLOCK_K=32, BLOCK_H=16, BLOCK_D=64),
         dict(num_warps=4, num_stages=2, enable_fp_fusion=False),
-    )  # fmt: skip
+    )
     yield (
         "lff_bwd features-only bf16",
         bwd._lff_bwd_kernel,
         {"GRAD": "*bf16"},
-        dict(M=2, MLP=False, ACT="gelu", COMPUTE=bf16, PRECISION=None, INTERPRET=False,
-             SPLIT=False, NEED_X=True, NEED_WR=True, NEED_W1=False, NEED_B1=False, NEED_W2=False,
-             NEED_B2=False, BLOCK_R=128, BLOCK_K=16, BLOCK_H=16, BLOCK_D=32, BLOCK_M=2),
-        dict(num_warps=8, num_stages=1, enable_fp_fusion=False),
-    )  # fmt: skip
+        dict(_LFF, **_FEATURE_NEEDS, MLP=False, BLOCK_H=16, BLOCK_M=2, **blocks),
+        dict(enable_fp_fusion=False, **opts),
+    )
     yield (
         "lff_sum_partials",
         bwd._sum_partials_kernel,

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, device_guard, pow2, rows_view
+from ._launch import INTERPRET, device_guard, interpreter_blocks, launch_rows, rows_view
 from ._phase import accumulate_phase, phase_term, sincos_turns
 from ._round import round_to
 
@@ -296,25 +296,22 @@ def _tables_cpu(kind: str, dim: int, base: float):
     return tab, cols, interleaved
 
 
-_device_tables: dict = {}
+# The cached tensors below are shared by every call: they are read-only kernel inputs,
+# never written to and never returned to the caller.
 
 
+@lru_cache(maxsize=256)
 def _tables(kind: str, dim: int, base: float, device: torch.device):
     """The tables on ``device``, built once per (kind, dim, base, device)."""
-    key = (kind, dim, float(base), str(device))
-    hit = _device_tables.get(key)
-    if hit is None:
-        tab, cols, interleaved = _tables_cpu(kind, dim, float(base))
-        hit = (tab.to(device), cols.to(device), interleaved)
-        if len(_device_tables) > 256:
-            _device_tables.clear()
-        _device_tables[key] = hit
-    return hit
+    tab, cols, interleaved = _tables_cpu(kind, dim, float(base))
+    return tab.to(device), cols.to(device), interleaved
 
 
+@lru_cache(maxsize=256)
 def _block_bias(kind: str, dim: int, base: float, block: float, device) -> torch.Tensor:
-    """The encoding of the block index (FLOATER Eq. 7) as a float32 [dim] vector,
-    computed in float64 with the phase reduced before the trig."""
+    """The encoding of the block index (FLOATER Eq. 7) as a float32 [dim] vector on
+    ``device``, computed in float64 with the phase reduced before the trig; built once
+    per (kind, dim, base, block, device)."""
     sp = _spectrum(kind, dim, float(base))
     turns = sp.turns * float(block)
     angle = 2.0 * math.pi * (turns - torch.round(turns))
@@ -343,12 +340,12 @@ def _bwd_blocks(R: int, K: int) -> tuple[dict, dict]:
     """Fixed: the backward sums over frequency chunks, so its configuration is part of
     its (deterministic) summation order."""
     if INTERPRET:
-        return {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(K, 16, 64)}, {}
+        return interpreter_blocks(R, K), {}
     return {"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 8}
 
 
-def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved, K):
-    R = out.shape[0]
+def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved):
+    R, K = out.shape[0], tab.shape[1]
     args = (
         p_flat,
         x_rows if x_rows is not None else out,
@@ -372,14 +369,9 @@ def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved, K):
         "INTERLEAVED": interleaved,
         "INTERPRET": INTERPRET,
     }
+    blocks = interpreter_blocks(R, K)
     with device_guard(out):
-        if INTERPRET:
-            blocks = {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(K, 16, 64)}
-            grid = (triton.cdiv(R, blocks["BLOCK_R"]),)
-            _encoding_fwd_kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
-        else:
-            grid = lambda cfg: (triton.cdiv(R, cfg["BLOCK_R"]),)
-            _encoding_fwd_tuned[grid](*args, **meta, enable_fp_fusion=False)
+        launch_rows(_encoding_fwd_kernel, _encoding_fwd_tuned, R, args, meta, blocks)
 
 
 def encoding_fwd(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
@@ -390,7 +382,7 @@ def encoding_fwd(positions, dim: int, kind: str, base: float, block, out_dtype) 
         return out.view(*positions.shape, dim)
     tab, cols, interleaved = _tables(kind, dim, base, positions.device)
     bias = None if block is None else _block_bias(kind, dim, base, block, positions.device)
-    _launch_fwd(p, 0, None, out, tab, cols, bias, interleaved, tab.shape[1])
+    _launch_fwd(p, 0, None, out, tab, cols, bias, interleaved)
     return out.view(*positions.shape, dim)
 
 
@@ -410,7 +402,7 @@ def encoding_add_fwd(x, positions, kind: str, base: float, block) -> torch.Tenso
         p, period = positions.expand(lead).reshape(-1), 0
     tab, cols, interleaved = _tables(kind, dim, base, x.device)
     bias = None if block is None else _block_bias(kind, dim, base, block, x.device)
-    _launch_fwd(p, period, x_rows, out.view(R, dim), tab, cols, bias, interleaved, tab.shape[1])
+    _launch_fwd(p, period, x_rows, out.view(R, dim), tab, cols, bias, interleaved)
     return out
 
 

@@ -24,7 +24,9 @@ Determinism without atomics: a fixed number P of programs (independent of timing
 owns one row of a float32 workspace [P, |weights|] and walks the row tiles
 t = pid, pid + P, ... in order, adding its contributions to its own row (read-modify-write
 by one program only, with a barrier between tiles so every thread sees the previous
-tile's writes). A second kernel sums the P rows in the fixed order p = 0, 1, ..., P-1.
+tile's writes; the first tile, which every program has as P <= tiles, writes every
+column of the row once and reads nothing, so the workspace needs no zeroing). A second
+kernel sums the P rows in the fixed order p = 0, 1, ..., P-1.
 Same inputs and same P -> bitwise-identical gradients. The configuration is chosen by a
 fixed rule (no autotuning): a timing-dependent choice would change the summation order.
 
@@ -37,7 +39,7 @@ read-modified-written once per tile: dw2 + dw1 partials = (32*768 + 256*32) * 8 
 per 128-row tile against 197 kB of dY -- about 1.3x the dY traffic, served by L2. This is
 the first suspect if the H200 shows the backward short of its floor; the cure would be
 more rows per read-modify-write (e.g. two sub-tiles accumulated in registers first),
-which the register budget (252 of 255 at BLOCK_R=128) does not allow in this form.
+which the register budget (234 of 255 at BLOCK_R=128) does not allow in this form.
 Tensor-core work: 2*F*H (recompute) + 4*H*Dg (dY w2^T, h^T dY) + 4*F*H (dw1, gr) FLOPs
 per row ~ 0.15 MFLOP -> ~0.16 TFLOP for 2^20 rows (~0.2 ms at ~790 TFLOP/s); sincos: two
 feature passes, 2 * F/2 per row. Floor: ~0.38 ms (dY read). GPU timings: pending.
@@ -51,16 +53,30 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, device_guard, dot_precision, pow2, sm_count, tl_dtype
+from ._launch import (
+    INTERPRET,
+    device_guard,
+    dot_precision,
+    interpreter_blocks,
+    pow2,
+    rows_view,
+    sm_count,
+    tl_dtype,
+)
 from ._mlp import activation, activation_grad, mma
 from ._round import load_as, round_to
 from .lff_forward import cos_sin_tile, hidden_preactivation, split_features
 
 
 @triton.jit
-def _add_to(ptrs, value, mask):
-    """*ptrs += value, for a workspace row owned by this program alone."""
-    tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + value, mask=mask)
+def _add_to(ptrs, value, mask, accumulate):
+    """*ptrs += value, for a workspace row owned by this program alone; *ptrs = 0 + value
+    when not ``accumulate`` (the program's first tile: the row is uninitialised). A
+    uniform branch, not a masked load: the select on the mask cost registers (a spill)."""
+    if accumulate:
+        tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + value, mask=mask)
+    else:
+        tl.store(ptrs, 0.0 + value, mask=mask)
 
 
 @triton.jit
@@ -109,7 +125,7 @@ def _lff_bwd_kernel(
 ):
     # X [R, M] any strides; WR [F2, M], W1 [2*F2, H], B1 [H], W2 [H, DG] contiguous;
     # GRAD [R, DG] (or [R, 2*F2] without the MLP) with row stride stride_gr, unit columns;
-    # DX [R, M] contiguous; WS [P, stride_ws] float32 zero-initialised, this program's row
+    # DX [R, M] contiguous; WS [P, stride_ws] float32 uninitialised, this program's row
     # holds its partial sums of dwr [F2, M] | dw1 [2*F2, H] | dw2 [H, DG] | db1 [H] |
     # db2 [DG] at the given offsets. Grid: (P,), programs walk tiles pid, pid + P, ...
     pid = tl.program_id(0)
@@ -120,6 +136,8 @@ def _lff_bwd_kernel(
     NEED_PHASE: tl.constexpr = NEED_X or NEED_WR
     NEED_GA: tl.constexpr = MLP and (NEED_B1 or (NEED_W1 or NEED_PHASE))
     NEED_H: tl.constexpr = MLP and (NEED_W2 or NEED_GA)
+    # dY is read for gh / dw2 (which need the hidden layer) and for db2.
+    NEED_DY: tl.constexpr = NEED_H or NEED_B2
     hs = tl.arange(0, BLOCK_H)
     hmask = hs < hidden
     ms = tl.arange(0, BLOCK_M)
@@ -128,6 +146,9 @@ def _lff_bwd_kernel(
         # This tile's read-modify-writes of the workspace row must see the previous
         # tile's, which other threads of this program may have made.
         tl.debug_barrier()
+        # The first tile (tile = pid) stores its contributions: 0 + value, exactly what
+        # adding to a zeroed row gives. Each column is written once per tile.
+        accumulate = tile >= nprog
         rows = tl.cast(tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < n_rows
         g_rows = GRAD + rows[:, None] * stride_gr
@@ -157,6 +178,8 @@ def _lff_bwd_kernel(
             a += tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
             h = round_to(activation(a, ACT), COMPUTE, INTERPRET)
             gh = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
+        if NEED_DY:
+            # One pass over dY (db2 alone: just its column sums, no recomputation above).
             for d0 in range(0, width, BLOCK_D):
                 ds = d0 + tl.arange(0, BLOCK_D)
                 dmask = ds < width
@@ -184,21 +207,15 @@ def _lff_bwd_kernel(
                         ws + off_dw2 + hs[:, None] * width + ds[None, :],
                         part,
                         hmask[:, None] & dmask[None, :],
+                        accumulate,
                     )
                 if NEED_B2:
-                    _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask)
-            if NEED_GA:
-                ga = gh * activation_grad(a, ACT)  # [BR, BH] float32
-                if NEED_B1:
-                    db1_acc += tl.sum(ga, axis=0)
-                ga_c = round_to(ga, COMPUTE, INTERPRET)
-        elif NEED_B2:
-            # db2 alone: a column sum of dY, no recomputation.
-            for d0 in range(0, width, BLOCK_D):
-                ds = d0 + tl.arange(0, BLOCK_D)
-                dmask = ds < width
-                g = tl.load(g_rows + ds[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
-                _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask)
+                    _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask, accumulate)
+        if NEED_GA:
+            ga = gh * activation_grad(a, ACT)  # [BR, BH] float32
+            if NEED_B1:
+                db1_acc += tl.sum(ga, axis=0)
+            ga_c = round_to(ga, COMPUTE, INTERPRET)
         if NEED_PHASE or (MLP and NEED_W1):
             dx_acc = tl.zeros([BLOCK_R, BLOCK_M], dtype=tl.float32)
             for k0 in range(0, n_freq, BLOCK_K):
@@ -213,11 +230,17 @@ def _lff_bwd_kernel(
                         zero_kh = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float32)
                         part_c = mma(tl.trans(rc), ga_c, zero_kh, PRECISION, INTERPRET)
                         part_s = mma(tl.trans(rs), ga_c, zero_kh, PRECISION, INTERPRET)
-                        _add_to(ws + off_dw1 + ks[:, None] * hidden + hs[None, :], part_c, wmask)
+                        _add_to(
+                            ws + off_dw1 + ks[:, None] * hidden + hs[None, :],
+                            part_c,
+                            wmask,
+                            accumulate,
+                        )
                         _add_to(
                             ws + off_dw1 + (ks + n_freq)[:, None] * hidden + hs[None, :],
                             part_s,
                             wmask,
+                            accumulate,
                         )
                     if NEED_PHASE:
                         tmask = hmask[:, None] & kmask[None, :]
@@ -251,7 +274,7 @@ def _lff_bwd_kernel(
                         if NEED_WR:
                             x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0)
                             part = tl.sum(gphase * x.to(tl.float32)[:, None], axis=0)
-                            _add_to(ws + off_dwr + ks * M + m, part, kmask)
+                            _add_to(ws + off_dwr + ks * M + m, part, kmask, accumulate)
             if NEED_X:
                 dmask_x = rmask[:, None] & (ms < M)[None, :]
                 tl.store(
@@ -293,18 +316,14 @@ def _blocks(R: int, F2: int, H: int, DG: int, compute: torch.dtype) -> tuple[dic
     """(block sizes, launch options): a fixed rule, see the module docstring."""
     block_h = pow2(H)
     if INTERPRET:
-        blocks = {
-            "BLOCK_R": pow2(R, 16, 64),
-            "BLOCK_K": pow2(F2, 16, 64),
-            "BLOCK_D": pow2(DG, 16, 128),
-        }
-        return blocks, {}
+        return interpreter_blocks(R, F2, DG), {}
     # Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU) and reading registers /
-    # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 252
-    # registers without spilling at H=32; H=128 and H=256 spill ~330 B / ~780 B with the
+    # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 234
+    # registers without spilling at H=32; H=128 and H=256 spill ~340 B / ~810 B with the
     # rows shrunk to 64 / 32 (the [rows, H] tiles a, gh, ga all live through the tile).
     # float32 uses FMA matmuls ("ieee"), which need far more registers: 32 rows.
-    # num_stages=1: with 2 stages the H=32 tile above spills (32 B).
+    # num_stages=1: with 2 stages the H=32 tile above needs 252 registers (and spilled
+    # 32 B before the workspace's first-tile stores, which cut 18 registers).
     if compute == torch.float32:
         block_r = 32 if block_h <= 64 else 16
     else:
@@ -316,8 +335,8 @@ def _blocks(R: int, F2: int, H: int, DG: int, compute: torch.dtype) -> tuple[dic
 def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     """Gradients (dx, dwr, dw1, db1, dw2, db2) of lff_fwd; None where needs[i] is False.
 
-    grad [..., G * width] in the forward's output dtype (the MLP compute dtype). Returned
-    gradients have the dtypes of their inputs.
+    grad [..., G * width] in the forward's output dtype (the MLP compute dtype); x is
+    floating, as in lff_fwd. Returned gradients have the dtypes of their inputs.
     """
     mlp = w1 is not None
     need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = (bool(n) for n in needs)
@@ -325,8 +344,6 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
         need_w1 = need_b1 = need_w2 = need_b2 = False
     M = x.shape[-1]
     rows = x.reshape(-1, M)
-    if not rows.is_floating_point():
-        rows = rows.to(torch.float32)
     R = rows.shape[0]
     F2 = wr.shape[0]
     H = w1.shape[1] if mlp else 0
@@ -351,18 +368,14 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     total = offset
 
     if need_x:
-        dx = torch.empty(
-            (R, M), dtype=x.dtype if x.is_floating_point() else torch.float32, device=device
-        )
+        dx = torch.empty((R, M), dtype=x.dtype, device=device)
         out[0] = dx.view(x.shape)
     if R == 0 or not (need_x or parts):
         for idx, ref, _ in parts:
             out[idx] = torch.zeros_like(ref)
         return out
 
-    g = grad.reshape(R, width)
-    if g.stride(-1) != 1:
-        g = g.contiguous()
+    g = rows_view(grad, width, R)
     compute = grad.dtype
     wr = wr.contiguous()
     if mlp:
@@ -374,7 +387,8 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     n_tiles = triton.cdiv(R, blocks["BLOCK_R"])
     per_program = max(1, total) * 4
     programs = max(1, min(n_tiles, max_programs(device), _WORKSPACE_BYTES // per_program))
-    ws = torch.zeros((programs, max(1, total)), dtype=torch.float32, device=device)
+    # programs <= n_tiles: every program has a first tile, which writes its whole row.
+    ws = torch.empty((programs, max(1, total)), dtype=torch.float32, device=device)
     dx_arg = out[0] if need_x else ws
     with device_guard(x):
         _lff_bwd_kernel[(programs,)](

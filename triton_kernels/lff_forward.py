@@ -34,7 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, device_guard, dot_precision, pow2, tl_dtype
+from ._launch import (
+    INTERPRET,
+    device_guard,
+    dot_precision,
+    interpreter_blocks,
+    launch_rows,
+    pow2,
+    tl_dtype,
+)
 from ._mlp import activation, mma
 from ._phase import accumulate_phase, phase_term, sincos_turns, turns_hi_lo
 from ._round import load_as, round_to
@@ -236,14 +244,21 @@ def _gpu_configs():
     ]
 
 
+def configs_for(block_h: int) -> list[tuple]:
+    """The _CONFIGS entries (BLOCK_R, BLOCK_K, BLOCK_D, num_warps, num_stages) meant for
+    this BLOCK_H, in _CONFIGS order."""
+    return [key for key, max_block_h in _CONFIGS.items() if max_block_h >= block_h]
+
+
 def _prune(configs, named_args, **kwargs):
     """Keep the configurations meant for this BLOCK_H (see _CONFIGS)."""
     block_h = kwargs.get("BLOCK_H", named_args.get("BLOCK_H", 16))
+    meant = set(configs_for(block_h))
     kept = []
     for c in configs:
         key = (c.kwargs["BLOCK_R"], c.kwargs["BLOCK_K"], c.kwargs["BLOCK_D"])
         key += (c.num_warps, c.num_stages)
-        if _CONFIGS.get(key, 0) >= block_h:
+        if key in meant:
             kept.append(c)
     return kept or configs[-2:-1]
 
@@ -260,14 +275,9 @@ def split_features(activation: str, compute: torch.dtype) -> bool:
     return activation == "relu" and compute != torch.float32
 
 
-def _interpreter_blocks(R: int, F2: int, DG: int) -> dict:
-    # The interpreter pays per program and per loop iteration, not per element: few
-    # programs, large blocks.
-    return {"BLOCK_R": pow2(R, 16, 64), "BLOCK_K": pow2(F2, 16, 64), "BLOCK_D": pow2(DG, 16, 128)}
-
-
 def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> torch.Tensor:
     """x [..., G, M] -> [..., G * width] in out_dtype (width = Dg, or F without the MLP).
+    x is floating (posenc_fast.lff converts integer positions before dispatching).
 
     out_dtype is also the MLP's compute dtype: bf16 / fp16 run the matmuls on tensor cores
     with float32 accumulation; float32 runs them in IEEE float32 (TF32 only if enabled in
@@ -275,8 +285,6 @@ def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> t
     """
     G, M = x.shape[-2], x.shape[-1]
     rows = x.reshape(-1, M)
-    if not rows.is_floating_point():
-        rows = rows.to(torch.float32)
     R = rows.shape[0]
     F2 = wr.shape[0]
     mlp = w1 is not None
@@ -318,12 +326,7 @@ def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> t
         out.stride(0),
         1.0 / math.sqrt(2 * F2),
     )
+    blocks = interpreter_blocks(R, F2, width)
     with device_guard(x):
-        if INTERPRET:
-            blocks = _interpreter_blocks(R, F2, width)
-            grid = (triton.cdiv(R, blocks["BLOCK_R"]),)
-            _lff_fwd_kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
-        else:
-            grid = lambda cfg: (triton.cdiv(R, cfg["BLOCK_R"]),)
-            _lff_fwd_tuned[grid](*args, **meta, enable_fp_fusion=False)
+        launch_rows(_lff_fwd_kernel, _lff_fwd_tuned, R, args, meta, blocks)
     return result

@@ -37,6 +37,8 @@ _INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def interpreter_enabled() -> bool:
+    """Whether TRITON_INTERPRET asks for Triton's interpreter. The one place this is
+    parsed (posenc_fast.triton_kernels uses it too); this module must not import triton."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
