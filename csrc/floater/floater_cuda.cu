@@ -107,14 +107,21 @@ struct GridTeam {
   __device__ static int rank(int C) { return blockIdx.x % C; }
 };
 
-// Loads of exchange buffers written by other blocks: through L2 only.
+// Loads of memory that other blocks write (XG: a global exchange buffer): through L2 only
+// (the L1 of this SM may hold stale lines).
+template <bool XG, typename T>
+__device__ __forceinline__ T ld_x(const T* p) {
+  if constexpr (XG) {
+    return __ldcg(p);
+  } else {
+    return *p;
+  }
+}
+
+// Loads of a team's exchange buffers: shared memory (solo) or global memory.
 template <class Team, typename T>
 __device__ __forceinline__ T xload(const T* p) {
-  if constexpr (Team::kSmemExchange) {
-    return *p;
-  } else {
-    return __ldcg(p);
-  }
+  return ld_x<!Team::kSmemExchange>(p);
 }
 
 // ------------------------------------------------------------------------------------
@@ -161,15 +168,6 @@ __device__ __forceinline__ T act_bwd(int act, T z, T a, T ga) {
 // X in shared memory (or, XG, in another block's global exchange buffer, read through L2);
 // W in shared or global memory (generic pointer).
 // ------------------------------------------------------------------------------------
-template <bool XG, typename T>
-__device__ __forceinline__ T ld_x(const T* p) {
-  if constexpr (XG) {
-    return __ldcg(p);  // X read straight from another block's global exchange buffer
-  } else {
-    return *p;
-  }
-}
-
 template <typename T, bool XG = false, typename Epi>
 __device__ void block_gemm(int M, int N, int K, const T* __restrict__ X, int ldx, const T* W, long sk,
                            long sn, T* red, Epi epi) {
@@ -364,6 +362,17 @@ struct Block {
       return stage;
     }
   }
+
+  // block_gemm over the team's M states with X = a full [M][K] block of an exchange
+  // buffer: staged into shared memory first (operand), or (stage_x false, global exchange)
+  // read from L2 by the product itself. v(m, n) = sum_k X[m][k] W[k*ldw + n], n < N.
+  template <typename Epi>
+  __device__ void gemm_exchanged(bool stage_x, const T* X, int K, int N, const T* W, int ldw, Epi epi) {
+    if (Team::kSmemExchange || stage_x)
+      block_gemm<T, false>(M, N, K, operand(X, K), K, W, ldw, 1, red, epi);
+    else
+      block_gemm<T, true>(M, N, K, X, K, W, ldw, 1, red, epi);
+  }
 };
 
 template <typename T, class Team>
@@ -449,7 +458,7 @@ template <typename T, class Team>
 __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool keep_z, bool write_next, int out_j,
                         T* starts_dst) {
   const Tableau& tb = p.tab;
-  const int d = b.d, H = b.H, M = b.M;
+  const int d = b.d, H = b.H;
   for (int i = 0; i < tb.stages; ++i) {
     const T tau = t + static_cast<T>(tb.c[i]) * h;
     // Phase A: z = Y_i @ w1[:d, hs] + tau w1[d, hs] + b1[hs]; a = act(z) -> A_i[:, hs]
@@ -465,10 +474,7 @@ __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool ke
         Ai[static_cast<long>(m) * H + hb0 + n] = act_fwd(act, z);
         if (keep_z) Zi[m * nh + n] = z;
       };
-      if (Team::kSmemExchange || p.stage_x)
-        block_gemm<T, false>(M, nh, d, b.operand(b.Y(i), d), d, W1, ld1, 1, b.red, epi);
-      else
-        block_gemm<T, true>(M, nh, d, b.Y(i), d, W1, ld1, 1, b.red, epi);
+      b.gemm_exchanged(p.stage_x, b.Y(i), d, nh, W1, ld1, epi);
     }
     Team::sync();
     // Phase B: k_i = A_i @ w2[:H, ds] + tau w2[H, ds] + b2[ds]; then the combination
@@ -503,10 +509,7 @@ __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool ke
         }
         if (Ynext) Ynext[static_cast<long>(m) * d + db0 + n] = y;
       };
-      if (Team::kSmemExchange || p.stage_x)
-        block_gemm<T, false>(M, nd, H, b.operand(b.A(i), H), H, W2, ld2, 1, b.red, epi);
-      else
-        block_gemm<T, true>(M, nd, H, b.A(i), H, W2, ld2, 1, b.red, epi);
+      b.gemm_exchanged(p.stage_x, b.A(i), H, nd, W2, ld2, epi);
     }
     Team::sync();
   }
@@ -557,6 +560,41 @@ __device__ void load_start(Block<T, Team>& b, const Params<T>& p, int j) {
     b.starts[static_cast<long>(m) * p.d + b.db0 + n] = b.P[e];
   }
   __syncthreads();
+}
+
+// Weight gradients of one step, over a block's own columns [c0, c0 + N) of a layer whose
+// weights are dw [K+1][ldw] (row K: the time row) and bias db: for k < K, n < N,
+//   dw[k][c0 + n] += sum_i sum_m X_i[m][k] G_i[m][n],
+//   dw[K][c0 + n] += sum_i tau_i sum_m G_i[m][n],   db[c0 + n] += sum_i sum_m G_i[m][n],
+// X_i = X + i * x_stage ([M][K], an exchange buffer), G_i = G + i * g_stage ([M][N]),
+// summed over the stages i, then the states m, in order (determinism).
+template <typename T, class Team>
+__device__ void add_weight_grads(const Tableau& tb, T t, T h, int M, const T* X, long x_stage, int K, const T* G,
+                                 long g_stage, int N, int c0, T* dw, long ldw, T* db, bool need_w, bool need_b) {
+  if (!need_w && !need_b) return;
+  const int S_ = tb.stages;
+  if (need_w) {
+    for (long e = threadIdx.x; e < static_cast<long>(K) * N; e += kThreads) {
+      const int k = static_cast<int>(e / N), n = static_cast<int>(e % N);
+      T v = T(0);
+      for (int i = 0; i < S_; ++i)
+        for (int m = 0; m < M; ++m)
+          v += xload<Team>(X + i * x_stage + static_cast<long>(m) * K + k) * G[i * g_stage + m * N + n];
+      dw[static_cast<long>(k) * ldw + c0 + n] += v;
+    }
+  }
+  for (int n = threadIdx.x; n < N; n += kThreads) {
+    T vt = T(0), vb = T(0);
+    for (int i = 0; i < S_; ++i) {
+      const T tau = t + static_cast<T>(tb.c[i]) * h;
+      T s = T(0);
+      for (int m = 0; m < M; ++m) s += G[i * g_stage + m * N + n];
+      vt += tau * s;
+      vb += s;
+    }
+    if (need_w) dw[static_cast<long>(K) * ldw + c0 + n] += vt;
+    if (need_b) db[c0 + n] += vb;
+  }
 }
 
 template <typename T, class Team>
@@ -615,46 +653,44 @@ __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p
         T* gKi = b.gK + i * SgNd;
         T* GZi = b.GZ + i * SgNh;
         const T* Zi = b.Z + i * SgNh;
-        // step 1 (own d-slice): part1[rank][m][h] = sum_{c in ds} gK_i[m][c] w2[h][c], h <= H
-        {
-          T* part1 = b.part1 + static_cast<long>(b.rank) * Sg * (H + 1);
-          block_gemm<T>(M, H + 1, nd, gKi, nd, b.W2, 1, b.ld2, b.red, [&](int m, int n, T v) {
-            part1[static_cast<long>(m) * (H + 1) + n] = v;
-            if (n == H) {  // tau enters layer 2 through w2[H]
+        // Transposed products as reduce-scatters. scatter: this block's partial sums over its
+        // own slice of the reduction, part[rank][m][n] = sum_k X[m][k] W[n*ldw + k] for n <= N
+        // (n == N: the time row, through which tau enters the layer: also a time gradient).
+        auto scatter = [&](T* part, int N, const T* X, int K, const T* W, int ldw) {
+          T* mine = part + static_cast<long>(b.rank) * Sg * (N + 1);
+          block_gemm<T>(M, N + 1, K, X, K, W, 1, ldw, b.red, [&](int m, int n, T v) {
+            mine[static_cast<long>(m) * (N + 1) + n] = v;
+            if (n == N) {
               dt_acc += static_cast<double>(v);
               dh_acc += ci * static_cast<double>(v);
             }
           });
-        }
+        };
+        // gather: the sum of the C partials (in block order) of element [m][c0 + n]
+        auto gather = [&](const T* part, int N, int c0, int m, int n) {
+          T v = T(0);
+          for (int bb = 0; bb < b.C; ++bb)
+            v += xload<Team>(part + (static_cast<long>(bb) * Sg + m) * (N + 1) + c0 + n);
+          return v;
+        };
+        // step 1 (own d-slice): part1[rank][m][h] = sum_{c in ds} gK_i[m][c] w2[h][c], h <= H
+        scatter(b.part1, H, gKi, nd, b.W2, b.ld2);
         Team::sync();
         // step 2 (own H-slice): ga = sum_b part1[b]; gz = ga * act'(z) -> GZ_i
         for (int e = threadIdx.x; e < M * nh; e += kThreads) {
           const int m = e / nh, n = e % nh;
-          T ga = T(0);
-          for (int bb = 0; bb < b.C; ++bb)
-            ga += xload<Team>(b.part1 + (static_cast<long>(bb) * Sg + m) * (H + 1) + b.hb0 + n);
+          const T ga = gather(b.part1, H, b.hb0, m, n);
           const T a = xload<Team>(b.A(i) + static_cast<long>(m) * H + b.hb0 + n);
           GZi[e] = act_bwd(p.act, Zi[e], a, ga);
         }
         __syncthreads();
         //   part2[rank][m][c] = sum_{h in hs} gz[m][h] w1[c][h], c <= d
-        {
-          T* part2 = b.part2 + static_cast<long>(b.rank) * Sg * (d + 1);
-          block_gemm<T>(M, d + 1, nh, GZi, nh, b.W1, 1, b.ld1, b.red, [&](int m, int n, T v) {
-            part2[static_cast<long>(m) * (d + 1) + n] = v;
-            if (n == d) {  // tau enters layer 1 through w1[d]
-              dt_acc += static_cast<double>(v);
-              dh_acc += ci * static_cast<double>(v);
-            }
-          });
-        }
+        scatter(b.part2, d, GZi, nh, b.W1, b.ld1);
         Team::sync();
         // step 3 (own d-slice): gy = sum_b part2[b]; lam += gy; gK_j += h a_ij gy
         for (int e = threadIdx.x; e < M * nd; e += kThreads) {
           const int m = e / nd, n = e % nd;
-          T gy = T(0);
-          for (int bb = 0; bb < b.C; ++bb)
-            gy += xload<Team>(b.part2 + (static_cast<long>(bb) * Sg + m) * (d + 1) + b.db0 + n);
+          const T gy = gather(b.part2, d, b.db0, m, n);
           b.lam[e] += gy;
           for (int jj = 0; jj < i; ++jj) {
             const double a = tb.a[i][jj];
@@ -666,55 +702,12 @@ __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p
         __syncthreads();
       }
       // ---- weight gradients of step k: own elements, sums over (stage, state) in order ----
-      if (p.need_w1 || p.need_b1) {
-        // rows c < d of w1 (own columns hs): sum_i sum_m Y_i[m][c] gz_i[m][h]
-        if (p.need_w1) {
-          for (long e = threadIdx.x; e < static_cast<long>(d) * nh; e += kThreads) {
-            const int c = static_cast<int>(e / nh), n = static_cast<int>(e % nh);
-            T v = T(0);
-            for (int i = 0; i < S_; ++i)
-              for (int m = 0; m < M; ++m)
-                v += xload<Team>(b.Y(i) + static_cast<long>(m) * d + c) * b.GZ[i * SgNh + m * nh + n];
-            dw1[static_cast<long>(c) * H + b.hb0 + n] += v;
-          }
-        }
-        for (int n = threadIdx.x; n < nh; n += kThreads) {
-          T vt = T(0), vb = T(0);
-          for (int i = 0; i < S_; ++i) {
-            const T tau = t + static_cast<T>(tb.c[i]) * h;
-            T s = T(0);
-            for (int m = 0; m < M; ++m) s += b.GZ[i * SgNh + m * nh + n];
-            vt += tau * s;
-            vb += s;
-          }
-          if (p.need_w1) dw1[static_cast<long>(d) * H + b.hb0 + n] += vt;
-          if (p.need_b1) db1[b.hb0 + n] += vb;
-        }
-      }
-      if (p.need_w2 || p.need_b2) {
-        if (p.need_w2) {
-          for (long e = threadIdx.x; e < static_cast<long>(H) * nd; e += kThreads) {
-            const int hh = static_cast<int>(e / nd), n = static_cast<int>(e % nd);
-            T v = T(0);
-            for (int i = 0; i < S_; ++i)
-              for (int m = 0; m < M; ++m)
-                v += xload<Team>(b.A(i) + static_cast<long>(m) * H + hh) * b.gK[i * SgNd + m * nd + n];
-            dw2[static_cast<long>(hh) * d + b.db0 + n] += v;
-          }
-        }
-        for (int n = threadIdx.x; n < nd; n += kThreads) {
-          T vt = T(0), vb = T(0);
-          for (int i = 0; i < S_; ++i) {
-            const T tau = t + static_cast<T>(tb.c[i]) * h;
-            T s = T(0);
-            for (int m = 0; m < M; ++m) s += b.gK[i * SgNd + m * nd + n];
-            vt += tau * s;
-            vb += s;
-          }
-          if (p.need_w2) dw2[static_cast<long>(H) * d + b.db0 + n] += vt;
-          if (p.need_b2) db2[b.db0 + n] += vb;
-        }
-      }
+      // w1 (own columns hs): rows c < d: sum_i sum_m Y_i[m][c] gz_i[m][h]
+      add_weight_grads<T, Team>(tb, t, h, M, b.yx, static_cast<long>(Sg) * d, d, b.GZ, SgNh, nh, b.hb0, dw1, H, db1,
+                                p.need_w1, p.need_b1);
+      // w2 (own columns ds): rows h < H: sum_i sum_m A_i[m][h] gk_i[m][c]
+      add_weight_grads<T, Team>(tb, t, h, M, b.ax, static_cast<long>(Sg) * H, H, b.gK, SgNd, nd, b.db0, dw2, d, db2,
+                                p.need_w2, p.need_b2);
       // time gradients of step k: t_k = tp + k h, h = (times[j] - tp) / n
       const double dt_sum = block_sum(dt_acc, b.dscratch);
       const double dh_sum = block_sum(dh_acc, b.dscratch);
