@@ -235,31 +235,6 @@ __device__ double block_sum(double v, double* scratch) {
   return s;
 }
 
-// ------------------------------------------------------------------------------------
-// Kernel parameters and per-block views
-// ------------------------------------------------------------------------------------
-template <typename T>
-struct Params {
-  const T *p0, *w1, *b1, *w2, *b2, *times;
-  T* out;
-  const T *grad, *out_saved;
-  T *dp0, *dw1, *db1, *dw2, *db2, *dtimes;
-  int S, d, H, L, n;  // n = substeps
-  int act;
-  Tableau tab;
-  int C, G, Sg;
-  bool resident;
-  bool stage_x;  // copy the exchanged vectors into shared memory before each product
-  int ld1, ld2;
-  bool need_w1, need_b1, need_w2, need_b2, need_t, need_p0;
-  // global workspace (per team unless noted)
-  T* ws;
-  long team_ws;     // elements per team in the exchange/scratch region
-  T* dW_part;       // [G][nW] weight-gradient partials (G > 1), else null
-  long nW;          // (d+1)H + H + (H+1)d + d
-  T* dt_part;       // [G*C][L] time-gradient partials
-};
-
 // Offsets inside one team's global workspace.
 struct TeamWs {
   long yx, ax, part1, part2, starts, total;
@@ -287,6 +262,63 @@ __host__ __device__ inline TeamWs team_ws_layout(int stages, int Sg, int d, int 
   w.total = o;
   return w;
 }
+
+// The whole global workspace (elements of T): the G teams' regions, then (backward) the
+// per-team weight-gradient partials (only when G > 1) and the per-block time-gradient
+// partials. A weight-gradient partial holds dw1, db1, dw2, db2 at the offsets below.
+struct WsLayout {
+  TeamWs team;               // one team's region
+  long team_total;           // the G teams' regions, at offset 0
+  long dw1, db1, dw2, db2;   // offsets inside a weight-gradient partial
+  long nW;                   // elements of a partial: (d+1)H + H + (H+1)d + d
+  long dW_part;              // [G][nW] (backward, G > 1)
+  long dt_part;              // [G*C][L] (backward)
+  long total;
+};
+__host__ __device__ inline WsLayout ws_layout(int stages, int Sg, int d, int H, int C, int G, int n, int L, bool bwd,
+                                              bool smem_exchange) {
+  WsLayout w{};
+  w.team = team_ws_layout(stages, Sg, d, H, C, n, bwd, smem_exchange);
+  w.team_total = static_cast<long>(G) * w.team.total;
+  w.dw1 = 0;
+  w.db1 = w.dw1 + static_cast<long>(d + 1) * H;
+  w.dw2 = w.db1 + H;
+  w.db2 = w.dw2 + static_cast<long>(H + 1) * d;
+  w.nW = w.db2 + d;
+  long o = w.team_total;
+  if (bwd) {
+    w.dW_part = o;
+    if (G > 1) o += static_cast<long>(G) * w.nW;
+    w.dt_part = o;
+    o += static_cast<long>(G) * C * L;
+  }
+  w.total = o;
+  return w;
+}
+
+// ------------------------------------------------------------------------------------
+// Kernel parameters and per-block views
+// ------------------------------------------------------------------------------------
+template <typename T>
+struct Params {
+  const T *p0, *w1, *b1, *w2, *b2, *times;
+  T* out;
+  const T *grad, *out_saved;
+  T *dp0, *dw1, *db1, *dw2, *db2, *dtimes;
+  int S, d, H, L, n;  // n = substeps
+  int act;
+  Tableau tab;
+  int C, G, Sg;
+  bool resident;
+  bool stage_x;  // copy the exchanged vectors into shared memory before each product
+  int ld1, ld2;
+  bool need_w1, need_b1, need_w2, need_b2, need_t, need_p0;
+  // global workspace (ws_layout)
+  T* ws;
+  WsLayout wl;
+  T* dW_part;       // ws + wl.dW_part (backward, G > 1), else null
+  T* dt_part;       // ws + wl.dt_part (backward), else null
+};
 
 // Shared-memory carve-up (elements of T), the same on host (sizing) and device.
 struct SmemLayout {
@@ -418,8 +450,8 @@ __device__ Block<T, Team> make_block(const Params<T>& p, unsigned char* smem_raw
   }
   b.b1 = p.b1;
   b.b2 = p.b2;
-  const TeamWs tw = team_ws_layout(p.tab.stages, p.Sg, p.d, p.H, p.C, p.n, bwd, Team::kSmemExchange);
-  T* gws = p.ws + static_cast<long>(b.team) * p.team_ws;
+  const TeamWs& tw = p.wl.team;
+  T* gws = p.ws + static_cast<long>(b.team) * tw.total;
   if constexpr (Team::kSmemExchange) {
     b.yx = sm + L.yx;
     b.ax = sm + L.ax;
@@ -606,11 +638,11 @@ __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p
   const long SgNd = static_cast<long>(Sg) * nd, SgNh = static_cast<long>(Sg) * nh;
   for (int e = threadIdx.x; e < M * nd; e += kThreads) b.lam[e] = T(0);
   // weight-gradient destination of this team (partials when several teams)
-  T* dW = p.dW_part ? p.dW_part + static_cast<long>(b.team) * p.nW : nullptr;
-  T* dw1 = dW ? dW : p.dw1;
-  T* db1 = dW ? dW + static_cast<long>(d + 1) * H : p.db1;
-  T* dw2 = dW ? db1 + H : p.dw2;
-  T* db2 = dW ? dw2 + static_cast<long>(H + 1) * d : p.db2;
+  T* dW = p.dW_part ? p.dW_part + static_cast<long>(b.team) * p.wl.nW : nullptr;
+  T* dw1 = dW ? dW + p.wl.dw1 : p.dw1;
+  T* db1 = dW ? dW + p.wl.db1 : p.db1;
+  T* dw2 = dW ? dW + p.wl.dw2 : p.dw2;
+  T* db2 = dW ? dW + p.wl.db2 : p.db2;
   T* dtp = p.dt_part + static_cast<long>(b.team * p.C + b.rank) * p.L;
   const T nT = static_cast<T>(p.n);
   double carry = 0.0;  // this block's dLoss/dtimes[j] from interval j+1 (via t_prev)
@@ -764,6 +796,28 @@ const void* pick_kernel(int dtype_size, int mode, bool bwd) {
                          : reinterpret_cast<const void*>(pick_kernel_t<double>(mode, bwd));
 }
 
+// A launch of `kernel` in clusters of C blocks ({C, 1, 1}): fills cfg (whose attribute
+// list is attr), after allowing the kernel a non-portable cluster size when C > 8.
+cudaError_t cluster_config(const void* kernel, int C, dim3 grid, size_t smem, cudaStream_t stream,
+                           cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr) {
+  if (C > 8) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+  }
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = C;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  *cfg = cudaLaunchConfig_t{};
+  cfg->gridDim = grid;
+  cfg->blockDim = dim3(kThreads, 1, 1);
+  cfg->dynamicSmemBytes = smem;
+  cfg->stream = stream;
+  cfg->attrs = attr;
+  cfg->numAttrs = 1;
+  return cudaSuccess;
+}
+
 // The three ways of launching the persistent kernel.
 template <typename T>
 cudaError_t launch_persistent(int mode, KernelFn<T> kernel, int C, dim3 grid, size_t smem, cudaStream_t stream,
@@ -776,22 +830,10 @@ cudaError_t launch_persistent(int mode, KernelFn<T> kernel, int C, dim3 grid, si
   const dim3 block(kThreads);
   if (mode == kSolo) return cudaLaunchKernel(fn, grid, block, args, smem, stream);
   if (mode == kGrid) return cudaLaunchCooperativeKernel(fn, grid, block, args, smem, stream);
-  if (C > 8) {
-    const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return err;
-  }
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr{};
+  const cudaError_t err = cluster_config(fn, C, grid, smem, stream, &cfg, &attr);
+  if (err != cudaSuccess) return err;
   return cudaLaunchKernelExC(&cfg, fn, args);
 #endif
 }
@@ -884,7 +926,9 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
       const size_t smem = smem_bytes_for(pr, stages, C, Sg, true, false, stage != 0);
       if (smem > limit) continue;
       const void* k = pick_kernel(pr.dtype_size, kCluster, pr.backward);
-      if (C > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      cudaLaunchConfig_t cfg{};
+      cudaLaunchAttribute attr{};
+      if (cluster_config(k, C, dim3(C, 1, 1), smem, nullptr, &cfg, &attr) != cudaSuccess) {
         cudaGetLastError();
         break;
       }
@@ -893,17 +937,6 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
         cudaGetLastError();
         continue;
       }
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = C;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.gridDim = dim3(C, 1, 1);
-      cfg.blockDim = dim3(kThreads, 1, 1);
-      cfg.dynamicSmemBytes = smem;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
       int clusters = 0;
       if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess || clusters < 1) {
         cudaGetLastError();
@@ -985,15 +1018,9 @@ cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, bool resident,
   const int nh = static_cast<int>((pr.H + pl.C - 1) / pl.C), nd = static_cast<int>((pr.d + pl.C - 1) / pl.C);
   pl.ld1 = odd_at_least(nh);
   pl.ld2 = odd_at_least(nd);
-  const TeamWs tw = team_ws_layout(stages, pl.Sg, static_cast<int>(pr.d), static_cast<int>(pr.H), pl.C,
-                                   static_cast<int>(pr.substeps), pr.backward, pl.mode == kSolo);
-  long elems = static_cast<long>(pl.G) * tw.total;
-  if (pr.backward) {
-    const long nW = (pr.d + 1) * pr.H + pr.H + (pr.H + 1) * pr.d + pr.d;
-    if (pl.G > 1) elems += static_cast<long>(pl.G) * nW;
-    elems += static_cast<long>(pl.G) * pl.C * pr.L;
-  }
-  pl.workspace_bytes = static_cast<size_t>(elems) * pr.dtype_size + 256;
+  const WsLayout wl = ws_layout(stages, pl.Sg, static_cast<int>(pr.d), static_cast<int>(pr.H), pl.C, pl.G,
+                                static_cast<int>(pr.substeps), static_cast<int>(pr.L), pr.backward, pl.mode == kSolo);
+  pl.workspace_bytes = static_cast<size_t>(wl.total) * pr.dtype_size + 256;
   std::snprintf(pl.why, sizeof(pl.why), "%s: %d team(s) of %d block(s), %d state(s) each, weights %s%s, %zu B smem",
                 pl.mode == kSolo ? "solo" : (pl.mode == kCluster ? "cluster" : "grid"), pl.G, pl.C, pl.Sg,
                 pl.resident ? "in shared memory" : "from L2", pl.stage_x ? "" : ", vectors from L2",
@@ -1042,16 +1069,13 @@ cudaError_t launch_typed(const Problem& pr, const Plan& pl, const Pointers& ptr,
   p.need_w2 = pr.needs[3];
   p.need_b2 = pr.needs[4];
   p.need_t = pr.needs[5];
-  const TeamWs tw = team_ws_layout(p.tab.stages, pl.Sg, p.d, p.H, pl.C, p.n, pr.backward, pl.mode == kSolo);
+  p.wl = ws_layout(p.tab.stages, pl.Sg, p.d, p.H, pl.C, pl.G, p.n, p.L, pr.backward, pl.mode == kSolo);
+  const WsLayout& wl = p.wl;
   T* ws = static_cast<T*>(ptr.workspace);
   p.ws = ws;
-  p.team_ws = tw.total;
-  long o = static_cast<long>(pl.G) * tw.total;
-  p.nW = (static_cast<long>(p.d) + 1) * p.H + p.H + (static_cast<long>(p.H) + 1) * p.d + p.d;
   if (pr.backward) {
-    p.dW_part = pl.G > 1 ? ws + o : nullptr;
-    o += pl.G > 1 ? static_cast<long>(pl.G) * p.nW : 0;
-    p.dt_part = ws + o;
+    p.dW_part = pl.G > 1 ? ws + wl.dW_part : nullptr;
+    p.dt_part = ws + wl.dt_part;
   }
   KernelFn<T> kernel = pick_kernel_t<T>(pl.mode, pr.backward);
   cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
@@ -1062,19 +1086,18 @@ cudaError_t launch_typed(const Problem& pr, const Plan& pl, const Pointers& ptr,
   if (!pr.backward) return cudaSuccess;
   // deterministic cross-team / cross-block reductions
   if (pl.G > 1) {
-    const long n1 = (static_cast<long>(p.d) + 1) * p.H, n2 = (static_cast<long>(p.H) + 1) * p.d;
     struct Part {
       bool need;
       long off, n;
       T* dst;
-    } parts[4] = {{p.need_w1, 0, n1, p.dw1},
-                  {p.need_b1, n1, p.H, p.db1},
-                  {p.need_w2, n1 + p.H, n2, p.dw2},
-                  {p.need_b2, n1 + p.H + n2, p.d, p.db2}};
+    } parts[4] = {{p.need_w1, wl.dw1, wl.db1 - wl.dw1, p.dw1},
+                  {p.need_b1, wl.db1, wl.dw2 - wl.db1, p.db1},
+                  {p.need_w2, wl.dw2, wl.db2 - wl.dw2, p.dw2},
+                  {p.need_b2, wl.db2, wl.nW - wl.db2, p.db2}};
     for (const Part& q : parts) {
       if (!q.need || q.n == 0) continue;
       // team g's partial of this array starts at dW_part + g * nW + off
-      err = launch_reduce<T>(p.dW_part + q.off, pl.G, p.nW, q.n, q.dst, stream);
+      err = launch_reduce<T>(p.dW_part + q.off, pl.G, wl.nW, q.n, q.dst, stream);
       if (err != cudaSuccess) return err;
     }
   }
