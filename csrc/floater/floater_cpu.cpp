@@ -279,10 +279,7 @@ struct Act<float, B> {
     }
     for (int64_t i = 0; i < n; i += W) {
       const int m = static_cast<int>(std::min<int64_t>(W, n - i));
-      if (m == W)
-        vstore(a + i, fwd(act, vload<V>(z + i)));
-      else
-        vstore_n(a + i, fwd(act, vload_n<V>(z + i, m)), m);
+      vstore_n(a + i, fwd(act, vload_n<V>(z + i, m)), m);
     }
   }
   // gz = ga * act'(z), in place over ga allowed
@@ -290,11 +287,7 @@ struct Act<float, B> {
                                  float* gz, int64_t n) {
     for (int64_t i = 0; i < n; i += W) {
       const int m = static_cast<int>(std::min<int64_t>(W, n - i));
-      if (m == W) {
-        vstore(gz + i, bwd(act, vload<V>(z + i), vload<V>(a + i), vload<V>(ga + i)));
-      } else {
-        vstore_n(gz + i, bwd(act, vload_n<V>(z + i, m), vload_n<V>(a + i, m), vload_n<V>(ga + i, m)), m);
-      }
+      vstore_n(gz + i, bwd(act, vload_n<V>(z + i, m), vload_n<V>(a + i, m), vload_n<V>(ga + i, m)), m);
     }
   }
 };
@@ -779,21 +772,15 @@ class Integrator {
       f.k = st.k[i];
       f.nk = 0;
       f.base = P;
-      if (i + 1 < tab_.stages) {
-        f.dst = st.y[i + 1];
-        for (int j = 0; j <= i; ++j) {
-          if (tab_.a[i + 1][j] != 0.0) {
-            f.ks[f.nk] = st.k[j];
-            f.coef[f.nk++] = static_cast<T>(tab_.a[i + 1][j]);
-          }
-        }
-      } else {
-        f.dst = P;
-        for (int j = 0; j < tab_.stages; ++j) {
-          if (tab_.b[j] != 0.0) {
-            f.ks[f.nk] = st.k[j];
-            f.coef[f.nk++] = static_cast<T>(tab_.b[j]);
-          }
+      // the next stage's input Y_{i+1} = P + h sum_j a[i+1][j] K_j, or after the last stage
+      // the new state P + h sum_j b[j] K_j
+      const bool last = i + 1 == tab_.stages;
+      const double* row = last ? tab_.b : tab_.a[i + 1];
+      f.dst = last ? P : st.y[i + 1];
+      for (int j = 0; j <= i; ++j) {
+        if (row[j] != 0.0) {
+          f.ks[f.nk] = st.k[j];
+          f.coef[f.nk++] = static_cast<T>(row[j]);
         }
       }
       const bool rev = (sh.sweeps++ & 1) != 0;
