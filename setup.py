@@ -39,6 +39,9 @@ Compiler flags (and why)
 | (no fast math)     | nvcc  | approximate exp/erf/tanh would break the accuracy goals   |
 | -lineinfo          | nvcc  | source lines in profiles, no runtime cost                 |
 
+The sources, flags, default architectures and the build metadata's fields are shared with
+the opt-in JIT build through ``posenc_fast/_build_config.py`` (torch-free, executed here on
+its own like ``_version.py``: importing the package would import torch).
 Beside the binary, ``posenc_fast/_build_info.json`` records the torch, CUDA and Python
 versions it was built for (or why the build failed); ``posenc_fast/_extension.py`` reads it
 before loading, so a mismatch is reported instead of crashing.
@@ -46,12 +49,8 @@ before loading, so a mismatch is reported instead of crashing.
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import shutil
-import subprocess
-import sysconfig
 import time
 import traceback
 import warnings
@@ -59,63 +58,34 @@ import warnings
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CPU_SOURCES = [
-    "csrc/module.cpp",
-    "csrc/floater/floater_ops.cpp",
-    "csrc/floater/floater_cpu.cpp",
-]
-CUDA_SOURCES = [
-    "csrc/floater/floater_cuda_ops.cpp",
-    "csrc/floater/floater_cuda.cu",
-]
-DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0+PTX"
-BUILD_INFO = "_build_info.json"
+
+
+def _load_build_config() -> dict:
+    path = os.path.join(ROOT, "posenc_fast", "_build_config.py")
+    scope: dict = {"__file__": path, "__name__": "posenc_fast_build_config"}
+    with open(path) as f:
+        exec(compile(f.read(), path, "exec"), scope)
+    return scope
+
+
+_CFG = _load_build_config()
+BUILD_INFO = _CFG["BUILD_INFO"]
 
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def _package_version() -> str:
-    scope: dict = {}
-    with open(os.path.join(ROOT, "posenc_fast", "_version.py")) as f:
-        exec(f.read(), scope)
-    return scope["__version__"]
-
-
-def _nvcc_version(cuda_home: str | None) -> str | None:
-    if not cuda_home:
-        return None
-    try:
-        out = subprocess.run(
-            [os.path.join(cuda_home, "bin", "nvcc"), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
-    except Exception:
-        return None
-    for line in out.splitlines():
-        if "release" in line:
-            return line.strip()
-    return None
-
-
 def _cuda_decision(torch, cpp_extension) -> tuple[bool, str]:
     """(build CUDA?, why) from torch and the toolkit only: never asks a GPU."""
     if _flag("POSENC_FAST_NO_CUDA"):
         return False, "POSENC_FAST_NO_CUDA is set"
-    force = _flag("POSENC_FAST_FORCE_CUDA")
-    problems = []
-    if torch.version.cuda is None:
-        problems.append(f"torch {torch.__version__} is built without CUDA")
-    elif cpp_extension.CUDA_HOME is None:
-        problems.append("no CUDA toolkit found (set CUDA_HOME)")
-    if problems:
-        if force:
-            raise RuntimeError("POSENC_FAST_FORCE_CUDA=1 but " + "; ".join(problems))
-        return False, "; ".join(problems)
-    return True, f"torch CUDA {torch.version.cuda}, toolkit at {cpp_extension.CUDA_HOME}"
+    ok, why = _CFG["cuda_availability"](
+        torch.__version__, torch.version.cuda, cpp_extension.CUDA_HOME
+    )
+    if not ok and _flag("POSENC_FAST_FORCE_CUDA"):
+        raise RuntimeError("POSENC_FAST_FORCE_CUDA=1 but " + why)
+    return ok, why
 
 
 def _extension_setup() -> dict:
@@ -136,16 +106,14 @@ def _extension_setup() -> dict:
 
     with_cuda, cuda_why = _cuda_decision(torch, cpp_extension)
     debug = _flag("POSENC_FAST_DEBUG")
-    opt = ["-O0", "-g"] if debug else ["-O3"]
-    cxx = [*opt, "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]
-    nvcc = [*(["-O0", "-G"] if debug else ["-O3"]), "-lineinfo", "-std=c++17"]
+    cxx = _CFG["cxx_flags"](debug)
+    nvcc = _CFG["nvcc_flags"](debug)
     define_macros = []
-    sources = list(CPU_SOURCES)
+    sources = list(_CFG["CPU_SOURCES"])
     archs = None
     if with_cuda:
-        archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_CUDA_ARCHS
-        os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # torch reads it; unset it would query a GPU
-        sources += CUDA_SOURCES
+        archs = _CFG["resolve_cuda_archs"]()
+        sources += _CFG["CUDA_SOURCES"]
         define_macros += [("POSENC_FAST_WITH_CUDA", None), ("POSENC_FAST_CUDA_ARCHS", f'"{archs}"')]
         ext_cls = cpp_extension.CUDAExtension
         extra = {"cxx": cxx, "nvcc": nvcc}
@@ -163,22 +131,17 @@ def _extension_setup() -> dict:
         extra_compile_args=extra,
         extra_link_args=["-fopenmp"],
     )
-    meta = {
-        "package_version": _package_version(),
-        "torch_version": torch.__version__,
-        "torch_cuda_version": torch.version.cuda,
-        "with_cuda": with_cuda,
-        "cuda_decision": cuda_why,
-        "cuda_toolkit": _nvcc_version(cpp_extension.CUDA_HOME) if with_cuda else None,
-        "cuda_archs": archs,
-        "python_version": platform.python_version(),
-        "python_abi": sysconfig.get_config_var("EXT_SUFFIX"),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "debug": debug,
-        "cxx_flags": cxx,
-        "nvcc_flags": nvcc if with_cuda else None,
-    }
+    meta = _CFG["build_metadata"](
+        torch_version=torch.__version__,
+        torch_cuda_version=torch.version.cuda,
+        with_cuda=with_cuda,
+        cuda_decision=cuda_why,
+        cuda_home=cpp_extension.CUDA_HOME,
+        cuda_archs=archs,
+        debug=debug,
+        cxx=cxx,
+        nvcc=nvcc,
+    )
     require = _flag("POSENC_FAST_REQUIRE_EXTENSION")
 
     class BuildExtension(cpp_extension.BuildExtension):
@@ -194,7 +157,7 @@ def _extension_setup() -> dict:
                 super().build_extension(ext)
             except Exception as exc:
                 record["error"] = f"{type(exc).__name__}: {exc}"[-4000:]
-                _write_json(info_path, record)
+                _CFG["write_json_atomic"](info_path, record)
                 if require:
                     raise
                 # setuptools then skips copying the missing binary (editable installs)
@@ -209,7 +172,7 @@ def _extension_setup() -> dict:
                 return
             record["built"] = True
             record["binary"] = os.path.basename(self.get_ext_fullpath(ext.name))
-            _write_json(info_path, record)
+            _CFG["write_json_atomic"](info_path, record)
 
         def copy_extensions_to_source(self):
             # --inplace / editable: copy the binary into the source tree, and the metadata
@@ -237,14 +200,6 @@ def _extension_setup() -> dict:
         "ext_modules": [ext],
         "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=True)},
     }
-
-
-def _write_json(path: str, record: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":  # setuptools' PEP 517 backend runs this file as __main__

@@ -7,21 +7,15 @@
 #include <string>
 
 #include "floater/floater_cpu.h"
+#if defined(POSENC_FAST_WITH_CUDA)
+#include "floater/floater_cuda.h"
+#endif
 
 #ifndef POSENC_FAST_CUDA_ARCHS
 #define POSENC_FAST_CUDA_ARCHS ""
 #endif
 
 namespace posenc_fast {
-#if defined(POSENC_FAST_WITH_CUDA)
-namespace floater {
-namespace cuda {
-int runtime_version();  // floater_cuda_ops.cpp
-int compiled_version();
-}  // namespace cuda
-}  // namespace floater
-#endif
-
 namespace {
 
 pybind11::dict build_info() {

@@ -33,8 +33,10 @@ from typing import Any, Optional
 
 import torch
 
+from . import _build_config as _cfg
+
 PACKAGE_DIR = Path(__file__).resolve().parent
-BUILD_INFO = PACKAGE_DIR / "_build_info.json"
+BUILD_INFO = PACKAGE_DIR / _cfg.BUILD_INFO
 MODULE_NAME = "posenc_fast._C"
 OPS_VERSION = 1  # must match csrc/module.cpp build_info()["ops_version"]
 INSTALL_HINT = "build it with `pip install --no-build-isolation -e .` (torch must be installed)"
@@ -197,10 +199,6 @@ def extension_info() -> dict:
 # ---------------------------------------------------------------------------------------
 
 SOURCE_ROOT = PACKAGE_DIR.parent
-CPU_SOURCES = ("csrc/module.cpp", "csrc/floater/floater_ops.cpp", "csrc/floater/floater_cpu.cpp")
-CUDA_SOURCES = ("csrc/floater/floater_cuda_ops.cpp", "csrc/floater/floater_cuda.cu")
-CXX_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]  # why: setup.py's table
-NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
 
 
 def jit_build(
@@ -222,15 +220,20 @@ def jit_build(
                 "the extension is already loaded in this process; build in a new process"
             )
     if with_cuda is None:
-        with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
-    sources = [str(SOURCE_ROOT / s) for s in CPU_SOURCES]
-    cflags = list(CXX_FLAGS)
+        with_cuda, cuda_decision = _cfg.cuda_availability(
+            torch.__version__, torch.version.cuda, cpp_extension.CUDA_HOME
+        )
+    else:
+        cuda_decision = f"jit_build(with_cuda={with_cuda})"
+    sources = [str(SOURCE_ROOT / s) for s in _cfg.CPU_SOURCES]
+    cflags = _cfg.cxx_flags()
+    nvcc_flags = _cfg.nvcc_flags()
     archs = None
     if with_cuda:
-        archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or "8.0;8.6;8.9;9.0+PTX"
-        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
-        sources += [str(SOURCE_ROOT / s) for s in CUDA_SOURCES]
+        archs = _cfg.resolve_cuda_archs()
+        sources += [str(SOURCE_ROOT / s) for s in _cfg.CUDA_SOURCES]
         cflags += ["-DPOSENC_FAST_WITH_CUDA", f'-DPOSENC_FAST_CUDA_ARCHS="{archs}"']
+        nvcc_flags += ["-DPOSENC_FAST_WITH_CUDA"]
     build_dir = (
         SOURCE_ROOT / "build" / f"jit-{sys.implementation.cache_tag}-torch{torch.__version__}"
     )
@@ -240,7 +243,7 @@ def jit_build(
         name=name,
         sources=sources,
         extra_cflags=cflags,
-        extra_cuda_cflags=NVCC_FLAGS + (["-DPOSENC_FAST_WITH_CUDA"] if with_cuda else []),
+        extra_cuda_cflags=nvcc_flags,
         extra_ldflags=["-fopenmp"],
         extra_include_paths=[str(SOURCE_ROOT / "csrc")],
         build_directory=str(build_dir),
@@ -252,24 +255,24 @@ def jit_build(
         suffix = sysconfig.get_config_var("EXT_SUFFIX")
         built = Path(module.__file__)
         shutil.copy2(built, PACKAGE_DIR / f"_C{suffix}")
-        record = {
-            "built": True,
-            "binary": f"_C{suffix}",
-            "build_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "how": "jit_build (torch.utils.cpp_extension.load)",
-            "torch_version": torch.__version__,
-            "torch_cuda_version": torch.version.cuda,
-            "with_cuda": with_cuda,
-            "cuda_archs": archs,
-            "python_version": platform.python_version(),
-            "python_abi": suffix,
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cxx_flags": cflags,
-        }
-        tmp = BUILD_INFO.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, BUILD_INFO)
+        record = _cfg.build_metadata(
+            torch_version=torch.__version__,
+            torch_cuda_version=torch.version.cuda,
+            with_cuda=with_cuda,
+            cuda_decision=cuda_decision,
+            cuda_home=cpp_extension.CUDA_HOME,
+            cuda_archs=archs,
+            debug=False,
+            cxx=cflags,
+            nvcc=nvcc_flags,
+        )
+        record.update(
+            built=True,
+            binary=f"_C{suffix}",
+            build_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            how="jit_build (torch.utils.cpp_extension.load)",
+        )
+        _cfg.write_json_atomic(BUILD_INFO, record)
     with _lock:
         sys.modules[MODULE_NAME] = module
         _state.update(

@@ -7,7 +7,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <string>
+#include <vector>
 
 #include "floater_common.h"
 
@@ -79,8 +81,19 @@ inline Problem check_forward(const at::Tensor& p0, const at::Tensor& w1, const a
   return pr;
 }
 
-inline void check_backward(const Problem& pr, const at::Tensor& grad, const at::Tensor& out,
-                           const at::Tensor& p0, size_t n_needs) {
+// The backward op's arguments: the forward's (check_forward) plus grad and out, and which
+// of the six gradients (p0, w1, b1, w2, b2, times) are needed.
+struct BackwardProblem {
+  Problem pr;
+  std::array<bool, 6> needs;
+};
+
+inline BackwardProblem check_backward(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p0,
+                                      const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                                      const at::Tensor& b2, const at::Tensor& times, int64_t substeps,
+                                      const std::string& method, const std::string& activation,
+                                      const c10::List<bool>& needs, c10::DeviceType device) {
+  const Problem pr = check_forward(p0, w1, b1, w2, b2, times, substeps, method, activation, device);
   check_tensor("grad", grad, p0, 3);
   check_tensor("out", out, p0, 3);
   const std::vector<int64_t> shape{pr.S, pr.L, pr.d};
@@ -88,8 +101,21 @@ inline void check_backward(const Problem& pr, const at::Tensor& grad, const at::
                     c10::IntArrayRef(shape), ", got ", grad.sizes());
   TORCH_CHECK_VALUE(out.sizes() == c10::IntArrayRef(shape), "floater: out must have shape [S, L, d] = ",
                     c10::IntArrayRef(shape), ", got ", out.sizes());
-  TORCH_CHECK_VALUE(n_needs == 6, "floater: needs must have 6 entries (p0, w1, b1, w2, b2, times), got ",
-                    n_needs);
+  TORCH_CHECK_VALUE(needs.size() == 6, "floater: needs must have 6 entries (p0, w1, b1, w2, b2, times), got ",
+                    needs.size());
+  BackwardProblem bp{pr, {}};
+  for (size_t i = 0; i < 6; ++i) bp.needs[i] = needs.get(i);
+  return bp;
+}
+
+// The backward op's results: a zero-filled tensor of the input's shape where that gradient
+// is needed, else an empty one. sizes: of p0, w1, b1, w2, b2, times.
+inline std::vector<at::Tensor> grad_outputs(const std::array<bool, 6>& needs,
+                                            const std::array<c10::IntArrayRef, 6>& sizes,
+                                            const at::TensorOptions& opt) {
+  std::vector<at::Tensor> res(6);
+  for (size_t i = 0; i < 6; ++i) res[i] = needs[i] ? at::zeros(sizes[i], opt) : at::empty({0}, opt);
+  return res;
 }
 
 }  // namespace floater

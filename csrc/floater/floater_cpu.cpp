@@ -279,10 +279,7 @@ struct Act<float, B> {
     }
     for (int64_t i = 0; i < n; i += W) {
       const int m = static_cast<int>(std::min<int64_t>(W, n - i));
-      if (m == W)
-        vstore(a + i, fwd(act, vload<V>(z + i)));
-      else
-        vstore_n(a + i, fwd(act, vload_n<V>(z + i, m)), m);
+      vstore_n(a + i, fwd(act, vload_n<V>(z + i, m)), m);
     }
   }
   // gz = ga * act'(z), in place over ga allowed
@@ -290,11 +287,7 @@ struct Act<float, B> {
                                  float* gz, int64_t n) {
     for (int64_t i = 0; i < n; i += W) {
       const int m = static_cast<int>(std::min<int64_t>(W, n - i));
-      if (m == W) {
-        vstore(gz + i, bwd(act, vload<V>(z + i), vload<V>(a + i), vload<V>(ga + i)));
-      } else {
-        vstore_n(gz + i, bwd(act, vload_n<V>(z + i, m), vload_n<V>(a + i, m), vload_n<V>(ga + i, m)), m);
-      }
+      vstore_n(gz + i, bwd(act, vload_n<V>(z + i, m), vload_n<V>(a + i, m), vload_n<V>(ga + i, m)), m);
     }
   }
 };
@@ -578,7 +571,6 @@ Plan make_plan(int64_t S, int64_t d, int64_t H) {
 }
 
 // A chunk of states; rows padded to an even count (with copies of its first state).
-template <typename T>
 struct Chunk {
   int64_t r0 = 0, rows = 0, R = 0;  // first state, real states, padded rows
 };
@@ -722,7 +714,7 @@ class Integrator {
   }
 
   // Fill columns c of the padded [R, d] block of rows r0..r0+rows of src (row stride ld).
-  void load_rows(T* dst, const T* src, int64_t ld, const Chunk<T>& ch, const Cols& c) const {
+  void load_rows(T* dst, const T* src, int64_t ld, const Chunk& ch, const Cols& c) const {
     const int64_t d = dyn_.d;
     for (int64_t r = 0; r < ch.R; ++r) {
       const int64_t rr = r < ch.rows ? r : 0;
@@ -779,21 +771,15 @@ class Integrator {
       f.k = st.k[i];
       f.nk = 0;
       f.base = P;
-      if (i + 1 < tab_.stages) {
-        f.dst = st.y[i + 1];
-        for (int j = 0; j <= i; ++j) {
-          if (tab_.a[i + 1][j] != 0.0) {
-            f.ks[f.nk] = st.k[j];
-            f.coef[f.nk++] = static_cast<T>(tab_.a[i + 1][j]);
-          }
-        }
-      } else {
-        f.dst = P;
-        for (int j = 0; j < tab_.stages; ++j) {
-          if (tab_.b[j] != 0.0) {
-            f.ks[f.nk] = st.k[j];
-            f.coef[f.nk++] = static_cast<T>(tab_.b[j]);
-          }
+      // the next stage's input Y_{i+1} = P + h sum_j a[i+1][j] K_j, or after the last stage
+      // the new state P + h sum_j b[j] K_j
+      const bool last = i + 1 == tab_.stages;
+      const double* row = last ? tab_.b : tab_.a[i + 1];
+      f.dst = last ? P : st.y[i + 1];
+      for (int j = 0; j <= i; ++j) {
+        if (row[j] != 0.0) {
+          f.ks[f.nk] = st.k[j];
+          f.coef[f.nk++] = static_cast<T>(row[j]);
         }
       }
       const bool rev = (sh.sweeps++ & 1) != 0;
@@ -807,7 +793,7 @@ class Integrator {
   T interval_start(int64_t j) const { return j == 0 ? T(0) : times_[j - 1]; }
 
   // ---- forward of one chunk (on `threads` threads: a team when more than one) ----
-  void forward_chunk(const T* p0, T* out, const Chunk<T>& ch, int threads, LayerCopies<T>* cp) const {
+  void forward_chunk(const T* p0, T* out, const Chunk& ch, int threads, LayerCopies<T>* cp) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R;
     std::vector<T> P(R * d), init1(H), init2(d);
     // The forward keeps one Y buffer (stage i+1 overwrites stage i's input after layer 1
@@ -838,7 +824,7 @@ class Integrator {
   // ---- backward of one chunk (on `threads` threads: a team when more than one) ----
   // dW: accumulators of this chunk (dw1, db1, dw2, db2 may be nullptr), dtimes [L] (or null)
   void backward_chunk(const T* grad, const T* out, const T* p0, T* dp0, T* dw1, T* db1, T* dw2, T* db2,
-                      T* dtimes, const Chunk<T>& ch, int threads, LayerCopies<T>* cp) const {
+                      T* dtimes, const Chunk& ch, int threads, LayerCopies<T>* cp) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R, S_ = tab_.stages;
     const int64_t Rd = R * d, RH = R * H;
     // The stage values of every sub-step of an interval (and their adjoints) are kept when
@@ -1075,30 +1061,48 @@ class Integrator {
   Kernels<T> kern_;
 };
 
-template <typename T>
-Chunk<T> chunk_of(const Plan& plan, int64_t S, int64_t c) {
-  Chunk<T> ch;
+inline Chunk chunk_of(const Plan& plan, int64_t S, int64_t c) {
+  Chunk ch;
   ch.r0 = c * plan.chunk;
   ch.rows = std::min(plan.chunk, S - ch.r0);
   ch.R = ch.rows <= 1 ? ch.rows : ch.rows + ch.rows % 2;  // even: register tiles of 2..12 rows
   return ch;
 }
 
-// Team plans: packed panels of every matrix (filled by the members themselves, so each
-// core's panels start in its own cache), sized here, outside the parallel region.
+// The four products' weights. Team plans: packed panels of every matrix (filled by the
+// members themselves, so each core's panels start in its own cache), sized here, outside
+// the parallel region. Otherwise: the matrices themselves and, for the backward,
+// transposed copies, so that the transposed products are row updates (mm_nn) like the
+// forward's: w2T [d, H] = w2[:H]^T, w1T [H, d] = w1[:d]^T.
 template <typename T>
-Layers<T> packed_layers(const Dyn<T>& dyn, LayerCopies<T>& cp, bool backward) {
+Layers<T> make_layers(const Dyn<T>& dyn, bool team, LayerCopies<T>& cp, bool backward) {
   const int64_t d = dyn.d, H = dyn.H;
-  cp.w1.resize(d * H);
-  cp.w2.resize(H * d);
   Layers<T> lay;
-  lay.w1 = Weights<T>{cp.w1.data(), d, H, true};
-  lay.w2 = Weights<T>{cp.w2.data(), H, d, true};
+  if (team) {
+    cp.w1.resize(d * H);
+    cp.w2.resize(H * d);
+    lay.w1 = Weights<T>{cp.w1.data(), d, H, true};
+    lay.w2 = Weights<T>{cp.w2.data(), H, d, true};
+    if (backward) {
+      cp.w2T.resize(d * H);
+      cp.w1T.resize(H * d);
+      lay.w2T = Weights<T>{cp.w2T.data(), d, H, true};
+      lay.w1T = Weights<T>{cp.w1T.data(), H, d, true};
+    }
+    return lay;
+  }
+  lay.w1 = Weights<T>{dyn.w1, d, H, false};
+  lay.w2 = Weights<T>{dyn.w2, H, d, false};
   if (backward) {
     cp.w2T.resize(d * H);
     cp.w1T.resize(H * d);
-    lay.w2T = Weights<T>{cp.w2T.data(), d, H, true};
-    lay.w1T = Weights<T>{cp.w1T.data(), H, d, true};
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t h = 0; h < H; ++h) {
+        cp.w1T[h * d + c] = dyn.w1[c * H + h];
+        cp.w2T[c * H + h] = dyn.w2[h * d + c];
+      }
+    lay.w2T = Weights<T>{cp.w2T.data(), d, H, false};
+    lay.w1T = Weights<T>{cp.w1T.data(), H, d, false};
   }
   return lay;
 }
@@ -1110,20 +1114,15 @@ void forward_impl(const T* p0, const Dyn<T>& dyn, const T* times, int64_t S, int
   if (S == 0 || L == 0 || d == 0) return;
   const Plan plan = make_plan<T>(S, d, H);
   const Kernels<T> kern = kernels<T>();
+  LayerCopies<T> cp;
+  const Integrator<T> integ(dyn, make_layers(dyn, plan.team, cp, false), tableau(method), times, L, substeps, kern);
   if (plan.team) {
-    LayerCopies<T> cp;
-    const Layers<T> lay = packed_layers(dyn, cp, false);
-    const Integrator<T> integ(dyn, lay, tableau(method), times, L, substeps, kern);
-    const Chunk<T> ch = chunk_of<T>(plan, S, 0);
+    const Chunk ch = chunk_of(plan, S, 0);
     integ.forward_chunk(p0, out, ch, team_size(ch.R, d, H, kern.block), &cp);
     return;
   }
-  Layers<T> lay;
-  lay.w1 = Weights<T>{dyn.w1, d, H, false};
-  lay.w2 = Weights<T>{dyn.w2, H, d, false};
-  const Integrator<T> integ(dyn, lay, tableau(method), times, L, substeps, kern);
   at::parallel_for(0, plan.nchunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) integ.forward_chunk(p0, out, chunk_of<T>(plan, S, c), 1, nullptr);
+    for (int64_t c = c0; c < c1; ++c) integ.forward_chunk(p0, out, chunk_of(plan, S, c), 1, nullptr);
   });
 }
 
@@ -1139,54 +1138,36 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   Dyn<T> dynb = dyn;
   dynb.zeros = zeros.data();
   LayerCopies<T> cp;
-  Layers<T> lay;
-  if (plan.team) {
-    lay = packed_layers(dyn, cp, true);
-  } else {
-    // transposed copies, so the transposed products are row updates (mm_nn) like the
-    // forward's: w2T [d, H] = w2[:H]^T, w1T [H, d] = w1[:d]^T
-    cp.w2T.resize(d * H);
-    cp.w1T.resize(H * d);
-    for (int64_t c = 0; c < d; ++c)
-      for (int64_t h = 0; h < H; ++h) {
-        cp.w1T[h * d + c] = dyn.w1[c * H + h];
-        cp.w2T[c * H + h] = dyn.w2[h * d + c];
-      }
-    lay.w1 = Weights<T>{dyn.w1, d, H, false};
-    lay.w2 = Weights<T>{dyn.w2, H, d, false};
-    lay.w2T = Weights<T>{cp.w2T.data(), d, H, false};
-    lay.w1T = Weights<T>{cp.w1T.data(), H, d, false};
-  }
-  const Integrator<T> integ(dynb, lay, tableau(method), times, L, substeps, kern);
-  const int64_t n1 = (d + 1) * H, n2 = (H + 1) * d;
-  // chunk c > 0 accumulates into its own partial; chunk 0 into the outputs
-  const int64_t extra = plan.nchunks - 1;
-  std::vector<T> part;
-  const int64_t per = (dw1 ? n1 : 0) + (db1 ? H : 0) + (dw2 ? n2 : 0) + (db2 ? d : 0) + (dtimes ? L : 0);
-  part.assign(static_cast<size_t>(extra * per), T(0));
-  auto ptrs = [&](int64_t c, T** q1, T** qb1, T** q2, T** qb2, T** qt) {
-    if (c == 0) {
-      *q1 = dw1, *qb1 = db1, *q2 = dw2, *qb2 = db2, *qt = dtimes;
-      return;
-    }
+  const Integrator<T> integ(dynb, make_layers(dyn, plan.team, cp, true), tableau(method), times, L, substeps,
+                            kern);
+  // The weight and time gradients a chunk accumulates into (nullptr: not needed): chunk 0
+  // into the outputs, chunk c > 0 into its own partial (the needed arrays one after
+  // another), added to the outputs in chunk order at the end.
+  struct Grads {
+    T* p[5];  // dw1, db1, dw2, db2, dtimes
+  };
+  const Grads outs{{dw1, db1, dw2, db2, dtimes}};
+  const int64_t sizes[5] = {(d + 1) * H, H, (H + 1) * d, d, L};
+  int64_t per = 0;
+  for (int q = 0; q < 5; ++q) per += outs.p[q] ? sizes[q] : 0;
+  std::vector<T> part(static_cast<size_t>((plan.nchunks - 1) * per), T(0));
+  auto grads_of = [&](int64_t c) {
+    if (c == 0) return outs;
+    Grads g{};
     T* base = part.data() + (c - 1) * per;
-    *q1 = dw1 ? base : nullptr;
-    base += dw1 ? n1 : 0;
-    *qb1 = db1 ? base : nullptr;
-    base += db1 ? H : 0;
-    *q2 = dw2 ? base : nullptr;
-    base += dw2 ? n2 : 0;
-    *qb2 = db2 ? base : nullptr;
-    base += db2 ? d : 0;
-    *qt = dtimes ? base : nullptr;
+    for (int q = 0; q < 5; ++q) {
+      g.p[q] = outs.p[q] ? base : nullptr;
+      base += outs.p[q] ? sizes[q] : 0;
+    }
+    return g;
   };
   auto run = [&](int64_t c, int threads, LayerCopies<T>* copies) {
-    T *q1, *qb1, *q2, *qb2, *qt;
-    ptrs(c, &q1, &qb1, &q2, &qb2, &qt);
-    integ.backward_chunk(grad, out, p0, dp0, q1, qb1, q2, qb2, qt, chunk_of<T>(plan, S, c), threads, copies);
+    const Grads g = grads_of(c);
+    integ.backward_chunk(grad, out, p0, dp0, g.p[0], g.p[1], g.p[2], g.p[3], g.p[4], chunk_of(plan, S, c), threads,
+                         copies);
   };
   if (plan.team) {
-    run(0, team_size(chunk_of<T>(plan, S, 0).R, d, H, kern.block), &cp);
+    run(0, team_size(chunk_of(plan, S, 0).R, d, H, kern.block), &cp);
   } else {
     at::parallel_for(0, plan.nchunks, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) run(c, 1, nullptr);
@@ -1194,17 +1175,11 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   }
   // fixed-order reduction of the partials
   for (int64_t c = 1; c < plan.nchunks; ++c) {
-    T *q1, *qb1, *q2, *qb2, *qt;
-    ptrs(c, &q1, &qb1, &q2, &qb2, &qt);
-    auto add = [](T* dst, const T* src, int64_t n) {
-      if (dst)
-        for (int64_t e = 0; e < n; ++e) dst[e] += src[e];
-    };
-    add(dw1, q1, n1);
-    add(db1, qb1, H);
-    add(dw2, q2, n2);
-    add(db2, qb2, d);
-    add(dtimes, qt, L);
+    const Grads g = grads_of(c);
+    for (int q = 0; q < 5; ++q) {
+      if (outs.p[q])
+        for (int64_t e = 0; e < sizes[q]; ++e) outs.p[q][e] += g.p[q][e];
+    }
   }
 }
 

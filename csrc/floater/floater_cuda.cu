@@ -107,14 +107,21 @@ struct GridTeam {
   __device__ static int rank(int C) { return blockIdx.x % C; }
 };
 
-// Loads of exchange buffers written by other blocks: through L2 only.
+// Loads of memory that other blocks write (XG: a global exchange buffer): through L2 only
+// (the L1 of this SM may hold stale lines).
+template <bool XG, typename T>
+__device__ __forceinline__ T ld_x(const T* p) {
+  if constexpr (XG) {
+    return __ldcg(p);
+  } else {
+    return *p;
+  }
+}
+
+// Loads of a team's exchange buffers: shared memory (solo) or global memory.
 template <class Team, typename T>
 __device__ __forceinline__ T xload(const T* p) {
-  if constexpr (Team::kSmemExchange) {
-    return *p;
-  } else {
-    return __ldcg(p);
-  }
+  return ld_x<!Team::kSmemExchange>(p);
 }
 
 // ------------------------------------------------------------------------------------
@@ -161,15 +168,6 @@ __device__ __forceinline__ T act_bwd(int act, T z, T a, T ga) {
 // X in shared memory (or, XG, in another block's global exchange buffer, read through L2);
 // W in shared or global memory (generic pointer).
 // ------------------------------------------------------------------------------------
-template <bool XG, typename T>
-__device__ __forceinline__ T ld_x(const T* p) {
-  if constexpr (XG) {
-    return __ldcg(p);  // X read straight from another block's global exchange buffer
-  } else {
-    return *p;
-  }
-}
-
 template <typename T, bool XG = false, typename Epi>
 __device__ void block_gemm(int M, int N, int K, const T* __restrict__ X, int ldx, const T* W, long sk,
                            long sn, T* red, Epi epi) {
@@ -237,31 +235,6 @@ __device__ double block_sum(double v, double* scratch) {
   return s;
 }
 
-// ------------------------------------------------------------------------------------
-// Kernel parameters and per-block views
-// ------------------------------------------------------------------------------------
-template <typename T>
-struct Params {
-  const T *p0, *w1, *b1, *w2, *b2, *times;
-  T* out;
-  const T *grad, *out_saved;
-  T *dp0, *dw1, *db1, *dw2, *db2, *dtimes;
-  int S, d, H, L, n;  // n = substeps
-  int act;
-  Tableau tab;
-  int C, G, Sg;
-  bool resident;
-  bool stage_x;  // copy the exchanged vectors into shared memory before each product
-  int ld1, ld2;
-  bool need_w1, need_b1, need_w2, need_b2, need_t, need_p0;
-  // global workspace (per team unless noted)
-  T* ws;
-  long team_ws;     // elements per team in the exchange/scratch region
-  T* dW_part;       // [G][nW] weight-gradient partials (G > 1), else null
-  long nW;          // (d+1)H + H + (H+1)d + d
-  T* dt_part;       // [G*C][L] time-gradient partials
-};
-
 // Offsets inside one team's global workspace.
 struct TeamWs {
   long yx, ax, part1, part2, starts, total;
@@ -289,6 +262,63 @@ __host__ __device__ inline TeamWs team_ws_layout(int stages, int Sg, int d, int 
   w.total = o;
   return w;
 }
+
+// The whole global workspace (elements of T): the G teams' regions, then (backward) the
+// per-team weight-gradient partials (only when G > 1) and the per-block time-gradient
+// partials. A weight-gradient partial holds dw1, db1, dw2, db2 at the offsets below.
+struct WsLayout {
+  TeamWs team;               // one team's region
+  long team_total;           // the G teams' regions, at offset 0
+  long dw1, db1, dw2, db2;   // offsets inside a weight-gradient partial
+  long nW;                   // elements of a partial: (d+1)H + H + (H+1)d + d
+  long dW_part;              // [G][nW] (backward, G > 1)
+  long dt_part;              // [G*C][L] (backward)
+  long total;
+};
+__host__ __device__ inline WsLayout ws_layout(int stages, int Sg, int d, int H, int C, int G, int n, int L, bool bwd,
+                                              bool smem_exchange) {
+  WsLayout w{};
+  w.team = team_ws_layout(stages, Sg, d, H, C, n, bwd, smem_exchange);
+  w.team_total = static_cast<long>(G) * w.team.total;
+  w.dw1 = 0;
+  w.db1 = w.dw1 + static_cast<long>(d + 1) * H;
+  w.dw2 = w.db1 + H;
+  w.db2 = w.dw2 + static_cast<long>(H + 1) * d;
+  w.nW = w.db2 + d;
+  long o = w.team_total;
+  if (bwd) {
+    w.dW_part = o;
+    if (G > 1) o += static_cast<long>(G) * w.nW;
+    w.dt_part = o;
+    o += static_cast<long>(G) * C * L;
+  }
+  w.total = o;
+  return w;
+}
+
+// ------------------------------------------------------------------------------------
+// Kernel parameters and per-block views
+// ------------------------------------------------------------------------------------
+template <typename T>
+struct Params {
+  const T *p0, *w1, *b1, *w2, *b2, *times;
+  T* out;
+  const T *grad, *out_saved;
+  T *dp0, *dw1, *db1, *dw2, *db2, *dtimes;
+  int S, d, H, L, n;  // n = substeps
+  int act;
+  Tableau tab;
+  int C, G, Sg;
+  bool resident;
+  bool stage_x;  // copy the exchanged vectors into shared memory before each product
+  int ld1, ld2;
+  bool need_w1, need_b1, need_w2, need_b2, need_t, need_p0;
+  // global workspace (ws_layout)
+  T* ws;
+  WsLayout wl;
+  T* dW_part;       // ws + wl.dW_part (backward, G > 1), else null
+  T* dt_part;       // ws + wl.dt_part (backward), else null
+};
 
 // Shared-memory carve-up (elements of T), the same on host (sizing) and device.
 struct SmemLayout {
@@ -364,6 +394,17 @@ struct Block {
       return stage;
     }
   }
+
+  // block_gemm over the team's M states with X = a full [M][K] block of an exchange
+  // buffer: staged into shared memory first (operand), or (stage_x false, global exchange)
+  // read from L2 by the product itself. v(m, n) = sum_k X[m][k] W[k*ldw + n], n < N.
+  template <typename Epi>
+  __device__ void gemm_exchanged(bool stage_x, const T* X, int K, int N, const T* W, int ldw, Epi epi) {
+    if (Team::kSmemExchange || stage_x)
+      block_gemm<T, false>(M, N, K, operand(X, K), K, W, ldw, 1, red, epi);
+    else
+      block_gemm<T, true>(M, N, K, X, K, W, ldw, 1, red, epi);
+  }
 };
 
 template <typename T, class Team>
@@ -409,8 +450,8 @@ __device__ Block<T, Team> make_block(const Params<T>& p, unsigned char* smem_raw
   }
   b.b1 = p.b1;
   b.b2 = p.b2;
-  const TeamWs tw = team_ws_layout(p.tab.stages, p.Sg, p.d, p.H, p.C, p.n, bwd, Team::kSmemExchange);
-  T* gws = p.ws + static_cast<long>(b.team) * p.team_ws;
+  const TeamWs& tw = p.wl.team;
+  T* gws = p.ws + static_cast<long>(b.team) * tw.total;
   if constexpr (Team::kSmemExchange) {
     b.yx = sm + L.yx;
     b.ax = sm + L.ax;
@@ -449,7 +490,7 @@ template <typename T, class Team>
 __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool keep_z, bool write_next, int out_j,
                         T* starts_dst) {
   const Tableau& tb = p.tab;
-  const int d = b.d, H = b.H, M = b.M;
+  const int d = b.d, H = b.H;
   for (int i = 0; i < tb.stages; ++i) {
     const T tau = t + static_cast<T>(tb.c[i]) * h;
     // Phase A: z = Y_i @ w1[:d, hs] + tau w1[d, hs] + b1[hs]; a = act(z) -> A_i[:, hs]
@@ -465,10 +506,7 @@ __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool ke
         Ai[static_cast<long>(m) * H + hb0 + n] = act_fwd(act, z);
         if (keep_z) Zi[m * nh + n] = z;
       };
-      if (Team::kSmemExchange || p.stage_x)
-        block_gemm<T, false>(M, nh, d, b.operand(b.Y(i), d), d, W1, ld1, 1, b.red, epi);
-      else
-        block_gemm<T, true>(M, nh, d, b.Y(i), d, W1, ld1, 1, b.red, epi);
+      b.gemm_exchanged(p.stage_x, b.Y(i), d, nh, W1, ld1, epi);
     }
     Team::sync();
     // Phase B: k_i = A_i @ w2[:H, ds] + tau w2[H, ds] + b2[ds]; then the combination
@@ -503,10 +541,7 @@ __device__ void rk_step(Block<T, Team>& b, const Params<T>& p, T t, T h, bool ke
         }
         if (Ynext) Ynext[static_cast<long>(m) * d + db0 + n] = y;
       };
-      if (Team::kSmemExchange || p.stage_x)
-        block_gemm<T, false>(M, nd, H, b.operand(b.A(i), H), H, W2, ld2, 1, b.red, epi);
-      else
-        block_gemm<T, true>(M, nd, H, b.A(i), H, W2, ld2, 1, b.red, epi);
+      b.gemm_exchanged(p.stage_x, b.A(i), H, nd, W2, ld2, epi);
     }
     Team::sync();
   }
@@ -559,6 +594,41 @@ __device__ void load_start(Block<T, Team>& b, const Params<T>& p, int j) {
   __syncthreads();
 }
 
+// Weight gradients of one step, over a block's own columns [c0, c0 + N) of a layer whose
+// weights are dw [K+1][ldw] (row K: the time row) and bias db: for k < K, n < N,
+//   dw[k][c0 + n] += sum_i sum_m X_i[m][k] G_i[m][n],
+//   dw[K][c0 + n] += sum_i tau_i sum_m G_i[m][n],   db[c0 + n] += sum_i sum_m G_i[m][n],
+// X_i = X + i * x_stage ([M][K], an exchange buffer), G_i = G + i * g_stage ([M][N]),
+// summed over the stages i, then the states m, in order (determinism).
+template <typename T, class Team>
+__device__ void add_weight_grads(const Tableau& tb, T t, T h, int M, const T* X, long x_stage, int K, const T* G,
+                                 long g_stage, int N, int c0, T* dw, long ldw, T* db, bool need_w, bool need_b) {
+  if (!need_w && !need_b) return;
+  const int S_ = tb.stages;
+  if (need_w) {
+    for (long e = threadIdx.x; e < static_cast<long>(K) * N; e += kThreads) {
+      const int k = static_cast<int>(e / N), n = static_cast<int>(e % N);
+      T v = T(0);
+      for (int i = 0; i < S_; ++i)
+        for (int m = 0; m < M; ++m)
+          v += xload<Team>(X + i * x_stage + static_cast<long>(m) * K + k) * G[i * g_stage + m * N + n];
+      dw[static_cast<long>(k) * ldw + c0 + n] += v;
+    }
+  }
+  for (int n = threadIdx.x; n < N; n += kThreads) {
+    T vt = T(0), vb = T(0);
+    for (int i = 0; i < S_; ++i) {
+      const T tau = t + static_cast<T>(tb.c[i]) * h;
+      T s = T(0);
+      for (int m = 0; m < M; ++m) s += G[i * g_stage + m * N + n];
+      vt += tau * s;
+      vb += s;
+    }
+    if (need_w) dw[static_cast<long>(K) * ldw + c0 + n] += vt;
+    if (need_b) db[c0 + n] += vb;
+  }
+}
+
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p) {
   PF_DYNAMIC_SMEM(smem_raw);
@@ -568,11 +638,11 @@ __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p
   const long SgNd = static_cast<long>(Sg) * nd, SgNh = static_cast<long>(Sg) * nh;
   for (int e = threadIdx.x; e < M * nd; e += kThreads) b.lam[e] = T(0);
   // weight-gradient destination of this team (partials when several teams)
-  T* dW = p.dW_part ? p.dW_part + static_cast<long>(b.team) * p.nW : nullptr;
-  T* dw1 = dW ? dW : p.dw1;
-  T* db1 = dW ? dW + static_cast<long>(d + 1) * H : p.db1;
-  T* dw2 = dW ? db1 + H : p.dw2;
-  T* db2 = dW ? dw2 + static_cast<long>(H + 1) * d : p.db2;
+  T* dW = p.dW_part ? p.dW_part + static_cast<long>(b.team) * p.wl.nW : nullptr;
+  T* dw1 = dW ? dW + p.wl.dw1 : p.dw1;
+  T* db1 = dW ? dW + p.wl.db1 : p.db1;
+  T* dw2 = dW ? dW + p.wl.dw2 : p.dw2;
+  T* db2 = dW ? dW + p.wl.db2 : p.db2;
   T* dtp = p.dt_part + static_cast<long>(b.team * p.C + b.rank) * p.L;
   const T nT = static_cast<T>(p.n);
   double carry = 0.0;  // this block's dLoss/dtimes[j] from interval j+1 (via t_prev)
@@ -615,46 +685,44 @@ __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p
         T* gKi = b.gK + i * SgNd;
         T* GZi = b.GZ + i * SgNh;
         const T* Zi = b.Z + i * SgNh;
-        // step 1 (own d-slice): part1[rank][m][h] = sum_{c in ds} gK_i[m][c] w2[h][c], h <= H
-        {
-          T* part1 = b.part1 + static_cast<long>(b.rank) * Sg * (H + 1);
-          block_gemm<T>(M, H + 1, nd, gKi, nd, b.W2, 1, b.ld2, b.red, [&](int m, int n, T v) {
-            part1[static_cast<long>(m) * (H + 1) + n] = v;
-            if (n == H) {  // tau enters layer 2 through w2[H]
+        // Transposed products as reduce-scatters. scatter: this block's partial sums over its
+        // own slice of the reduction, part[rank][m][n] = sum_k X[m][k] W[n*ldw + k] for n <= N
+        // (n == N: the time row, through which tau enters the layer: also a time gradient).
+        auto scatter = [&](T* part, int N, const T* X, int K, const T* W, int ldw) {
+          T* mine = part + static_cast<long>(b.rank) * Sg * (N + 1);
+          block_gemm<T>(M, N + 1, K, X, K, W, 1, ldw, b.red, [&](int m, int n, T v) {
+            mine[static_cast<long>(m) * (N + 1) + n] = v;
+            if (n == N) {
               dt_acc += static_cast<double>(v);
               dh_acc += ci * static_cast<double>(v);
             }
           });
-        }
+        };
+        // gather: the sum of the C partials (in block order) of element [m][c0 + n]
+        auto gather = [&](const T* part, int N, int c0, int m, int n) {
+          T v = T(0);
+          for (int bb = 0; bb < b.C; ++bb)
+            v += xload<Team>(part + (static_cast<long>(bb) * Sg + m) * (N + 1) + c0 + n);
+          return v;
+        };
+        // step 1 (own d-slice): part1[rank][m][h] = sum_{c in ds} gK_i[m][c] w2[h][c], h <= H
+        scatter(b.part1, H, gKi, nd, b.W2, b.ld2);
         Team::sync();
         // step 2 (own H-slice): ga = sum_b part1[b]; gz = ga * act'(z) -> GZ_i
         for (int e = threadIdx.x; e < M * nh; e += kThreads) {
           const int m = e / nh, n = e % nh;
-          T ga = T(0);
-          for (int bb = 0; bb < b.C; ++bb)
-            ga += xload<Team>(b.part1 + (static_cast<long>(bb) * Sg + m) * (H + 1) + b.hb0 + n);
+          const T ga = gather(b.part1, H, b.hb0, m, n);
           const T a = xload<Team>(b.A(i) + static_cast<long>(m) * H + b.hb0 + n);
           GZi[e] = act_bwd(p.act, Zi[e], a, ga);
         }
         __syncthreads();
         //   part2[rank][m][c] = sum_{h in hs} gz[m][h] w1[c][h], c <= d
-        {
-          T* part2 = b.part2 + static_cast<long>(b.rank) * Sg * (d + 1);
-          block_gemm<T>(M, d + 1, nh, GZi, nh, b.W1, 1, b.ld1, b.red, [&](int m, int n, T v) {
-            part2[static_cast<long>(m) * (d + 1) + n] = v;
-            if (n == d) {  // tau enters layer 1 through w1[d]
-              dt_acc += static_cast<double>(v);
-              dh_acc += ci * static_cast<double>(v);
-            }
-          });
-        }
+        scatter(b.part2, d, GZi, nh, b.W1, b.ld1);
         Team::sync();
         // step 3 (own d-slice): gy = sum_b part2[b]; lam += gy; gK_j += h a_ij gy
         for (int e = threadIdx.x; e < M * nd; e += kThreads) {
           const int m = e / nd, n = e % nd;
-          T gy = T(0);
-          for (int bb = 0; bb < b.C; ++bb)
-            gy += xload<Team>(b.part2 + (static_cast<long>(bb) * Sg + m) * (d + 1) + b.db0 + n);
+          const T gy = gather(b.part2, d, b.db0, m, n);
           b.lam[e] += gy;
           for (int jj = 0; jj < i; ++jj) {
             const double a = tb.a[i][jj];
@@ -666,55 +734,12 @@ __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p
         __syncthreads();
       }
       // ---- weight gradients of step k: own elements, sums over (stage, state) in order ----
-      if (p.need_w1 || p.need_b1) {
-        // rows c < d of w1 (own columns hs): sum_i sum_m Y_i[m][c] gz_i[m][h]
-        if (p.need_w1) {
-          for (long e = threadIdx.x; e < static_cast<long>(d) * nh; e += kThreads) {
-            const int c = static_cast<int>(e / nh), n = static_cast<int>(e % nh);
-            T v = T(0);
-            for (int i = 0; i < S_; ++i)
-              for (int m = 0; m < M; ++m)
-                v += xload<Team>(b.Y(i) + static_cast<long>(m) * d + c) * b.GZ[i * SgNh + m * nh + n];
-            dw1[static_cast<long>(c) * H + b.hb0 + n] += v;
-          }
-        }
-        for (int n = threadIdx.x; n < nh; n += kThreads) {
-          T vt = T(0), vb = T(0);
-          for (int i = 0; i < S_; ++i) {
-            const T tau = t + static_cast<T>(tb.c[i]) * h;
-            T s = T(0);
-            for (int m = 0; m < M; ++m) s += b.GZ[i * SgNh + m * nh + n];
-            vt += tau * s;
-            vb += s;
-          }
-          if (p.need_w1) dw1[static_cast<long>(d) * H + b.hb0 + n] += vt;
-          if (p.need_b1) db1[b.hb0 + n] += vb;
-        }
-      }
-      if (p.need_w2 || p.need_b2) {
-        if (p.need_w2) {
-          for (long e = threadIdx.x; e < static_cast<long>(H) * nd; e += kThreads) {
-            const int hh = static_cast<int>(e / nd), n = static_cast<int>(e % nd);
-            T v = T(0);
-            for (int i = 0; i < S_; ++i)
-              for (int m = 0; m < M; ++m)
-                v += xload<Team>(b.A(i) + static_cast<long>(m) * H + hh) * b.gK[i * SgNd + m * nd + n];
-            dw2[static_cast<long>(hh) * d + b.db0 + n] += v;
-          }
-        }
-        for (int n = threadIdx.x; n < nd; n += kThreads) {
-          T vt = T(0), vb = T(0);
-          for (int i = 0; i < S_; ++i) {
-            const T tau = t + static_cast<T>(tb.c[i]) * h;
-            T s = T(0);
-            for (int m = 0; m < M; ++m) s += b.gK[i * SgNd + m * nd + n];
-            vt += tau * s;
-            vb += s;
-          }
-          if (p.need_w2) dw2[static_cast<long>(H) * d + b.db0 + n] += vt;
-          if (p.need_b2) db2[b.db0 + n] += vb;
-        }
-      }
+      // w1 (own columns hs): rows c < d: sum_i sum_m Y_i[m][c] gz_i[m][h]
+      add_weight_grads<T, Team>(tb, t, h, M, b.yx, static_cast<long>(Sg) * d, d, b.GZ, SgNh, nh, b.hb0, dw1, H, db1,
+                                p.need_w1, p.need_b1);
+      // w2 (own columns ds): rows h < H: sum_i sum_m A_i[m][h] gk_i[m][c]
+      add_weight_grads<T, Team>(tb, t, h, M, b.ax, static_cast<long>(Sg) * H, H, b.gK, SgNd, nd, b.db0, dw2, d, db2,
+                                p.need_w2, p.need_b2);
       // time gradients of step k: t_k = tp + k h, h = (times[j] - tp) / n
       const double dt_sum = block_sum(dt_acc, b.dscratch);
       const double dh_sum = block_sum(dh_acc, b.dscratch);
@@ -771,6 +796,28 @@ const void* pick_kernel(int dtype_size, int mode, bool bwd) {
                          : reinterpret_cast<const void*>(pick_kernel_t<double>(mode, bwd));
 }
 
+// A launch of `kernel` in clusters of C blocks ({C, 1, 1}): fills cfg (whose attribute
+// list is attr), after allowing the kernel a non-portable cluster size when C > 8.
+cudaError_t cluster_config(const void* kernel, int C, dim3 grid, size_t smem, cudaStream_t stream,
+                           cudaLaunchConfig_t* cfg, cudaLaunchAttribute* attr) {
+  if (C > 8) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+  }
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = C;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  *cfg = cudaLaunchConfig_t{};
+  cfg->gridDim = grid;
+  cfg->blockDim = dim3(kThreads, 1, 1);
+  cfg->dynamicSmemBytes = smem;
+  cfg->stream = stream;
+  cfg->attrs = attr;
+  cfg->numAttrs = 1;
+  return cudaSuccess;
+}
+
 // The three ways of launching the persistent kernel.
 template <typename T>
 cudaError_t launch_persistent(int mode, KernelFn<T> kernel, int C, dim3 grid, size_t smem, cudaStream_t stream,
@@ -783,22 +830,10 @@ cudaError_t launch_persistent(int mode, KernelFn<T> kernel, int C, dim3 grid, si
   const dim3 block(kThreads);
   if (mode == kSolo) return cudaLaunchKernel(fn, grid, block, args, smem, stream);
   if (mode == kGrid) return cudaLaunchCooperativeKernel(fn, grid, block, args, smem, stream);
-  if (C > 8) {
-    const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (err != cudaSuccess) return err;
-  }
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr{};
+  const cudaError_t err = cluster_config(fn, C, grid, smem, stream, &cfg, &attr);
+  if (err != cudaSuccess) return err;
   return cudaLaunchKernelExC(&cfg, fn, args);
 #endif
 }
@@ -891,7 +926,9 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
       const size_t smem = smem_bytes_for(pr, stages, C, Sg, true, false, stage != 0);
       if (smem > limit) continue;
       const void* k = pick_kernel(pr.dtype_size, kCluster, pr.backward);
-      if (C > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      cudaLaunchConfig_t cfg{};
+      cudaLaunchAttribute attr{};
+      if (cluster_config(k, C, dim3(C, 1, 1), smem, nullptr, &cfg, &attr) != cudaSuccess) {
         cudaGetLastError();
         break;
       }
@@ -900,17 +937,6 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
         cudaGetLastError();
         continue;
       }
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = C;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.gridDim = dim3(C, 1, 1);
-      cfg.blockDim = dim3(kThreads, 1, 1);
-      cfg.dynamicSmemBytes = smem;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
       int clusters = 0;
       if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess || clusters < 1) {
         cudaGetLastError();
@@ -992,15 +1018,9 @@ cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, bool resident,
   const int nh = static_cast<int>((pr.H + pl.C - 1) / pl.C), nd = static_cast<int>((pr.d + pl.C - 1) / pl.C);
   pl.ld1 = odd_at_least(nh);
   pl.ld2 = odd_at_least(nd);
-  const TeamWs tw = team_ws_layout(stages, pl.Sg, static_cast<int>(pr.d), static_cast<int>(pr.H), pl.C,
-                                   static_cast<int>(pr.substeps), pr.backward, pl.mode == kSolo);
-  long elems = static_cast<long>(pl.G) * tw.total;
-  if (pr.backward) {
-    const long nW = (pr.d + 1) * pr.H + pr.H + (pr.H + 1) * pr.d + pr.d;
-    if (pl.G > 1) elems += static_cast<long>(pl.G) * nW;
-    elems += static_cast<long>(pl.G) * pl.C * pr.L;
-  }
-  pl.workspace_bytes = static_cast<size_t>(elems) * pr.dtype_size + 256;
+  const WsLayout wl = ws_layout(stages, pl.Sg, static_cast<int>(pr.d), static_cast<int>(pr.H), pl.C, pl.G,
+                                static_cast<int>(pr.substeps), static_cast<int>(pr.L), pr.backward, pl.mode == kSolo);
+  pl.workspace_bytes = static_cast<size_t>(wl.total) * pr.dtype_size + 256;
   std::snprintf(pl.why, sizeof(pl.why), "%s: %d team(s) of %d block(s), %d state(s) each, weights %s%s, %zu B smem",
                 pl.mode == kSolo ? "solo" : (pl.mode == kCluster ? "cluster" : "grid"), pl.G, pl.C, pl.Sg,
                 pl.resident ? "in shared memory" : "from L2", pl.stage_x ? "" : ", vectors from L2",
@@ -1049,16 +1069,13 @@ cudaError_t launch_typed(const Problem& pr, const Plan& pl, const Pointers& ptr,
   p.need_w2 = pr.needs[3];
   p.need_b2 = pr.needs[4];
   p.need_t = pr.needs[5];
-  const TeamWs tw = team_ws_layout(p.tab.stages, pl.Sg, p.d, p.H, pl.C, p.n, pr.backward, pl.mode == kSolo);
+  p.wl = ws_layout(p.tab.stages, pl.Sg, p.d, p.H, pl.C, pl.G, p.n, p.L, pr.backward, pl.mode == kSolo);
+  const WsLayout& wl = p.wl;
   T* ws = static_cast<T*>(ptr.workspace);
   p.ws = ws;
-  p.team_ws = tw.total;
-  long o = static_cast<long>(pl.G) * tw.total;
-  p.nW = (static_cast<long>(p.d) + 1) * p.H + p.H + (static_cast<long>(p.H) + 1) * p.d + p.d;
   if (pr.backward) {
-    p.dW_part = pl.G > 1 ? ws + o : nullptr;
-    o += pl.G > 1 ? static_cast<long>(pl.G) * p.nW : 0;
-    p.dt_part = ws + o;
+    p.dW_part = pl.G > 1 ? ws + wl.dW_part : nullptr;
+    p.dt_part = ws + wl.dt_part;
   }
   KernelFn<T> kernel = pick_kernel_t<T>(pl.mode, pr.backward);
   cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
@@ -1069,19 +1086,18 @@ cudaError_t launch_typed(const Problem& pr, const Plan& pl, const Pointers& ptr,
   if (!pr.backward) return cudaSuccess;
   // deterministic cross-team / cross-block reductions
   if (pl.G > 1) {
-    const long n1 = (static_cast<long>(p.d) + 1) * p.H, n2 = (static_cast<long>(p.H) + 1) * p.d;
     struct Part {
       bool need;
       long off, n;
       T* dst;
-    } parts[4] = {{p.need_w1, 0, n1, p.dw1},
-                  {p.need_b1, n1, p.H, p.db1},
-                  {p.need_w2, n1 + p.H, n2, p.dw2},
-                  {p.need_b2, n1 + p.H + n2, p.d, p.db2}};
+    } parts[4] = {{p.need_w1, wl.dw1, wl.db1 - wl.dw1, p.dw1},
+                  {p.need_b1, wl.db1, wl.dw2 - wl.db1, p.db1},
+                  {p.need_w2, wl.dw2, wl.db2 - wl.dw2, p.dw2},
+                  {p.need_b2, wl.db2, wl.nW - wl.db2, p.db2}};
     for (const Part& q : parts) {
       if (!q.need || q.n == 0) continue;
       // team g's partial of this array starts at dW_part + g * nW + off
-      err = launch_reduce<T>(p.dW_part + q.off, pl.G, p.nW, q.n, q.dst, stream);
+      err = launch_reduce<T>(p.dW_part + q.off, pl.G, wl.nW, q.n, q.dst, stream);
       if (err != cudaSuccess) return err;
     }
   }

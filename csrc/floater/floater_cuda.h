@@ -61,6 +61,7 @@ struct Pointers {
 cudaError_t launch(const Problem& pr, const Plan& plan, const Pointers& ptr, cudaStream_t stream);
 
 int compiled_version();  // CUDART_VERSION the kernels were compiled with
+int runtime_version();   // the CUDA runtime's version, -1 if it cannot tell (floater_cuda_ops.cpp)
 
 }  // namespace cuda
 }  // namespace floater

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <array>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -29,7 +30,9 @@ int runtime_version() {
 
 namespace {
 
-Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backward) {
+// needs: backward only (the gradients to compute)
+Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backward,
+                   const std::array<bool, 6>& needs = {}) {
   Problem cp{};
   cp.S = pr.S;
   cp.d = pr.d;
@@ -40,6 +43,7 @@ Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backwa
   cp.activation = static_cast<int>(pr.act);
   cp.dtype_size = p0.scalar_type() == at::kDouble ? 8 : 4;
   cp.backward = backward;
+  for (size_t i = 0; i < 6; ++i) cp.needs[i] = needs[i];
   return cp;
 }
 
@@ -86,6 +90,27 @@ void check_launch(cudaError_t err, const Plan& plan) {
   TORCH_CHECK(err == cudaSuccess, "floater (cuda): launch failed: ", cudaGetErrorString(err), " [", plan.why, "]");
 }
 
+// The inputs' pointers (the tensors contiguous, on the current device).
+Pointers input_pointers(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                        const at::Tensor& b2, const at::Tensor& times) {
+  Pointers ptr{};
+  ptr.p0 = p0.data_ptr();
+  ptr.w1 = w1.data_ptr();
+  ptr.b1 = b1.data_ptr();
+  ptr.w2 = w2.data_ptr();
+  ptr.b2 = b2.data_ptr();
+  ptr.times = times.data_ptr();
+  return ptr;
+}
+
+// Plans the launch, allocates its zero-filled workspace and launches on the current stream.
+void run(const Problem& cp, const at::Tensor& p0, Pointers ptr) {
+  const Plan plan = make_plan(cp, p0);
+  at::Tensor ws = at::zeros({static_cast<int64_t>(plan.workspace_bytes)}, p0.options().dtype(at::kByte));
+  ptr.workspace = ws.data_ptr();
+  check_launch(launch(cp, plan, ptr, c10::cuda::getCurrentCUDAStream().stream()), plan);
+}
+
 at::Tensor integrate_cuda(const at::Tensor& p0_, const at::Tensor& w1_, const at::Tensor& b1_, const at::Tensor& w2_,
                           const at::Tensor& b2_, const at::Tensor& times_, int64_t substeps, c10::string_view method,
                           c10::string_view activation) {
@@ -96,19 +121,9 @@ at::Tensor integrate_cuda(const at::Tensor& p0_, const at::Tensor& w1_, const at
                    b2 = b2_.contiguous(), times = times_.contiguous();
   at::Tensor out = at::empty({pr.S, pr.L, pr.d}, p0.options());
   if (pr.S == 0 || pr.L == 0 || pr.d == 0) return out;
-  const Problem cp = to_problem(pr, p0, false);
-  const Plan plan = make_plan(cp, p0);
-  at::Tensor ws = at::zeros({static_cast<int64_t>(plan.workspace_bytes)}, p0.options().dtype(at::kByte));
-  Pointers ptr{};
-  ptr.p0 = p0.data_ptr();
-  ptr.w1 = w1.data_ptr();
-  ptr.b1 = b1.data_ptr();
-  ptr.w2 = w2.data_ptr();
-  ptr.b2 = b2.data_ptr();
-  ptr.times = times.data_ptr();
+  Pointers ptr = input_pointers(p0, w1, b1, w2, b2, times);
   ptr.out = out.data_ptr();
-  ptr.workspace = ws.data_ptr();
-  check_launch(launch(cp, plan, ptr, c10::cuda::getCurrentCUDAStream().stream()), plan);
+  run(to_problem(pr, p0, false), p0, ptr);
   return out;
 }
 
@@ -117,37 +132,24 @@ std::vector<at::Tensor> integrate_backward_cuda(const at::Tensor& grad_, const a
                                                 const at::Tensor& b2_, const at::Tensor& times_, int64_t substeps,
                                                 c10::string_view method, c10::string_view activation,
                                                 const c10::List<bool>& needs_list) {
-  const floater::Problem pr = check_forward(p0_, w1_, b1_, w2_, b2_, times_, substeps, std::string(method),
-                                            std::string(activation), c10::DeviceType::CUDA);
-  check_backward(pr, grad_, out_, p0_, needs_list.size());
+  const BackwardProblem bp = check_backward(grad_, out_, p0_, w1_, b1_, w2_, b2_, times_, substeps,
+                                            std::string(method), std::string(activation), needs_list,
+                                            c10::DeviceType::CUDA);
+  const floater::Problem& pr = bp.pr;
   const c10::cuda::CUDAGuard guard(p0_.device());
   const at::Tensor grad = grad_.contiguous(), saved = out_.contiguous(), p0 = p0_.contiguous(),
                    w1 = w1_.contiguous(), b1 = b1_.contiguous(), w2 = w2_.contiguous(), b2 = b2_.contiguous(),
                    times = times_.contiguous();
-  bool needs[6];
-  for (size_t i = 0; i < 6; ++i) needs[i] = needs_list.get(i);
-  const auto opt = p0.options();
-  const at::Tensor* refs[6] = {&p0, &w1, &b1, &w2, &b2, &times};
-  std::vector<at::Tensor> res(6);
-  for (int i = 0; i < 6; ++i) res[i] = needs[i] ? at::zeros(refs[i]->sizes(), opt) : at::empty({0}, opt);
+  std::vector<at::Tensor> res =
+      grad_outputs(bp.needs, {p0.sizes(), w1.sizes(), b1.sizes(), w2.sizes(), b2.sizes(), times.sizes()},
+                   p0.options());
   if (pr.S == 0 || pr.L == 0 || pr.d == 0) return res;
-  Problem cp = to_problem(pr, p0, true);
-  for (int i = 0; i < 6; ++i) cp.needs[i] = needs[i];
-  const Plan plan = make_plan(cp, p0);
-  at::Tensor ws = at::zeros({static_cast<int64_t>(plan.workspace_bytes)}, opt.dtype(at::kByte));
-  Pointers ptr{};
-  ptr.p0 = p0.data_ptr();
-  ptr.w1 = w1.data_ptr();
-  ptr.b1 = b1.data_ptr();
-  ptr.w2 = w2.data_ptr();
-  ptr.b2 = b2.data_ptr();
-  ptr.times = times.data_ptr();
+  Pointers ptr = input_pointers(p0, w1, b1, w2, b2, times);
   ptr.grad = grad.data_ptr();
   ptr.out_saved = saved.data_ptr();
   void** outs[6] = {&ptr.dp0, &ptr.dw1, &ptr.db1, &ptr.dw2, &ptr.db2, &ptr.dtimes};
-  for (int i = 0; i < 6; ++i) *outs[i] = needs[i] ? res[i].data_ptr() : nullptr;
-  ptr.workspace = ws.data_ptr();
-  check_launch(launch(cp, plan, ptr, c10::cuda::getCurrentCUDAStream().stream()), plan);
+  for (int i = 0; i < 6; ++i) *outs[i] = bp.needs[i] ? res[i].data_ptr() : nullptr;
+  run(to_problem(pr, p0, true, bp.needs), p0, ptr);
   return res;
 }
 

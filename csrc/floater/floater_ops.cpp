@@ -38,25 +38,19 @@ std::vector<at::Tensor> integrate_backward_cpu(const at::Tensor& grad, const at:
                                                const at::Tensor& b2, const at::Tensor& times, int64_t substeps,
                                                c10::string_view method, c10::string_view activation,
                                                const c10::List<bool>& needs_list) {
-  const Problem pr = check_forward(p0, w1, b1, w2, b2, times, substeps, std::string(method),
-                                   std::string(activation), c10::DeviceType::CPU);
-  check_backward(pr, grad, out, p0, needs_list.size());
-  bool needs[6];
-  for (size_t i = 0; i < 6; ++i) needs[i] = needs_list.get(i);
-  const auto opt = p0.options();
-  at::Tensor dp0 = at::empty({pr.S, pr.d}, opt);  // the adjoint is computed in any case
-  at::Tensor dw1 = needs[1] ? at::zeros_like(w1, at::MemoryFormat::Contiguous) : at::Tensor();
-  at::Tensor db1 = needs[2] ? at::zeros_like(b1, at::MemoryFormat::Contiguous) : at::Tensor();
-  at::Tensor dw2 = needs[3] ? at::zeros_like(w2, at::MemoryFormat::Contiguous) : at::Tensor();
-  at::Tensor db2 = needs[4] ? at::zeros_like(b2, at::MemoryFormat::Contiguous) : at::Tensor();
-  at::Tensor dtimes = needs[5] ? at::zeros_like(times, at::MemoryFormat::Contiguous) : at::Tensor();
-  if (pr.S == 0 || pr.L == 0 || pr.d == 0) dp0.zero_();
+  const BackwardProblem bp = check_backward(grad, out, p0, w1, b1, w2, b2, times, substeps, std::string(method),
+                                            std::string(activation), needs_list, c10::DeviceType::CPU);
+  const Problem& pr = bp.pr;
+  std::vector<at::Tensor> res =
+      grad_outputs(bp.needs, {p0.sizes(), w1.sizes(), b1.sizes(), w2.sizes(), b2.sizes(), times.sizes()},
+                   p0.options());
+  // The kernels write into the needed outputs; an undefined tensor skips that gradient.
+  at::Tensor g[6];
+  for (size_t i = 0; i < 6; ++i) g[i] = bp.needs[i] ? res[i] : at::Tensor();
   cpu::backward(grad.contiguous(), out.contiguous(), p0.contiguous(), w1.contiguous(), b1.contiguous(),
-                w2.contiguous(), b2.contiguous(), times.contiguous(), substeps, pr.method, pr.act, dp0, dw1, db1,
-                dw2, db2, dtimes);
-  auto or_empty = [&](bool need, const at::Tensor& t) { return need ? t : at::empty({0}, opt); };
-  return {or_empty(needs[0], dp0), or_empty(needs[1], dw1), or_empty(needs[2], db1),
-          or_empty(needs[3], dw2), or_empty(needs[4], db2), or_empty(needs[5], dtimes)};
+                w2.contiguous(), b2.contiguous(), times.contiguous(), substeps, pr.method, pr.act, g[0], g[1], g[2],
+                g[3], g[4], g[5]);
+  return res;
 }
 
 // Meta (fake tensor) kernels: shapes only, so torch.compile and opcheck can trace the ops.

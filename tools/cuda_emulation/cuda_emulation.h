@@ -94,8 +94,7 @@ struct uint3_ {
 };
 
 struct Ctx {
-  uint3_ tid{0, 0, 0}, bid{0, 0, 0};
-  dim3 bdim, gdim;
+  uint3_ tid{0, 0, 0};
   std::barrier<>* block = nullptr;
   std::barrier<>* warp = nullptr;
   double* warp_slots = nullptr;  // 32 per warp
@@ -170,9 +169,9 @@ cudaError_t launch(void (*kernel)(const P), int mode, int C, dim3 grid, dim3 blo
       threads.emplace_back([&, b, t] {
         Ctx& c = ctx();
         c.tid = threadIdx = {t, 0, 0};
-        c.bid = blockIdx = {b, 0, 0};
-        c.bdim = blockDim = block;
-        c.gdim = gridDim = grid;
+        blockIdx = {b, 0, 0};
+        blockDim = block;
+        gridDim = grid;
         c.block = blocks[b].get();
         c.warp = warps[(b * nt + t) / 32].get();
         c.warp_slots = slots.data() + (static_cast<size_t>(b) * nt + t) / 32 * 32;
