@@ -245,6 +245,34 @@ def test_pure_python_wheel_builds_without_the_extension(tmp_path):
     assert "py3-none-any" in wheel.name
 
 
+def test_sdist_carries_every_extension_source(tmp_path):
+    """An sdist must be able to build the extension: every source setup.py compiles and
+    every header under csrc/ is in it (MANIFEST.in)."""
+    import shutil
+    import tarfile
+
+    from posenc_fast import _build_config
+
+    # From a copy of the checkout's files: setuptools would otherwise reuse the file list
+    # of an earlier build (posenc_fast.egg-info/SOURCES.txt) and hide a missing rule.
+    src = tmp_path / "src"
+    listed = ["git", "ls-files", "--cached", "--others", "--exclude-standard"]
+    for name in subprocess.run(listed, capture_output=True, text=True, cwd=ROOT).stdout.split():
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    env = dict(os.environ, POSENC_FAST_SKIP_EXTENSION="1")
+    cmd = [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=src)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (sdist,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    headers = [str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.h")]
+    wanted = [*_build_config.CPU_SOURCES, *_build_config.CUDA_SOURCES, *headers]
+    assert headers and not [f for f in wanted if f not in members], sorted(members)
+
+
 # ---------------------------------------------------------------------------------------
 # C++ CPU kernels against the float64 reference loop
 # ---------------------------------------------------------------------------------------
