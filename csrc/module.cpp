@@ -20,7 +20,7 @@ namespace {
 
 pybind11::dict build_info() {
   pybind11::dict info;
-  info["ops_version"] = 1;  // bump when the op schemas change
+  info["ops_version"] = 2;  // bump when the op schemas change
   info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                           std::to_string(TORCH_VERSION_PATCH);
 #if defined(__clang__)
@@ -44,7 +44,7 @@ pybind11::dict build_info() {
 }  // namespace posenc_fast
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "posenc_fast compiled kernels (FLOATER integrator); ops live in torch.ops.posenc_fast";
+  m.doc() = "posenc_fast compiled kernels (FLOATER integrator, LFF, encodings); ops live in torch.ops.posenc_fast";
   m.def("build_info", &posenc_fast::build_info, "How this extension was built");
   m.def("cpu_isa", &posenc_fast::floater::cpu::isa, "Instruction set of the CPU kernels");
   m.def("set_cpu_isa", &posenc_fast::floater::cpu::set_isa, pybind11::arg("name"),

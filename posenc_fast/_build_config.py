@@ -21,6 +21,9 @@ CPU_SOURCES = (
     "csrc/module.cpp",
     "csrc/floater/floater_ops.cpp",
     "csrc/floater/floater_cpu.cpp",
+    "csrc/fourier/fourier_ops.cpp",
+    "csrc/fourier/lff_cpu.cpp",
+    "csrc/fourier/encoding_cpu.cpp",
 )
 CUDA_SOURCES = (
     "csrc/floater/floater_cuda_ops.cpp",

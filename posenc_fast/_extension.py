@@ -38,7 +38,7 @@ from . import _build_config as _cfg
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUILD_INFO = PACKAGE_DIR / _cfg.BUILD_INFO
 MODULE_NAME = "posenc_fast._C"
-OPS_VERSION = 1  # must match csrc/module.cpp build_info()["ops_version"]
+OPS_VERSION = 2  # must match csrc/module.cpp build_info()["ops_version"]
 INSTALL_HINT = "build it with `pip install --no-build-isolation -e .` (torch must be installed)"
 
 _lock = threading.Lock()

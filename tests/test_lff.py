@@ -310,19 +310,19 @@ def test_unavailable_backend_explains_every_backend():
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU dispatch choice")
-def test_auto_picks_torch_on_cpu():
+def test_auto_picks_cpp_then_torch_on_cpu():
+    """The C++ kernels where the extension loads, else the torch backend; float64 always
+    on the torch backend (the C++ kernels compute in float32)."""
     from posenc_fast import backends
     from posenc_fast.backends import Problem
 
-    p = Problem(
-        "lff",
-        "cpu",
-        torch.float32,
-        {"fourier_dim": 16},
-        {"activation": "gelu"},
-        {"x": torch.float32},
-    )
-    assert backends.choose(p, "auto") == "torch"
+    def problem(dtype):
+        sizes = {"fourier_dim": 16}
+        return Problem("lff", "cpu", dtype, sizes, {"activation": "gelu"}, {"x": dtype})
+
+    cpp = not backends.get("cpp").environment_reasons()
+    assert backends.choose(problem(torch.float32), "auto") == ("cpp" if cpp else "torch")
+    assert backends.choose(problem(torch.float64), "auto") == "torch"
 
 
 def test_env_var_forces_backend(monkeypatch):

@@ -1218,6 +1218,8 @@ void backward(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p
 
 std::string isa() { return kIsaNames[active_isa()]; }
 
+int isa_level() { return active_isa(); }
+
 int64_t set_backward_keep_budget(int64_t bytes) {
   TORCH_CHECK_VALUE(bytes >= 0, "backward keep budget must be >= 0, got ", bytes);
   return g_keep_budget.exchange(bytes);

@@ -28,6 +28,9 @@ void backward(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p
 std::string isa();
 std::string best_isa_name();
 void set_isa(const std::string& name);
+// The active instruction set as a level: 0 generic, 1 avx2, 2 avx512 (what isa() names);
+// the LFF and encoding kernels (csrc/fourier) follow the same choice and override.
+int isa_level();
 
 // Bytes the backward may use per chunk to keep a whole interval's stage values instead of
 // recomputing each step twice (default 64 MiB); returns the previous value. For tests.

@@ -4,7 +4,7 @@ Backends, fastest first for what they support:
 - ``cuda``:   C++/CUDA kernels of the compiled extension (FLOATER integrator), CUDA tensors.
 - ``triton``: fused Triton kernels (LFF, encodings), CUDA tensors; CPU tensors only under
   ``TRITON_INTERPRET=1`` (how CI verifies the kernels; never picked by "auto" there).
-- ``cpp``:    C++ CPU kernels of the compiled extension (FLOATER integrator).
+- ``cpp``:    C++ CPU kernels of the compiled extension (FLOATER integrator, LFF, encodings).
 - ``torch``:  pure PyTorch, chunked and memory-efficient: the fallback on every device.
 - ``reference``: the literal float64 equations; the specification, never picked by "auto".
 

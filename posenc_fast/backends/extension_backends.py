@@ -1,7 +1,15 @@
 """The "cpp" and "cuda" backends: the compiled extension posenc_fast._C (csrc/), which
-implements the FLOATER integrator (forward and discrete-adjoint backward) as the low-level
-ops ``posenc_fast::floater_integrate`` / ``floater_integrate_backward`` with CPU and CUDA
-kernels. The autograd-carrying op posenc_fast::floater (ops/floater.py) calls them here.
+implements
+- the FLOATER integrator (forward and discrete-adjoint backward) as the low-level ops
+  ``posenc_fast::floater_integrate`` / ``floater_integrate_backward``, CPU and CUDA kernels;
+- learnable Fourier features and the sinusoidal / DFT encodings (with the fused add), CPU
+  kernels (csrc/fourier/): ``lff_kernel`` / ``lff_kernel_backward``, ``encoding_kernel``,
+  ``encoding_add_kernel``, ``encoding_kernel_backward``. Same phase math as the Triton
+  kernels (float32 with the error-free reduction of triton_kernels/_phase.py), float32
+  arithmetic for bfloat16 / float16 inputs and outputs, one parallel region per call,
+  bitwise-deterministic for any thread count; float64 stays on the torch backend.
+The autograd-carrying ops (ops/floater.py, ops/fourier_features.py, ops/encodings.py) call
+them here.
 
 Both backends are optional: when the extension is missing, was built for another torch,
 or (cuda) has no CUDA part or no device, ``environment_reasons`` says why, "auto" falls
@@ -28,6 +36,9 @@ CUDA_GATE_ENV = "POSENC_FAST_CUDA_UNVALIDATED"
 # The CUDA kernels hold the dynamics in shared memory split across thread blocks (and
 # stream them from L2 beyond that); d and H up to this limit.
 CUDA_MAX_DIM = 4096
+
+_HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)
+_INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _call_args(p0, w1, b1, w2, b2, times, substeps, method, activation):
@@ -76,17 +87,60 @@ class _ExtensionBackend(Backend):
 
 class CppBackend(_ExtensionBackend):
     name = "cpp"
-    summary = "C++ CPU kernels of the compiled extension (FLOATER integrator)"
+    summary = "C++ CPU kernels of the compiled extension (FLOATER integrator, LFF, encodings)"
     SUPPORT = {
         "floater": OpSupport(
             devices=("cpu",),
             dtypes=(torch.float32, torch.float64),
             options={"method": METHODS, "activation": ACTIVATIONS},
         ),
+        # float32 arithmetic throughout: float64 weights or positions go to the torch backend.
+        "lff": OpSupport(
+            devices=("cpu",),
+            dtypes=_HALF_AND_SINGLE,
+            options={"activation": ("gelu", "gelu_tanh", "relu")},
+            input_dtypes={"x": _HALF_AND_SINGLE},
+        ),
+        "encoding": OpSupport(
+            devices=("cpu",),
+            dtypes=_HALF_AND_SINGLE,
+            options={"kind": ("sinusoidal", "dft")},
+            input_dtypes={"positions": _HALF_AND_SINGLE + _INTEGERS},
+        ),
     }
 
     def environment_reasons(self) -> list[str]:
         return _extension.reasons()
+
+    # ------------------------------------------------------------------ lff
+    def lff_forward(self, x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype):
+        """x [..., G, M] -> [..., G * Dg] (features [..., G * F] without w1..b2)."""
+        return self._ops().lff_kernel(x, wr, w1, b1, w2, b2, str(activation), out_dtype)
+
+    def lff_backward(
+        self, grad, x, wr, w1, b1, w2, b2, activation: str, needs
+    ) -> list[Optional[torch.Tensor]]:
+        """(dx, dwr, dw1, db1, dw2, db2); None where not needed (or the weight is absent)."""
+        needs = [bool(n) for n in needs]
+        grads = self._ops().lff_kernel_backward(grad, x, wr, w1, b1, w2, b2, str(activation), needs)
+        refs = (x, wr, w1, b1, w2, b2)
+        return [g if n and r is not None else None for g, n, r in zip(grads, needs, refs)]
+
+    # ------------------------------------------------------------------ encodings
+    def encoding_forward(self, positions, dim, kind, base, block, out_dtype):
+        block = None if block is None else float(block)
+        return self._ops().encoding_kernel(
+            positions, int(dim), str(kind), float(base), block, out_dtype
+        )
+
+    def encoding_add(self, x, positions, kind, base, block):
+        block = None if block is None else float(block)
+        return self._ops().encoding_add_kernel(x, positions, str(kind), float(base), block)
+
+    def encoding_backward(self, grad, positions, dim, kind, base):
+        return self._ops().encoding_kernel_backward(
+            grad, positions, int(dim), str(kind), float(base)
+        )
 
 
 class CudaBackend(_ExtensionBackend):

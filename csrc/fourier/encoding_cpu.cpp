@@ -1,0 +1,263 @@
+// Sinusoidal and DFT encodings on the CPU: the table, the fused add x + pe (x read once, the
+// sum written once) and the gradient to the positions.
+//
+// Shapes: positions p [L] (any real dtype, strided); x / out [R, dim] with R = B * L:
+// row b * L + l holds position l (B = 1 unless positions [L] are broadcast over the
+// leading dimensions of x [..., L, dim]); grad [L, dim] -> dp [L].
+//
+// Design: the spectrum (frequencies in turns, amplitudes, the block term) is built here in
+// float64 from the same formulas as triton_kernels/encodings.py and split into float32
+// pairs; encoding_kernels.h computes each position's row once (phases with the error-free
+// reduction, one sincos per frequency) into a row buffer in L1 and writes it to its B
+// output rows (adding x's rows): a broadcast position is encoded once, not once per row,
+// and x and the output stream through memory once. One parallel region per call; threads
+// take runs of positions from a shared counter. The gradient sums over frequencies in 16
+// virtual lanes (simd.h): the same bits on every instruction set and thread count.
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+#include "../floater/cpu_vec.h"
+#include "fourier_common.h"
+#include "fourier_cpu.h"
+
+namespace posenc_fast {
+namespace fourier {
+namespace {
+
+enum class PT { F32, BF16, F16, I8, U8, I16, I32, I64 };  // position dtypes
+
+// The spectrum as float32 rows the kernels read (zero beyond K), and the constants.
+struct EncTables {
+  const float *nu_hi, *nu_lo;  // [K] frequency in turns per unit position: hi + lo
+  const float* amp;            // [K] amplitude of cos and sin (1 for sinusoidal)
+  const float *dcos, *dsin;    // [K] 2 pi nu amp: d(amp cos)/dp = -dcos sin, d(amp sin)/dp = dsin cos
+  const float* bias;           // [dim] the block term (FLOATER Eq. 7) or nullptr
+  float a0;                    // dft: column 0 and the amplitude of column dim-1
+  float half_dcos;             // dft: pi a0, the derivative factor of column dim-1
+};
+
+struct EncIO {
+  const void* p;  // positions: element l at p + l * sp
+  PT pt;
+  bool pos_int;
+  int64_t sp;
+  const void* x;  // [R, dim] row stride ldx, or nullptr (the table)
+  DT xdt;
+  int64_t ldx;
+  void* out;  // [R, dim] row stride ldo
+  DT odt;
+  int64_t ldo;
+  const void* grad;  // backward [L, dim] row stride ldg
+  DT gdt;
+  int64_t ldg;
+  float* dp_f32;  // backward [L]
+};
+
+struct EncCall {
+  int64_t dim, K, L, B;
+  bool dft;
+  EncTables t;
+  EncIO io;
+};
+
+struct EncKernels {
+  void (*forward)(const EncCall& c, int64_t l0, int64_t l1, float* row);
+  void (*backward)(const EncCall& c, int64_t l0, int64_t l1);
+};
+
+}  // namespace
+
+#define PF_ISA_KERNELS "encoding_kernels.h"
+#include "per_isa.h"
+#undef PF_ISA_KERNELS
+
+namespace {
+
+const EncKernels& enc_kernels() {
+#if defined(PF_X86)
+  switch (isa_level()) {
+    case 2:
+      return isa_avx512::kEncKernels;
+    case 1:
+      return isa_avx2::kEncKernels;
+    default:
+      break;
+  }
+#endif
+  return isa_generic::kEncKernels;
+}
+
+PT pt_of(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16:
+      return PT::BF16;
+    case at::kHalf:
+      return PT::F16;
+    case at::kChar:
+      return PT::I8;
+    case at::kByte:
+      return PT::U8;
+    case at::kShort:
+      return PT::I16;
+    case at::kInt:
+      return PT::I32;
+    case at::kLong:
+      return PT::I64;
+    default:
+      return PT::F32;
+  }
+}
+
+constexpr double kTwoPi = 6.283185307179586;
+
+// The spectrum of (kind, dim, base) in float64, as triton_kernels/encodings.py's _spectrum:
+// sinusoidal nu_i = base^(-2i/dim) / (2 pi), i < dim/2; dft nu_k = k / dim, k = 1..dim/2-1.
+struct Spectrum {
+  std::vector<double> nu;
+  double amp;
+};
+Spectrum spectrum(EncodingKind kind, int64_t dim, double base) {
+  Spectrum s;
+  if (kind == EncodingKind::Sinusoidal) {
+    s.amp = 1.0;
+    for (int64_t i = 0; i < dim / 2; ++i) s.nu.push_back(std::pow(base, -2.0 * static_cast<double>(i) / dim) / kTwoPi);
+  } else {
+    s.amp = std::sqrt(2.0 / dim);
+    for (int64_t k = 1; k < dim / 2; ++k) s.nu.push_back(static_cast<double>(k) / dim);
+  }
+  return s;
+}
+
+// The float32 tables in `store` (zero-padded), and the block term: the encoding of position
+// `block` in float64 with the phase reduced before the trig, rounded to float32.
+EncTables make_tables(EncodingKind kind, int64_t dim, double base, c10::optional<double> block, at::Tensor& store) {
+  const Spectrum s = spectrum(kind, dim, base);
+  const int64_t K = static_cast<int64_t>(s.nu.size()), ldk = round_up(std::max<int64_t>(K, 1));
+  const int64_t ldb = round_up(dim) + kPad;
+  store = at::zeros({5 * ldk + ldb}, at::kFloat);
+  float* base_ptr = store.data_ptr<float>();
+  float *hi = base_ptr, *lo = hi + ldk, *amp = lo + ldk, *dcos = amp + ldk, *dsin = dcos + ldk, *bias = dsin + ldk;
+  for (int64_t k = 0; k < K; ++k) {
+    hi[k] = static_cast<float>(s.nu[k]);
+    lo[k] = static_cast<float>(s.nu[k] - static_cast<double>(hi[k]));
+    amp[k] = static_cast<float>(s.amp);
+    dcos[k] = dsin[k] = static_cast<float>(kTwoPi * s.nu[k] * s.amp);
+  }
+  const double a0 = 1.0 / std::sqrt(static_cast<double>(dim));
+  EncTables t{hi, lo, amp, dcos, dsin, nullptr, static_cast<float>(a0), static_cast<float>(M_PI * a0)};
+  if (block) {
+    auto angle = [&](double nu) {
+      const double turns = nu * *block;
+      return kTwoPi * (turns - std::nearbyint(turns));
+    };
+    for (int64_t k = 0; k < K; ++k) {
+      const double a = angle(s.nu[k]);
+      if (kind == EncodingKind::Sinusoidal) {
+        bias[2 * k] = static_cast<float>(std::sin(a));
+        bias[2 * k + 1] = static_cast<float>(std::cos(a));
+      } else {
+        bias[1 + k] = static_cast<float>(std::cos(a) * s.amp);
+        bias[1 + K + k] = static_cast<float>(std::sin(a) * s.amp);
+      }
+    }
+    if (kind == EncodingKind::DFT) {
+      bias[0] = static_cast<float>(a0);
+      bias[dim - 1] = static_cast<float>(std::cos(angle(0.5)) * a0);
+    }
+    t.bias = bias;
+  }
+  return t;
+}
+
+EncCall make_call(const at::Tensor& p, int64_t dim, EncodingKind kind, double base, c10::optional<double> block,
+                  at::Tensor& store) {
+  EncCall c{};
+  c.dim = dim;
+  c.dft = kind == EncodingKind::DFT;
+  c.t = make_tables(kind, dim, base, block, store);
+  c.K = c.dft ? dim / 2 - 1 : dim / 2;
+  c.io.p = p.data_ptr();
+  c.io.pt = pt_of(p.scalar_type());
+  c.io.pos_int = !at::isFloatingType(p.scalar_type());
+  c.io.sp = p.stride(0);
+  return c;
+}
+
+}  // namespace
+
+namespace cpu {
+
+at::Tensor encoding_forward(const at::Tensor& p, int64_t period, const at::Tensor& x, int64_t dim, EncodingKind kind,
+                            double base, c10::optional<double> block, at::ScalarType out_dtype) {
+  const int64_t R = x.defined() ? x.size(0) : p.size(0);
+  at::Tensor out = at::empty({R, dim}, p.options().dtype(out_dtype));
+  if (R == 0 || dim == 0) return out;
+  at::Tensor store;
+  EncCall c = make_call(p, dim, kind, base, block, store);
+  c.L = period > 0 ? period : R;
+  c.B = R / c.L;
+  if (x.defined()) {
+    c.io.x = x.data_ptr();
+    c.io.xdt = dt_of(x.scalar_type());
+    c.io.ldx = x.stride(0);
+  }
+  c.io.out = out.data_ptr();
+  c.io.odt = dt_of(out_dtype);
+  c.io.ldo = out.stride(0);
+  // Runs of positions of about 32 output rows each.
+  const int64_t run = std::max<int64_t>(1, 32 / c.B);
+  const int64_t runs = (c.L + run - 1) / run;
+  const int threads = team_threads(runs, static_cast<double>(run) * (30.0 * c.K + c.B * dim));
+  const int64_t row_len = round_up(dim) + 2 * kPad;
+  const at::Tensor rows = at::empty({threads * row_len}, at::kFloat);
+  const EncKernels& kern = enc_kernels();
+  WorkQueue queue(runs);
+  parallel_region(threads, [&](int rank, int) {
+    float* row = rows.data_ptr<float>() + rank * row_len;
+    int64_t q;
+    while (queue.take(q)) kern.forward(c, q * run, std::min(c.L, (q + 1) * run), row);
+  });
+  return out;
+}
+
+at::Tensor encoding_backward(const at::Tensor& grad, const at::Tensor& p, int64_t dim, EncodingKind kind,
+                             double base) {
+  const int64_t L = p.size(0);
+  at::Tensor dp = at::empty({L}, p.options().dtype(at::kFloat));
+  if (L == 0) return dp;
+  at::Tensor store;
+  EncCall c = make_call(p, dim, kind, base, c10::nullopt, store);
+  c.L = L;
+  c.B = 1;
+  c.io.grad = grad.data_ptr();
+  c.io.gdt = dt_of(grad.scalar_type());
+  c.io.ldg = grad.stride(0);
+  c.io.dp_f32 = dp.data_ptr<float>();
+  const int64_t run = 64;
+  const int64_t runs = (L + run - 1) / run;
+  const int threads = team_threads(runs, run * 35.0 * c.K);
+  const EncKernels& kern = enc_kernels();
+  WorkQueue queue(runs);
+  parallel_region(threads, [&](int, int) {
+    int64_t q;
+    while (queue.take(q)) kern.backward(c, q * run, std::min(L, (q + 1) * run));
+  });
+  return at::isFloatingType(p.scalar_type()) && p.scalar_type() != at::kFloat ? dp.to(p.scalar_type()) : dp;
+}
+
+}  // namespace cpu
+}  // namespace fourier
+}  // namespace posenc_fast

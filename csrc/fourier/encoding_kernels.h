@@ -1,0 +1,214 @@
+// Sinusoidal and DFT encodings, the fused add and the gradient to the positions: the
+// kernels of a run of positions, for one instruction set (compiled per set by per_isa.h
+// from encoding_cpu.cpp, whose types they use).
+//
+// Both encodings are sinusoids of the position at K frequencies (encoding_cpu.cpp):
+//   sinusoidal: frequency i -> sin at column 2i, cos at 2i + 1 (interleaved)
+//   dft:        frequency k = 1..K -> a cos at column k, a sin at K + k; column 0 is the
+//               constant a0, column dim-1 cos(pi p) / sqrt(dim)
+// computed as triton_kernels/encodings.py does, lane for lane: the phase p * nu from the
+// float32 pair (nu_hi, nu_lo) (integer positions split into hi + lo), sincos_turns, times
+// the amplitude, + the block term, + x, rounded once.
+
+#include "simd.h"
+
+// The position of index l as hi + lo (float32, exact for integers below 2^53).
+PF_INLINE void position(const EncCall& c, int64_t l, float& hi, float& lo) {
+  const int64_t i = l * c.io.sp;
+  const void* p = c.io.p;
+  int64_t v;
+  switch (c.io.pt) {
+    case PT::F32:
+      hi = static_cast<const float*>(p)[i];
+      lo = 0.0f;
+      return;
+    case PT::BF16:
+      hi = static_cast<float>(static_cast<const c10::BFloat16*>(p)[i]);
+      lo = 0.0f;
+      return;
+    case PT::F16:
+      hi = static_cast<float>(static_cast<const c10::Half*>(p)[i]);
+      lo = 0.0f;
+      return;
+    case PT::I8:
+      v = static_cast<const int8_t*>(p)[i];
+      break;
+    case PT::U8:
+      v = static_cast<const uint8_t*>(p)[i];
+      break;
+    case PT::I16:
+      v = static_cast<const int16_t*>(p)[i];
+      break;
+    case PT::I32:
+      v = static_cast<const int32_t*>(p)[i];
+      break;
+    default:
+      v = static_cast<const int64_t*>(p)[i];
+  }
+  hi = static_cast<float>(v);
+  lo = static_cast<float>(static_cast<double>(v) - static_cast<double>(hi));
+}
+
+PF_INLINE void sincos_at(const EncCall& c, float hi, float lo, const float* nu_hi, const float* nu_lo, V& cs, V& sn) {
+  const Phase t{vload(nu_hi), vload(nu_lo)};
+  Phase ph = phase_term(splat(hi), t);
+  if (c.io.pos_int) ph = accumulate_phase(ph, splat(lo), t);
+  sincos_turns(ph, cs, sn);
+}
+
+// (a0, b0, a1, b1, ...) and its second half: the sinusoidal layout of W sines and cosines.
+PF_INLINE void interleave(V a, V b, V& lo, V& hi) {
+#if defined(__clang__)
+  float t[2 * W];
+  for (int i = 0; i < W; ++i) {
+    t[2 * i] = a[i];
+    t[2 * i + 1] = b[i];
+  }
+  lo = vload(t);
+  hi = vload(t + W);
+#else
+  VI ml, mh;
+  for (int i = 0; i < W / 2; ++i) {
+    ml[2 * i] = i;
+    ml[2 * i + 1] = W + i;
+    mh[2 * i] = W / 2 + i;
+    mh[2 * i + 1] = W + W / 2 + i;
+  }
+  lo = __builtin_shuffle(a, b, ml);
+  hi = __builtin_shuffle(a, b, mh);
+#endif
+}
+// The inverse: even lanes of (lo, hi) and odd lanes.
+PF_INLINE void deinterleave(V lo, V hi, V& even, V& odd) {
+#if defined(__clang__)
+  float t[2 * W];
+  vstore(t, lo);
+  vstore(t + W, hi);
+  for (int i = 0; i < W; ++i) {
+    even[i] = t[2 * i];
+    odd[i] = t[2 * i + 1];
+  }
+#else
+  VI me, mo;
+  for (int i = 0; i < W; ++i) {
+    me[i] = 2 * i;
+    mo[i] = 2 * i + 1;
+  }
+  even = __builtin_shuffle(lo, hi, me);
+  odd = __builtin_shuffle(lo, hi, mo);
+#endif
+}
+
+// row[0, dim) = encoding of the position (float32), + the block term.
+PF_INLINE void encode_row(const EncCall& c, float hi, float lo, float* row) {
+  const EncTables& t = c.t;
+  const int64_t K = c.K;
+  V cs, sn;
+  if (!c.dft) {
+    for (int64_t j = 0; j < K; j += W) {
+      sincos_at(c, hi, lo, t.nu_hi + j, t.nu_lo + j, cs, sn);
+      V lo_v, hi_v;  // (sin, cos) pairs; the amplitudes are 1
+      interleave(sn, cs, lo_v, hi_v);
+      vstore(row + 2 * j, lo_v);  // rows are padded: whole vectors may be stored
+      vstore(row + 2 * j + W, hi_v);
+    }
+  } else {
+    for (int64_t j = 0; j < K; j += W) {
+      const int n = static_cast<int>(K - j < W ? K - j : W);
+      sincos_at(c, hi, lo, t.nu_hi + j, t.nu_lo + j, cs, sn);
+      store_n(row + 1 + j, cs * vload(t.amp + j), n);  // partial: sines follow the cosines
+      store_n(row + 1 + K + j, sn * vload(t.amp + j), n);
+    }
+    row[0] = t.a0;
+    // cos(pi p) / sqrt(dim): frequency 1/2 turn
+    const V half = splat(0.5f);
+    Phase ph = phase_term(splat(hi), Phase{half, splat(0.0f)});
+    if (c.io.pos_int) ph = accumulate_phase(ph, splat(lo), Phase{half, splat(0.0f)});
+    sincos_turns(ph, cs, sn);
+    row[c.dim - 1] = cs[0] * t.a0;
+  }
+  if (t.bias)
+    for (int64_t j = 0; j < c.dim; j += W) vstore(row + j, vload(row + j) + vload(t.bias + j));
+}
+
+// Positions [l0, l1): each encoded once into the thread's row buffer, then written to the
+// rows b * L + l (b < B) of the output, added to x's rows when x is given.
+void forward_positions(const EncCall& c, int64_t l0, int64_t l1, float* row) {
+  const int64_t dim = c.dim;
+  with_dt(c.io.odt, [&](auto otag) {
+    constexpr DT odt = decltype(otag)::value;
+    with_dt(c.io.x ? c.io.xdt : DT::F32, [&](auto xtag) {
+      constexpr DT xdt = decltype(xtag)::value;
+      const int64_t oes = odt == DT::F32 ? 4 : 2, xes = xdt == DT::F32 ? 4 : 2;
+      for (int64_t l = l0; l < l1; ++l) {
+        float hi, lo;
+        position(c, l, hi, lo);
+        encode_row(c, hi, lo, row);
+        for (int64_t b = 0; b < c.B; ++b) {
+          const int64_t r = b * c.L + l;
+          void* orow = static_cast<char*>(c.io.out) + r * c.io.ldo * oes;
+          if (c.io.x) {
+            const void* xrow = static_cast<const char*>(c.io.x) + r * c.io.ldx * xes;
+            for (int64_t j = 0; j < dim; j += W) {
+              const int n = static_cast<int>(dim - j < W ? dim - j : W);
+              store_as<odt>(orow, j, vload(row + j) + load_as<xdt>(xrow, j, n), n);
+            }
+          } else {
+            for (int64_t j = 0; j < dim; j += W) store_as<odt>(orow, j, vload(row + j), static_cast<int>(dim - j < W ? dim - j : W));
+          }
+        }
+      }
+    });
+  });
+}
+
+// dp[l] = sum over frequencies of g_sin * cos * dsin - g_cos * sin * dcos for l in [l0, l1)
+// (dsin = 2 pi nu amp = d(amp sin)/d(phase) * d(phase)/dp); summed in 16 virtual lanes.
+void backward_positions(const EncCall& c, int64_t l0, int64_t l1) {
+  const EncTables& t = c.t;
+  const int64_t K = c.K;
+  with_dt(c.io.gdt, [&](auto tag) {
+    constexpr DT gdt = decltype(tag)::value;
+    const int64_t ges = gdt == DT::F32 ? 4 : 2;
+    for (int64_t l = l0; l < l1; ++l) {
+      float hi, lo;
+      position(c, l, hi, lo);
+      const void* g = static_cast<const char*>(c.io.grad) + l * c.io.ldg * ges;
+      Red acc;
+      for (int i = 0; i < kRedVecs; ++i) acc.v[i] = splat(0.0f);
+      for (int64_t j = 0; j < K; j += W) {
+        V cs, sn, g_sin, g_cos;
+        sincos_at(c, hi, lo, t.nu_hi + j, t.nu_lo + j, cs, sn);
+        if (!c.dft) {
+          const int64_t left = 2 * (K - j);
+          const V a = load_as<gdt>(g, 2 * j, static_cast<int>(left < W ? left : W));
+          const V b = load_as<gdt>(g, 2 * j + W, static_cast<int>(left - W < 0 ? 0 : (left - W < W ? left - W : W)));
+          deinterleave(a, b, g_sin, g_cos);
+        } else {
+          const int n = static_cast<int>(K - j < W ? K - j : W);
+          g_cos = load_as<gdt>(g, 1 + j, n);
+          g_sin = load_as<gdt>(g, 1 + K + j, n);
+        }
+        const V term = g_sin * cs * vload(t.dsin + j) - g_cos * sn * vload(t.dcos + j);
+        V& a = acc.v[(j / W) % kRedVecs];
+        a = a + term;
+      }
+      float dp = red_total(acc);
+      if (c.dft) {  // the last column, cos(pi p) / sqrt(dim): d/dp = -pi sin(pi p) / sqrt(dim)
+        V cs, sn;
+        const V half = splat(0.5f);
+        Phase ph = phase_term(splat(hi), Phase{half, splat(0.0f)});
+        if (c.io.pos_int) ph = accumulate_phase(ph, splat(lo), Phase{half, splat(0.0f)});
+        sincos_turns(ph, cs, sn);
+        V gl{};
+        gl[0] = load_as<gdt>(g, c.dim - 1, 1)[0];
+        dp = dp - (gl * sn * t.half_dcos)[0];
+      }
+      V out{};
+      out[0] = dp;
+      store_as<DT::F32>(c.io.dp_f32, l, out, 1);
+    }
+  });
+}
+
+const EncKernels kEncKernels{forward_positions, backward_positions};

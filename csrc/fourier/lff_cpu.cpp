@@ -1,0 +1,386 @@
+// Learnable Fourier features + MLP on the CPU: forward and backward, fused per tile of rows.
+//
+// Shapes: rows [R, M] (R = N * G: every group of every position is a row), wr [F2, M],
+// w1 [F, H], b1 [H], w2 [H, D], b2 [D] (F = 2 F2), out / grad [R, D] ([R, F] without MLP).
+//
+// Design
+// - Per tile of up to kTileRows rows (lff_kernels.h): positions -> phases (float32,
+//   error-free reduction) -> cos | sin / sqrt(F) -> a = b1 + feats w1 -> h = act(a) ->
+//   y = b2 + h w2, stored once in the output dtype. Features, hidden layer and activation
+//   stay in the thread's scratch (~50 KB at F = 256, H = 32): memory traffic is x in and y
+//   out. All arithmetic is float32 (bfloat16 / float16 are storage types only).
+// - The products are register-blocked micro-kernels of our own (gemm.h) rather than BLAS
+//   calls per tile: ATen's CPU BLAS entry point (at::native::cpublas::gemm) is not exported
+//   by libtorch_cpu, and a per-tile library call at these shapes ([48, 256] x [256, 32],
+//   [48, 32] x [32, 768]) costs its packing and dispatch every time (see csrc/README.md for
+//   the measured rates); our kernels also fix the summation order (determinism below).
+// - Backward: the tile recomputes features, a and h from x, reads dY once (as float32
+//   rows), and computes gh = dY w2^T, ga = gh act'(a), gr = ga w1^T (dLoss/dfeats), the
+//   phase gradient and dx = gphase wr; weight gradients are products over the tile's rows
+//   ([h | 1]^T dY gives dw2 and db2, [feats | 1]^T ga gives dw1 and db1, x^T gphase gives
+//   dwr^T) accumulated into the partial sums of the tile's block.
+// - Determinism: blocks are runs of rows fixed by R alone (never by the thread count);
+//   a block's tiles add into its partial in row order, and the partials are added in block
+//   order at the end. Every element of every output is one fixed chain of float32
+//   operations: the same bits for any thread count, run after run, and on every
+//   instruction set (per_isa.h: explicit FMAs, no compiler contraction).
+// - Parallelism: one OpenMP region per call. Threads take tiles (forward) or blocks
+//   (backward) from a shared counter, so a thread whose core is busy with another process
+//   takes fewer; the backward's partials are then summed by all threads after a barrier.
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+#include "../floater/cpu_vec.h"
+#include "fourier_common.h"
+#include "fourier_cpu.h"
+
+namespace posenc_fast {
+namespace fourier {
+namespace {
+
+using Act = LffActivation;
+
+// Rows per tile: a multiple of every register tile's row count (12, 6, 4, 2); the scratch of
+// a tile stays within a core's L2 next to the weights (~0.7 MB in all at F=256, H=32, D=768).
+constexpr int64_t kTileRows = 48;
+
+struct LffDims {
+  int64_t R, M, F2, F, H, D;
+  bool mlp;
+  Act act;
+  // padded leading dimensions (multiples of kPad floats)
+  int64_t ldt;  // turn tables [M, ldt], F2 frequencies
+  int64_t ldk;  // phase gradient [rows, ldk]
+  int64_t Fp;   // F padded
+  int64_t ldf;  // features / feature gradient [rows, ldf] >= F + 1 (column F: ones)
+  int64_t Hp;   // H padded: a, h, ga columns computed
+  int64_t ldh;  // [rows, ldh] >= H + 1 (column H: ones)
+  int64_t Dp;   // D padded
+  int64_t ldd;  // dY as float32 [rows, ldd]
+  int64_t ldm;  // M padded: dx [rows, ldm], wr [F2, ldm]
+};
+
+// float32 copies of the weights in the layouts the kernels read, zero-padded.
+struct LffWeights {
+  const float *thi, *tlo;  // [M, ldt] wr^T / (2 pi), float32 pair
+  const float* wr;         // [F2, ldm]
+  const float *w1, *b1;    // [F, Hp], [Hp]
+  const float *w2, *b2;    // [H, Dp], [Dp]
+  const float *w1t, *w2t;  // [H, Fp], [D, Hp] (backward)
+  float inv_sqrt_f;
+};
+
+struct LffIO {
+  const void* x;  // rows: element (r, m) at x + r * sxr + m * sxm
+  DT xdt;
+  int64_t sxr, sxm;
+  void* out;  // forward [R, D or F], row stride ldo
+  DT odt;
+  int64_t ldo;
+  const void* grad;  // backward [R, D or F], row stride ldg
+  DT gdt;
+  int64_t ldg;
+  void* dx;  // backward [R, M] contiguous
+  DT dxdt;
+};
+
+struct LffNeeds {
+  bool x, wr, w1, b1, w2, b2;
+};
+
+struct LffCall {
+  LffDims d;
+  LffWeights w;
+  LffIO io;
+  LffNeeds needs;
+};
+
+// One thread's buffers (lff_kernels.h header comment).
+struct LffScratch {
+  float *xs, *feats, *a, *h, *dy, *ga, *gr, *gph, *dxs;
+};
+
+// One block's weight-gradient partial sums: dwr^T [M, ldk], [dw1; db1] [F+1, Hp],
+// [dw2; db2] [H+1, Dp]. first: this tile starts them (no earlier tile of the block).
+struct LffPartials {
+  float *dwrt, *dw1, *dw2;
+  bool first;
+};
+
+struct LffKernels {
+  void (*prepare_turns)(const float* wr, int64_t F2, int64_t M, int64_t ldt, float* thi, float* tlo);
+  void (*forward_tile)(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s);
+  void (*backward_tile)(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s, const LffPartials& p);
+  void (*sum_partials)(const float* parts, int64_t nparts, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
+                       int64_t row0, int64_t row1, void* out, DT dt, int64_t ds_row, int64_t ds_col);
+};
+
+}  // namespace
+
+#define PF_ISA_KERNELS "lff_kernels.h"
+#include "per_isa.h"
+#undef PF_ISA_KERNELS
+
+namespace {
+
+const LffKernels& lff_kernels() {
+#if defined(PF_X86)
+  switch (isa_level()) {
+    case 2:
+      return isa_avx512::kLffKernels;
+    case 1:
+      return isa_avx2::kLffKernels;
+    default:
+      break;
+  }
+#endif
+  return isa_generic::kLffKernels;
+}
+
+LffDims make_dims(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& w2,
+                  Act act) {
+  LffDims d{};
+  d.R = rows.size(0);
+  d.M = rows.size(1);
+  d.F2 = wr.size(0);
+  d.F = 2 * d.F2;
+  d.mlp = w1.defined();
+  d.H = d.mlp ? w1.size(1) : 0;
+  d.D = d.mlp ? w2.size(1) : 0;
+  d.act = act;
+  d.ldt = round_up(d.F2);
+  d.ldk = round_up(d.F2);
+  d.Fp = round_up(d.F);
+  d.ldf = round_up(d.F + 1);
+  d.Hp = round_up(d.H);
+  d.ldh = round_up(d.H + 1);
+  d.Dp = round_up(d.D);
+  d.ldd = d.mlp ? d.Dp : round_up(d.F);
+  d.ldm = round_up(d.M);
+  return d;
+}
+
+// Copies src ([rows, cols], any float dtype and strides) as float32 into dst with row
+// stride ld; transposed: dst[c * ld + r] = src[r, c].
+void copy_f32(const at::Tensor& src, float* dst, int64_t ld, bool transposed) {
+  const at::Tensor s = src.to(at::kFloat).contiguous();
+  const float* p = s.data_ptr<float>();
+  const int64_t rows = s.dim() == 2 ? s.size(0) : 1, cols = s.size(-1);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) (transposed ? dst[c * ld + r] : dst[r * ld + c]) = p[r * cols + c];
+}
+
+// The float32 weights of one call; storage is owned by `store` (zero-padded).
+LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& b1,
+                           const at::Tensor& w2, const at::Tensor& b2, bool backward, const LffKernels& kern,
+                           at::Tensor& store) {
+  const int64_t sizes[] = {
+      2 * d.M * d.ldt, d.F2 * d.ldm, d.F * d.Hp, d.Hp, d.H * d.Dp, d.Dp,
+      backward ? d.H * d.Fp : 0, backward ? d.D * d.Hp : 0,
+  };
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  store = at::zeros({total}, at::kFloat);
+  float* base = store.data_ptr<float>();
+  float* ptr[8];
+  for (int i = 0; i < 8; ++i) {
+    ptr[i] = base;
+    base += sizes[i];
+  }
+  const at::Tensor wr32 = wr.to(at::kFloat).contiguous();
+  kern.prepare_turns(wr32.data_ptr<float>(), d.F2, d.M, d.ldt, ptr[0], ptr[0] + d.M * d.ldt);
+  copy_f32(wr32, ptr[1], d.ldm, false);
+  if (d.mlp) {
+    copy_f32(w1, ptr[2], d.Hp, false);
+    copy_f32(b1, ptr[3], 0, false);
+    copy_f32(w2, ptr[4], d.Dp, false);
+    copy_f32(b2, ptr[5], 0, false);
+    if (backward) {
+      copy_f32(w1, ptr[6], d.Fp, true);
+      copy_f32(w2, ptr[7], d.Hp, true);
+    }
+  }
+  LffWeights w{};
+  w.thi = ptr[0];
+  w.tlo = ptr[0] + d.M * d.ldt;
+  w.wr = ptr[1];
+  w.w1 = ptr[2];
+  w.b1 = ptr[3];
+  w.w2 = ptr[4];
+  w.b2 = ptr[5];
+  w.w1t = ptr[6];
+  w.w2t = ptr[7];
+  w.inv_sqrt_f = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.F)));
+  return w;
+}
+
+// Per-thread scratch, zero-filled once (padding columns are read as zeros), allocated before
+// the parallel region (nothing may throw inside it).
+struct ScratchArena {
+  at::Tensor store;
+  int64_t per = 0;
+  int64_t sizes[9] = {};
+
+  ScratchArena(const LffDims& d, int64_t rows, bool backward, int threads) {
+    const int64_t s[9] = {
+        rows * d.M,                      // xs
+        rows * d.ldf,                    // feats
+        rows * d.ldh,                    // a
+        rows * d.ldh,                    // h
+        backward ? rows * d.ldd : 0,     // dy
+        backward ? rows * d.ldh : 0,     // ga
+        backward ? rows * d.ldf : 0,     // gr
+        backward ? rows * d.ldk : 0,     // gph
+        backward ? rows * d.ldm : 0,     // dxs
+    };
+    for (int i = 0; i < 9; ++i) {
+      sizes[i] = round_up(s[i]);  // every buffer starts on a 64-byte boundary
+      per += sizes[i];
+    }
+    store = at::zeros({threads * per + kPad}, at::kFloat);
+  }
+
+  LffScratch of(int rank) const {
+    float* base = store.data_ptr<float>() + rank * per;
+    const uintptr_t mis = reinterpret_cast<uintptr_t>(base) % 64;
+    if (mis) base += (64 - mis) / sizeof(float);
+    float* p[9];
+    for (int i = 0; i < 9; ++i) {
+      p[i] = base;
+      base += sizes[i];
+    }
+    return LffScratch{p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]};
+  }
+};
+
+LffIO rows_io(const at::Tensor& rows) {
+  LffIO io{};
+  io.x = rows.data_ptr();
+  io.xdt = dt_of(rows.scalar_type());
+  io.sxr = rows.stride(0);
+  io.sxm = rows.stride(1);
+  return io;
+}
+
+// Multiply-adds per row (a rough cost, to decide how many threads are worth a fork).
+double row_cost(const LffDims& d) { return static_cast<double>(d.F2) * (24 + 2 * d.M) + d.F * d.H + d.H * d.D; }
+
+}  // namespace
+
+namespace cpu {
+
+at::Tensor lff_forward(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& b1,
+                       const at::Tensor& w2, const at::Tensor& b2, LffActivation act, at::ScalarType out_dtype) {
+  const LffDims d = make_dims(rows, wr, w1, w2, act);
+  at::Tensor out = at::empty({d.R, d.mlp ? d.D : d.F}, rows.options().dtype(out_dtype));
+  if (d.R == 0 || out.numel() == 0) return out;
+  const LffKernels& kern = lff_kernels();
+  at::Tensor wstore;
+  LffCall c{d, prepare_weights(d, wr, w1, b1, w2, b2, false, kern, wstore), rows_io(rows), LffNeeds{}};
+  c.io.out = out.data_ptr();
+  c.io.odt = dt_of(out_dtype);
+  c.io.ldo = out.stride(0);
+  // Tiles: kTileRows rows, or fewer when that leaves a thread idle (the tiling does not
+  // change the results: every row is computed on its own).
+  int64_t tile = kTileRows;
+  int threads = team_threads((d.R + tile - 1) / tile, row_cost(d) * tile);
+  if (threads > 1 && (d.R + tile - 1) / tile < 4 * threads)
+    tile = std::max<int64_t>(12, round_up((d.R + 4 * threads - 1) / (4 * threads), 12));
+  const int64_t ntiles = (d.R + tile - 1) / tile;
+  threads = std::min<int>(threads, static_cast<int>(ntiles));
+  const ScratchArena arena(d, tile, false, threads);
+  WorkQueue queue(ntiles);
+  parallel_region(threads, [&](int rank, int) {
+    const LffScratch s = arena.of(rank);
+    int64_t t;
+    while (queue.take(t)) kern.forward_tile(c, t * tile, std::min(tile, d.R - t * tile), s);
+  });
+  return out;
+}
+
+std::vector<at::Tensor> lff_backward(const at::Tensor& grad, const at::Tensor& rows, const at::Tensor& wr,
+                                     const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                                     const at::Tensor& b2, LffActivation act, const std::array<bool, 6>& needs) {
+  const LffDims d = make_dims(rows, wr, w1, w2, act);
+  LffNeeds nd{needs[0], needs[1], d.mlp && needs[2], d.mlp && needs[3], d.mlp && needs[4], d.mlp && needs[5]};
+  std::vector<at::Tensor> res(6);
+  const at::Tensor* refs[6] = {&rows, &wr, &w1, &b1, &w2, &b2};
+  const bool want[6] = {nd.x, nd.wr, nd.w1, nd.b1, nd.w2, nd.b2};
+  for (int i = 0; i < 6; ++i)
+    if (want[i]) res[i] = d.R == 0 && i > 0 ? at::zeros_like(*refs[i]) : at::empty(refs[i]->sizes(), refs[i]->options());
+  if (d.R == 0 || !(nd.x || nd.wr || nd.w1 || nd.b1 || nd.w2 || nd.b2)) return res;
+
+  const LffKernels& kern = lff_kernels();
+  at::Tensor wstore;
+  LffCall c{d, prepare_weights(d, wr, w1, b1, w2, b2, true, kern, wstore), rows_io(rows), nd};
+  c.io.grad = grad.data_ptr();
+  c.io.gdt = dt_of(grad.scalar_type());
+  c.io.ldg = grad.stride(0);
+  if (nd.x) {
+    c.io.dx = res[0].data_ptr();
+    c.io.dxdt = dt_of(res[0].scalar_type());
+  }
+
+  // Blocks of rows, a function of the shapes only: at least 96 rows (the partial sums cost
+  // little next to the block's work), at most 16 blocks and 64 MiB of partials.
+  const int64_t off_w1 = d.M * d.ldk, off_w2 = off_w1 + (d.F + 1) * d.Hp;
+  const int64_t per = off_w2 + (d.H + 1) * d.Dp;
+  const int64_t max_blocks = std::max<int64_t>(1, std::min<int64_t>(16, (int64_t{64} << 20) / (4 * per)));
+  int64_t block_rows = std::max<int64_t>(96, (d.R + max_blocks - 1) / max_blocks);
+  const int64_t nblocks = (d.R + block_rows - 1) / block_rows;
+  at::Tensor parts = at::empty({nblocks * per}, at::kFloat);
+  float* pbase = parts.data_ptr<float>();
+
+  const int threads = team_threads(nblocks, 3.0 * row_cost(d) * block_rows);
+  const ScratchArena arena(d, kTileRows, true, threads);
+  WorkQueue queue(nblocks);
+
+  // The needed gradients as (partial offset, rows, cols, ld, output, dst strides).
+  struct Sum {
+    int64_t off, rows, cols, ld;
+    at::Tensor* out;
+    int64_t ds_row, ds_col;
+  };
+  std::vector<Sum> sums;
+  if (nd.wr) sums.push_back({0, d.M, d.F2, d.ldk, &res[1], 1, d.M});
+  if (nd.w1) sums.push_back({off_w1, d.F, d.H, d.Hp, &res[2], d.H, 1});
+  if (nd.b1) sums.push_back({off_w1 + d.F * d.Hp, 1, d.H, d.Hp, &res[3], d.H, 1});
+  if (nd.w2) sums.push_back({off_w2, d.H, d.D, d.Dp, &res[4], d.D, 1});
+  if (nd.b2) sums.push_back({off_w2 + d.H * d.Dp, 1, d.D, d.Dp, &res[5], d.D, 1});
+
+  parallel_region(threads, [&](int rank, int size) {
+    const LffScratch s = arena.of(rank);
+    int64_t b;
+    while (queue.take(b)) {
+      float* pb = pbase + b * per;
+      const int64_t r_end = std::min(d.R, (b + 1) * block_rows);
+      for (int64_t r0 = b * block_rows; r0 < r_end; r0 += kTileRows) {
+        const LffPartials p{pb, pb + off_w1, pb + off_w2, r0 == b * block_rows};
+        kern.backward_tile(c, r0, std::min(kTileRows, r_end - r0), s, p);
+      }
+    }
+    region_barrier();  // every block's partial is complete
+    for (const Sum& q : sums) {
+      const int64_t row0 = q.rows * rank / size, row1 = q.rows * (rank + 1) / size;
+      kern.sum_partials(pbase + q.off, nblocks, per, q.rows, q.cols, q.ld, row0, row1, q.out->data_ptr(),
+                        dt_of(q.out->scalar_type()), q.ds_row, q.ds_col);
+    }
+  });
+  return res;
+}
+
+}  // namespace cpu
+}  // namespace fourier
+}  // namespace posenc_fast

@@ -1,0 +1,79 @@
+// Compiles the kernel header named by PF_ISA_KERNELS once per instruction set, each copy in
+// its own namespace (isa_avx512, isa_avx2, isa_generic) with kBytes (vector width) and kRegs
+// (vector registers) defined, and the whole copy compiled for that target: intrinsics can
+// then be used in every helper, not only in target-attributed entry points (GCC refuses to
+// inline a target-specific always_inline function into a helper without that target).
+//
+// Floating-point contraction is off inside these regions (the build's -ffp-contract=fast
+// stays on for the FLOATER kernels): every fused multiply-add here is an explicit vfma().
+// Why: a compiler-chosen contraction depends on the target (the baseline x86 target has no
+// FMA instruction), so the instruction sets would round differently, and the error-free
+// phase reduction needs its products rounded exactly where the Triton kernels round them
+// (triton_kernels/_phase.py, launched with enable_fp_fusion=False). With explicit vfma()s
+// every instruction set computes bitwise the same numbers (tests/test_fourier_cpu.py).
+//
+// Included once by each .cpp that defines PF_ISA_KERNELS (no include guard), after every
+// other #include: the kernel headers must not include system headers themselves.
+#if !defined(PF_ISA_KERNELS)
+#error "define PF_ISA_KERNELS (the kernel header to compile per instruction set) first"
+#endif
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#define PF_ISA_BEGIN(TARGET) _Pragma(PF_ISA_STR(clang attribute push(__attribute__((target(TARGET))), apply_to = function)))
+#define PF_ISA_END _Pragma("clang attribute pop")
+#define PF_ISA_STR(x) #x
+#elif defined(__GNUC__)
+#define PF_ISA_BEGIN(TARGET) _Pragma("GCC push_options") _Pragma(PF_ISA_STR(GCC target(TARGET))) \
+  _Pragma("GCC optimize(\"fp-contract=off\")")
+#define PF_ISA_END _Pragma("GCC pop_options")
+#define PF_ISA_STR(x) #x
+#else
+#error "posenc_fast's C++ CPU kernels need GCC or Clang"
+#endif
+
+namespace {
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define PF_X86 1
+PF_ISA_BEGIN("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,f16c,bmi2")
+#define PF_VEC_BYTES 64
+namespace isa_avx512 {
+constexpr int kBytes = 64;
+constexpr int kRegs = 32;
+#include PF_ISA_KERNELS
+}  // namespace isa_avx512
+#undef PF_VEC_BYTES
+PF_ISA_END
+
+PF_ISA_BEGIN("avx2,fma,f16c,bmi2")
+#define PF_VEC_BYTES 32
+namespace isa_avx2 {
+constexpr int kBytes = 32;
+constexpr int kRegs = 16;
+#include PF_ISA_KERNELS
+}  // namespace isa_avx2
+#undef PF_VEC_BYTES
+PF_ISA_END
+#endif
+
+#if defined(__clang__)
+namespace isa_generic {
+#else
+_Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
+namespace isa_generic {
+#endif
+#define PF_VEC_BYTES 16
+constexpr int kBytes = 16;
+constexpr int kRegs = 16;
+#include PF_ISA_KERNELS
+}  // namespace isa_generic
+#undef PF_VEC_BYTES
+#if !defined(__clang__)
+_Pragma("GCC pop_options")
+#endif
+
+}  // namespace
+
+#undef PF_ISA_BEGIN
+#undef PF_ISA_END
+#undef PF_ISA_STR
