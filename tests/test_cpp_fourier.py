@@ -342,6 +342,27 @@ def test_inputs_are_not_modified_and_strides_are_honoured():
         assert torch.equal(t, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_outputs_of_16_mib_and_more(dtype):
+    """Outputs from 16 MiB on are written with streaming stores (and outputs from 32 MiB
+    are advised as huge pages): the same numbers as the reference, tails included
+    (Dg = 776 is not a multiple of the vector width)."""
+    case = _testing.LffCase((5800,), 1, 2, 64, 16, 776)
+    x, *w = _testing.lff_inputs(case, dtype, "cpu", 13)
+    y = pf.lff(x, *w, backend="cpp")  # 18 MB in float32
+    rows = list(range(0, 5800, 7))
+    assert_close(y[rows], ref_lff.lff(x[rows], *w), dtype, "lff")
+    p = _testing.rand((12000,), _testing.generator(14), -500.0, 500.0, dtype)
+    for fn, ref in ((pf.sinusoidal, ref_enc.sinusoidal), (pf.dft, ref_enc.dft)):
+        t = fn(p, 768, backend="cpp")
+        assert t.numel() * t.element_size() >= 16 * 2**20
+        assert_close(t[::5], ref(p[::5], 768), dtype, "encoding")
+    xa = _testing.randn((4, 3000, 768), _testing.generator(15), dtype)
+    ya = pf.SinusoidalPE(768, backend="cpp")(xa)
+    want = xa[:, ::9].double() + ref_enc.sinusoidal(torch.arange(0, 3000, 9), 768)
+    assert_close(ya[:, ::9], want, dtype, "encoding" if dtype == torch.float32 else "lff")
+
+
 # ---------------------------------------------------------------- 64-bit indexing
 
 

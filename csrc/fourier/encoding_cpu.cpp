@@ -13,6 +13,11 @@
 // and x and the output stream through memory once. One parallel region per call; threads
 // take runs of positions from a shared counter. The gradient sums over frequencies in 16
 // virtual lanes (simd.h): the same bits on every instruction set and thread count.
+// GCC 12 reports its own AVX-512 intrinsic headers' deliberately undefined temporaries
+// (masked loads, roundscale) as maybe-uninitialized once inlined here: noise, not ours.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
@@ -60,21 +65,26 @@ struct EncIO {
   void* out;  // [R, dim] row stride ldo
   DT odt;
   int64_t ldo;
+  bool stream;  // whole output vectors by streaming stores (fourier_common.h: use_streaming)
   const void* grad;  // backward [L, dim] row stride ldg
   DT gdt;
   int64_t ldg;
   float* dp_f32;  // backward [L]
 };
 
+// Positions encoded together into a thread's buffer, then written batch by batch.
+constexpr int64_t kRunPositions = 16;
+
 struct EncCall {
   int64_t dim, K, L, B;
+  int64_t ldrow;  // row stride of the encoding buffer
   bool dft;
   EncTables t;
   EncIO io;
 };
 
 struct EncKernels {
-  void (*forward)(const EncCall& c, int64_t l0, int64_t l1, float* row);
+  void (*forward)(const EncCall& c, int64_t l0, int64_t l1, float* buf);
   void (*backward)(const EncCall& c, int64_t l0, int64_t l1);
 };
 
@@ -203,7 +213,7 @@ namespace cpu {
 at::Tensor encoding_forward(const at::Tensor& p, int64_t period, const at::Tensor& x, int64_t dim, EncodingKind kind,
                             double base, c10::optional<double> block, at::ScalarType out_dtype) {
   const int64_t R = x.defined() ? x.size(0) : p.size(0);
-  at::Tensor out = at::empty({R, dim}, p.options().dtype(out_dtype));
+  at::Tensor out = new_output({R, dim}, p.options().dtype(out_dtype));
   if (R == 0 || dim == 0) return out;
   at::Tensor store;
   EncCall c = make_call(p, dim, kind, base, block, store);
@@ -217,18 +227,22 @@ at::Tensor encoding_forward(const at::Tensor& p, int64_t period, const at::Tenso
   c.io.out = out.data_ptr();
   c.io.odt = dt_of(out_dtype);
   c.io.ldo = out.stride(0);
-  // Runs of positions of about 32 output rows each.
-  const int64_t run = std::max<int64_t>(1, 32 / c.B);
+  c.io.stream = use_streaming(out);
+  // Runs of kRunPositions positions (fewer when that leaves a thread idle: the runs do
+  // not change the numbers, every row is computed on its own).
+  const double row_cost = 30.0 * c.K + c.B * dim;
+  int64_t run = kRunPositions;
+  const int threads = team_threads((c.L + run - 1) / run, static_cast<double>(run) * row_cost);
+  if (threads > 1) run = std::max<int64_t>(1, std::min(run, (c.L + 4 * threads - 1) / (4 * threads)));
   const int64_t runs = (c.L + run - 1) / run;
-  const int threads = team_threads(runs, static_cast<double>(run) * (30.0 * c.K + c.B * dim));
-  const int64_t row_len = round_up(dim) + 2 * kPad;
-  const at::Tensor rows = at::empty({threads * row_len}, at::kFloat);
+  c.ldrow = round_up(dim) + 2 * kPad;
+  const at::Tensor bufs = at::empty({threads * kRunPositions * c.ldrow}, at::kFloat);
   const EncKernels& kern = enc_kernels();
   WorkQueue queue(runs);
   parallel_region(threads, [&](int rank, int) {
-    float* row = rows.data_ptr<float>() + rank * row_len;
+    float* buf = bufs.data_ptr<float>() + rank * kRunPositions * c.ldrow;
     int64_t q;
-    while (queue.take(q)) kern.forward(c, q * run, std::min(c.L, (q + 1) * run), row);
+    while (queue.take(q)) kern.forward(c, q * run, std::min(c.L, (q + 1) * run), buf);
   });
   return out;
 }

@@ -131,35 +131,40 @@ PF_INLINE void encode_row(const EncCall& c, float hi, float lo, float* row) {
     for (int64_t j = 0; j < c.dim; j += W) vstore(row + j, vload(row + j) + vload(t.bias + j));
 }
 
-// Positions [l0, l1): each encoded once into the thread's row buffer, then written to the
-// rows b * L + l (b < B) of the output, added to x's rows when x is given.
-void forward_positions(const EncCall& c, int64_t l0, int64_t l1, float* row) {
-  const int64_t dim = c.dim;
+// Positions [l0, l1) (at most kRunPositions): each encoded once into the thread's buffer
+// rows [l1 - l0, ldrow], then written to the rows b * L + l (b < B) of the output, added to
+// x's rows when x is given: batch by batch, so that x and the output stream through
+// memory as two contiguous runs at a time.
+void forward_positions(const EncCall& c, int64_t l0, int64_t l1, float* buf) {
+  const int64_t dim = c.dim, ldrow = c.ldrow;
+  for (int64_t l = l0; l < l1; ++l) {
+    float hi, lo;
+    position(c, l, hi, lo);
+    encode_row(c, hi, lo, buf + (l - l0) * ldrow);
+  }
   with_dt(c.io.odt, [&](auto otag) {
     constexpr DT odt = decltype(otag)::value;
     with_dt(c.io.x ? c.io.xdt : DT::F32, [&](auto xtag) {
       constexpr DT xdt = decltype(xtag)::value;
       const int64_t oes = odt == DT::F32 ? 4 : 2, xes = xdt == DT::F32 ? 4 : 2;
-      for (int64_t l = l0; l < l1; ++l) {
-        float hi, lo;
-        position(c, l, hi, lo);
-        encode_row(c, hi, lo, row);
-        for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t b = 0; b < c.B; ++b)
+        for (int64_t l = l0; l < l1; ++l) {
+          const float* row = buf + (l - l0) * ldrow;
           const int64_t r = b * c.L + l;
           void* orow = static_cast<char*>(c.io.out) + r * c.io.ldo * oes;
-          if (c.io.x) {
-            const void* xrow = static_cast<const char*>(c.io.x) + r * c.io.ldx * xes;
-            for (int64_t j = 0; j < dim; j += W) {
-              const int n = static_cast<int>(dim - j < W ? dim - j : W);
-              store_as<odt>(orow, j, vload(row + j) + load_as<xdt>(xrow, j, n), n);
-            }
-          } else {
-            for (int64_t j = 0; j < dim; j += W) store_as<odt>(orow, j, vload(row + j), static_cast<int>(dim - j < W ? dim - j : W));
+          const void* xrow = c.io.x ? static_cast<const char*>(c.io.x) + r * c.io.ldx * xes : nullptr;
+          for (int64_t j = 0; j < dim; j += W) {
+            const int n = static_cast<int>(dim - j < W ? dim - j : W);
+            const V v = xrow ? vload(row + j) + load_as<xdt>(xrow, j, n) : vload(row + j);
+            if (c.io.stream && n == W)
+              stream_as<odt>(orow, j, v);
+            else
+              store_as<odt>(orow, j, v, n);
           }
         }
-      }
     });
   });
+  stream_fence();
 }
 
 // dp[l] = sum over frequencies of g_sin * cos * dsin - g_cos * sin * dcos for l in [l0, l1)

@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "../floater/floater_cpu.h"
 
@@ -31,6 +34,34 @@ inline int64_t round_up(int64_t n, int64_t m = kPad) { return (n + m - 1) / m * 
 
 // The instruction set of the kernels: FLOATER's choice (POSENC_FAST_CPU_ISA, set_cpu_isa).
 inline int isa_level() { return floater::cpu::isa_level(); }
+
+// A new tensor for a kernel's output. One of 32 MiB or more is a fresh mapping of its own
+// (glibc serves such sizes with mmap, and torch's CPU allocator does not cache them), whose
+// every 4 KiB page faults on first touch: ~45 ms for 50 MB on a 2-core VM, several times the
+// kernel's work. Advising it as a transparent-huge-page candidate before the first touch
+// (a hint; ignored where THP is off, the default "madvise" mode honours it) makes those
+// faults 2 MiB each. The memory is still torch's allocation, accounted and freed as usual.
+inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor t = at::empty(sizes, options);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t bytes = static_cast<uintptr_t>(t.numel()) * t.element_size();
+  if (bytes >= (uintptr_t{32} << 20)) {
+    const uintptr_t huge = uintptr_t{2} << 20, p = reinterpret_cast<uintptr_t>(t.data_ptr());
+    const uintptr_t a = (p + huge - 1) & ~(huge - 1), b = (p + bytes) & ~(huge - 1);
+    if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);  // failure: no harm
+  }
+#endif
+  return t;
+}
+
+// Whether a kernel writes the [rows, width] output `out` with streaming stores: outputs of
+// 16 MiB or more (half this kind of machine's L3: they leave the caches anyway), whose rows
+// start 64-byte aligned (every whole vector store is then aligned).
+inline bool use_streaming(const at::Tensor& out) {
+  const int64_t row_bytes = out.stride(0) * static_cast<int64_t>(out.element_size());
+  return out.numel() * static_cast<int64_t>(out.element_size()) >= (int64_t{16} << 20) &&
+         reinterpret_cast<uintptr_t>(out.data_ptr()) % 64 == 0 && row_bytes % 64 == 0;
+}
 
 // Hands out work items 0, 1, 2, ... to whichever thread asks first: a thread slowed by
 // another process on its core simply takes fewer items. Which thread computes an item

@@ -23,6 +23,7 @@ struct Gemm {
   void* c;
   int64_t ldc;         // C [m, n]
   int64_t m, n, K;
+  bool stream = false;  // whole vectors of C by streaming stores (C aligned: stream_as)
 };
 
 // Rows per register tile for CV vectors of columns: ~24 accumulators where there are 32
@@ -63,7 +64,12 @@ PF_INLINE void gemm_tile(const Gemm& g, int64_t i0, int64_t j0, int nn) {
     }
   }
   for (int r = 0; r < RT; ++r)
-    for (int c = 0; c < CV; ++c) store_as<dt>(crow + r * crow_bytes, j0 + c * W, acc[r][c], nv[c]);
+    for (int c = 0; c < CV; ++c) {
+      if (g.stream && nv[c] == W)
+        stream_as<dt>(crow + r * crow_bytes, j0 + c * W, acc[r][c]);
+      else
+        store_as<dt>(crow + r * crow_bytes, j0 + c * W, acc[r][c], nv[c]);
+    }
 }
 
 // Columns [j0, j0 + nn) for every row: full row tiles, then tiles of 4, 2 and 1 rows.

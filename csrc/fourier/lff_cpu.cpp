@@ -27,6 +27,11 @@
 // - Parallelism: one OpenMP region per call. Threads take tiles (forward) or blocks
 //   (backward) from a shared counter, so a thread whose core is busy with another process
 //   takes fewer; the backward's partials are then summed by all threads after a barrier.
+// GCC 12 reports its own AVX-512 intrinsic headers' deliberately undefined temporaries
+// (masked loads, roundscale) as maybe-uninitialized once inlined here: noise, not ours.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -89,6 +94,7 @@ struct LffIO {
   void* out;  // forward [R, D or F], row stride ldo
   DT odt;
   int64_t ldo;
+  bool stream;  // whole output vectors by streaming stores (fourier_common.h: use_streaming)
   const void* grad;  // backward [R, D or F], row stride ldg
   DT gdt;
   int64_t ldg;
@@ -284,7 +290,7 @@ namespace cpu {
 at::Tensor lff_forward(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& b1,
                        const at::Tensor& w2, const at::Tensor& b2, LffActivation act, at::ScalarType out_dtype) {
   const LffDims d = make_dims(rows, wr, w1, w2, act);
-  at::Tensor out = at::empty({d.R, d.mlp ? d.D : d.F}, rows.options().dtype(out_dtype));
+  at::Tensor out = new_output({d.R, d.mlp ? d.D : d.F}, rows.options().dtype(out_dtype));
   if (d.R == 0 || out.numel() == 0) return out;
   const LffKernels& kern = lff_kernels();
   at::Tensor wstore;
@@ -292,6 +298,7 @@ at::Tensor lff_forward(const at::Tensor& rows, const at::Tensor& wr, const at::T
   c.io.out = out.data_ptr();
   c.io.odt = dt_of(out_dtype);
   c.io.ldo = out.stride(0);
+  c.io.stream = use_streaming(out);
   // Tiles: kTileRows rows, or fewer when that leaves a thread idle (the tiling does not
   // change the results: every row is computed on its own).
   int64_t tile = kTileRows;

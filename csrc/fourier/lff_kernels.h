@@ -115,15 +115,22 @@ void forward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s)
         void* orow = static_cast<char*>(out) + r * c.io.ldo * esize;
         for (int64_t j = 0; j < d.F; j += W) {
           const int n = static_cast<int>(d.F - j < W ? d.F - j : W);
-          store_as<dt>(orow, j, vload(s.feats + r * d.ldf + j), n);
+          const V v = vload(s.feats + r * d.ldf + j);
+          if (c.io.stream && n == W)
+            stream_as<dt>(orow, j, v);
+          else
+            store_as<dt>(orow, j, v, n);
         }
       }
     });
+    stream_fence();
     return;
   }
   hidden(c, s, nr);
-  const Gemm g{s.h, d.ldh, 1, c.w.w2, d.Dp, c.w.b2, false, out, c.io.ldo, nr, d.D, d.H};
+  Gemm g{s.h, d.ldh, 1, c.w.w2, d.Dp, c.w.b2, false, out, c.io.ldo, nr, d.D, d.H};
+  g.stream = c.io.stream;
   with_dt(c.io.odt, [&](auto tag) { gemm<decltype(tag)::value>(g); });
+  stream_fence();
 }
 
 // C (+)= A^T B over the tile's rows for C's rows [i0, i1): the weight gradients. A(i, k) =

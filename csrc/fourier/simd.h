@@ -144,6 +144,37 @@ PF_INLINE void store_as(void* row, int64_t i, V v, int n) {
   }
 }
 
+// Non-temporal ("streaming") store of a whole vector to an output row that is never read
+// back here: no read-for-ownership of the line, no cache pollution (outputs of tens of MB).
+// The address must be aligned to the stored width (64 / 32 bytes for float32 / 16-bit
+// lanes on AVX-512, 32 / 16 on AVX2); the baseline code stores normally. fence() after.
+template <DT dt>
+PF_INLINE void stream_as(void* row, int64_t i, V v) {
+#if defined(PF_X86) && PF_VEC_BYTES == 64
+  if (dt == DT::F32) {
+    _mm512_stream_ps(static_cast<float*>(row) + i, bitcast<__m512>(v));
+  } else {
+    const VH h = dt == DT::F16 ? f32_to_f16(v) : __builtin_convertvector(bf16_round(v), VH);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(row) + i), bitcast<__m256i>(h));
+  }
+#elif defined(PF_X86) && PF_VEC_BYTES == 32
+  if (dt == DT::F32) {
+    _mm256_stream_ps(static_cast<float*>(row) + i, bitcast<__m256>(v));
+  } else {
+    const VH h = dt == DT::F16 ? f32_to_f16(v) : __builtin_convertvector(bf16_round(v), VH);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(row) + i), bitcast<__m128i>(h));
+  }
+#else
+  store_as<dt>(row, i, v, W);
+#endif
+}
+// Orders the streaming stores before whatever the thread does next (they are weakly ordered).
+PF_INLINE void stream_fence() {
+#if defined(PF_X86) && PF_VEC_BYTES >= 32
+  _mm_sfence();
+#endif
+}
+
 // Calls fn(tag) with tag a std::integral_constant<DT, dt> for the runtime dtype dt: one
 // switch outside the loops, which are then compiled per dtype (decltype(tag)::value).
 template <typename F>
