@@ -90,7 +90,7 @@ def lff(
         w1 [F, H], b1 [H], w2 [H, D/G], b2 [D/G]: the MLP shared by all groups; all four
             or none. Without them the features themselves are returned.
         activation: "gelu" (erf form), "gelu_tanh" or "relu".
-        backend: "auto", "reference", "torch" or "triton".
+        backend: "auto", "reference", "torch", "triton" or "cpp".
 
     Returns:
         [..., D] with D = G * D/G: y[..., g*D/G + j] = y_g[..., j]; without the MLP the
