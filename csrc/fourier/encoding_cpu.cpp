@@ -13,28 +13,9 @@
 // and x and the output stream through memory once. One parallel region per call; threads
 // take runs of positions from a shared counter. The gradient sums over frequencies in 16
 // virtual lanes (simd.h): the same bits on every instruction set and thread count.
-// GCC 12 reports its own AVX-512 intrinsic headers' deliberately undefined temporaries
-// (masked loads, roundscale) as maybe-uninitialized once inlined here: noise, not ours.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <ATen/ATen.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Exception.h>
-#include <c10/util/Half.h>
-
 #include <cmath>
-#include <cstring>
-#include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#elif defined(__aarch64__)
-#include <arm_neon.h>
-#endif
-
-#include "../floater/cpu_vec.h"
 #include "fourier_common.h"
 #include "fourier_cpu.h"
 
@@ -96,19 +77,7 @@ struct EncKernels {
 
 namespace {
 
-const EncKernels& enc_kernels() {
-#if defined(PF_X86)
-  switch (isa_level()) {
-    case 2:
-      return isa_avx512::kEncKernels;
-    case 1:
-      return isa_avx2::kEncKernels;
-    default:
-      break;
-  }
-#endif
-  return isa_generic::kEncKernels;
-}
+const EncKernels& enc_kernels() { return PF_ISA_TABLE(kEncKernels); }
 
 PT pt_of(at::ScalarType t) {
   switch (t) {

@@ -1,9 +1,19 @@
 // What the LFF and encoding CPU drivers share: storage dtypes, padding, the instruction set,
-// and one parallel region per call with work handed out in order.
+// output allocation and one parallel region per call with work handed out in order; and
+// every header their per-instruction-set kernels need (per_isa.h includes nothing itself).
 #pragma once
+
+// GCC 12 reports its own AVX-512 intrinsic headers' deliberately undefined temporaries
+// (masked loads, roundscale) as maybe-uninitialized once inlined into the kernels: noise.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -11,10 +21,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
+#include "../floater/cpu_vec.h"
 #include "../floater/floater_cpu.h"
 
 namespace posenc_fast {

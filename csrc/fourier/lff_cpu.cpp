@@ -27,27 +27,9 @@
 // - Parallelism: one OpenMP region per call. Threads take tiles (forward) or blocks
 //   (backward) from a shared counter, so a thread whose core is busy with another process
 //   takes fewer; the backward's partials are then summed by all threads after a barrier.
-// GCC 12 reports its own AVX-512 intrinsic headers' deliberately undefined temporaries
-// (masked loads, roundscale) as maybe-uninitialized once inlined here: noise, not ours.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <ATen/ATen.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <c10/util/Exception.h>
-
-#include <cstring>
-#include <type_traits>
+#include <cmath>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#elif defined(__aarch64__)
-#include <arm_neon.h>
-#endif
-
-#include "../floater/cpu_vec.h"
 #include "fourier_common.h"
 #include "fourier_cpu.h"
 
@@ -141,19 +123,7 @@ struct LffKernels {
 
 namespace {
 
-const LffKernels& lff_kernels() {
-#if defined(PF_X86)
-  switch (isa_level()) {
-    case 2:
-      return isa_avx512::kLffKernels;
-    case 1:
-      return isa_avx2::kLffKernels;
-    default:
-      break;
-  }
-#endif
-  return isa_generic::kLffKernels;
-}
+const LffKernels& lff_kernels() { return PF_ISA_TABLE(kLffKernels); }
 
 LffDims make_dims(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& w2,
                   Act act) {

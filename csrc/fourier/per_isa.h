@@ -13,7 +13,8 @@
 // every instruction set computes bitwise the same numbers (tests/test_fourier_cpu.py).
 //
 // Included once by each .cpp that defines PF_ISA_KERNELS (no include guard), after every
-// other #include: the kernel headers must not include system headers themselves.
+// other #include (fourier_common.h brings what the kernels need): the kernel headers must
+// not include system headers themselves. PF_ISA_TABLE(name) then picks a kernel table.
 #if !defined(PF_ISA_KERNELS)
 #error "define PF_ISA_KERNELS (the kernel header to compile per instruction set) first"
 #endif
@@ -77,3 +78,11 @@ _Pragma("GCC pop_options")
 #undef PF_ISA_BEGIN
 #undef PF_ISA_END
 #undef PF_ISA_STR
+
+// The kernel table NAME compiled for the instruction set in use (isa_level()).
+#if defined(PF_X86)
+#define PF_ISA_TABLE(NAME) \
+  (isa_level() == 2 ? isa_avx512::NAME : (isa_level() == 1 ? isa_avx2::NAME : isa_generic::NAME))
+#else
+#define PF_ISA_TABLE(NAME) (isa_generic::NAME)
+#endif
