@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 from conftest import DEVICE
+from test_lff import BAD_SHAPES
 
 import posenc_fast as pf
 from posenc_fast import _extension, _testing, backends
@@ -240,19 +241,15 @@ def _lff_args():
 @pytest.mark.parametrize(
     "mutate,exc,match",
     [
-        (lambda a: a.__setitem__(0, a[0].double()), TypeError, "x must be float32, bfloat16"),
-        (lambda a: a.__setitem__(0, a[0][0, 0]), ValueError, r"x must have shape \[\.\.\., G, M\]"),
-        (lambda a: a.__setitem__(1, a[1][:, :1]), ValueError, "wr must have shape"),
-        (lambda a: a.__setitem__(2, a[2][:-1]), ValueError, "w1 must have shape"),
-        (lambda a: a.__setitem__(3, a[3][:-1]), ValueError, "b1 must have shape"),
-        (lambda a: a.__setitem__(4, a[4][:-1]), ValueError, "w2 must have shape"),
-        (lambda a: a.__setitem__(5, a[5][:-1]), ValueError, "b2 must have shape"),
-        (lambda a: a.__setitem__(5, None), ValueError, "must be given together"),
-        (lambda a: a.__setitem__(2, a[2].half()), TypeError, "w1 must have wr's dtype"),
-        (lambda a: a.__setitem__(1, a[1].long()), TypeError, "wr must be float32"),
+        *BAD_SHAPES,
+        pytest.param(lambda a: a.__setitem__(0, a[0].double()), TypeError,
+                     "x must be float32, bfloat16", id="x-f64"),
+        pytest.param(lambda a: a.__setitem__(2, a[2].half()), TypeError,
+                     "w1 must have wr's dtype", id="dtype"),
+        pytest.param(lambda a: a.__setitem__(1, a[1].long()), TypeError, "wr must be float32",
+                     id="wr-int"),
     ],
-    ids=["x-f64", "x-rank", "wr", "w1", "b1", "w2", "b2", "partial", "dtype", "wr-int"],
-)
+)  # fmt: skip
 def test_lff_kernel_checks_name_the_argument(mutate, exc, match):
     args = _lff_args()
     mutate(args)

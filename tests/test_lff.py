@@ -250,39 +250,44 @@ def _good(device="cpu"):
     return list(_testing.lff_inputs(case, torch.float32, device, 31))
 
 
+# Wrong shapes and a partial MLP: the same errors from pf.lff and from the C++ op's own
+# checks (tests/test_cpp_fourier.py), which name the argument the same way.
+BAD_SHAPES = [
+    pytest.param(lambda a: a.__setitem__(0, a[0][0, 0]), ValueError,
+                 r"x must have shape \[\.\.\., G, M\]", id="x-rank"),
+    pytest.param(lambda a: a.__setitem__(1, a[1][:, :1]), ValueError, "wr must have shape",
+                 id="wr-shape"),
+    pytest.param(lambda a: a.__setitem__(2, a[2][:-1]), ValueError, "w1 must have shape",
+                 id="w1-shape"),
+    pytest.param(lambda a: a.__setitem__(3, a[3][:-1]), ValueError, "b1 must have shape",
+                 id="b1-shape"),
+    pytest.param(lambda a: a.__setitem__(4, a[4][:-1]), ValueError, "w2 must have shape",
+                 id="w2-shape"),
+    pytest.param(lambda a: a.__setitem__(5, a[5][:-1]), ValueError, "b2 must have shape",
+                 id="b2-shape"),
+    pytest.param(lambda a: a.__setitem__(5, None), ValueError, "must be given together",
+                 id="partial-mlp"),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "mutate,exc,match",
     [
-        (lambda a: a.__setitem__(0, a[0].tolist()), TypeError, "x must be a torch.Tensor"),
-        (lambda a: a.__setitem__(1, 3.0), TypeError, "wr must be a torch.Tensor"),
-        (lambda a: a.__setitem__(0, a[0][0, 0]), ValueError, r"x must have shape \[\.\.\., G, M\]"),
-        (lambda a: a.__setitem__(1, a[1][:, :1]), ValueError, "wr must have shape"),
-        (lambda a: a.__setitem__(2, a[2][:-1]), ValueError, "w1 must have shape"),
-        (lambda a: a.__setitem__(3, a[3][:-1]), ValueError, "b1 must have shape"),
-        (lambda a: a.__setitem__(4, a[4][:-1]), ValueError, "w2 must have shape"),
-        (lambda a: a.__setitem__(5, a[5][:-1]), ValueError, "b2 must have shape"),
-        (lambda a: a.__setitem__(5, None), ValueError, "must be given together"),
-        (lambda a: a.__setitem__(2, a[2].double()), TypeError, "w1 has dtype"),
-        (lambda a: a.__setitem__(0, a[0].to(torch.complex64)), TypeError, "x must be real"),
-        (lambda a: a.__setitem__(1, a[1].long()), TypeError, "wr must have a floating dtype"),
-        (lambda a: a.__setitem__(2, a[2].to("meta")), ValueError, "w1 is on meta"),
+        pytest.param(lambda a: a.__setitem__(0, a[0].tolist()), TypeError,
+                     "x must be a torch.Tensor", id="x-list"),
+        pytest.param(lambda a: a.__setitem__(1, 3.0), TypeError, "wr must be a torch.Tensor",
+                     id="wr-float"),
+        *BAD_SHAPES,
+        pytest.param(lambda a: a.__setitem__(2, a[2].double()), TypeError, "w1 has dtype",
+                     id="dtype-mismatch"),
+        pytest.param(lambda a: a.__setitem__(0, a[0].to(torch.complex64)), TypeError,
+                     "x must be real", id="complex"),
+        pytest.param(lambda a: a.__setitem__(1, a[1].long()), TypeError,
+                     "wr must have a floating dtype", id="int-weights"),
+        pytest.param(lambda a: a.__setitem__(2, a[2].to("meta")), ValueError, "w1 is on meta",
+                     id="device-mismatch"),
     ],
-    ids=[
-        "x-list",
-        "wr-float",
-        "x-rank",
-        "wr-shape",
-        "w1-shape",
-        "b1-shape",
-        "w2-shape",
-        "b2-shape",
-        "partial-mlp",
-        "dtype-mismatch",
-        "complex",
-        "int-weights",
-        "device-mismatch",
-    ],
-)
+)  # fmt: skip
 def test_bad_input(mutate, exc, match):
     args = _good()
     mutate(args)
