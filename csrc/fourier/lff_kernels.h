@@ -127,9 +127,18 @@ void forward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s)
     return;
   }
   hidden(c, s, nr);
-  Gemm g{s.h, d.ldh, 1, c.w.w2, d.Dp, c.w.b2, false, out, c.io.ldo, nr, d.D, d.H};
-  g.stream = c.io.stream;
-  with_dt(c.io.odt, [&](auto tag) { gemm<decltype(tag)::value>(g); });
+  // y = b2 + h w2, a few rows at a time across all columns: each output row is written
+  // from start to end (contiguous, prefetcher-friendly stores) while w2 (H x D) is read
+  // from L2, instead of one column block of every row at a time.
+  constexpr int64_t kRows = row_tile<4>() > 4 ? row_tile<4>() : 6;
+  with_dt(c.io.odt, [&](auto tag) {
+    for (int64_t i = 0; i < nr; i += kRows) {
+      Gemm g{s.h + i * d.ldh, d.ldh, 1, c.w.w2, d.Dp, c.w.b2, false,
+             static_cast<char*>(out) + i * c.io.ldo * esize, c.io.ldo, nr - i < kRows ? nr - i : kRows, d.D, d.H};
+      g.stream = c.io.stream;
+      gemm<decltype(tag)::value>(g);
+    }
+  });
   stream_fence();
 }
 
