@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import pytest
 import torch
@@ -53,11 +54,15 @@ def cpu_isa(name: str):
 
 @contextlib.contextmanager
 def threads(n: int):
+    """n threads, used even if a busy machine would make the kernels fall back to one
+    (fourier_common.h: a late-starting team thread)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
+    os.environ["POSENC_FAST_CPU_ALWAYS_TEAM"] = "1"
     try:
         yield
     finally:
+        del os.environ["POSENC_FAST_CPU_ALWAYS_TEAM"]
         torch.set_num_threads(before)
 
 

@@ -50,7 +50,8 @@ struct EncIO {
   const void* grad;  // backward [L, dim] row stride ldg
   DT gdt;
   int64_t ldg;
-  float* dp_f32;  // backward [L]
+  void* dp;  // backward [L], dtype dpdt
+  DT dpdt;
 };
 
 // Positions encoded together into a thread's buffer, then written batch by batch.
@@ -126,7 +127,7 @@ EncTables make_tables(EncodingKind kind, int64_t dim, double base, c10::optional
   const Spectrum s = spectrum(kind, dim, base);
   const int64_t K = static_cast<int64_t>(s.nu.size()), ldk = round_up(std::max<int64_t>(K, 1));
   const int64_t ldb = round_up(dim) + kPad;
-  store = at::zeros({5 * ldk + ldb}, at::kFloat);
+  store = zeroed_floats(5 * ldk + ldb);
   float* base_ptr = store.data_ptr<float>();
   float *hi = base_ptr, *lo = hi + ldk, *amp = lo + ldk, *dcos = amp + ldk, *dsin = dcos + ldk, *bias = dsin + ldk;
   for (int64_t k = 0; k < K; ++k) {
@@ -219,7 +220,9 @@ at::Tensor encoding_forward(const at::Tensor& p, int64_t period, const at::Tenso
 at::Tensor encoding_backward(const at::Tensor& grad, const at::Tensor& p, int64_t dim, EncodingKind kind,
                              double base) {
   const int64_t L = p.size(0);
-  at::Tensor dp = at::empty({L}, p.options().dtype(at::kFloat));
+  // the positions' dtype; float32 for integer positions
+  const bool fp = at::isFloatingType(p.scalar_type());
+  at::Tensor dp = at::empty({L}, p.options().dtype(fp ? p.scalar_type() : at::kFloat));
   if (L == 0) return dp;
   at::Tensor store;
   EncCall c = make_call(p, dim, kind, base, c10::nullopt, store);
@@ -228,7 +231,8 @@ at::Tensor encoding_backward(const at::Tensor& grad, const at::Tensor& p, int64_
   c.io.grad = grad.data_ptr();
   c.io.gdt = dt_of(grad.scalar_type());
   c.io.ldg = grad.stride(0);
-  c.io.dp_f32 = dp.data_ptr<float>();
+  c.io.dp = dp.data_ptr();
+  c.io.dpdt = dt_of(dp.scalar_type());
   const int64_t run = 64;
   const int64_t runs = (L + run - 1) / run;
   const int threads = team_threads(runs, run * 35.0 * c.K);
@@ -238,7 +242,7 @@ at::Tensor encoding_backward(const at::Tensor& grad, const at::Tensor& p, int64_
     int64_t q;
     while (queue.take(q)) kern.backward(c, q * run, std::min(L, (q + 1) * run));
   });
-  return at::isFloatingType(p.scalar_type()) && p.scalar_type() != at::kFloat ? dp.to(p.scalar_type()) : dp;
+  return dp;
 }
 
 }  // namespace cpu

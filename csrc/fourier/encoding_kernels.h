@@ -211,7 +211,7 @@ void backward_positions(const EncCall& c, int64_t l0, int64_t l1) {
       }
       V out{};
       out[0] = dp;
-      store_as<DT::F32>(c.io.dp_f32, l, out, 1);
+      with_dt(c.io.dpdt, [&](auto ptag) { store_as<decltype(ptag)::value>(c.io.dp, l, out, 1); });
     }
   });
 }

@@ -20,7 +20,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #if defined(__linux__)
@@ -72,6 +75,14 @@ inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opt
   return t;
 }
 
+// Zero-filled float32 scratch, filled by this thread: an ATen fill of this size would be a
+// parallel region of its own (slow when a core is busy elsewhere, see below).
+inline at::Tensor zeroed_floats(int64_t n) {
+  at::Tensor t = at::empty({n}, at::kFloat);
+  std::memset(t.data_ptr<float>(), 0, sizeof(float) * static_cast<size_t>(n));
+  return t;
+}
+
 // Whether a kernel writes the [rows, width] output `out` with streaming stores: outputs of
 // 16 MiB or more (half this kind of machine's L3: they leave the caches anyway), whose rows
 // start 64-byte aligned (every whole vector store is then aligned).
@@ -94,11 +105,51 @@ struct WorkQueue {
   const int64_t n;
 };
 
+// When another process keeps a core busy, a team thread on that core runs in the
+// scheduler's time slices (milliseconds): the region waits for it at the barrier and at
+// its end, and a call takes several times its single-thread time. A region in which the
+// threads reach a synchronisation point more than kLateNs and more than a quarter of the
+// region's duration apart marks the machine contended; calls then run on one thread (the
+// results are the same bits for any thread count) for kSoloNs, after which a call tries
+// the team again. POSENC_FAST_CPU_ALWAYS_TEAM=1 turns this off (the tests of thread-count
+// independence must really run teams, on a CI machine that may be busy).
+constexpr int64_t kLateNs = 1'000'000;
+constexpr int64_t kSoloNs = 250'000'000;
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+inline std::atomic<int64_t>& solo_until_ns() {
+  static std::atomic<int64_t> until{0};
+  return until;
+}
+
+// Earliest and latest arrival of the threads at one synchronisation point.
+struct Arrivals {
+  std::atomic<int64_t> first{INT64_MAX}, last{INT64_MIN};
+  void note(int64_t t) {
+    int64_t v = first.load(std::memory_order_relaxed);
+    while (t < v && !first.compare_exchange_weak(v, t, std::memory_order_relaxed)) {
+    }
+    v = last.load(std::memory_order_relaxed);
+    while (t > v && !last.compare_exchange_weak(v, t, std::memory_order_relaxed)) {
+    }
+  }
+  int64_t spread() const { return last.load() - first.load(); }
+};
+inline Arrivals*& barrier_arrivals() {  // the current region's barrier, per thread
+  static thread_local Arrivals* a = nullptr;
+  return a;
+}
+
 // Threads for `items` work items of about `item_cost` multiply-adds each: at most ATen's
-// thread count, one inside another parallel region, and one for tiny problems (a fork and
-// join costs a few microseconds).
+// thread count, one inside another parallel region, one for tiny problems (a fork and
+// join costs a few microseconds) and one while the machine looks contended (above).
 inline int team_threads(int64_t items, double item_cost) {
   if (at::in_parallel_region() || items <= 1 || static_cast<double>(items) * item_cost < 2.0e5) return 1;
+  if (now_ns() < solo_until_ns().load(std::memory_order_relaxed) && !std::getenv("POSENC_FAST_CPU_ALWAYS_TEAM"))
+    return 1;
   return static_cast<int>(std::min<int64_t>(at::get_num_threads(), items));
 }
 
@@ -109,8 +160,17 @@ template <typename F>
 void parallel_region(int threads, const F& body) {
 #ifdef _OPENMP
   if (threads > 1) {
+    const int64_t begin = now_ns();
+    Arrivals barrier, end;
 #pragma omp parallel num_threads(threads)
-    body(omp_get_thread_num(), omp_get_num_threads());
+    {
+      barrier_arrivals() = &barrier;
+      body(omp_get_thread_num(), omp_get_num_threads());
+      barrier_arrivals() = nullptr;
+      end.note(now_ns());
+    }
+    const int64_t late = std::max(barrier.spread(), end.spread()), took = now_ns() - begin;
+    if (late > kLateNs && 4 * late > took) solo_until_ns().store(now_ns() + kSoloNs, std::memory_order_relaxed);
     return;
   }
 #endif
@@ -120,6 +180,7 @@ void parallel_region(int threads, const F& body) {
 // All threads of the region wait here (nothing without OpenMP: one thread).
 inline void region_barrier() {
 #ifdef _OPENMP
+  if (Arrivals* a = barrier_arrivals()) a->note(now_ns());
 #pragma omp barrier
 #endif
 }

@@ -108,7 +108,7 @@ struct LffPartials {
 };
 
 struct LffKernels {
-  void (*prepare_turns)(const float* wr, int64_t F2, int64_t M, int64_t ldt, float* thi, float* tlo);
+  void (*prepare_turns)(const float* wr, int64_t F2, int64_t M, int64_t ldw, int64_t ldt, float* thi, float* tlo);
   void (*forward_tile)(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s);
   void (*backward_tile)(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s, const LffPartials& p);
   void (*sum_partials)(const float* parts, int64_t nparts, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
@@ -148,14 +148,27 @@ LffDims make_dims(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor
   return d;
 }
 
-// Copies src ([rows, cols], any float dtype and strides) as float32 into dst with row
-// stride ld; transposed: dst[c * ld + r] = src[r, c].
+// Copies src ([rows, cols] or [cols]; float32, bfloat16 or float16; any strides) as
+// float32 into dst with row stride ld; transposed: dst[c * ld + r] = src[r, c]. Element by
+// element on this thread (weights are small; an ATen copy would open a parallel region).
 void copy_f32(const at::Tensor& src, float* dst, int64_t ld, bool transposed) {
-  const at::Tensor s = src.to(at::kFloat).contiguous();
-  const float* p = s.data_ptr<float>();
-  const int64_t rows = s.dim() == 2 ? s.size(0) : 1, cols = s.size(-1);
+  const bool two = src.dim() == 2;
+  const int64_t rows = two ? src.size(0) : 1, cols = src.size(-1);
+  const int64_t sr = two ? src.stride(0) : 0, sc = src.stride(-1);
+  const at::ScalarType t = src.scalar_type();
+  const char* base = static_cast<const char*>(src.data_ptr());
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) (transposed ? dst[c * ld + r] : dst[r * ld + c]) = p[r * cols + c];
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * sr + c * sc;
+      float v;
+      if (t == at::kFloat)
+        v = reinterpret_cast<const float*>(base)[i];
+      else if (t == at::kBFloat16)
+        v = static_cast<float>(reinterpret_cast<const c10::BFloat16*>(base)[i]);
+      else
+        v = static_cast<float>(reinterpret_cast<const c10::Half*>(base)[i]);
+      (transposed ? dst[c * ld + r] : dst[r * ld + c]) = v;
+    }
 }
 
 // The float32 weights of one call; storage is owned by `store` (zero-padded).
@@ -168,16 +181,15 @@ LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const at::Ten
   };
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
-  store = at::zeros({total}, at::kFloat);
+  store = zeroed_floats(total);
   float* base = store.data_ptr<float>();
   float* ptr[8];
   for (int i = 0; i < 8; ++i) {
     ptr[i] = base;
     base += sizes[i];
   }
-  const at::Tensor wr32 = wr.to(at::kFloat).contiguous();
-  kern.prepare_turns(wr32.data_ptr<float>(), d.F2, d.M, d.ldt, ptr[0], ptr[0] + d.M * d.ldt);
-  copy_f32(wr32, ptr[1], d.ldm, false);
+  copy_f32(wr, ptr[1], d.ldm, false);
+  kern.prepare_turns(ptr[1], d.F2, d.M, d.ldm, d.ldt, ptr[0], ptr[0] + d.M * d.ldt);
   if (d.mlp) {
     copy_f32(w1, ptr[2], d.Hp, false);
     copy_f32(b1, ptr[3], 0, false);
@@ -225,7 +237,7 @@ struct ScratchArena {
       sizes[i] = round_up(s[i]);  // every buffer starts on a 64-byte boundary
       per += sizes[i];
     }
-    store = at::zeros({threads * per + kPad}, at::kFloat);
+    store = zeroed_floats(threads * per + kPad);
   }
 
   LffScratch of(int rank) const {

@@ -42,12 +42,13 @@ PF_INLINE V act_bwd(Act act, V z, V g) {
   }
 }
 
-// thi/tlo [M, ldt] = wr^T / (2 pi) as float32 pairs (turns_hi_lo), zero beyond F2.
-void prepare_turns(const float* wr, int64_t F2, int64_t M, int64_t ldt, float* thi, float* tlo) {
+// thi/tlo [M, ldt] = wr^T / (2 pi) as float32 pairs (turns_hi_lo), zero beyond F2;
+// wr [F2, M] with row stride ldw.
+void prepare_turns(const float* wr, int64_t F2, int64_t M, int64_t ldw, int64_t ldt, float* thi, float* tlo) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k0 = 0; k0 < ldt; k0 += W) {
       V w{};
-      for (int i = 0; i < W && k0 + i < F2; ++i) w[i] = wr[(k0 + i) * M + m];
+      for (int i = 0; i < W && k0 + i < F2; ++i) w[i] = wr[(k0 + i) * ldw + m];
       const Phase t = turns_hi_lo(w);
       vstore(thi + m * ldt + k0, t.hi);
       vstore(tlo + m * ldt + k0, t.lo);
