@@ -134,6 +134,13 @@ void forward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s)
   constexpr int64_t kRows = row_tile<4>() > 4 ? row_tile<4>() : 6;
   with_dt(c.io.odt, [&](auto tag) {
     for (int64_t i = 0; i < nr; i += kRows) {
+      if (!c.io.stream) {  // ask for the next rows' lines now: their misses overlap this block
+        const int64_t next = i + kRows < nr ? (nr - i - kRows < kRows ? nr - i - kRows : kRows) : 0;
+        for (int64_t r = 0; r < next; ++r) {
+          const char* row = static_cast<const char*>(out) + (i + kRows + r) * c.io.ldo * esize;
+          for (int64_t b = 0; b < d.D * esize; b += 64) __builtin_prefetch(row + b, 1, 3);
+        }
+      }
       Gemm g{s.h + i * d.ldh, d.ldh, 1, c.w.w2, d.Dp, c.w.b2, false,
              static_cast<char*>(out) + i * c.io.ldo * esize, c.io.ldo, nr - i < kRows ? nr - i : kRows, d.D, d.H};
       g.stream = c.io.stream;
@@ -167,13 +174,20 @@ void backward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s
     features(c, s.xs, nr, s.feats);
   }
   if (need_h) hidden(c, s, nr);
-  if (need_dy) {
-    const int64_t esize = c.io.gdt == DT::F32 ? 4 : 2;
-    const int64_t width = d.mlp ? d.D : d.F;
+  // dY rows as float32: the gradient itself when it is float32 (row stride ldg), else a
+  // converted copy in the scratch (zero-padded to Dp columns)
+  const int64_t width = d.mlp ? d.D : d.F;
+  const float* dy = s.dy;
+  int64_t lddy = d.ldd, ndy = d.mlp ? d.Dp : d.F;
+  if (need_dy && c.io.gdt == DT::F32) {
+    dy = static_cast<const float*>(c.io.grad) + r0 * c.io.ldg;
+    lddy = c.io.ldg;
+    ndy = width;
+  } else if (need_dy) {
     with_dt(c.io.gdt, [&](auto tag) {
       constexpr DT dt = decltype(tag)::value;
       for (int64_t r = 0; r < nr; ++r) {
-        const void* grow = static_cast<const char*>(c.io.grad) + (r0 + r) * c.io.ldg * esize;
+        const void* grow = static_cast<const uint16_t*>(c.io.grad) + (r0 + r) * c.io.ldg;
         for (int64_t j = 0; j < width; j += W) {
           const int n = static_cast<int>(width - j < W ? width - j : W);
           store_n(s.dy + r * d.ldd + j, load_as<dt>(grow, j, n), n);
@@ -181,11 +195,12 @@ void backward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s
       }
     });
   }
-  const float* gr = s.dy;  // dLoss/dfeats: dY itself without the MLP
+  const float* gr = dy;  // dLoss/dfeats: dY itself without the MLP
+  int64_t ldgr = lddy;
   if (d.mlp) {
     if (need_ga) {
       // gh = dY @ w2^T, then ga = gh * act'(a)
-      const Gemm g{s.dy, d.ldd, 1, c.w.w2t, d.Hp, nullptr, false, s.ga, d.ldh, nr, d.Hp, d.D};
+      const Gemm g{dy, lddy, 1, c.w.w2t, d.Hp, nullptr, false, s.ga, d.ldh, nr, d.Hp, d.D};
       gemm<DT::F32>(g);
       for (int64_t r = 0; r < nr; ++r)
         for (int64_t j = 0; j < d.Hp; j += W) {
@@ -196,7 +211,7 @@ void backward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s
     // [dw2; db2] += [h | 1]^T dY (row H of the partial is db2)
     if (nd.w2 || nd.b2) {
       for (int64_t r = 0; r < nr; ++r) s.h[r * d.ldh + d.H] = 1.0f;
-      grad_rows(s.h, d.ldh, s.dy, d.ldd, d.Dp, nr, p.dw2, d.Dp, nd.w2 ? 0 : d.H, nd.b2 ? d.H + 1 : d.H, p.first);
+      grad_rows(s.h, d.ldh, dy, lddy, ndy, nr, p.dw2, d.Dp, nd.w2 ? 0 : d.H, nd.b2 ? d.H + 1 : d.H, p.first);
     }
     // [dw1; db1] += [feats | 1]^T ga (row F is db1)
     if (nd.w1 || nd.b1) {
@@ -208,13 +223,14 @@ void backward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s
       const Gemm g{s.ga, d.ldh, 1, c.w.w1t, d.Fp, nullptr, false, s.gr, d.ldf, nr, d.Fp, d.H};
       gemm<DT::F32>(g);
       gr = s.gr;
+      ldgr = d.ldf;
     }
   }
   if (!need_phase) return;
   // dLoss/dphase = g_sin * cos - g_cos * sin, with the features' 1/sqrt(F) (d cos = -sin,
   // d sin = cos); zero beyond F2
   for (int64_t r = 0; r < nr; ++r) {
-    const float* g = gr + r * (d.mlp ? d.ldf : d.ldd);
+    const float* g = gr + r * ldgr;
     const float* f = s.feats + r * d.ldf;
     for (int64_t k = 0; k < d.ldk; k += W) {
       const int n = static_cast<int>(d.F2 - k < 0 ? 0 : (d.F2 - k < W ? d.F2 - k : W));

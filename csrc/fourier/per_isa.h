@@ -36,7 +36,7 @@ namespace {
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define PF_X86 1
-PF_ISA_BEGIN("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,f16c,bmi2")
+PF_ISA_BEGIN("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,f16c,bmi2,prfchw")
 #define PF_VEC_BYTES 64
 namespace isa_avx512 {
 constexpr int kBytes = 64;
