@@ -228,6 +228,15 @@ class LearnableFourierFeatures(nn.Module):
             if self.kl:
                 self.kl_log_target_var.fill_(-2.0 * math.log(self.gamma))
 
+    @classmethod
+    def from_state_dict(cls, state_dict, source: str, **kwargs) -> LearnableFourierFeatures:
+        """Load a checkpoint of a public LFF module ("guimont", "jhlew", "lightglue",
+        "tpe") with its gamma convention and weight layout: see :mod:`posenc_fast.convert`
+        (``convert.to_state_dict`` is the reverse)."""
+        from . import convert  # convert imports this module
+
+        return convert.from_state_dict(state_dict, source, **kwargs)
+
     @property
     def target_var(self) -> Tensor:
         """The KL target variance: learnable with kl=True, else fixed at gamma^-2."""
