@@ -255,6 +255,25 @@ def test_transformer_encoder_fast_paths_do_not_skip_the_biases():
     assert not torch.allclose(ref[~padding], plain[~padding], atol=1e-3)
 
 
+def test_multihead_attention_compiles_fullgraph():
+    holder = nn.Sequential(nn.MultiheadAttention(16, 4, batch_first=True))
+    biases = add_floater_biases(holder)
+    randomize(biases)
+    mha = holder[0]
+    x = _testing.randn((2, 6, 16), _testing.generator(7))
+    fn = torch.compile(
+        lambda t: mha(t, t, t, need_weights=False)[0], fullgraph=True, backend="aot_eager"
+    )
+    out = fn(x)
+    out.sum().backward()
+    grad = biases.floater.p0.grad.clone()
+    biases.zero_grad()
+    ref = mha(x, x, x, need_weights=False)[0]
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(grad, biases.floater.p0.grad)
+
+
 def test_refusals_are_explained():
     with pytest.raises(ValueError, match="add_bias_kv"):
         add_floater_biases(nn.Sequential(nn.MultiheadAttention(8, 2, add_bias_kv=True)))

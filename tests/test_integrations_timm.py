@@ -93,11 +93,15 @@ def test_unseen_grid_sizes_with_dynamic_img_size():
         assert model(images(h, w)).shape == (2, 5)
 
 
-def test_fixed_size_model_refuses_another_grid_with_a_clear_error():
+def test_fixed_size_model_follows_set_input_size_and_explains_a_mismatch():
     model = vit()
-    pf_timm.use_sine2d(model)
+    pf_timm.use_lff(model, gamma=2.0)
+    model.set_input_size(img_size=(48, 40))  # the 4x4 grid becomes 6x5
+    patches = model.patch_embed(images(48, 40))  # [B, 30, C]
+    expected = patches + grid_encoding(model, 6, 5)
+    torch.testing.assert_close(model._pos_embed(patches)[:, 1:], expected)
     with pytest.raises(ValueError, match="dynamic_img_size=True"):
-        model.pos_encoding(torch.randn(2, 25, 32))
+        model.pos_encoding(torch.randn(2, 25, 32), (6, 5))
 
 
 def test_sine2d_adds_the_sinusoidal_encoding_of_the_indices():

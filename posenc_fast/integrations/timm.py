@@ -41,20 +41,20 @@ from ..grid import grid_positions
 class _GridEncoding(nn.Module):
     """Adds an encoding of the (row, col) patch indices to patch tokens."""
 
-    def __init__(self, dim: int, grid_size: tuple[int, int]):
+    def __init__(self, dim: int):
         super().__init__()
         self.dim = dim
-        self.grid_size = tuple(grid_size)  # used when tokens come flattened
 
     def encode(self, coords: Tensor) -> Tensor:  # [N, 2] float32 -> [N, dim]
         raise NotImplementedError
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x [B, H, W, C] or [B, H*W, C] (with H, W = grid_size) -> x + encoding."""
+    def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
+        """x [B, H, W, C], or [B, H*W, C] with (H, W) = grid_size (the patch embedding's,
+        read at every call: ``model.set_input_size`` changes it) -> x + encoding."""
         if x.dim() == 4:
             h, w = x.shape[1], x.shape[2]
         else:
-            h, w = self.grid_size
+            h, w = grid_size
             if x.dim() != 3 or x.shape[1] != h * w:
                 raise ValueError(
                     f"patch tokens must be [B, H, W, C] or [B, H*W={h * w}, C] for the "
@@ -70,8 +70,8 @@ class LFFGridEncoding(_GridEncoding):
     """Learnable Fourier features of the patch indices: ``lff`` is a
     :class:`~posenc_fast.LearnableFourierFeatures` (pos_dim 2, one group, out_dim C)."""
 
-    def __init__(self, dim: int, grid_size, gamma: float, **lff_kwargs):
-        super().__init__(dim, grid_size)
+    def __init__(self, dim: int, gamma: float, **lff_kwargs):
+        super().__init__(dim)
         lff_kwargs.setdefault("fourier_dim", 256)
         lff_kwargs.setdefault("hidden_dim", 32)
         for name in ("pos_dim", "out_dim", "groups"):
@@ -87,8 +87,8 @@ class SineGridEncoding(_GridEncoding):
     """Sine-2D: ``sinusoidal_nd`` of the patch indices, C/2 channels per axis (row first),
     interleaved sin/cos with frequencies base^(-2i/(C/2)). No parameters."""
 
-    def __init__(self, dim: int, grid_size, base: float = 10000.0):
-        super().__init__(dim, grid_size)
+    def __init__(self, dim: int, base: float = 10000.0):
+        super().__init__(dim)
         if dim % 4:
             raise ValueError(
                 f"Sine-2D needs embed_dim divisible by 4 (sin/cos per axis), got {dim}"
@@ -111,14 +111,14 @@ class _PosEmbed:
 
     def __call__(self, x: Tensor) -> Tensor:
         m = self.model
-        x = m.pos_encoding(x)
+        x = m.pos_encoding(x, m.patch_embed.grid_size)
         x = type(m)._pos_embed(m, x)  # pos_embed is None: prefix tokens + flatten only
         drop = getattr(m, "pos_drop", None)
         return x if drop is None else drop(x)
 
 
-def _check_model(model) -> tuple[int, tuple[int, int]]:
-    """(embed_dim, grid_size) of a timm-style VisionTransformer, or a TypeError."""
+def _check_model(model) -> int:
+    """embed_dim of a timm-style VisionTransformer, or a TypeError."""
     needed = ("patch_embed", "pos_embed", "_pos_embed", "embed_dim")
     if not isinstance(model, nn.Module) or not all(hasattr(model, a) for a in needed):
         raise TypeError(
@@ -128,7 +128,7 @@ def _check_model(model) -> tuple[int, tuple[int, int]]:
     grid = getattr(model.patch_embed, "grid_size", None)
     if grid is None or len(grid) != 2:
         raise TypeError("model.patch_embed must be timm's 2-D PatchEmbed (with grid_size)")
-    return int(model.embed_dim), (int(grid[0]), int(grid[1]))
+    return int(model.embed_dim)
 
 
 def _install(model: nn.Module, encoding: _GridEncoding) -> _GridEncoding:
@@ -155,13 +155,12 @@ def use_lff(model: nn.Module, gamma: float = 2.0, **lff_kwargs) -> LFFGridEncodi
     Returns the encoding module, also at ``model.pos_encoding``; it is created on the
     device and in the dtype of the model's learned table.
     """
-    dim, grid = _check_model(model)
+    dim = _check_model(model)
     _checks.positive_float("gamma", gamma)
-    return _install(model, LFFGridEncoding(dim, grid, gamma, **lff_kwargs))
+    return _install(model, LFFGridEncoding(dim, gamma, **lff_kwargs))
 
 
 def use_sine2d(model: nn.Module, base: float = 10000.0) -> SineGridEncoding:
     """Give a timm VisionTransformer fixed Sine-2D position encodings of the patch
     indices (embed_dim must be divisible by 4). Returns the encoding module."""
-    dim, grid = _check_model(model)
-    return _install(model, SineGridEncoding(dim, grid, base))
+    return _install(model, SineGridEncoding(_check_model(model), base))
