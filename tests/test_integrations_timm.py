@@ -186,6 +186,8 @@ def test_encoding_follows_the_device_and_dtype_of_the_table():
     model = vit().double()
     enc = pf_timm.use_lff(model)
     assert enc.lff.wr.dtype == torch.float64 and model(images().double()).dtype == torch.float64
+    no_table = vit(pos_embed="none").double()
+    assert pf_timm.use_lff(no_table).lff.wr.dtype == torch.float64
 
 
 def test_bad_arguments_are_named():

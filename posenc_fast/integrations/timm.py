@@ -132,9 +132,11 @@ def _check_model(model) -> int:
 
 
 def _install(model: nn.Module, encoding: _GridEncoding) -> _GridEncoding:
-    ref = model.pos_embed if isinstance(model.pos_embed, Tensor) else None
-    if ref is not None:
-        encoding.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None)
+    # The device and dtype of the learned table, else of the patch embedding's weights.
+    tensors = [model.pos_embed] if isinstance(model.pos_embed, Tensor) else []
+    tensors += [p for p in model.patch_embed.parameters() if p.is_floating_point()]
+    if tensors:
+        encoding.to(device=tensors[0].device, dtype=tensors[0].dtype)
     model.pos_embed = None  # timm skips the table everywhere
     model.pos_encoding = encoding
     model.__dict__["_pos_embed"] = _PosEmbed(model)  # instance attribute: wins over the method
@@ -153,7 +155,7 @@ def use_lff(model: nn.Module, gamma: float = 2.0, **lff_kwargs) -> LFFGridEncodi
             fourier_dim=256, hidden_dim=32; also activation, learnable, layer_norm, ...).
 
     Returns the encoding module, also at ``model.pos_encoding``; it is created on the
-    device and in the dtype of the model's learned table.
+    device and in the dtype of the model's learned table (or patch embedding).
     """
     dim = _check_model(model)
     _checks.positive_float("gamma", gamma)
