@@ -203,8 +203,15 @@ def test_only_needed_gradients(backend, device):
     assert_close(q.grad, 2 * q.detach().double(), torch.float32, "grad")
 
 
+# Small: gradcheck perturbs every input element once (numerical Jacobian).
+GRADCHECK_CASES = [
+    ApplyCase(1, 2, 1, 3, 6, 4, 2, "bnhd"),
+    ApplyCase(2, 1, 1, 3, 5, 4, 1, shared_x=True),
+]
+
+
 @pytest.mark.parametrize("backend", backend_params("apply_lff_rotary", torch.float64))
-@pytest.mark.parametrize("case", [APPLY_CASES[1], APPLY_CASES[2]], ids=lambda c: c.id)
+@pytest.mark.parametrize("case", GRADCHECK_CASES, ids=lambda c: c.id)
 def test_apply_gradcheck_float64(backend, case, device):
     inputs = _leaves(apply_inputs(case, torch.float64, device, 11))
     fn = lambda *a: pf.apply_lff_rotary(*a, case.layout, backend=backend)  # noqa: E731
@@ -219,11 +226,11 @@ def test_table_gradcheck_float64(backend, device):
 
 def test_gradgradcheck_torch_backend(device):
     """A double backward differentiates the torch backend's recomputation."""
-    case = APPLY_CASES[2]
+    case = GRADCHECK_CASES[1]
     inputs = _leaves(apply_inputs(case, torch.float64, device, 13))
     fn = lambda *a: pf.apply_lff_rotary(*a, case.layout, backend="torch")  # noqa: E731
     assert torch.autograd.gradgradcheck(fn, inputs)
-    x, wr = _leaves(table_inputs((4, 2, 4), torch.float64, device, 14))
+    x, wr = _leaves(table_inputs((3, 2, 4), torch.float64, device, 14))
     assert torch.autograd.gradgradcheck(
         lambda x, wr: pf.lff_rotary(x, wr, backend="torch"), (x, wr)
     )
@@ -556,3 +563,29 @@ def test_float64_positions_are_refused_by_triton_with_a_reason():
 
 def backend_params_names():
     return [p.values[0] for p in backend_params("apply_lff_rotary")]
+
+
+@pytest.mark.skipif(
+    "triton" not in [p.values[0] for p in backend_params("apply_lff_rotary")],
+    reason="the triton backend is not usable here (see the report header)",
+)
+def test_triton_gpu_block_sizes_in_the_interpreter(monkeypatch, device):
+    """The GPU's block rule (16 positions x 32 frequencies), which the interpreter
+    otherwise replaces by larger blocks, run through the interpreter: several tiles and
+    frequency chunks, a partial last chunk, the pass-through tail, and the backward."""
+    from posenc_fast.triton_kernels import rotary as kernels
+
+    monkeypatch.setattr(kernels, "blocks", lambda n, f: (kernels.gpu_blocks(f), {}))
+    case = ApplyCase(2, 2, 1, 37, 84, 80, 2)  # 40 frequencies: chunks of 32 and 8
+    inputs = apply_inputs(case, torch.float32, device, 41)
+    leaves = _leaves(inputs)
+    out = pf.apply_lff_rotary(*leaves, backend="triton")
+    _check_apply(out, ref.apply_rotary(*inputs, out_dtype=torch.float64), torch.float32, "gpu")
+    torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+    leaves64 = _leaves(inputs, torch.float64)
+    rq, rk = ref.apply_rotary(*leaves64)
+    torch.autograd.backward((rq, rk), [torch.ones_like(o) for o in (rq, rk)])
+    _testing.assert_grads_close(("q", "k", "x", "wr"), leaves, leaves64, torch.float32, "gpu")
+    x, wr = table_inputs((1, 37, 2, 80), torch.float32, device, 42)
+    assert_close(pf.lff_rotary(x, wr, backend="triton"), ref.rotary_table(x, wr),
+                 torch.float32, "encoding")  # fmt: skip

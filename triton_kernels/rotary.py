@@ -257,15 +257,23 @@ def _rotary_bwd_kernel(
 
 def blocks(n_pos: int, n_freq: int) -> tuple[dict, dict]:
     """(block sizes, launch options), a fixed rule (part of the backward's summation
-    order, so never timing-dependent). GPU: BLOCK_K frequencies = 2 BLOCK_K channels,
-    up to 64 channels (128 B of bf16 per row, coalesced), ~2k elements per [BN, 2 BK]
-    tile (16 per thread at 4 warps). The interpreter pays per program and per loop
-    iteration: few programs, large blocks. GPU timings of this rule: pending."""
+    order, so never timing-dependent).
+
+    GPU: 16 positions x 32 frequencies (64 channels: 128 B of bf16 per row, coalesced),
+    16 frequencies for head_dim <= 32, 4 warps. Chosen by compiling for sm_90 (triton
+    3.9, no GPU) and reading registers: at this size the forward needs 80-96 registers
+    and the backward 167, without spilling; 32 x 32 spills ~400 B in both (255
+    registers), so do 64 x 8 and 32 x 32 with 8 warps in the backward. GPU timings:
+    pending. The interpreter pays per program and per loop iteration: few programs,
+    large blocks."""
     if INTERPRET:
         return {"BLOCK_N": pow2(n_pos, 16, 64), "BLOCK_K": pow2(n_freq, 16, 64), "BLOCK_P": 64}, {}
-    block_k = pow2(n_freq, 4, 32)
-    block_n = max(16, min(64, 1024 // block_k))
-    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "BLOCK_P": 64}, {"num_warps": 4}
+    return gpu_blocks(n_freq), {"num_warps": 4}
+
+
+def gpu_blocks(n_freq: int) -> dict:
+    """The GPU's block sizes (see ``blocks``; the tests also run them in the interpreter)."""
+    return {"BLOCK_N": 16, "BLOCK_K": 32 if n_freq > 16 else 16, "BLOCK_P": 64}
 
 
 def _strides(t: torch.Tensor, n: int) -> tuple:
@@ -399,3 +407,30 @@ def rotary_apply_bwd(gq, gk, q, k, x, wr, layout: str, needs) -> list:
     if need_x:  # positions shared by the batch: their gradient sums over it (fixed order)
         dx = (dx_b if x.dim() == 3 else dx_b.sum(0)).to(x.dtype)
     return [dq, dk, dx, dwr]
+
+
+def compile_cases(quick: bool):
+    """(label, kernel, pointer dtypes, constexprs, launch options) for compile_report:
+    the launchers' GPU configurations at LightGlue's head_dim 64 (and 128), M = 2."""
+    for F2 in (32,) if quick else (32, 64):
+        bl, opts = blocks(1 << 16, F2)
+        tail = f"F{2 * F2} BN{bl['BLOCK_N']} BK{bl['BLOCK_K']}"
+        base = dict(M=2, INTERPRET=False, **bl)
+        fwd_opts = dict(enable_fp_fusion=False, **opts)
+        for dt in ("bf16",) if quick else ("bf16", "fp32"):
+            qk = {name: f"*{dt}" for name in ("Q", "K", "OQ", "OK")}
+            yield (f"rotary_apply_fwd {dt} {tail}", _rotary_fwd_kernel, qk,
+                   dict(base, TABLE=False), fwd_opts)  # fmt: skip
+            grads = {name: f"*{dt}" for name in ("Q", "K", "GQ", "GK", "DQ", "DK")}
+            needs = dict(NEED_Q=True, NEED_K=True, NEED_X=True, NEED_WR=True)
+            yield (f"rotary_apply_bwd {dt} {tail}", _rotary_bwd_kernel, grads,
+                   dict(base, TABLE=False, BLOCK_M=2, **needs), fwd_opts)  # fmt: skip
+        if not quick:
+            only_qk = dict(NEED_Q=True, NEED_K=True, NEED_X=False, NEED_WR=False)
+            yield (f"rotary_apply_bwd bf16 q,k only {tail}", _rotary_bwd_kernel, grads,
+                   dict(base, TABLE=False, BLOCK_M=2, **only_qk), fwd_opts)  # fmt: skip
+        yield (f"rotary_table_fwd bf16 {tail}", _rotary_fwd_kernel, {"OQ": "*bf16"},
+               dict(base, TABLE=True), fwd_opts)  # fmt: skip
+        yield (f"rotary_table_bwd bf16 {tail}", _rotary_bwd_kernel, {"GQ": "*bf16"},
+               dict(base, TABLE=True, BLOCK_M=2, NEED_Q=False, NEED_K=False, NEED_X=True,
+                    NEED_WR=True), fwd_opts)  # fmt: skip
