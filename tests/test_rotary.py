@@ -371,6 +371,19 @@ def test_nan_position_stays_in_its_row(backend, device):
         assert torch.equal(nan_rows, bad)
 
 
+@pytest.mark.parametrize("backend", backend_params("lff_rotary", torch.bfloat16))
+def test_table_under_autocast(backend, device):
+    """Under autocast the table comes in the autocast dtype (float32 wr), its phases
+    still float32 or better; apply_lff_rotary follows q's dtype and ignores autocast."""
+    x, wr = table_inputs((2, 9, 2, 8), torch.float32, device, 43)
+    q = torch.randn(2, 1, 9, 8, device=device)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        table = pf.lff_rotary(x, wr * 100.0, backend=backend)  # phases up to ~1e3
+        oq, _ = pf.apply_lff_rotary(q, q, x, wr, backend=backend)
+    assert table.dtype == torch.bfloat16 and oq.dtype == torch.float32
+    assert_close(table, ref.rotary_table(x, wr * 100.0), torch.bfloat16, "encoding")
+
+
 @pytest.mark.parametrize("backend", backend_params("apply_lff_rotary", torch.float32))
 def test_integer_positions(backend, device):
     x = torch.randint(-300, 300, (7, 2), device=device)

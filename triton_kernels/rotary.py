@@ -40,7 +40,7 @@ import triton.language as tl
 from ..torch_impl.rotary import batch_positions, heads_first
 from ._launch import INTERPRET, device_guard, pow2, rows_view
 from ._round import round_to
-from .lff_backward import _add_to, _sum_partials_kernel, max_programs
+from .lff_backward import _sum_partials_kernel, max_programs, phase_chain_rule
 from .lff_forward import cos_sin_tile
 
 
@@ -231,15 +231,10 @@ def _rotary_bwd_kernel(
                 dphi = c * cross - s * dot
             if NEED_PHASE:
                 # Padded rows and frequencies read zeros above: dphi = 0 there.
-                for m in tl.static_range(M):
-                    if NEED_X:
-                        w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
-                        col = tl.sum(dphi * w[None, :], axis=1)
-                        dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
-                    if NEED_WR:
-                        xm = tl.load(xb + ns * stride_xn + m * stride_xm, mask=nmask, other=0.0)
-                        part = tl.sum(dphi * xm.to(tl.float32)[:, None], axis=0)
-                        _add_to(ws + ks * M + m, part, kmask, accumulate)
+                dx_acc = phase_chain_rule(
+                    dphi, xb, WR, ns, nmask, ks, kmask, stride_xn, stride_xm, dx_acc, ms, ws,
+                    accumulate, M, NEED_X, NEED_WR,
+                )  # fmt: skip
         if NEED_X:
             dx_ptrs = DX + (b * n_pos + ns)[:, None] * M + ms[None, :]
             tl.store(dx_ptrs, dx_acc, mask=nmask[:, None] & (ms < M)[None, :])
