@@ -10,7 +10,6 @@ LightGlue), and sizes past one block of positions / frequencies of the kernels.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -20,71 +19,20 @@ from torch.library import opcheck
 
 import posenc_fast as pf
 from posenc_fast import _testing
+from posenc_fast._testing import (
+    ROTARY_CASES,
+    RotaryCase,
+    rotary_inputs,
+    rotary_table_inputs,
+)
 from posenc_fast.reference import rotary as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
-@dataclass(frozen=True)
-class ApplyCase:
-    batch: int
-    heads_q: int
-    heads_k: int
-    n: int
-    head_dim: int
-    rotary_dim: int
-    pos_dim: int
-    layout: str = "bhnd"
-    shared_x: bool = False  # positions [N, M] shared by the batch
-    fused_qkv: bool = False  # q, k, v as slices of one [..., heads, head_dim, 3] tensor
-
-    @property
-    def id(self) -> str:
-        s = (
-            f"B{self.batch}-H{self.heads_q}.{self.heads_k}-N{self.n}-D{self.head_dim}"
-            f"-F{self.rotary_dim}-M{self.pos_dim}-{self.layout}"
-        )
-        return s + ("-shared" if self.shared_x else "") + ("-qkv" if self.fused_qkv else "")
-
-
-APPLY_CASES = (
-    ApplyCase(2, 4, 4, 37, 16, 16, 2, fused_qkv=True),  # LightGlue's self-attention
-    ApplyCase(1, 3, 1, 19, 12, 8, 3, "bnhd"),
-    ApplyCase(3, 2, 2, 5, 7, 4, 1, shared_x=True),
-    ApplyCase(2, 1, 2, 1, 2, 2, 4, "bnhd", shared_x=True),
-    ApplyCase(1, 2, 1, 70, 164, 160, 2),  # two tiles of positions, two of frequencies
-    ApplyCase(2, 2, 2, 0, 8, 8, 2),
-    ApplyCase(0, 2, 2, 4, 8, 8, 2, "bnhd"),
-)
-NONEMPTY = [pytest.param(c, id=c.id) for c in APPLY_CASES if c.batch * c.n]
-ALL_CASES = [pytest.param(c, id=c.id) for c in APPLY_CASES]
-
-
-def _qk_shape(case: ApplyCase, heads: int) -> tuple:
-    if case.layout == "bhnd":
-        return (case.batch, heads, case.n, case.head_dim)
-    return (case.batch, case.n, heads, case.head_dim)
-
-
-def apply_inputs(case: ApplyCase, dtype, device, seed: int):
-    """(q, k, x, wr): q, k in ``dtype``; x and wr float64 for float64 q, else float32."""
-    g = _testing.generator(seed)
-    pdt = torch.float64 if dtype == torch.float64 else torch.float32
-    if case.fused_qkv:
-        # LightGlue's SelfBlock: qkv [B, N, heads * head_dim * 3] unflattened to
-        # [B, N, heads, head_dim, 3], heads moved before N, q = [..., 0]: channel stride 3.
-        qkv = _testing.randn((case.batch, case.n, case.heads_q, case.head_dim, 3), g, dtype)
-        qkv = qkv.to(device).transpose(1, 2)
-        q, k = qkv[..., 0], qkv[..., 1]
-        assert q.stride(-1) == 3
-    else:
-        q = _testing.randn(_qk_shape(case, case.heads_q), g, dtype, device)
-        k = _testing.randn(_qk_shape(case, case.heads_k), g, dtype, device)
-    x_shape = (case.n, case.pos_dim) if case.shared_x else (case.batch, case.n, case.pos_dim)
-    x = _testing.randn(x_shape, g, pdt, device, 3.0)
-    wr = _testing.randn((case.rotary_dim // 2, case.pos_dim), g, pdt, device)
-    return q, k, x, wr
+NONEMPTY = [pytest.param(c, id=c.id) for c in ROTARY_CASES if c.batch * c.n]
+ALL_CASES = [pytest.param(c, id=c.id) for c in ROTARY_CASES]
 
 
 def _scale(*refs) -> float:
@@ -103,7 +51,8 @@ def _check_apply(out, expected, dtype, what: str) -> None:
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("apply_lff_rotary", DTYPES))
 @pytest.mark.parametrize("case", ALL_CASES)
 def test_apply_matches_reference(backend, dtype, case, device):
-    q, k, x, wr = apply_inputs(case, dtype, device, _testing.seed_of(case.id))
+    q, k, x, wr = rotary_inputs(case, dtype, device, _testing.seed_of(case.id))
+    assert not case.fused_qkv or q.stride(-1) == 3  # LightGlue's strided q
     before = [t.clone() for t in (q, k, x, wr)]
     oq, ok = pf.apply_lff_rotary(q, k, x, wr, case.layout, backend=backend)
     assert oq.shape == q.shape and ok.shape == k.shape
@@ -118,25 +67,16 @@ def test_apply_matches_reference(backend, dtype, case, device):
     assert torch.equal(oq[..., F:], q[..., F:]) and torch.equal(ok[..., F:], k[..., F:])
 
 
-TABLE_SHAPES = [(2, 17, 2, 16), (5, 1, 4), (2, 3, 9, 4, 8), (0, 3, 6), (1, 70, 2, 160)]
 TABLE_CASES = [
-    pytest.param(s, id="x" + "x".join(map(str, s[:-1])) + f"-F{s[-1]}") for s in TABLE_SHAPES
+    pytest.param(s, id="x" + "x".join(map(str, s[:-1])) + f"-F{s[-1]}")
+    for s in _testing.ROTARY_TABLE_SHAPES
 ]
-
-
-def table_inputs(shape, dtype, device, seed):
-    """(x [..., N, M] float32 (float64 for float64), wr [F/2, M] in ``dtype``)."""
-    g = _testing.generator(seed)
-    pdt = torch.float64 if dtype == torch.float64 else torch.float32
-    x = _testing.randn(shape[:-1], g, pdt, device, 3.0)
-    wr = _testing.randn((shape[-1] // 2, shape[-2]), g, dtype, device)
-    return x, wr
 
 
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("lff_rotary", DTYPES))
 @pytest.mark.parametrize("shape", TABLE_CASES)
 def test_table_matches_reference(backend, dtype, shape, device):
-    x, wr = table_inputs(shape, dtype, device, _testing.seed_of(str(shape)))
+    x, wr = rotary_table_inputs(shape, dtype, device, _testing.seed_of(str(shape)))
     before = [x.clone(), wr.clone()]
     t = pf.lff_rotary(x, wr, backend=backend)
     assert t.shape == (2, *x.shape[:-2], 1, x.shape[-2], shape[-1])
@@ -159,7 +99,7 @@ def _leaves(tensors, dtype=None):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("apply_lff_rotary", DTYPES))
 @pytest.mark.parametrize("case", NONEMPTY)
 def test_apply_backward_matches_reference(backend, dtype, case, device):
-    inputs = apply_inputs(case, dtype, device, 1 + _testing.seed_of(case.id))
+    inputs = rotary_inputs(case, dtype, device, 1 + _testing.seed_of(case.id))
     leaves = _leaves(inputs)
     oq, ok = pf.apply_lff_rotary(*leaves, case.layout, backend=backend)
     g = _testing.generator(5)
@@ -177,7 +117,7 @@ def test_apply_backward_matches_reference(backend, dtype, case, device):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("lff_rotary", DTYPES))
 @pytest.mark.parametrize("shape", TABLE_CASES)
 def test_table_backward_matches_reference(backend, dtype, shape, device):
-    x, wr = table_inputs(shape, dtype, device, 2 + _testing.seed_of(str(shape)))
+    x, wr = rotary_table_inputs(shape, dtype, device, 2 + _testing.seed_of(str(shape)))
     leaves = _leaves((x, wr))
     t = pf.lff_rotary(*leaves, backend=backend)
     grad = _testing.randn(t.shape, _testing.generator(9), dtype, device)
@@ -189,8 +129,8 @@ def test_table_backward_matches_reference(backend, dtype, shape, device):
 
 @pytest.mark.parametrize("backend", backend_params("apply_lff_rotary", torch.float32))
 def test_only_needed_gradients(backend, device):
-    case = APPLY_CASES[1]
-    q, k, x, wr = apply_inputs(case, torch.float32, device, 3)
+    case = ROTARY_CASES[1]
+    q, k, x, wr = rotary_inputs(case, torch.float32, device, 3)
     wr.requires_grad_()
     oq, ok = pf.apply_lff_rotary(q, k, x, wr, case.layout, backend=backend)
     (oq.square().sum() + ok.sum()).backward()
@@ -205,32 +145,32 @@ def test_only_needed_gradients(backend, device):
 
 # Small: gradcheck perturbs every input element once (numerical Jacobian).
 GRADCHECK_CASES = [
-    ApplyCase(1, 2, 1, 3, 6, 4, 2, "bnhd"),
-    ApplyCase(2, 1, 1, 3, 5, 4, 1, shared_x=True),
+    RotaryCase(1, 2, 1, 3, 6, 4, 2, "bnhd"),
+    RotaryCase(2, 1, 1, 3, 5, 4, 1, shared_x=True),
 ]
 
 
 @pytest.mark.parametrize("backend", backend_params("apply_lff_rotary", torch.float64))
 @pytest.mark.parametrize("case", GRADCHECK_CASES, ids=lambda c: c.id)
 def test_apply_gradcheck_float64(backend, case, device):
-    inputs = _leaves(apply_inputs(case, torch.float64, device, 11))
+    inputs = _leaves(rotary_inputs(case, torch.float64, device, 11))
     fn = lambda *a: pf.apply_lff_rotary(*a, case.layout, backend=backend)  # noqa: E731
     assert torch.autograd.gradcheck(fn, inputs)
 
 
 @pytest.mark.parametrize("backend", backend_params("lff_rotary", torch.float64))
 def test_table_gradcheck_float64(backend, device):
-    x, wr = _leaves(table_inputs((2, 5, 3, 6), torch.float64, device, 12))
+    x, wr = _leaves(rotary_table_inputs((2, 5, 3, 6), torch.float64, device, 12))
     assert torch.autograd.gradcheck(lambda x, wr: pf.lff_rotary(x, wr, backend=backend), (x, wr))
 
 
 def test_gradgradcheck_torch_backend(device):
     """A double backward differentiates the torch backend's recomputation."""
     case = GRADCHECK_CASES[1]
-    inputs = _leaves(apply_inputs(case, torch.float64, device, 13))
+    inputs = _leaves(rotary_inputs(case, torch.float64, device, 13))
     fn = lambda *a: pf.apply_lff_rotary(*a, case.layout, backend="torch")  # noqa: E731
     assert torch.autograd.gradgradcheck(fn, inputs)
-    x, wr = _leaves(table_inputs((3, 2, 4), torch.float64, device, 14))
+    x, wr = _leaves(rotary_table_inputs((3, 2, 4), torch.float64, device, 14))
     assert torch.autograd.gradgradcheck(
         lambda x, wr: pf.lff_rotary(x, wr, backend="torch"), (x, wr)
     )
@@ -239,8 +179,8 @@ def test_gradgradcheck_torch_backend(device):
 @pytest.mark.parametrize("backend", backend_params("apply_lff_rotary", torch.float32))
 def test_weight_gradient_is_deterministic(backend, device):
     """dwr is summed over positions in a fixed order: repeated runs agree bitwise."""
-    case = ApplyCase(3, 2, 2, 70, 8, 8, 2)  # several tiles per batch row
-    q, k, x, wr = apply_inputs(case, torch.float32, device, 15)
+    case = RotaryCase(3, 2, 2, 70, 8, 8, 2)  # several tiles per batch row
+    q, k, x, wr = rotary_inputs(case, torch.float32, device, 15)
     grads = []
     for _ in range(2):
         w = wr.clone().requires_grad_()
@@ -257,8 +197,8 @@ def test_weight_gradient_is_deterministic(backend, device):
 def test_layouts_and_shared_positions_agree(backend, device):
     """bnhd is bhnd transposed; positions [N, M] act as the same [B, N, M] for every b,
     and their gradient is the sum over the batch."""
-    case = ApplyCase(3, 2, 2, 9, 8, 6, 2, shared_x=True)
-    q, k, x, wr = apply_inputs(case, torch.float32, device, 16)
+    case = RotaryCase(3, 2, 2, 9, 8, 6, 2, shared_x=True)
+    q, k, x, wr = rotary_inputs(case, torch.float32, device, 16)
     xs = x.clone().requires_grad_()
     xb = x.expand(3, -1, -1).clone().requires_grad_()
     a = pf.apply_lff_rotary(q, k, xs, wr, backend=backend)
@@ -275,8 +215,8 @@ def test_layouts_and_shared_positions_agree(backend, device):
 
 @pytest.mark.parametrize("backend", backend_params("apply_lff_rotary", torch.float32))
 def test_opcheck(backend, device):
-    case = ApplyCase(2, 2, 1, 5, 6, 4, 2, "bnhd")
-    q, k, x, wr = (t.requires_grad_() for t in apply_inputs(case, torch.float32, device, 17))
+    case = RotaryCase(2, 2, 1, 5, 6, 4, 2, "bnhd")
+    q, k, x, wr = (t.requires_grad_() for t in rotary_inputs(case, torch.float32, device, 17))
     opcheck(torch.ops.posenc_fast.apply_lff_rotary.default, (q, k, x, wr, "bnhd", backend))
     plain = [t.detach() for t in (q, k, x, wr)]
     gq, gk = torch.randn_like(plain[0]), torch.randn_like(plain[1])
@@ -284,7 +224,8 @@ def test_opcheck(backend, device):
         torch.ops.posenc_fast.apply_lff_rotary_backward.default,
         (gq, gk, *plain, "bnhd", backend, True, True, True, True),
     )
-    xt, wt = (t.requires_grad_() for t in table_inputs((2, 5, 2, 6), torch.float32, device, 18))
+    xt, wt = rotary_table_inputs((2, 5, 2, 6), torch.float32, device, 18)
+    xt, wt = xt.requires_grad_(), wt.requires_grad_()
     opcheck(torch.ops.posenc_fast.lff_rotary.default, (xt, wt, torch.float32, backend))
     g = torch.randn(2, 2, 5, 6, device=device)
     opcheck(
@@ -360,8 +301,8 @@ def test_large_phases_fp32(backend, pos_dim, device):
     "backend", backend_params("apply_lff_rotary", torch.float32, include_reference=True)
 )
 def test_nan_position_stays_in_its_row(backend, device):
-    case = ApplyCase(2, 2, 2, 6, 4, 4, 2)
-    q, k, x, wr = apply_inputs(case, torch.float32, device, 23)
+    case = RotaryCase(2, 2, 2, 6, 4, 4, 2)
+    q, k, x, wr = rotary_inputs(case, torch.float32, device, 23)
     x[1, 3, 0] = float("nan")
     oq, ok = pf.apply_lff_rotary(q, k, x, wr, backend=backend)
     bad = torch.zeros(2, 6, dtype=torch.bool)
@@ -375,7 +316,7 @@ def test_nan_position_stays_in_its_row(backend, device):
 def test_table_under_autocast(backend, device):
     """Under autocast the table comes in the autocast dtype (float32 wr), its phases
     still float32 or better; apply_lff_rotary follows q's dtype and ignores autocast."""
-    x, wr = table_inputs((2, 9, 2, 8), torch.float32, device, 43)
+    x, wr = rotary_table_inputs((2, 9, 2, 8), torch.float32, device, 43)
     q = torch.randn(2, 1, 9, 8, device=device)
     with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
         table = pf.lff_rotary(x, wr * 100.0, backend=backend)  # phases up to ~1e3
@@ -492,7 +433,7 @@ def test_relative_positions_only(device):
 
 
 def _good_apply():
-    return list(apply_inputs(ApplyCase(2, 2, 2, 4, 8, 6, 2), torch.float32, "cpu", 31))
+    return list(rotary_inputs(RotaryCase(2, 2, 2, 4, 8, 6, 2), torch.float32, "cpu", 31))
 
 
 @pytest.mark.parametrize(
@@ -589,8 +530,8 @@ def test_triton_gpu_block_sizes_in_the_interpreter(monkeypatch, device):
     from posenc_fast.triton_kernels import rotary as kernels
 
     monkeypatch.setattr(kernels, "blocks", lambda n, f: (kernels.gpu_blocks(f), {}))
-    case = ApplyCase(2, 2, 1, 37, 84, 80, 2)  # 40 frequencies: chunks of 32 and 8
-    inputs = apply_inputs(case, torch.float32, device, 41)
+    case = RotaryCase(2, 2, 1, 37, 84, 80, 2)  # 40 frequencies: chunks of 32 and 8
+    inputs = rotary_inputs(case, torch.float32, device, 41)
     leaves = _leaves(inputs)
     out = pf.apply_lff_rotary(*leaves, backend="triton")
     _check_apply(out, ref.apply_rotary(*inputs, out_dtype=torch.float64), torch.float32, "gpu")
@@ -599,6 +540,28 @@ def test_triton_gpu_block_sizes_in_the_interpreter(monkeypatch, device):
     rq, rk = ref.apply_rotary(*leaves64)
     torch.autograd.backward((rq, rk), [torch.ones_like(o) for o in (rq, rk)])
     _testing.assert_grads_close(("q", "k", "x", "wr"), leaves, leaves64, torch.float32, "gpu")
-    x, wr = table_inputs((1, 37, 2, 80), torch.float32, device, 42)
+    x, wr = rotary_table_inputs((1, 37, 2, 80), torch.float32, device, 42)
     assert_close(pf.lff_rotary(x, wr, backend="triton"), ref.rotary_table(x, wr),
                  torch.float32, "encoding")  # fmt: skip
+
+
+def test_verify_checks_rotary(monkeypatch, device):
+    """``python -m posenc_fast verify`` checks both rotary ops and catches a wrong backend."""
+    from posenc_fast.backends import torch_backend
+    from posenc_fast.cli import verify
+
+    table = verify.check_lff_rotary("torch", torch.float32, device, 3)
+    assert table.cases == len(_testing.ROTARY_TABLE_SHAPES) and not table.failures
+    res = verify.check_apply_lff_rotary("torch", torch.float32, device, 3)
+    assert res.cases == len(ROTARY_CASES) and not res.failures, res.failures
+    orig = torch_backend.TorchBackend.apply_lff_rotary_forward
+
+    def off_by_a_little(*args):
+        oq, ok = orig(*args)
+        return oq + 1e-4, ok
+
+    monkeypatch.setattr(
+        torch_backend.TorchBackend, "apply_lff_rotary_forward", staticmethod(off_by_a_little)
+    )
+    res = verify.check_apply_lff_rotary("torch", torch.float32, device, 3)
+    assert res.failures and all("q'" in f for f in res.failures), res.failures
