@@ -254,10 +254,11 @@ def test_compile_fullgraph_module(device):
     torch.testing.assert_close(g, m.wr.grad)
 
 
-def test_export(device):
+def test_export_with_a_dynamic_number_of_positions(device):
+    """torch.export with N dynamic: one exported program serves every keypoint count."""
+    from torch.export import Dim
+
     m = pf.LearnableFourierRotary(2, head_dim=8, device=device)
-    q, k = torch.randn(1, 2, 5, 8, device=device), torch.randn(1, 2, 5, 8, device=device)
-    x = torch.randn(1, 5, 2, device=device)
 
     class Rotate(nn.Module):
         def __init__(self):
@@ -265,10 +266,21 @@ def test_export(device):
             self.m = m
 
         def forward(self, q, k, x):
-            return self.m.rotate(q, k, x)
+            return self.m.rotate(q, k, x), self.m(x)
 
-    ep = torch.export.export(Rotate(), (q, k, x))
-    for u, v in zip(ep.module()(q, k, x), m.rotate(q, k, x)):
+    def make(n):
+        g = _testing.generator(n)
+        shapes = ((2, 3, n, 8), (2, 3, n, 8), (2, n, 2))
+        return [_testing.randn(s, g, torch.float32, device) for s in shapes]
+
+    N = Dim("N", min=2, max=4096)
+    dynamic = {"q": {2: N}, "k": {2: N}, "x": {1: N}}
+    ep = torch.export.export(Rotate(), tuple(make(5)), dynamic_shapes=dynamic)
+    inputs = make(11)
+    (oq, ok), table = ep.module()(*inputs)
+    (eq, ek), etable = Rotate()(*inputs)
+    assert table.shape == (2, 2, 1, 11, 8)
+    for u, v in ((oq, eq), (ok, ek), (table, etable)):
         torch.testing.assert_close(u, v)
 
 
