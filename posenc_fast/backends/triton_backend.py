@@ -15,14 +15,15 @@ triton_kernels/_phase.py, within ~2e-7 of float64 math for |phase| <= 1e5):
 Limits (the SUPPORT table below; larger sizes fall back to the torch backend, whose
 reasons the dispatcher prints): pos_dim M <= 16 (unrolled), fourier_dim F <= 1024,
 hidden_dim H <= 256 (the [rows, H] tiles live in registers), group_out_dim D/G <= 1024,
-float32 / bfloat16 / float16 (float64 goes to the torch backend), positions not float64.
-LayerNorm / dropout are not fused: LearnableFourierFeatures runs them in PyTorch after
-the fused features.
+float32 / bfloat16 / float16 (float64 goes to the torch backend), positions not float64
+(nor, for the rotary ops, wr: its float32 rounding would shift large phases). LayerNorm /
+dropout are not fused: LearnableFourierFeatures runs them in PyTorch after the fused
+features.
 
 Verification without a GPU: the test matrix runs these kernels under the interpreter;
 ``python -m posenc_fast.triton_kernels.compile_report`` compiles them for sm_90 with
 Triton's own compiler (registers, spills, no approximate trig). GPU timings:
-benchmarks/lff_gpu.py.
+benchmarks/lff_gpu.py, benchmarks/rotary.py --device cuda.
 """
 
 from __future__ import annotations
