@@ -35,6 +35,7 @@ from triton.compiler import ASTSource
 from . import encodings as enc
 from . import lff_backward as bwd
 from . import lff_forward as fwd
+from . import rotary as rot
 from ._launch import pow2
 
 _PTR = {tl.float32: "*fp32", tl.bfloat16: "*bf16", tl.float16: "*fp16"}
@@ -208,6 +209,7 @@ def _cases(quick: bool):
             dict(POS_INT=False, INTERLEAVED=interleaved, INTERPRET=False, **blocks),
             dict(enable_fp_fusion=False, **opts),
         )
+    yield from rot.compile_cases(quick)
 
 
 def main(argv=None) -> int:

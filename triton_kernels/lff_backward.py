@@ -80,6 +80,28 @@ def _add_to(ptrs, value, mask, accumulate):
 
 
 @triton.jit
+def phase_chain_rule(
+    gphase, X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, dx_acc, ms, ws_wr, accumulate,
+    M: tl.constexpr, NEED_X: tl.constexpr, NEED_WR: tl.constexpr,
+):  # fmt: skip
+    """The chain rule through phase = x . wr for one tile of d loss / d phase [BR, BK]
+    (rows ``rows`` of X [R, M], frequencies ``ks`` of WR [F2, M] contiguous): returns
+    dx_acc [BR, BLOCK_M] + gphase @ wr[ks], and adds sum_rows gphase * x[:, m] to this
+    program's workspace partials ws_wr[k * M + m] (_add_to). Padded rows and frequencies
+    must have gphase = 0. Shared by the LFF and rotary backward kernels."""
+    for m in tl.static_range(M):
+        if NEED_X:
+            w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
+            col = tl.sum(gphase * w[None, :], axis=1)
+            dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
+        if NEED_WR:
+            x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0)
+            part = tl.sum(gphase * x.to(tl.float32)[:, None], axis=0)
+            _add_to(ws_wr + ks * M + m, part, kmask, accumulate)
+    return dx_acc
+
+
+@triton.jit
 def _lff_bwd_kernel(
     X,
     WR,
@@ -266,15 +288,10 @@ def _lff_bwd_kernel(
                     # d[cos, sin]/d phase = [-sin, cos]; padded rows / frequencies have
                     # gr = 0 (zero dY rows, zero w1 rows), so gphase = 0 there.
                     gphase = (gr_s * c - gr_c * s) * inv_sqrt_f  # [BR, BK]
-                    for m in tl.static_range(M):
-                        if NEED_X:
-                            w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
-                            col = tl.sum(gphase * w[None, :], axis=1)
-                            dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
-                        if NEED_WR:
-                            x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0)
-                            part = tl.sum(gphase * x.to(tl.float32)[:, None], axis=0)
-                            _add_to(ws + off_dwr + ks * M + m, part, kmask, accumulate)
+                    dx_acc = phase_chain_rule(
+                        gphase, X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, dx_acc,
+                        ms, ws + off_dwr, accumulate, M, NEED_X, NEED_WR,
+                    )  # fmt: skip
             if NEED_X:
                 dmask_x = rmask[:, None] & (ms < M)[None, :]
                 tl.store(

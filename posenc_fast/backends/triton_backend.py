@@ -8,18 +8,22 @@ triton_kernels/_phase.py, within ~2e-7 of float64 math for |phase| <= 1e5):
 - lff: features -> w1 -> act -> w2 in one pass; backward in one recomputing pass with
   deterministic (atomic-free, fixed-order) weight-gradient sums.
 - encoding: sinusoidal / DFT tables, the fused x + pe, and the gradient to positions.
+- lff_rotary / apply_lff_rotary: LightGlue's rotary cos / sin table, and q and k rotated
+  in one pass (cos / sin once per position for every head); backward with deterministic
+  weight-gradient sums.
 
 Limits (the SUPPORT table below; larger sizes fall back to the torch backend, whose
 reasons the dispatcher prints): pos_dim M <= 16 (unrolled), fourier_dim F <= 1024,
 hidden_dim H <= 256 (the [rows, H] tiles live in registers), group_out_dim D/G <= 1024,
-float32 / bfloat16 / float16 (float64 goes to the torch backend), positions not float64.
-LayerNorm / dropout are not fused: LearnableFourierFeatures runs them in PyTorch after
-the fused features.
+float32 / bfloat16 / float16 (float64 goes to the torch backend), positions not float64
+(nor, for the rotary ops, wr: its float32 rounding would shift large phases). LayerNorm /
+dropout are not fused: LearnableFourierFeatures runs them in PyTorch after the fused
+features.
 
 Verification without a GPU: the test matrix runs these kernels under the interpreter;
 ``python -m posenc_fast.triton_kernels.compile_report`` compiles them for sm_90 with
 Triton's own compiler (registers, spills, no approximate trig). GPU timings:
-benchmarks/lff_gpu.py.
+benchmarks/lff_gpu.py, benchmarks/rotary.py --device cuda.
 """
 
 from __future__ import annotations
@@ -62,6 +66,22 @@ def _kernels():
     return lff_forward, lff_backward, encodings
 
 
+def _rotary_kernels():
+    from ..triton_kernels import rotary
+
+    return rotary
+
+
+# Rotary embeddings: q / k / table in float32 or half precision, positions and frequencies
+# converted to float32 on load (float64 ones would lose their precision: torch backend).
+_ROTARY = OpSupport(
+    devices=_devices(),
+    dtypes=_HALF_AND_SINGLE,
+    max_sizes={"pos_dim": 16},
+    input_dtypes={"x": _HALF_AND_SINGLE, "wr": _HALF_AND_SINGLE},
+)
+
+
 class TritonBackend(Backend):
     name = "triton"
     summary = "fused Triton kernels (CUDA; CPU tensors under TRITON_INTERPRET=1)"
@@ -88,6 +108,8 @@ class TritonBackend(Backend):
             options={"kind": ("sinusoidal", "dft")},
             input_dtypes={"positions": _HALF_AND_SINGLE + _INTEGERS},
         ),
+        "lff_rotary": _ROTARY,
+        "apply_lff_rotary": _ROTARY,
     }
 
     def environment_reasons(self) -> list[str]:
@@ -123,3 +145,16 @@ class TritonBackend(Backend):
 
     def encoding_backward(self, grad, positions, dim, kind, base):
         return _kernels()[2].encoding_bwd(grad, positions, dim, kind, base)
+
+    # ------------------------------------------------------------------ rotary
+    def lff_rotary_forward(self, x, wr, out_dtype):
+        return _rotary_kernels().rotary_table_fwd(x, wr, out_dtype)
+
+    def lff_rotary_backward(self, grad, x, wr, need_x, need_wr):
+        return _rotary_kernels().rotary_table_bwd(grad, x, wr, need_x, need_wr)
+
+    def apply_lff_rotary_forward(self, q, k, x, wr, layout):
+        return _rotary_kernels().rotary_apply_fwd(q, k, x, wr, layout)
+
+    def apply_lff_rotary_backward(self, gq, gk, q, k, x, wr, layout, needs):
+        return _rotary_kernels().rotary_apply_bwd(gq, gk, q, k, x, wr, layout, needs)
