@@ -569,6 +569,10 @@ def _unsupported_dtype_params():
         for b in _backends(spec):
             declared = backends.get(b).SUPPORT[spec.family].dtypes
             for dt in (torch.float16, torch.bfloat16, torch.float64):
+                if spec.family == "floater" and dt in (torch.float16, torch.bfloat16):
+                    # integrated in float32: no backend sees them (test_floater.py, half
+                    # precision)
+                    continue
                 if declared is not None and dt not in declared:
                     yield pytest.param(op, b, dt, id=f"{op}-{b}-{str(dt)[6:]}")
 
