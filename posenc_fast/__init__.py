@@ -6,7 +6,7 @@
   :class:`Floater`, :class:`FloaterAttentionBias`.
 - Sinusoidal (Vaswani et al.) and DFT (Idé et al.) encodings: :func:`sinusoidal`,
   :func:`sinusoidal_nd`, :func:`dft`, :func:`dft_inverse`, :class:`SinusoidalPE`,
-  :class:`DFTPE`.
+  :class:`SinusoidalNdPE` (Sine-2D added in one pass), :class:`DFTPE`.
 - Helpers: :func:`grid_positions`, :func:`available_backends`.
 
 Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "reference"
@@ -16,7 +16,15 @@ Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "ref
 
 from ._version import __version__
 from .backends import BackendError, available_backends
-from .encodings import DFTPE, SinusoidalPE, dft, dft_inverse, sinusoidal, sinusoidal_nd
+from .encodings import (
+    DFTPE,
+    SinusoidalNdPE,
+    SinusoidalPE,
+    dft,
+    dft_inverse,
+    sinusoidal,
+    sinusoidal_nd,
+)
 from .floater_encoding import Floater, FloaterAttentionBias, floater
 from .fourier_features import LearnableFourierFeatures, lff
 from .grid import grid_positions
@@ -27,6 +35,7 @@ __all__ = [
     "Floater",
     "FloaterAttentionBias",
     "LearnableFourierFeatures",
+    "SinusoidalNdPE",
     "SinusoidalPE",
     "__version__",
     "available_backends",
