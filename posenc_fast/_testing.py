@@ -49,6 +49,16 @@ def randomize_parameters(module, seed: int, scale: float = 1.0, fan_in: bool = F
             p.copy_(randn(p.shape, g, p.dtype, p.device, std))
 
 
+def neighbour_similarity(encodings: torch.Tensor, h: int, w: int) -> float:
+    """Mean cosine similarity of the encodings [h*w, D] of horizontally and vertically
+    adjacent cells of an h x w grid (rows first, as grid_positions orders them): near 1
+    for encodings that barely change between neighbours."""
+    e = encodings.detach().reshape(h, w, -1).double()
+    cos = torch.nn.functional.cosine_similarity
+    pairs = [cos(e[:, 1:], e[:, :-1], dim=-1).flatten(), cos(e[1:], e[:-1], dim=-1).flatten()]
+    return torch.cat(pairs).mean().item()
+
+
 @dataclass(frozen=True)
 class LffCase:
     batch: tuple  # leading batch shape (N, or e.g. (B, N))

@@ -7,7 +7,8 @@ What it runs (all phases in float32 with the error-free reduction of
 triton_kernels/_phase.py, within ~2e-7 of float64 math for |phase| <= 1e5):
 - lff: features -> w1 -> act -> w2 in one pass; backward in one recomputing pass with
   deterministic (atomic-free, fixed-order) weight-gradient sums.
-- encoding: sinusoidal / DFT tables, the fused x + pe, and the gradient to positions.
+- encoding: sinusoidal / DFT tables, the fused x + pe (Sine-nD too), and the gradient
+  to positions.
 - lff_rotary / apply_lff_rotary: LightGlue's rotary cos / sin table, and q and k rotated
   in one pass (cos / sin once per position for every head); backward with deterministic
   weight-gradient sums.
@@ -82,6 +83,15 @@ _ROTARY = OpSupport(
 )
 
 
+def _encoding_support(positions: str) -> OpSupport:
+    return OpSupport(
+        devices=_devices(),
+        dtypes=_HALF_AND_SINGLE,
+        options={"kind": ("sinusoidal", "dft")},
+        input_dtypes={positions: _HALF_AND_SINGLE + _INTEGERS},
+    )
+
+
 class TritonBackend(Backend):
     name = "triton"
     summary = "fused Triton kernels (CUDA; CPU tensors under TRITON_INTERPRET=1)"
@@ -102,12 +112,10 @@ class TritonBackend(Backend):
             options={"activation": ("gelu", "gelu_tanh", "relu")},
             input_dtypes={"x": _HALF_AND_SINGLE},
         ),
-        "encoding": OpSupport(
-            devices=_devices(),
-            dtypes=_HALF_AND_SINGLE,
-            options={"kind": ("sinusoidal", "dft")},
-            input_dtypes={"positions": _HALF_AND_SINGLE + _INTEGERS},
-        ),
+        "encoding": _encoding_support("positions"),
+        # The Sine-nD add: the 1-D kernel on x viewed as [..., M, dim / M]
+        # (Backend.encoding_nd_add).
+        "encoding_nd": _encoding_support("coords"),
         "lff_rotary": _ROTARY,
         "apply_lff_rotary": _ROTARY,
     }
