@@ -308,11 +308,11 @@ def _load_setup_module():
     return mod
 
 
-def _run_build_ext(monkeypatch, tmp_path, require: bool, torch_cuda: str, compile_fails: bool):
+def _run_build_ext(monkeypatch, tmp_path, require: bool, torch_cuda: str, fails: str = ""):
     """setup.py's build_ext with a fake CUDA 13.0 toolkit and torch pretending to be built
     with CUDA ``torch_cuda``. The compiler is replaced (a compiled binary is an empty file;
-    ``compile_fails``: the CUDA module's compile fails as torch reports it): what is under
-    test is what the command does around it. Returns (modules built, records, warnings)."""
+    the module named ``fails`` fails to compile, as torch reports it): what is under test is
+    what the command does around it. Returns (modules built, records, warnings)."""
     from setuptools import Distribution
     from setuptools.command.build_ext import build_ext as setuptools_build_ext
     from torch.utils import cpp_extension
@@ -329,7 +329,7 @@ def _run_build_ext(monkeypatch, tmp_path, require: bool, torch_cuda: str, compil
     built = []
 
     def fake_compile_and_link(self, ext):
-        if compile_fails and ext.name.endswith("_C_cuda"):
+        if fails and ext.name == f"posenc_fast.{fails}":
             raise RuntimeError("Error compiling objects for extension")
         built.append(ext.name)
         path = Path(self.get_ext_fullpath(ext.name))
@@ -362,7 +362,7 @@ def _cuda_record(tmp_path) -> dict:
 def test_cuda_version_check_failure_installs_the_cpu_part(monkeypatch, tmp_path):
     """torch raises inside build_extensions() before building any extension (toolkit 13.0,
     torch cu124): the CPU part is built all the same."""
-    built, records, warned = _run_build_ext(monkeypatch, tmp_path, False, "12.4", False)
+    built, records, warned = _run_build_ext(monkeypatch, tmp_path, False, "12.4")
     assert built == ["posenc_fast._C"]
     assert records["cpu"]["built"] is True and records["cpu"]["binary"].startswith("_C.")
     cuda = records["cuda"]
@@ -376,20 +376,37 @@ def test_cuda_version_check_failure_installs_the_cpu_part(monkeypatch, tmp_path)
 
 
 def test_cuda_compile_failure_installs_the_cpu_part(monkeypatch, tmp_path):
-    built, records, warned = _run_build_ext(monkeypatch, tmp_path, False, "13.0", True)
+    built, records, warned = _run_build_ext(monkeypatch, tmp_path, False, "13.0", "_C_cuda")
     assert built == ["posenc_fast._C"] and records["cpu"]["built"] is True
     assert records["cuda"]["built"] is False
     assert records["cuda"]["error"] == "RuntimeError: Error compiling objects for extension"
     assert len(warned) == 1 and "Error compiling objects" in warned[0], warned
 
 
-@pytest.mark.parametrize("torch_cuda, compile_fails", [("12.4", False), ("13.0", True)],
-                         ids=["version-check", "compile"])  # fmt: skip
-def test_cuda_failure_fails_the_install_when_required(monkeypatch, tmp_path, torch_cuda,
-                                                      compile_fails):  # fmt: skip
-    with pytest.raises(RuntimeError, match="12.4" if compile_fails is False else "compiling"):
-        _run_build_ext(monkeypatch, tmp_path, True, torch_cuda, compile_fails)
+REQUIRED_FAILURES = [("12.4", "", "12.4"), ("13.0", "_C_cuda", "Error compiling")]
+
+
+@pytest.mark.parametrize(
+    ("torch_cuda", "fails", "match"), REQUIRED_FAILURES, ids=["version", "compile"]
+)
+def test_cuda_failure_fails_the_install_when_required(
+    monkeypatch, tmp_path, torch_cuda, fails, match
+):
+    with pytest.raises(RuntimeError, match=match) as raised:
+        _run_build_ext(monkeypatch, tmp_path, True, torch_cuda, fails)
+    assert "POSENC_FAST_REQUIRE_EXTENSION=1 makes this an error" in str(raised.value)
     assert _cuda_record(tmp_path)["built"] is False
+
+
+@pytest.mark.parametrize("require", [False, True], ids=["default", "required"])
+def test_cpu_failure_fails_the_install(monkeypatch, tmp_path, require):
+    """pip must not report success having lost the CPU part: its failure is fatal (the CUDA
+    module is not even attempted after it)."""
+    with pytest.raises(RuntimeError, match=r"building the C\+\+ CPU part") as raised:
+        _run_build_ext(monkeypatch, tmp_path, require, "13.0", "_C")
+    assert "POSENC_FAST_SKIP_EXTENSION=1" in str(raised.value)
+    record = json.loads((tmp_path / "lib" / "posenc_fast" / cfg.BUILD_INFO).read_text())
+    assert record["built"] is False and "Error compiling" in record["error"]
 
 
 @pytest.mark.slow
