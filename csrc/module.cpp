@@ -2,7 +2,7 @@
 // ops (static registrations in floater_ops.cpp / floater_cuda_ops.cpp). The pybind11
 // functions here only describe the build.
 #include <torch/extension.h>
-#include <torch/headeronly/version.h>
+#include <torch/version.h>
 
 #include <string>
 

@@ -249,8 +249,18 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _fsdp2():
+    """(fully_shard, MixedPrecisionPolicy): public in torch.distributed.fsdp from torch 2.6;
+    torch 2.4 / 2.5 have the same FSDP2 as torch.distributed._composable.fsdp."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    return fully_shard, MixedPrecisionPolicy
+
+
 def _scenario_fsdp2(rank, calls):
-    from torch.distributed.fsdp import fully_shard
+    fully_shard, _ = _fsdp2()
 
     model = make_model()
     fully_shard(model.bias)  # FLOATER's parameters sharded as a group of their own
@@ -277,7 +287,7 @@ def _scenario_fsdp2(rank, calls):
 
 
 def _scenario_fsdp2_mixed(rank):
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    fully_shard, MixedPrecisionPolicy = _fsdp2()
 
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
     model = make_model()
