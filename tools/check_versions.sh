@@ -19,13 +19,14 @@
 #      recorded, e.g. POSENC_FAST_NO_CUDA=1;
 #   4. import posenc_fast, `python -m posenc_fast info`;
 #   5. the test suite (CHECK_PYTEST_ARGS, default: all of it, -q);
-#   6. python -m posenc_fast.triton_kernels.compile_report for sm_80 and sm_90.
+#   6. python -m posenc_fast.triton_kernels.compile_report for sm_80 and sm_90
+#      (CHECK_COMPILE_ARGS, default --quick: one configuration per kernel; "" for all).
 # Appends one tab-separated line to tools/version_matrix.tsv (CHECK_RESULTS overrides)
 # and keeps the full log beside it in $CHECK_LOG_DIR (default: the temporary directory,
 # printed at the end when kept). Exit status 0 when every step passed.
 set -uo pipefail
 if [ $# -lt 1 ]; then
-    sed -n '2,27p' "$0"
+    sed -n '2,28p' "$0"
     exit 2
 fi
 torch_version=$1
@@ -33,6 +34,7 @@ triton_version=${2:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 results=${CHECK_RESULTS:-$root/tools/version_matrix.tsv}
 pytest_args=${CHECK_PYTEST_ARGS:--q -p no:cacheprovider}
+compile_args=${CHECK_COMPILE_ARGS:---quick}
 export MAX_JOBS=${MAX_JOBS:-2}
 export POSENC_FAST_REQUIRE_EXTENSION=${POSENC_FAST_REQUIRE_EXTENSION:-1}
 start=$SECONDS
@@ -112,7 +114,7 @@ if [ "$build" != failed ]; then
     for arch in 80 90; do
         say "compile_report --arch $arch"
         (cd "$work" && env -u TRITON_INTERPRET TRITON_CACHE_DIR="$work/triton-cache" \
-            timeout 1800 $py -m posenc_fast.triton_kernels.compile_report --arch "$arch") \
+            timeout 1800 $py -m posenc_fast.triton_kernels.compile_report --arch "$arch" $compile_args) \
             >"$work/compile_$arch.log" 2>&1
         status=$?
         cat "$work/compile_$arch.log" >>"$log"
@@ -123,11 +125,13 @@ if [ "$build" != failed ]; then
 fi
 
 elapsed=$((SECONDS - start))
-line=$(printf '%s\t%s\t%s\t%s\timport %s\t%s\t%s\t%s s\t%s' "$(date -u +%Y-%m-%d)" "$versions" \
-    "${build_flags:-(defaults)}" "$build" "$import_ok" "$tests" "${compiled%; }" "$elapsed" "$sha")
+line=$(printf '%s\t%s\t%s\t%s\timport %s\tpytest %s\t%s\t%s\t%s s\t%s' "$(date -u +%Y-%m-%d)" \
+    "$versions" "${build_flags:-(defaults)}" "$build" "$import_ok" "$pytest_args" "$tests" \
+    "${compiled%; }" "$elapsed" "$sha")
 if [ ! -f "$results" ]; then
-    printf 'date\ttorch\ttriton\tnumpy\tpython\tbuild flags\textension\timport\ttests\tcompile_report\ttime\tgit\n' \
-        >"$results"
+    printf '%s\t' date torch triton numpy python "build flags" extension import "tests run" \
+        "test result" compile_report time >"$results"
+    printf 'git\n' >>"$results"
 fi
 echo "$line" >>"$results"
 echo "$line"
