@@ -5,8 +5,9 @@
 #   tools/check_versions.sh <torch> [<triton>]        e.g. tools/check_versions.sh 2.5.1
 #
 # Steps, each recorded in the result line:
-#   1. a copy of this checkout (tracked and untracked, not ignored files) and a fresh venv
-#      in a temporary directory (deleted at the end unless CHECK_KEEP=1);
+#   1. a copy of this checkout (tracked and untracked, not ignored files; a git repository
+#      of its own) and a fresh venv in a temporary directory (deleted at the end unless
+#      CHECK_KEEP=1);
 #   2. pip install torch==<torch> from the index (a CUDA build of several GB for most
 #      versions: run one version at a time), and triton==<triton> over the pinned one
 #      if given (--no-deps: pip warns that torch pins another);
@@ -23,10 +24,11 @@
 #      (CHECK_COMPILE_ARGS, default --quick: one configuration per kernel; "" for all).
 # Appends one tab-separated line to tools/version_matrix.tsv (CHECK_RESULTS overrides)
 # and keeps the full log beside it in $CHECK_LOG_DIR (default: the temporary directory,
-# printed at the end when kept). Exit status 0 when every step passed.
+# printed at the end when kept). CHECK_VENV=<dir> uses that venv (which must have this
+# torch) instead of a fresh one. Exit status 0 when every step passed.
 set -uo pipefail
 if [ $# -lt 1 ]; then
-    sed -n '2,28p' "$0"
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
     exit 2
 fi
 torch_version=$1
@@ -58,13 +60,24 @@ mkdir -p "$work/src"
     | xargs -0 -I{} find {} -maxdepth 0 -type f -print0 \
     | tar --null -T - -cf -) | tar -C "$work/src" -xf -
 sha=$(cd "$root" && git rev-parse --short HEAD)$(cd "$root" && git diff --quiet HEAD || echo "-dirty")
+# a git checkout of its own: tests list the package's files with git ls-files
+(cd "$work/src" && git init -q && git add -A \
+    && git -c user.name=check_versions -c user.email=none commit -qm "copy of $sha") >>"$log" 2>&1
 
-say "venv, torch==$torch_version ${triton_version:+triton==$triton_version}"
-python3 -m venv "$work/venv"
-$py -m pip install -q --no-cache-dir --upgrade pip >>"$log" 2>&1
 install_ok=1
-$py -m pip install -q --no-cache-dir "torch==$torch_version" "setuptools>=64" wheel ninja \
-    >>"$log" 2>&1 || install_ok=0
+if [ -n "${CHECK_VENV:-}" ]; then
+    # an existing venv that already has this torch (saves the download when iterating)
+    say "venv $CHECK_VENV (given), torch==$torch_version"
+    py=$CHECK_VENV/bin/python
+    $py -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" \
+        >>"$log" 2>&1 || install_ok=0
+else
+    say "venv, torch==$torch_version ${triton_version:+triton==$triton_version}"
+    python3 -m venv "$work/venv"
+    $py -m pip install -q --no-cache-dir --upgrade pip >>"$log" 2>&1
+    $py -m pip install -q --no-cache-dir "torch==$torch_version" "setuptools>=64" wheel ninja \
+        >>"$log" 2>&1 || install_ok=0
+fi
 if [ "$install_ok" = 1 ] && [ -n "$triton_version" ]; then
     $py -m pip install -q --no-cache-dir --no-deps "triton==$triton_version" >>"$log" 2>&1 \
         || install_ok=0

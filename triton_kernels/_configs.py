@@ -150,10 +150,12 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int) ->
     outputs of a matmul into the store's layout). A buffer lives through its loop, so the
     bound is the largest of: the first matmul's loop, the second matmul's loop, and the
     hidden layer's conversion between them (beside the second loop's first weights),
-    plus 10 % and 1 kB. Fitted as an upper bound of what Triton 3.1 and 3.9 allocate for
-    every configuration of compile_report.py on sm_80 and sm_90 (bf16 and float32,
-    H = 32..256); the report checks it against the compiler on every architecture it
-    compiles for (and fails where the compiler needs more).
+    plus 20 % and 1 kB. Fitted as an upper bound of what Triton 3.1 and 3.9 allocate for
+    the configurations of compile_report.py on sm_80 and sm_90 (bf16 and float32,
+    H = 32..256); conservative for float32 (the 64-row, 128-column float32 forward is not
+    offered on the 99 kB GPUs although it needs ~58 kB). The report checks the bound
+    against the compiler on every architecture it compiles for, and fails where the
+    compiler needs more.
     """
     br, bk = meta.get("BLOCK_R", 1), meta.get("BLOCK_K", 1)
     bh, bd = meta.get("BLOCK_H", 1), meta.get("BLOCK_D", 1)
@@ -169,7 +171,7 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int) ->
         need = max(first, second, hidden)
     else:  # no matmul: conversions of one [BLOCK_R, BLOCK_K or BLOCK_D] float32 tile
         need = 4 * br * max(bk, bd)
-    return int(need * 1.1) + 1024
+    return int(need * 1.2) + 1024
 
 
 def refusal(
