@@ -89,13 +89,13 @@ if [ "$install_ok" = 1 ]; then
     say "pip install --no-build-isolation -e .[test-core]  ($build_flags)"
     if (cd "$work/src" && $py -m pip install -q --no-cache-dir --no-build-isolation \
         -e ".[test-core]") >>"$log" 2>&1; then
-        build=$($py -c "
+        build=$(cd "$work" && $py -c "
 from posenc_fast import _extension as e
 m = e.load()
 print('none' if m is None else ('cpp+cuda' if e.has_cuda() else 'cpp'))" 2>>"$log")
     fi
 fi
-versions=$($py -c "
+versions=$(cd "$work" && $py -c "
 import sys, torch
 try:
     import triton; tv = triton.__version__
