@@ -185,21 +185,41 @@ ENCODING_CASES: Sequence[EncodingCase] = tuple(
 )
 
 
-def backends_for(
-    op: str, device: str, dtype: Optional[torch.dtype] = None, include_reference=False
-) -> list[str]:
-    """Backends usable here that implement ``op`` on ``device`` (and ``dtype``)."""
-    out = []
+def _implementing(op: str, device: str, dtype: Optional[torch.dtype], include_reference: bool):
+    """(name, backend) of every backend that implements ``op`` on ``device`` in ``dtype``."""
     for name in backends.BACKEND_NAMES:
         if name == "reference" and not include_reference:
             continue
         b = backends.get(name)
-        if b.environment_reasons() or not b.implements(op, device):
+        if not b.implements(op, device):
             continue
         sup = b.SUPPORT[op]
         if dtype is not None and sup.dtypes is not None and dtype not in sup.dtypes:
             continue
-        out.append(name)
+        yield name, b
+
+
+def backends_for(
+    op: str, device: str, dtype: Optional[torch.dtype] = None, include_reference=False
+) -> list[str]:
+    """Backends usable here that implement ``op`` on ``device`` (and ``dtype``)."""
+    return [
+        name
+        for name, b in _implementing(op, device, dtype, include_reference)
+        if not b.environment_reasons()
+    ]
+
+
+def unavailable_backends(
+    op: str, device: str, dtype: Optional[torch.dtype] = None
+) -> dict[str, list[str]]:
+    """{name: reasons} of the backends that implement ``op`` on ``device`` (and ``dtype``)
+    but cannot run in this environment (e.g. triton under a Triton interpreter too old)."""
+    out = {}
+    for name, b in _implementing(op, device, dtype, include_reference=False):
+        reasons = b.environment_reasons()
+        if reasons:
+            out[name] = reasons
     return out
 
 

@@ -60,6 +60,23 @@ def test_verify_fails_on_a_wrong_backend(monkeypatch, capsys):
     assert "FAIL  encoding  torch" in out and "exceed" in out
 
 
+def test_verify_reports_a_raising_backend_and_goes_on(monkeypatch, capsys):
+    """A backend that raises (e.g. an interpreter bug) is a FAIL line with the error, exit
+    status 1, and every other backend / dtype is still checked."""
+    from posenc_fast.backends import torch_backend
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure\nits last line")
+
+    monkeypatch.setattr(torch_backend.TorchBackend, "encoding_forward", staticmethod(broken))
+    code = verify.run(Namespace(device="cpu", seed=5, ops="encoding"))
+    out = capsys.readouterr().out
+    assert code == 1, out
+    failed = [ln for ln in out.splitlines() if ln.startswith("FAIL  encoding  torch")]
+    assert len(failed) == 4, out  # float32, float64, bfloat16, float16: it went on
+    assert "raised RuntimeError: its last line" in out
+
+
 def test_verify_rejects_unknown_op(capsys):
     assert verify.run(Namespace(device="cpu", seed=1, ops="nope")) == 2
 

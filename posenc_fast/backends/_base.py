@@ -48,6 +48,20 @@ def device_capability() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def capability_reasons(minimum: tuple[int, int], why: str = "") -> list[str]:
+    """Why the current CUDA device cannot run a backend that needs compute capability
+    ``minimum``: too old, or torch reports a device whose capability cannot be read (no
+    driver, a CPU build of torch, a process that faked torch.cuda.is_available)."""
+    try:
+        major, minor = device_capability()
+    except Exception as exc:
+        return [f"cannot read the CUDA device's compute capability ({type(exc).__name__}: {exc})"]
+    if (major, minor) < minimum:
+        need = f"{minimum[0]}.{minimum[1]}{why}"
+        return [f"needs a GPU of compute capability >= {need}, this one is {major}.{minor}"]
+    return []
+
+
 def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 

@@ -113,9 +113,9 @@ class CudaBackend(_ExtensionBackend):
                 return reasons
         if not torch.cuda.is_available():
             return ["no CUDA device available"]
-        major, minor = _base.device_capability()
-        if major < 7:  # an environment reason: "auto" warns and info shows it
-            return [f"needs a GPU of compute capability >= 7.0, this one is {major}.{minor}"]
+        too_old = _base.capability_reasons((7, 0))
+        if too_old:  # an environment reason: "auto" warns and info shows it
+            return too_old
         if not CUDA_VALIDATED and os.environ.get(CUDA_GATE_ENV, "") in ("", "0"):
             return [
                 "the CUDA kernels have not passed the test matrix on a GPU yet; "

@@ -1,6 +1,8 @@
 """``python -m posenc_fast verify``: every usable backend of every op against the float64
 reference on fresh random inputs (forward and gradients), one line per op, backend and
-dtype; exit status 1 on any mismatch. The seed is printed so a failure can be replayed.
+dtype; exit status 1 on any mismatch, or if a backend raises (reported as FAIL with the
+error; the other backends are still checked). The seed is printed so a failure can be
+replayed.
 """
 
 from __future__ import annotations
@@ -171,6 +173,12 @@ CHECKS = {
 }
 
 
+def _last_line(exc: Exception) -> str:
+    """The error's message, shortened to what fits a report line."""
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else "")[-300:]
+
+
 def _floater_check():
     try:
         from .floater_suite import check_floater
@@ -209,7 +217,11 @@ def run(args) -> int:
                 if sup.dtypes is not None and dtype not in sup.dtypes:
                     continue
                 t0 = time.perf_counter()
-                res = checks[op](name, dtype, device, seed)
+                try:
+                    res = checks[op](name, dtype, device, seed)
+                except Exception as exc:  # a backend that raises fails; the others go on
+                    res = Result()
+                    res.failures.append(f"raised {type(exc).__name__}: {_last_line(exc)}")
                 status = "FAIL" if res.failures else "PASS"
                 failed += bool(res.failures)
                 print(

@@ -22,6 +22,7 @@ integrator run in the inputs' dtype, so gradgradcheck works.
 from __future__ import annotations
 
 import contextlib
+from typing import List  # noqa: UP035 (torch 2.5, see ops/__init__.py)
 
 import torch
 from torch import Tensor
@@ -102,8 +103,8 @@ def floater_backward_op(
     method: str,
     activation: str,
     backend: str,
-    needs: list[bool],
-) -> list[Tensor]:
+    needs: List[bool],  # noqa: UP006
+) -> List[Tensor]:  # noqa: UP006
     with autocast_disabled(p0.device.type):
         impl = _backend(backend, p0, w1, times, substeps, method, activation)
         grads = impl.floater_backward(
