@@ -139,7 +139,7 @@ def test_unreadable_device_capability_is_a_reason(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", unreadable)
-    monkeypatch.setattr(_extension, "reasons", lambda: [])
+    monkeypatch.setattr(_extension, "reasons", lambda part="cpu": [])
     monkeypatch.setattr(_extension, "has_cuda", lambda: True)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     status = pf.available_backends(verbose=True)
