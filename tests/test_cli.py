@@ -1,5 +1,6 @@
 """The command line: info, verify (including its failure path), and the bench machinery."""
 
+import importlib.util
 import json
 import math
 import os
@@ -101,7 +102,8 @@ def test_bench_machinery_table_json_plot(tmp_path):
     for s in report["settings"]:
         m = s["machine"]
         assert m["bandwidth_gbps"] > 0 and set(m["gemm_gflops"]) == {"8x4", "4x6"}
-    assert len(results) == 2 * 2 * (2 + 2 + 2 + 3)  # settings x modes x impls per case
+    per_case = [1 + len(c.baselines) + len(c.backends) for c in cases]  # eager, others, ours
+    assert len(results) == 2 * 2 * sum(per_case)  # settings x modes x implementations
     assert {"eager", "eager-cached", "torch"} <= {r["impl"] for r in results}
     for r in results:
         assert not r["error"], r
@@ -115,9 +117,22 @@ def test_bench_machinery_table_json_plot(tmp_path):
     text = bench.table(report)
     assert "=== 1 thread(s)" in text and "=== 2 thread(s)" in text
     assert "sinusoidal  N=64 dim=8 float32  [fwd]  floor" in text and "vs eager" in text
+    md = _render_module().render({"environment": {}, **report})
+    assert "#### 1 thread" in md and "#### 2 threads" in md
+    assert "| LFF N=32 M=2 G=1 F=8 H=4 D=6 | fwd+bwd |" in md
+    assert "| torch backend >= 1.0x eager (every size, fwd and fwd+bwd) | " in md
+    assert "cpp >= 2x eager" in md  # goals of a backend missing here: "pending"
     png = tmp_path / "bench.png"
     bench.plot(results, str(png))
     assert png.stat().st_size > 1000
+
+
+def _render_module():
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "render_cpu_table.py")
+    spec = importlib.util.spec_from_file_location("render_cpu_table", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_bench_settings_from_flags():

@@ -127,8 +127,8 @@ class _TorchdiffeqDynamics(torch.nn.Module):
 
 
 def _torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
-    """torchdiffeq's odeint and odeint_adjoint on our step grid (name -> Impl); their
-    output is [L, S, d]."""
+    """torchdiffeq's odeint and odeint_adjoint on our step grid: name -> closure returning
+    [L, S, d] (benchmarks/floater_cpu.py and floater_gpu.py call them too)."""
     try:
         from torchdiffeq import odeint, odeint_adjoint
     except ImportError:
@@ -145,27 +145,16 @@ def _torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
         return g
 
     opts = {"grid_constructor": forward_grid}
-    leaves = [p0, w1, b1, w2, b2]
-
-    def to_states(y):  # [L, S, d] -> [S, L, d]
-        return y.transpose(0, 1)
-
     return {
-        "torchdiffeq": Impl(
-            lambda: odeint(func, p0, times, method="rk4", options=opts), leaves, to_states
-        ),
-        "torchdiffeq-adjoint": Impl(
-            lambda: odeint_adjoint(
-                func,
-                p0,
-                times,
-                method="rk4",
-                options=opts,
-                adjoint_options={"grid_constructor": adjoint_grid},
-                adjoint_params=(w1, b1, w2, b2),
-            ),
-            leaves,
-            to_states,
+        "torchdiffeq": lambda: odeint(func, p0, times, method="rk4", options=opts),
+        "torchdiffeq-adjoint": lambda: odeint_adjoint(
+            func,
+            p0,
+            times,
+            method="rk4",
+            options=opts,
+            adjoint_options={"grid_constructor": adjoint_grid},
+            adjoint_params=(w1, b1, w2, b2),
         ),
     }
 
@@ -215,7 +204,10 @@ def floater_case(
         leaves,
         spec,
         impls,
-        baselines=_torchdiffeq_baselines(*leaves, times, K),
+        baselines={  # [L, S, d]: layout gives the spec's [S, L, d]
+            name: Impl(fn, leaves, lambda y: y.transpose(0, 1))
+            for name, fn in _torchdiffeq_baselines(*leaves, times, K).items()
+        },
         # latency-bound (a chain of L*K*4 dependent small layers): no byte or GEMM floor
         extra={"steps": L * K, "dependent_layers": L * K * 4 * 2},
     )
