@@ -155,15 +155,15 @@ def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _measure_one(case, name, impl, mode, timer, peak, min_time, compile_timeout, first):
-    """One row: time (and, in the first setting, peak memory) of one implementation."""
+def _measure_one(case, name, impl, mode, timer, peak, min_time, compile_timeout, with_peak):
+    """One row: time (and, if ``with_peak``, peak memory) of one implementation."""
     run = _runner(case, impl, mode)
     row = {"ms": float("nan"), "ms_p20": float("nan"), "ms_p80": float("nan"), "error": ""}
     try:
         with time_box(compile_timeout if name in COMPILE_MODES else None):
             run()  # warm-up: compilation and lazy initialisation stay out of the timings
         row["ms"], row["ms_p20"], row["ms_p80"] = timer(run, min_time)
-        if first:
+        if with_peak:
             row["peak_bytes"] = peak(run)
     except CompileTimeout as exc:
         row["error"] = f"torch.compile {name}: {exc} (not timed)"
@@ -173,11 +173,10 @@ def _measure_one(case, name, impl, mode, timer, peak, min_time, compile_timeout,
     return row
 
 
-_ONCE = ("peak_bytes", "max_err_vs_spec", "max_diff_vs_ours", "ours")
-
-
 class _Run:
-    """The state of one ``measure`` call: options, progress and the rows so far."""
+    """The state of one ``measure`` call: options, progress and the rows so far. Errors
+    are measured in the first setting, peak memory once per thread count (the torch
+    backend's chunks depend on it); later rows repeat them."""
 
     def __init__(self, cases, modes, device, min_time, compile_modes, compile_timeout, total):
         self.cases, self.modes, self.min_time = cases, modes, min_time
@@ -186,7 +185,8 @@ class _Run:
         self.peak = _timing.peak_bytes_cuda if device == "cuda" else _timing.peak_bytes_cpu
         self.done, self.total = 0, total
         self.results: list[dict] = []
-        self.once: dict = {}  # peak memory and errors, measured in the first setting only
+        self.errors: dict = {}  # (op, case, mode, impl) -> error columns
+        self.peaks: dict = {}  # (threads, op, case, mode, impl) -> peak bytes
 
     def case(self, case, setting: Setting, threads: int, machine: dict, first: bool) -> None:
         impls = _impls(case, self.compile_modes)
@@ -196,16 +196,17 @@ class _Run:
             for name, impl in impls.items():
                 self.done += 1
                 t0 = time.perf_counter()
+                key = (case.op, case.label, mode, name)
                 row = _measure_one(
                     case, name, impl, mode, self.timer, self.peak, self.min_time,
-                    self.compile_timeout, first,
+                    self.compile_timeout, (threads, *key) not in self.peaks,
                 )  # fmt: skip
-                key = (case.op, case.label, mode, name)
-                if first:
-                    if not row["error"]:
-                        row.update(accuracy.of(impl))
-                    self.once[key] = {k: row.get(k) for k in _ONCE}
-                row.update({k: v for k, v in self.once.get(key, {}).items() if k not in row})
+                if "peak_bytes" in row:
+                    self.peaks[(threads, *key)] = row["peak_bytes"]
+                if first and not row["error"]:
+                    self.errors[key] = accuracy.of(impl)
+                row.update(self.errors.get(key, {}))
+                row["peak_bytes"] = self.peaks.get((threads, *key), -1)
                 _progress(
                     f"[{self.done}/{self.total}] {case.op} {case.label} {mode:<7} {name:<19} "
                     + (f"{row['ms']:9.3f} ms" if not row["error"] else row["error"])
@@ -222,7 +223,6 @@ class _Run:
                         "threads": threads,
                         "contention": setting.contention,
                         **row,
-                        "peak_bytes": row.get("peak_bytes", -1),
                         "floor_ms": _floors.floor_ms(work, machine),
                         "floor_bytes": work.bytes if work else 0,
                         "floor_gflop": work.flops / 1e9 if work else 0.0,

@@ -101,7 +101,7 @@ def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dty
     turns = _turns(kind, dim, base, positions.device)
     extra = _block_term(kind, dim, base, block, fdt, positions.device)
     out = torch.empty((p.shape[0], dim), dtype=out_dtype, device=positions.device)
-    for sl in row_chunks(p.shape[0], _bytes_per_row(dim)):
+    for sl in row_chunks(p.shape[0], _bytes_per_row(dim), p.device.type):
         # float32/float64 outputs are filled in place; half precision rounds once at the end
         dst = (
             out[sl]
@@ -165,7 +165,7 @@ def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torc
     turns = _turns(kind, dim, base, positions.device)
     rate = (TWO_PI * turns).to(fdt)  # d phase / d position, per frequency
     out = torch.empty(p.shape, dtype=fdt, device=positions.device)
-    for sl in row_chunks(p.shape[0], _bytes_per_row(dim)):
+    for sl in row_chunks(p.shape[0], _bytes_per_row(dim), p.device.type):
         ang = _angles(p[sl], turns, fdt)
         gs = g[sl].to(fdt)
         if kind == "sinusoidal":
