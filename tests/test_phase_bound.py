@@ -42,7 +42,8 @@ def _adversarial(M: int, bound: float, R: int = 1024, K: int = 1024, seed: int =
 def _features(rows, wr):
     """The backend's unscaled cos and sin, and whether it took float32 phases."""
     p = torch_lff._prepare(rows, wr, None, None, None, None, torch.float32)
-    c, s = torch_lff._Workspace(p, rows.shape[0], rows.device).cos_sin(rows)
+    ws = torch_lff._Workspace(p, rows.shape[0], rows.device)
+    c, s = ws.cos_sin(ws.phase_rows(rows))
     return c, s, p.wr_t is not None
 
 

@@ -83,7 +83,7 @@ class _Prepared:
     inv_sqrt_f: float
     wr: torch.Tensor  # [F/2, M] in feat_dtype: dx and dwr
     wr_t: Optional[torch.Tensor]  # [M, F/2] feat_dtype: float32 phases (None: float64 path)
-    turns_t: Optional[torch.Tensor]  # [M, F/2] float64 (wr / 2 pi)^T: float64 path
+    turns_t: Optional[torch.Tensor]  # [M, F/2] float64 wr^T (a view): float64 path
     w1c: Optional[torch.Tensor] = None  # [F/2, H] rows of w1 that multiply the cosines
     w1s: Optional[torch.Tensor] = None  # [F/2, H] rows of w1 that multiply the sines
     b1: Optional[torch.Tensor] = None
@@ -110,7 +110,7 @@ def _prepare(rows, wr, w1, b1, w2, b2, mlp_dtype) -> _Prepared:
         1.0 / math.sqrt(2 * half),
         wr_f,
         wr_f.T.contiguous() if fast else None,
-        None if fast else (_to(wr, torch.float64) / TWO_PI).T.contiguous(),
+        None if fast else _to(wr, torch.float64).T,
     )
     if w1 is not None:
         w1m = _to(w1, mlp_dtype)
@@ -124,25 +124,30 @@ class _Workspace:
 
     def __init__(self, p: _Prepared, n: int, device):
         self.p = p
-        self.angle = torch.empty((n, p.half), dtype=p.feat_dtype, device=device)
-        self.cos = torch.empty_like(self.angle)
-        self.sin = torch.empty_like(self.angle)
+        self.angle, self.cos, self.sin = torch.empty(
+            (3, n, p.half), dtype=p.feat_dtype, device=device
+        ).unbind(0)
         self.turns = None
         if p.turns_t is not None:
             self.turns = torch.empty((n, p.half), dtype=torch.float64, device=device)
 
+    def phase_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows in the dtype of the phase computation (convert once per call)."""
+        return _to(rows, torch.float32 if self.p.wr_t is not None else torch.float64)
+
     def cos_sin(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the phases rows wr^T, unscaled: two [n, F/2] blocks."""
+        """cos and sin of the phases rows wr^T, unscaled: two [n, F/2] blocks. rows in
+        the dtype ``phase_rows`` gives."""
         p, part = self.p, slice(0, rows.shape[0])
         angle = _part(self.angle, part)
         if p.wr_t is not None:  # float32 phases, proven accurate enough for this call
             # elementwise, never a matmul: no TF32 or reduced-precision GEMM can touch it
-            r = _to(rows, torch.float32)
-            torch.mul(r[:, :1], p.wr_t[0], out=angle)
-            for m in range(1, r.shape[1]):
-                angle.addcmul_(r[:, m : m + 1], p.wr_t[m])
+            torch.mul(rows[:, :1], p.wr_t[0], out=angle)
+            for m in range(1, rows.shape[1]):
+                angle.addcmul_(rows[:, m : m + 1], p.wr_t[m])
         else:  # float64 turns (x wr products exact), reduced exactly, rounded once
-            turns = torch.mm(_to(rows, torch.float64), p.turns_t, out=_part(self.turns, part))
+            turns = _part(self.turns, part)
+            turns.addmm_(rows, p.turns_t, beta=0.0, alpha=1.0 / TWO_PI)
             angle.copy_(turns.frac_().mul_(TWO_PI))
         cos = torch.cos(angle, out=_part(self.cos, part))
         return cos, torch.sin(angle, out=_part(self.sin, part))
@@ -162,10 +167,12 @@ def lff_forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) 
     width = 2 * wr.shape[0] if w1 is None else w2.shape[1]
     out = torch.empty((R, width), dtype=out_dtype, device=x.device)
     p = _prepare(rows, wr, w1, b1, w2, b2, _mlp_dtype(out_dtype))
-    ws = None
+    ws = phase_rows = None
     for sl in row_chunks(R, _bytes_per_row(wr, w1, w2, p.turns_t is not None), x.device.type):
-        ws = ws or _Workspace(p, sl.stop - sl.start, x.device)
-        c, s = ws.cos_sin(_part(rows, sl))
+        if ws is None:
+            ws = _Workspace(p, sl.stop - sl.start, x.device)
+            phase_rows = ws.phase_rows(rows)
+        c, s = ws.cos_sin(_part(phase_rows, sl))
         if w1 is None:
             torch.mul(c, p.inv_sqrt_f, out=out[sl, : p.half])
             torch.mul(s, p.inv_sqrt_f, out=out[sl, p.half :])
@@ -214,6 +221,12 @@ class _Sums:
         target = g if cols is None else g[:, cols]
         target.addmm_(_to(a, self.dtype), _to(b, self.dtype), beta=beta, alpha=alpha)
 
+    def sum_rows(self, name: str, t: torch.Tensor) -> None:
+        """grads[name] += t summed over its rows."""
+        part = t.sum(0, dtype=self.dtype)
+        g = self.grads.get(name)
+        self.grads[name] = part if g is None else g.add_(part)
+
     def get(self, name: str, shape) -> torch.Tensor:
         g = self.grads.get(name)
         if g is None:  # no rows: nothing was summed
@@ -249,12 +262,14 @@ def lff_backward(
     dx_t = torch.empty((M, R), dtype=p.feat_dtype, device=x.device) if need_x else None
     need_phase = need_x or need_wr
     H = w1.shape[1] if mlp else 0
-    ws = h1 = None
+    ws = h1 = phase_rows = None
 
     for sl in row_chunks(R, _bytes_per_row(wr, w1, w2, p.turns_t is not None), x.device.type):
-        ws = ws or _Workspace(p, sl.stop - sl.start, x.device)
+        if ws is None:
+            ws = _Workspace(p, sl.stop - sl.start, x.device)
+            phase_rows = ws.phase_rows(rows)
         xr = _part(rows, sl)
-        c, s = ws.cos_sin(xr)  # unscaled [n, F/2] each
+        c, s = ws.cos_sin(_part(phase_rows, sl))  # unscaled [n, F/2] each
         gy = _to(_part(g_rows, sl), p.mlp_dtype)
         if mlp:
             a = _pre_activation(p, c, s)  # [n, H]
@@ -266,7 +281,7 @@ def lff_backward(
                 sums.addmm("w2b2", (H + 1, w2.shape[1]), h.T, gy)
             ga = _activations.backward_fused(activation, gy @ p.w2.T, a)  # [n, H]
             if need_b1:
-                sums.addmm("b1", (1, H), ga.new_ones((1, ga.shape[0])), ga)
+                sums.sum_rows("b1", ga)
             if need_w1:
                 sums.addmm("w1_t", (H, 2 * half), ga.T, c, inv, slice(0, half))
                 sums.addmm("w1_t", (H, 2 * half), ga.T, s, inv, slice(half, 2 * half))
@@ -286,17 +301,17 @@ def lff_backward(
 
     # transposed sums back to the weights' layout, each output its own contiguous tensor
     if dx_t is not None:
-        out[0] = dx_t.T.to(x.dtype).contiguous().reshape(x.shape)
+        out[0] = _to(dx_t.T, x.dtype).contiguous().reshape(x.shape)
     if need_wr:
-        out[1] = sums.get("wr_t", (M, half)).T.to(wr.dtype).contiguous()
+        out[1] = _to(sums.get("wr_t", (M, half)).T, wr.dtype).contiguous()
     if mlp:
         if need_w1:
-            out[2] = sums.get("w1_t", (H, 2 * half)).T.to(w1.dtype).contiguous()
+            out[2] = _to(sums.get("w1_t", (H, 2 * half)).T, w1.dtype).contiguous()
         if need_b1:
-            out[3] = sums.get("b1", (1, H))[0].to(b1.dtype)
+            out[3] = _to(sums.get("b1", (H,)), b1.dtype)
         w2b2 = sums.get("w2b2", (H + 1, w2.shape[1])) if (need_w2 or need_b2) else None
         if need_w2:
-            out[4] = w2b2[:H].to(w2.dtype)
+            out[4] = _to(w2b2[:H], w2.dtype)
         if need_b2:
             out[5] = w2b2[H].to(b2.dtype, copy=True)  # not a view of dw2's tensor
     return out
