@@ -82,6 +82,7 @@ def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> B
     eager = _baselines.EagerLFF.from_weights(*(t.detach() for t in weights))
     autocast = dtype in (torch.float16, torch.bfloat16)
     ctx = (lambda: torch.autocast(device, dtype=dtype)) if autocast else contextlib.nullcontext
+    compute = dtype if autocast else param_dtype  # the MLP's GEMM dtype
 
     def spec():
         return lff_ref.lff(x, *(t.detach() for t in weights), "gelu")
@@ -106,9 +107,9 @@ def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> B
         backends,
         context=ctx,
         work={
-            "fwd": Work(x_bytes + y_bytes, gemms),
+            "fwd": Work(x_bytes + y_bytes, gemms, compute),
             # backward: read dY and x again; per layer the product, dW and d(input)
-            "fwd+bwd": Work(2 * x_bytes + 2 * y_bytes, gemms * 3),
+            "fwd+bwd": Work(2 * x_bytes + 2 * y_bytes, gemms * 3, compute),
         },
     )
 

@@ -29,18 +29,25 @@ GEMM_ROWS = 4096
 
 @dataclass(frozen=True)
 class Work:
-    """The least work of one call: bytes moved and GEMMs (rows, k, n)."""
+    """The least work of one call: bytes moved and GEMMs (rows, k, n) in ``gemm_dtype``
+    (bfloat16 for autocast cases: their MLP runs on tensor cores)."""
 
     bytes: int = 0
     gemms: tuple[tuple[int, int, int], ...] = ()
+    gemm_dtype: torch.dtype = torch.float32
 
     @property
     def flops(self) -> int:
         return sum(2 * r * k * n for r, k, n in self.gemms)
 
+    def shapes(self) -> set:
+        """The (k, n, dtype) whose rate the floor needs."""
+        return {(k, n, self.gemm_dtype) for _, k, n in self.gemms}
 
-def gemm_key(k: int, n: int) -> str:
-    return f"{k}x{n}"
+
+def gemm_key(k: int, n: int, dtype: torch.dtype = torch.float32) -> str:
+    suffix = "" if dtype == torch.float32 else f" {str(dtype)[6:]}"
+    return f"{k}x{n}{suffix}"
 
 
 def _bandwidth(device: str, timer: Callable, min_time: float) -> tuple[float, float]:
@@ -55,16 +62,17 @@ def _bandwidth(device: str, timer: Callable, min_time: float) -> tuple[float, fl
 
 
 def measure(device: str, gemm_shapes, timer: Callable, min_time: float) -> dict:
-    """Bandwidth and GEMM rates on ``device`` now: {"fill_gbps", "copy_gbps",
-    "bandwidth_gbps", "gemm_gflops": {"kxn": rate}, "gemm_rows"}."""
+    """Bandwidth and the GEMM rates of ``gemm_shapes`` ((k, n, dtype), see Work.shapes) on
+    ``device`` now: {"fill_gbps", "copy_gbps", "bandwidth_gbps", "gemm_gflops": {"kxn":
+    rate}, "gemm_rows"}."""
     fill, copy = _bandwidth(device, timer, min_time)
     rates = {}
-    for k, n in sorted(set(gemm_shapes)):
-        a = torch.randn(GEMM_ROWS, k, device=device)
-        b = torch.randn(k, n, device=device)
-        c = torch.empty(GEMM_ROWS, n, device=device)
+    for k, n, dtype in sorted(set(gemm_shapes), key=str):
+        a = torch.randn(GEMM_ROWS, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        c = torch.empty(GEMM_ROWS, n, device=device, dtype=dtype)
         ms, _, _ = timer(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), min_time)
-        rates[gemm_key(k, n)] = 2 * GEMM_ROWS * k * n / ms / 1e6
+        rates[gemm_key(k, n, dtype)] = 2 * GEMM_ROWS * k * n / ms / 1e6
     return {
         "fill_gbps": fill,
         "copy_gbps": copy,
@@ -80,5 +88,7 @@ def floor_ms(work: Work | None, machine: dict) -> float | None:
         return None
     memory = work.bytes / machine["bandwidth_gbps"] / 1e6
     rates = machine["gemm_gflops"]
-    compute = sum(2 * r * k * n / rates[gemm_key(k, n)] / 1e6 for r, k, n in work.gemms)
+    compute = sum(
+        2 * r * k * n / rates[gemm_key(k, n, work.gemm_dtype)] / 1e6 for r, k, n in work.gemms
+    )
     return max(memory, compute)

@@ -246,7 +246,7 @@ def measure(
         cases, modes, device, min_time, compile_modes, compile_timeout,
         per_setting * len(settings),
     )  # fmt: skip
-    gemm_shapes = {(k, n) for c in cases for w in c.work.values() for _, k, n in w.gemms}
+    gemm_shapes = set().union(*(w.shapes() for c in cases for w in c.work.values()))
     described = []
     for index, setting in enumerate(settings):
         with applied(setting) as busy:
