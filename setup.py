@@ -1,28 +1,55 @@
 """Build script for posenc_fast (metadata lives in pyproject.toml).
 
 The pure-Python package (reference, torch and Triton backends) needs nothing compiled.
-The optional extension ``posenc_fast._C`` (csrc/: the FLOATER integrator in C++ for the
-CPU and in CUDA) is built ahead of time when torch is importable during the build, that is
-with ``pip install --no-build-isolation .`` (or ``-e .``): an isolated build has no torch,
-and torch is deliberately not a build requirement (it would replace the user's own).
-Nothing here probes a GPU: whether CUDA is built depends on torch and the toolkit only.
+The optional extension (csrc/: the FLOATER integrator in C++ for the CPU and in CUDA) is
+built ahead of time when torch is importable during the build, that is with
+``pip install --no-build-isolation .`` (or ``-e .``): an isolated build has no torch, and
+torch is deliberately not a build requirement (it would replace the user's own).
+
+It is two modules, built independently, so that the CUDA part can never cost the CPU part:
+- ``posenc_fast._C``, the C++ CPU kernels ("cpp" backend): built whenever a C++ compiler
+  is present ($CXX, else ``c++``). If it fails to build, the install fails (set
+  POSENC_FAST_SKIP_EXTENSION=1 to install pure Python): pip must not report success
+  without it.
+- ``posenc_fast._C_cuda``, the CUDA kernels ("cuda" backend, which needs both): built when
+  torch has CUDA and a toolkit of the same major version is found. Nothing here probes a
+  GPU. A version mismatch (torch raises it inside build_extensions(), before building
+  anything), or a CUDA compile or link error, installs the CPU part with one warning and
+  the reason recorded; ``python -m posenc_fast info`` and the "cuda" backend's refusal show
+  it.
+
+The toolkit (``find_cuda_toolkit`` in posenc_fast/_build_config.py): $CUDA_HOME, then
+$CUDA_PATH (when set but without include/cuda_runtime.h: reported, not guessed past); the
+directory above the nvcc on PATH with symlinks resolved, if it has include/cuda_runtime.h
+(an nvcc wrapper script such as /usr/local/bin/nvcc is not a toolkit); /usr/local/cuda.
+Where torch.utils.cpp_extension guessed another CUDA_HOME, the build uses this one.
 
 Build flags (environment variables)
 -----------------------------------
-| variable                        | default             | effect                              |
-|---------------------------------|---------------------|-------------------------------------|
-| POSENC_FAST_SKIP_EXTENSION=1    | unset               | pure-Python install, nothing built  |
-| POSENC_FAST_FORCE_CUDA=1        | unset               | the CUDA part must be built: fail   |
-|                                 |                     | if torch lacks CUDA or no toolkit   |
-| POSENC_FAST_NO_CUDA=1           | unset               | C++ CPU kernels only                |
-| POSENC_FAST_REQUIRE_EXTENSION=1 | unset               | a failed build fails the install    |
-|                                 |                     | (CI); by default: warn, pure Python |
-| POSENC_FAST_DEBUG=1             | unset               | -O0 -g (host), -G (device)          |
-| TORCH_CUDA_ARCH_LIST            | 8.0;8.6;8.9;9.0+PTX | CUDA targets (9.0: H100/H200); set  |
-|                                 |                     | here when unset, so that torch does |
-|                                 |                     | not ask a GPU for its architecture  |
-| MAX_JOBS                        | ninja's             | parallel compile jobs               |
-| CUDA_HOME                       | found by torch      | the CUDA toolkit                    |
+| variable                        | default            | effect                              |
+|---------------------------------|--------------------|-------------------------------------|
+| POSENC_FAST_SKIP_EXTENSION=1    | unset              | pure-Python install, nothing built  |
+| POSENC_FAST_NO_CUDA=1           | unset              | the CPU module only                 |
+| POSENC_FAST_FORCE_CUDA=1        | unset              | attempt the CUDA module even where  |
+|                                 |                    | the checks say no (torch without    |
+|                                 |                    | CUDA, no toolkit, version mismatch) |
+| POSENC_FAST_REQUIRE_EXTENSION=1 | unset              | any failure fails the install (CI): |
+|                                 |                    | no C++ compiler; a CUDA module that |
+|                                 |                    | fails to build; a toolkit pointed at|
+|                                 |                    | that cannot be used (CUDA_HOME      |
+|                                 |                    | without headers, nvcc wrapper only, |
+|                                 |                    | other major version than torch's).  |
+|                                 |                    | By default: one warning, CPU only   |
+| POSENC_FAST_DEBUG=1             | unset              | -O0 -g (host), -G (device)          |
+| TORCH_CUDA_ARCH_LIST            | 8.0;8.6;8.9;9.0;   | CUDA targets: A100, A10/RTX 30xx,   |
+|                                 | 10.0;12.0+PTX      | L4/L40/RTX 40xx, H100/H200, B200,   |
+|                                 | (toolkit and torch | RTX 50xx/RTX PRO 6000; PTX of the   |
+|                                 | CUDA >= 12.8; else | newest for later GPUs. Set here when|
+|                                 | 8.0;8.6;8.9;9.0+PTX| unset, so that torch does not ask a |
+|                                 |                    | GPU for its architecture            |
+| MAX_JOBS                        | ninja's            | parallel compile jobs               |
+| CUDA_HOME / CUDA_PATH           | found (see above)  | the CUDA toolkit                    |
+| CXX                             | c++                | the C++ compiler                    |
 
 Compiler flags (and why)
 ------------------------
@@ -39,12 +66,13 @@ Compiler flags (and why)
 | (no fast math)     | nvcc  | approximate exp/erf/tanh would break the accuracy goals   |
 | -lineinfo          | nvcc  | source lines in profiles, no runtime cost                 |
 
-The sources, flags, default architectures and the build metadata's fields are shared with
-the opt-in JIT build through ``posenc_fast/_build_config.py`` (torch-free, executed here on
-its own like ``_version.py``: importing the package would import torch).
-Beside the binary, ``posenc_fast/_build_info.json`` records the torch, CUDA and Python
-versions it was built for (or why the build failed); ``posenc_fast/_extension.py`` reads it
-before loading, so a mismatch is reported instead of crashing.
+The sources, flags, toolkit search, CUDA decision, default architectures and the build
+records' fields are shared with the opt-in JIT build through ``posenc_fast/_build_config.py``
+(torch-free, executed here on its own like ``_version.py``: importing the package would
+import torch). Beside the binaries, ``posenc_fast/_build_info.json`` (CPU) and
+``_build_info_cuda.json`` (CUDA) record the torch, CUDA and Python versions each was built
+for, or why it was not built or failed; ``posenc_fast/_extension.py`` reads them before
+loading, so a mismatch is reported instead of crashing.
 """
 
 from __future__ import annotations
@@ -52,7 +80,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import traceback
 import warnings
 
 from setuptools import setup
@@ -69,23 +96,37 @@ def _load_build_config() -> dict:
 
 
 _CFG = _load_build_config()
-BUILD_INFO = _CFG["BUILD_INFO"]
 
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
-def _cuda_decision(torch, cpp_extension) -> tuple[bool, str]:
-    """(build CUDA?, why) from torch and the toolkit only: never asks a GPU."""
-    if _flag("POSENC_FAST_NO_CUDA"):
-        return False, "POSENC_FAST_NO_CUDA is set"
-    ok, why = _CFG["cuda_availability"](
-        torch.__version__, torch.version.cuda, cpp_extension.CUDA_HOME
+def _plan(torch, cpp_extension) -> dict:
+    """What to build (posenc_fast._build_config.plan_build), never asking a GPU."""
+    plan = _CFG["plan_build"](
+        torch_version=torch.__version__,
+        torch_cuda_version=torch.version.cuda,
+        debug=_flag("POSENC_FAST_DEBUG"),
+        no_cuda="POSENC_FAST_NO_CUDA is set" if _flag("POSENC_FAST_NO_CUDA") else None,
+        force_cuda="POSENC_FAST_FORCE_CUDA is set" if _flag("POSENC_FAST_FORCE_CUDA") else None,
     )
-    if not ok and _flag("POSENC_FAST_FORCE_CUDA"):
-        raise RuntimeError("POSENC_FAST_FORCE_CUDA=1 but " + why)
-    return ok, why
+    if plan["cuda"]["build"]:
+        note = _CFG["use_toolkit"](cpp_extension, plan["toolkit"])
+        if note:
+            print(f"posenc_fast: {note}")
+    return plan
+
+
+def _cuda_message(why: str, require: bool) -> str:
+    head = f"posenc_fast: the CUDA part of the extension (posenc_fast._C_cuda) is not built: {why}."
+    if require:
+        return head + " POSENC_FAST_REQUIRE_EXTENSION=1 makes this an error."
+    return head + (
+        " Installing the C++ CPU part without it; the 'cuda' backend and "
+        "`python -m posenc_fast info` report why. Set POSENC_FAST_REQUIRE_EXTENSION=1 to make "
+        "this an error, POSENC_FAST_NO_CUDA=1 to silence it."
+    )
 
 
 def _extension_setup() -> dict:
@@ -103,101 +144,130 @@ def _extension_setup() -> dict:
             "`pip install --no-build-isolation .` in an environment that has torch."
         )
         return {}
-
-    with_cuda, cuda_why = _cuda_decision(torch, cpp_extension)
-    debug = _flag("POSENC_FAST_DEBUG")
-    cxx = _CFG["cxx_flags"](debug)
-    nvcc = _CFG["nvcc_flags"](debug)
-    define_macros = []
-    sources = list(_CFG["CPU_SOURCES"])
-    archs = None
-    if with_cuda:
-        archs = _CFG["resolve_cuda_archs"]()
-        sources += _CFG["CUDA_SOURCES"]
-        define_macros += [("POSENC_FAST_WITH_CUDA", None), ("POSENC_FAST_CUDA_ARCHS", f'"{archs}"')]
-        ext_cls = cpp_extension.CUDAExtension
-        extra = {"cxx": cxx, "nvcc": nvcc}
-    else:
-        ext_cls = cpp_extension.CppExtension
-        extra = {"cxx": cxx}
-    what = "C++ and CUDA" if with_cuda else "C++ CPU only"
-    print(f"posenc_fast: building the extension ({what}: {cuda_why})")
-
-    ext = ext_cls(
-        name="posenc_fast._C",
-        sources=sources,
-        include_dirs=[os.path.join(ROOT, "csrc")],
-        define_macros=define_macros,
-        extra_compile_args=extra,
-        extra_link_args=["-fopenmp"],
-    )
-    meta = _CFG["build_metadata"](
-        torch_version=torch.__version__,
-        torch_cuda_version=torch.version.cuda,
-        with_cuda=with_cuda,
-        cuda_decision=cuda_why,
-        cuda_home=cpp_extension.CUDA_HOME,
-        cuda_archs=archs,
-        debug=debug,
-        cxx=cxx,
-        nvcc=nvcc,
-    )
     require = _flag("POSENC_FAST_REQUIRE_EXTENSION")
+    cxx_path, cxx_why = _CFG["find_cxx"]()
+    if cxx_path is None:
+        msg = f"posenc_fast: {cxx_why}: installing pure Python (set CXX to build the extension)"
+        if require:
+            raise RuntimeError(msg + "; POSENC_FAST_REQUIRE_EXTENSION=1 makes this an error")
+        print(msg)
+        return {}
+
+    plan = _plan(torch, cpp_extension)
+    cpu, cuda = plan["cpu"], plan["cuda"]
+    print(f"posenc_fast: building the C++ CPU part ({cxx_why})")
+    print(f"posenc_fast: CUDA part: {'building' if cuda['build'] else 'not built'} "
+          f"({cuda['record']['cuda_decision']})")  # fmt: skip
+    if not cuda["build"] and cuda["warn"]:
+        message = _cuda_message(cuda["record"]["cuda_decision"], require)
+        if require:
+            raise RuntimeError(message)
+        warnings.warn(message, stacklevel=1)
+
+    include = [os.path.join(ROOT, "csrc")]
+    exts = [
+        cpp_extension.CppExtension(
+            name=f"posenc_fast.{cpu['module']}",
+            sources=cpu["sources"],
+            include_dirs=include,
+            extra_compile_args={"cxx": cpu["cxx"]},
+            extra_link_args=["-fopenmp"],
+        )
+    ]
+    if cuda["build"]:
+        exts.append(
+            cpp_extension.CUDAExtension(
+                name=f"posenc_fast.{cuda['module']}",
+                sources=cuda["sources"],
+                include_dirs=include,
+                extra_compile_args={"cxx": cuda["cxx"], "nvcc": cuda["nvcc"]},
+            )
+        )
+    parts = {f"posenc_fast.{plan[p]['module']}": p for p in ("cpu", "cuda")}
 
     class BuildExtension(cpp_extension.BuildExtension):
-        """torch's BuildExtension (ninja) that records build metadata beside the binary and,
-        unless POSENC_FAST_REQUIRE_EXTENSION is set, turns a failed build into a warning."""
+        """torch's BuildExtension (ninja) that builds the CPU and the CUDA module
+        independently and records how each went beside the binaries. A CUDA failure leaves
+        the CPU part installed with one warning (an error with POSENC_FAST_REQUIRE_EXTENSION);
+        a CPU failure fails the install: pip must not report success without it."""
+
+        def _record(self, part: str, **fields) -> None:
+            out_dir = os.path.dirname(self.get_ext_fullpath(f"posenc_fast.{cpu['module']}"))
+            os.makedirs(out_dir, exist_ok=True)
+            record = dict(plan[part]["record"], build_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            record.update(fields)
+            _CFG["write_json_atomic"](os.path.join(out_dir, _CFG["PARTS"][part][1]), record)
+
+        def _cuda_failed(self, ext, exc: BaseException, compiling: bool) -> None:
+            error = _CFG["describe_error"](exc)
+            self._record("cuda", built=False, error=_CFG["error_record"](error))
+            stale = self.get_ext_fullpath(ext.name)  # an earlier build's binary
+            if os.path.exists(stale):
+                os.remove(stale)
+            why = f"building it failed ({_CFG['error_summary'](error)})"
+            if compiling:
+                why += " (the compiler's messages are in the build output: `pip install -v`)"
+            if require:
+                raise RuntimeError(_cuda_message(why, require)) from exc
+            ext.optional = True  # setuptools then skips copying the missing binary
+            warnings.warn(_cuda_message(why, require), stacklevel=1)
+
+        def build_extensions(self):
+            if not cuda["build"]:
+                self._record("cuda", built=False)
+            self._started = False
+            try:
+                super().build_extensions()
+                return
+            except Exception as exc:
+                cuda_ext = [e for e in self.extensions if parts[e.name] == "cuda"]
+                if self._started or not cuda_ext:
+                    raise
+                # torch checks the toolkit for all extensions before building any (e.g.
+                # its CUDA version against torch's): a CUDA failure; build the CPU part.
+                self._cuda_failed(cuda_ext[0], exc, compiling=False)
+            self.extensions = [e for e in self.extensions if parts[e.name] == "cpu"]
+            super().build_extensions()
 
         def build_extension(self, ext):
-            out_dir = os.path.dirname(self.get_ext_fullpath(ext.name))
-            os.makedirs(out_dir, exist_ok=True)
-            info_path = os.path.join(out_dir, BUILD_INFO)
-            record = dict(meta, built=False, build_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            self._started = True
+            part = parts[ext.name]
             try:
                 super().build_extension(ext)
             except Exception as exc:
-                record["error"] = f"{type(exc).__name__}: {exc}"[-4000:]
-                _CFG["write_json_atomic"](info_path, record)
-                if require:
-                    raise
-                # setuptools then skips copying the missing binary (editable installs)
-                ext.optional = True
-                traceback.print_exc()
-                warnings.warn(
-                    "posenc_fast: building the C++/CUDA extension failed; installing without it "
-                    "(the 'cpp' and 'cuda' backends will report why). "
-                    "Set POSENC_FAST_REQUIRE_EXTENSION=1 to make this an error.",
-                    stacklevel=1,
-                )
-                return
-            record["built"] = True
-            record["binary"] = os.path.basename(self.get_ext_fullpath(ext.name))
-            _CFG["write_json_atomic"](info_path, record)
+                if part == "cuda":
+                    self._cuda_failed(ext, exc, compiling=True)
+                    return
+                error = _CFG["describe_error"](exc)
+                self._record("cpu", built=False, error=_CFG["error_record"](error))
+                raise RuntimeError(
+                    "posenc_fast: building the C++ CPU part of the extension (posenc_fast._C) "
+                    f"failed ({_CFG['error_summary'](error)}; the compiler's output is above, "
+                    "`pip install -v` shows it). Set POSENC_FAST_SKIP_EXTENSION=1 to install "
+                    "pure Python without it."
+                ) from exc
+            self._record(part, built=True, binary=os.path.basename(self.get_ext_fullpath(ext.name)))
 
         def copy_extensions_to_source(self):
-            # --inplace / editable: copy the binary into the source tree, and the metadata
-            # that describes it (also after a failed build: it says why). Atomically (a new
-            # file renamed over the old one): processes that have the old binary mapped
-            # keep their inode instead of crashing on a file truncated under them.
+            # --inplace / editable: copy the binaries into the source tree, and the records
+            # that describe them (also after a failed or skipped build: they say why).
+            # Atomically (a new file renamed over the old one): processes that have the old
+            # binary mapped keep their inode instead of crashing on a file truncated under
+            # them.
             build_py = self.get_finalized_command("build_py")
-            for ext in self.extensions:
-                inplace_file, regular_file = self._get_inplace_equivalent(build_py, ext)
-                pairs = [(regular_file, inplace_file)]
-                pairs.append(
-                    (
-                        os.path.join(os.path.dirname(regular_file), BUILD_INFO),
-                        os.path.join(os.path.dirname(inplace_file), BUILD_INFO),
-                    )
-                )
-                for src, dst in pairs:
-                    if not os.path.exists(src):
-                        continue
-                    tmp = f"{dst}.tmp{os.getpid()}"
-                    shutil.copy2(src, tmp)
-                    os.replace(tmp, dst)
+            pairs = [self._get_inplace_equivalent(build_py, ext)[::-1] for ext in self.extensions]
+            src_dir, dst_dir = (os.path.dirname(f) for f in pairs[0])
+            for _module, record in _CFG["PARTS"].values():
+                pairs.append((os.path.join(src_dir, record), os.path.join(dst_dir, record)))
+            for src, dst in pairs:
+                if not os.path.exists(src):
+                    continue
+                tmp = f"{dst}.tmp{os.getpid()}"
+                shutil.copy2(src, tmp)
+                os.replace(tmp, dst)
 
     return {
-        "ext_modules": [ext],
+        "ext_modules": exts,
         "cmdclass": {"build_ext": BuildExtension.with_options(use_ninja=True)},
     }
 

@@ -105,8 +105,8 @@ def environment():
             "machine": platform.machine(),
             "cpu_model": _cpu_model(),
             "cores": os.cpu_count(),
-            "extension": info.get("build_info"),
-            "cpu_isa": info.get("cpu_isa"),
+            "extension": info["cpu"].get("build_info"),
+            "cpu_isa": info["cpu"].get("cpu_isa"),
         }
     )
     return env

@@ -684,7 +684,7 @@ def environment(ctx: Context) -> dict:
     from posenc_fast.backends import extension_backends as ext
 
     env = _gpu_common.environment()
-    env["extension"] = _extension.extension_build_metadata()
+    env["extension"] = {part: _extension.extension_build_metadata(part) for part in ("cpu", "cuda")}
     env["cuda_gate"] = f"{ext.CUDA_GATE_ENV}={os.environ.get(ext.CUDA_GATE_ENV, '')}"
     env["allow_tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
     if ctx.cuda:

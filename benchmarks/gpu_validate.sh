@@ -196,7 +196,7 @@ reasons = backends.get(name).environment_reasons()
 if reasons:
     print(f"   not ready: backend {name}: {'; '.join(reasons)}")
     sys.exit(1)
-meta = _extension.extension_build_metadata() or {}
+meta = _extension.extension_build_metadata("cuda" if want == "cuda" else "cpu") or {}
 print(f"   backend {name} ready (built {meta.get('build_time')}, archs {meta.get('cuda_archs')})")
 PY
 }
@@ -208,16 +208,19 @@ pip_install() {
 }
 
 pack_build() {  # $1: archive path (.tar.gz; .tar.xz when gzip is over the 16 MiB limit)
+  # both modules (_C: CPU, _C_cuda: CUDA) and their build records
   local so
-  so="$(cd posenc_fast && ls _C*.so 2>/dev/null | head -1 || true)"
-  [[ -n "$so" && -f posenc_fast/_build_info.json ]] || { echo "   no built extension to pack"; return 1; }
-  tar -czf "$1" -C posenc_fast "$so" _build_info.json
+  so="$(cd posenc_fast && ls _C*.so _build_info*.json 2>/dev/null | tr '\n' ' ' || true)"
+  [[ "$so" == *_C.* && -f posenc_fast/_build_info.json ]] || { echo "   no built extension to pack"; return 1; }
+  # shellcheck disable=SC2086  # $so: file names without spaces, on purpose
+  tar -czf "$1" -C posenc_fast $so
   local size
   size=$(stat -c %s "$1")
   if ((size > 16 * 1024 * 1024)) && command -v xz >/dev/null 2>&1; then
     rm -f "$1"
     set -- "${1%.gz}.xz"
-    tar -cJf "$1" -C posenc_fast "$so" _build_info.json
+    # shellcheck disable=SC2086
+    tar -cJf "$1" -C posenc_fast $so
     size=$(stat -c %s "$1")
   fi
   if ((size > 16 * 1024 * 1024)); then
@@ -225,7 +228,7 @@ pack_build() {  # $1: archive path (.tar.gz; .tar.xz when gzip is over the 16 Mi
     rm -f "$1"
     return 0
   fi
-  echo "   packed $so + _build_info.json into $(basename "$1") ($size bytes); for the next calls:"
+  echo "   packed $so into $(basename "$1") ($size bytes); for the next calls:"
   echo "   copy it to .gpu_build/ in the repository (git-ignored via .git/info/exclude) and carry .gpu_build"
 }
 

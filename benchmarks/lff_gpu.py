@@ -223,7 +223,7 @@ def forward_config() -> dict | None:
     try:
         from posenc_fast.triton_kernels import lff_forward
 
-        cache = lff_forward._lff_fwd_tuned.cache
+        cache = lff_forward._lff_fwd_tuned.tuner.cache
         return {str(k): str(v) for k, v in cache.items()} or None
     except Exception:  # interpreter (no autotuner use) or API drift
         return None

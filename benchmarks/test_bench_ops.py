@@ -6,8 +6,9 @@
 
 The cases (inputs, baselines, backends) are the ones of ``python -m posenc_fast bench``
 (posenc_fast/cli/_cases.py): one setup factory per op, shared. Groups are
-"<op> <sizes> [<mode>]", so pytest-benchmark prints the reference, torch.compile and each
-backend of one op and size side by side. Timings are reported, never asserted.
+"<op> <sizes> [<mode>]", so pytest-benchmark prints the eager baseline (the op as users
+write it), torch.compile of it and each backend of one op and size side by side. Timings
+are reported, never asserted.
 """
 
 import os
@@ -29,7 +30,7 @@ def _params():
     out = []
     for case in _cases.cases(QUICK, DEVICE, OPS):
         for mode in ("fwd", "fwd+bwd"):
-            for impl in _impls(case, compile_baseline=True, max_autotune=False):
+            for impl in _impls(case):
                 out.append(
                     pytest.param(case, mode, impl, id=f"{case.op}-{case.size}-{mode}-{impl}")
                 )
@@ -39,7 +40,7 @@ def _params():
 @pytest.mark.parametrize("case,mode,impl", _params())
 def test_bench(benchmark, case, mode, impl):
     benchmark.group = f"{case.op} {case.label} [{mode}]"
-    run = _runner(case, _impls(case, True, False)[impl], mode)
+    run = _runner(case, _impls(case)[impl], mode)
     run()  # warm-up: compilation and lazy initialisation stay out of the timings
     if DEVICE == "cuda":
 

@@ -1,19 +1,14 @@
-// The Python module posenc_fast._C: importing it registers the posenc_fast::floater_integrate*
-// ops (static registrations in floater_ops.cpp / floater_cuda_ops.cpp). The pybind11
-// functions here only describe the build.
+// The Python module posenc_fast._C, the CPU part of the extension: importing it defines the
+// posenc_fast::floater_integrate* ops and registers their CPU and Meta kernels (static
+// registrations in floater_ops.cpp). The CUDA kernels are a separate module,
+// posenc_fast._C_cuda (module_cuda.cpp), built and loaded on its own, so that a failed CUDA
+// build never costs the CPU part. The pybind11 functions here only describe the build.
 #include <torch/extension.h>
-#include <torch/headeronly/version.h>
+#include <torch/version.h>
 
 #include <string>
 
 #include "floater/floater_cpu.h"
-#if defined(POSENC_FAST_WITH_CUDA)
-#include "floater/floater_cuda.h"
-#endif
-
-#ifndef POSENC_FAST_CUDA_ARCHS
-#define POSENC_FAST_CUDA_ARCHS ""
-#endif
 
 namespace posenc_fast {
 namespace {
@@ -30,13 +25,6 @@ pybind11::dict build_info() {
 #endif
   info["cpu_isa_best"] = floater::cpu::best_isa_name();
   info["cpu_isa"] = floater::cpu::isa();
-#if defined(POSENC_FAST_WITH_CUDA)
-  info["with_cuda"] = true;
-  info["cuda_compiled_version"] = floater::cuda::compiled_version();
-  info["cuda_archs"] = std::string(POSENC_FAST_CUDA_ARCHS);
-#else
-  info["with_cuda"] = false;
-#endif
   return info;
 }
 
@@ -51,7 +39,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Force the CPU kernels' instruction set ('generic', 'avx2', 'avx512', or 'auto'); for tests");
   m.def("set_backward_keep_budget", &posenc_fast::floater::cpu::set_backward_keep_budget, pybind11::arg("bytes"),
         "Memory (bytes) the CPU backward may use to keep an interval's stage values; for tests");
-#if defined(POSENC_FAST_WITH_CUDA)
-  m.def("cuda_runtime_version", &posenc_fast::floater::cuda::runtime_version);
-#endif
 }

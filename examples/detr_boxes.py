@@ -1,6 +1,7 @@
-"""DETR-style encoding: a 2-D feature map with Sine-2D positions, and boxes encoded as
-G = 2 groups of (x, y) corners by learnable Fourier features (the LFF paper's Sec. 4.3 /
-UI experiments use the same grouping: one MLP shared by the two corners).
+"""DETR-style encoding: a 2-D feature map with Sine-2D positions (added in one pass by
+SinusoidalNdPE), and boxes encoded as G = 2 groups of (x, y) corners by learnable Fourier
+features (the LFF paper's Sec. 4.3 / UI experiments use the same grouping: one MLP shared
+by the two corners).
 
     python examples/detr_boxes.py        # a second on a CPU
 """
@@ -11,10 +12,19 @@ from torch import nn
 import posenc_fast as pf
 
 
+def grid_coords(h, w, device=None):
+    """Sine-2D positions of an h x w feature map: 2 x (row, col) cell index, so that the
+    highest frequency (1 radian per unit) turns 2 radians between neighbouring cells
+    (README: "Choosing gamma and base")."""
+    return 2.0 * pf.grid_positions(h, w, normalize=False, device=device)  # [h*w, 2]
+
+
 class BoxDecoder(nn.Module):
     def __init__(self, dim=64):
         super().__init__()
         self.dim = dim
+        # base = the extent of the positions: maps up to 32 cells a side (2 x 32 units)
+        self.map_pe = pf.SinusoidalNdPE(dim, axes=2, base=64.0)
         # boxes: G = 2 groups (top-left, bottom-right) of M = 2 coordinates in (0, 1)
         self.box_pe = pf.LearnableFourierFeatures(
             pos_dim=2, fourier_dim=64, hidden_dim=32, out_dim=dim, groups=2, gamma=0.1
@@ -24,10 +34,9 @@ class BoxDecoder(nn.Module):
 
     def forward(self, feature_map, boxes):
         # feature_map [B, dim, h, w]; boxes [B, Q, 2, 2] as ((x0, y0), (x1, y1))
-        _B, C, h, w = feature_map.shape
+        _B, _C, h, w = feature_map.shape
         memory = feature_map.flatten(2).transpose(1, 2)  # [B, h*w, C]
-        centres = pf.grid_positions(h, w, device=feature_map.device)  # [h*w, 2] in (0, 1)
-        memory = memory + pf.sinusoidal_nd(centres * 100.0, C // 2)  # Sine-2D, [h*w, C]
+        memory = self.map_pe(memory, grid_coords(h, w, feature_map.device))  # + Sine-2D
         queries = self.box_pe(boxes)  # [B, Q, C]: group 0 -> [:C/2], group 1 -> [C/2:]
         return self.score(self.layer(queries, memory)).squeeze(-1)  # [B, Q]
 

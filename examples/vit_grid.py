@@ -13,12 +13,19 @@ from torch import nn
 import posenc_fast as pf
 
 
+def patch_centres(h, w, patch, device=None):
+    """[h*w, 2] pixel coordinates (row, col) of the centres of an h x w grid of patches."""
+    coords = pf.grid_positions(h, w, normalize=False, device=device).float()
+    return (coords + 0.5) * patch
+
+
 class TinyViT(nn.Module):
     def __init__(self, patch=4, dim=64, classes=4):
         super().__init__()
         self.patch = patch
         self.embed = nn.Conv2d(1, dim, kernel_size=patch, stride=patch)
-        # positions are pixel coordinates of the patch centres: G = 1 group of M = 2
+        # positions are pixel coordinates of the patch centres: G = 1 group of M = 2;
+        # gamma = 2 patches of 4 pixels (README: "Choosing gamma and base")
         self.pos = pf.LearnableFourierFeatures(
             pos_dim=2, fourier_dim=64, hidden_dim=32, out_dim=dim, gamma=8.0
         )
@@ -28,8 +35,7 @@ class TinyViT(nn.Module):
     def forward(self, images):  # [B, 1, H, W]
         tokens = self.embed(images).flatten(2).transpose(1, 2)  # [B, h*w, dim]
         h, w = images.shape[-2] // self.patch, images.shape[-1] // self.patch
-        coords = pf.grid_positions(h, w, normalize=False, device=images.device).float()
-        coords = (coords + 0.5) * self.patch  # patch centres in pixels
+        coords = patch_centres(h, w, self.patch, images.device)
         tokens = tokens + self.pos(coords[:, None, :])  # [h*w, dim], broadcast over B
         return self.head(self.block(tokens).mean(dim=1))
 

@@ -6,7 +6,9 @@
   :class:`Floater`, :class:`FloaterAttentionBias`.
 - Sinusoidal (Vaswani et al.) and DFT (Idé et al.) encodings: :func:`sinusoidal`,
   :func:`sinusoidal_nd`, :func:`dft`, :func:`dft_inverse`, :class:`SinusoidalPE`,
-  :class:`DFTPE`.
+  :class:`SinusoidalNdPE` (Sine-2D added in one pass), :class:`DFTPE`.
+- Learnable Fourier features as rotary embeddings (LightGlue): :func:`lff_rotary`,
+  :func:`apply_lff_rotary`, :class:`LearnableFourierRotary`.
 - Helpers: :func:`grid_positions`, :func:`available_backends`.
 
 Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "reference"
@@ -16,10 +18,19 @@ Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "ref
 
 from ._version import __version__
 from .backends import BackendError, available_backends
-from .encodings import DFTPE, SinusoidalPE, dft, dft_inverse, sinusoidal, sinusoidal_nd
+from .encodings import (
+    DFTPE,
+    SinusoidalNdPE,
+    SinusoidalPE,
+    dft,
+    dft_inverse,
+    sinusoidal,
+    sinusoidal_nd,
+)
 from .floater_encoding import Floater, FloaterAttentionBias, floater
 from .fourier_features import LearnableFourierFeatures, lff
 from .grid import grid_positions
+from .rotary import LearnableFourierRotary, apply_lff_rotary, lff_rotary
 
 __all__ = [
     "DFTPE",
@@ -27,14 +38,18 @@ __all__ = [
     "Floater",
     "FloaterAttentionBias",
     "LearnableFourierFeatures",
+    "LearnableFourierRotary",
+    "SinusoidalNdPE",
     "SinusoidalPE",
     "__version__",
+    "apply_lff_rotary",
     "available_backends",
     "dft",
     "dft_inverse",
     "floater",
     "grid_positions",
     "lff",
+    "lff_rotary",
     "sinusoidal",
     "sinusoidal_nd",
 ]

@@ -1,7 +1,17 @@
-"""Build settings of the compiled extension ``posenc_fast._C`` (csrc/), shared by the
-ahead-of-time build (setup.py) and the opt-in just-in-time build
-(``posenc_fast._extension.jit_build``), and the build metadata both record beside the
-binary (``_build_info.json``, read by ``posenc_fast._extension`` before loading it).
+"""Build settings of the compiled extension (csrc/), shared by the ahead-of-time build
+(setup.py) and the opt-in just-in-time build (``posenc_fast._extension.jit_build``), and the
+build metadata both record beside each binary (read by ``posenc_fast._extension`` before
+loading it).
+
+The extension is two Python modules, built and loaded independently, so that the CPU part
+never depends on the CUDA part building:
+
+- ``posenc_fast._C`` (CPU_SOURCES): the C++ CPU kernels; defines the ops. Built whenever a
+  C++ compiler is present; record ``_build_info.json``.
+- ``posenc_fast._C_cuda`` (CUDA_SOURCES): the CUDA kernels of the same ops. Built when torch
+  has CUDA and a matching toolkit is found (:func:`find_cuda_toolkit`,
+  :func:`cuda_decision`); record ``_build_info_cuda.json``, also when it was not built or
+  failed (it says why).
 
 Torch-free and import-free within the package: setup.py executes this file on its own
 (importing ``posenc_fast`` would import torch, which an isolated build does not have).
@@ -10,13 +20,17 @@ Why each compiler flag is there: the table in setup.py's docstring.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import re
+import shutil
 import subprocess
 import sysconfig
 
 # Relative to the source root (the directory that holds csrc/ and setup.py).
+# The CPU module posenc_fast._C: every C++ CPU kernel and op registration goes here.
 CPU_SOURCES = (
     "csrc/module.cpp",
     "csrc/floater/floater_ops.cpp",
@@ -25,12 +39,25 @@ CPU_SOURCES = (
     "csrc/fourier/lff_cpu.cpp",
     "csrc/fourier/encoding_cpu.cpp",
 )
+# The CUDA module posenc_fast._C_cuda (registers CUDA kernels of ops that _C defines).
 CUDA_SOURCES = (
+    "csrc/module_cuda.cpp",
     "csrc/floater/floater_cuda_ops.cpp",
     "csrc/floater/floater_cuda.cu",
 )
-DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0+PTX"
-BUILD_INFO = "_build_info.json"  # beside the binary
+# part -> (module name within the package, build record beside it)
+PARTS = {
+    "cpu": ("_C", "_build_info.json"),
+    "cuda": ("_C_cuda", "_build_info_cuda.json"),
+}
+BUILD_INFO = PARTS["cpu"][1]
+CUDA_BUILD_INFO = PARTS["cuda"][1]
+
+# Default CUDA targets: A100 (8.0), A10/RTX 30xx (8.6), L4/L40/RTX 40xx (8.9), H100/H200
+# (9.0); B200 (10.0) and RTX 50xx / RTX PRO 6000 (12.0) where both the toolkit and torch's
+# CUDA know them (12.8 and newer); PTX of the newest for GPUs after it.
+CUDA_ARCHS = ("8.0", "8.6", "8.9", "9.0")
+CUDA_ARCHS_SINCE_12_8 = ("10.0", "12.0")
 
 
 def cxx_flags(debug: bool = False) -> list[str]:
@@ -44,24 +71,163 @@ def nvcc_flags(debug: bool = False) -> list[str]:
     return [*(["-O0", "-G"] if debug else ["-O3"]), "-lineinfo", "-std=c++17"]
 
 
-def resolve_cuda_archs() -> str:
-    """TORCH_CUDA_ARCH_LIST, or the default, set in the environment: torch reads it, and
+def _version_tuple(version: str | None) -> tuple[int, ...] | None:
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def default_cuda_archs(toolkit_release: str | None, torch_cuda_version: str | None) -> str:
+    """TORCH_CUDA_ARCH_LIST when the user sets none: sm_80 .. sm_90, plus sm_100 and sm_120
+    where the toolkit and torch's CUDA (when torch has one) are 12.8 or newer (older
+    toolkits cannot compile for them, older torch rejects their names); +PTX on the newest."""
+    versions = [_version_tuple(toolkit_release)]
+    if torch_cuda_version is not None:
+        versions.append(_version_tuple(torch_cuda_version))
+    archs = list(CUDA_ARCHS)
+    if all(v is not None and v >= (12, 8) for v in versions):
+        archs += CUDA_ARCHS_SINCE_12_8
+    return ";".join(archs) + "+PTX"
+
+
+def resolve_cuda_archs(default: str) -> str:
+    """TORCH_CUDA_ARCH_LIST, or ``default``, set in the environment: torch reads it, and
     unset it would ask a GPU for its architecture."""
-    archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_CUDA_ARCHS
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or default
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     return archs
 
 
-def cuda_availability(
-    torch_version: str, torch_cuda_version: str | None, cuda_home: str | None
-) -> tuple[bool, str]:
-    """(can the CUDA part be built?, why) from torch's build and the toolkit only: never
-    asks a GPU."""
+def find_cxx(environ=None) -> tuple[str | None, str]:
+    """(path of the C++ compiler torch's builds run, or None; what was looked for): $CXX,
+    else ``c++`` on PATH (torch.utils.cpp_extension's own choice)."""
+    env = os.environ if environ is None else environ
+    name = (env.get("CXX") or "c++").split()[0]
+    path = shutil.which(name, path=env.get("PATH"))
+    if path is None:
+        where = "CXX" if env.get("CXX") else "PATH"
+        return None, f"no C++ compiler found ({name!r} from {where})"
+    return path, f"C++ compiler {path}"
+
+
+def _toolkit_problem(root: str) -> str | None:
+    """Why ``root`` is not a CUDA toolkit's root directory (None: it is one)."""
+    for rel in (os.path.join("include", "cuda_runtime.h"), os.path.join("bin", "nvcc")):
+        if not os.path.isfile(os.path.join(root, rel)):
+            return f"no {os.path.join(root, rel)}"
+    return None
+
+
+def find_cuda_toolkit(environ=None, default: str = "/usr/local/cuda") -> dict:
+    """Where the CUDA toolkit is, without asking a GPU. Tried in order: $CUDA_HOME, then
+    $CUDA_PATH (respected: when set and wrong, that is the answer, not a guess elsewhere);
+    the directory above the ``nvcc`` on PATH, symlinks resolved; ``default``. A candidate
+    counts only if it has include/cuda_runtime.h and bin/nvcc: an nvcc that is a wrapper
+    script outside the toolkit (e.g. /usr/local/bin/nvcc) is not taken for one.
+
+    Returns {"root": resolved path or None, "how": how it was found, or why none was,
+    "problems": [candidates that were pointed at (variable, nvcc on PATH) but rejected]}.
+    """
+    env = os.environ if environ is None else environ
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = env.get(var)
+        if value:
+            root = os.path.realpath(value)
+            problem = _toolkit_problem(root)
+            if problem is None:
+                return {"root": root, "how": f"{var}={value}", "problems": []}
+            why = f"{var}={value} is not a CUDA toolkit ({problem})"
+            return {"root": None, "how": why, "problems": [why]}
+    problems = []
+    nvcc = shutil.which("nvcc", path=env.get("PATH"))
+    if nvcc is not None:
+        real = os.path.realpath(nvcc)
+        root = os.path.dirname(os.path.dirname(real))
+        problem = _toolkit_problem(root)
+        shown = nvcc if real == nvcc else f"{nvcc} -> {real}"
+        if problem is None:
+            return {"root": root, "how": f"nvcc on PATH ({shown})", "problems": []}
+        problems.append(f"the nvcc on PATH ({shown}) is not inside a CUDA toolkit ({problem})")
+    root = os.path.realpath(default)
+    problem = _toolkit_problem(root)
+    if problem is None:
+        how = "; ".join([default if root == default else f"{default} -> {root}", *problems])
+        return {"root": root, "how": how, "problems": []}
+    why = "; ".join(["no CUDA toolkit found (set CUDA_HOME)", *problems, problem])
+    return {"root": None, "how": why, "problems": problems}
+
+
+def cuda_decision(
+    torch_version: str,
+    torch_cuda_version: str | None,
+    toolkit: dict,
+    toolkit_release: str | None,
+) -> dict:
+    """Whether to build the CUDA part, from torch's build and the toolkit only (never a GPU):
+    {"build": bool, "why": str, "warn": bool}. warn: the CUDA part is wanted (torch has CUDA)
+    and a toolkit was pointed at, but it cannot be used: say so loudly at install time."""
     if torch_cuda_version is None:
-        return False, f"torch {torch_version} is built without CUDA"
-    if cuda_home is None:
-        return False, "no CUDA toolkit found (set CUDA_HOME)"
-    return True, f"torch CUDA {torch_cuda_version}, toolkit at {cuda_home}"
+        why = f"torch {torch_version} is built without CUDA"
+        return {"build": False, "why": why, "warn": False}
+    root = toolkit.get("root")
+    if root is None:
+        return {"build": False, "why": toolkit["how"], "warn": bool(toolkit.get("problems"))}
+    have, want = _version_tuple(toolkit_release), _version_tuple(torch_cuda_version)
+    if have is not None and want is not None and have[0] != want[0]:
+        why = (
+            f"the CUDA toolkit at {root} is CUDA {toolkit_release}, torch {torch_version} was "
+            f"built with CUDA {torch_cuda_version}: torch builds no extension against another "
+            f"major version (point CUDA_HOME at a CUDA {want[0]}.x toolkit)"
+        )
+        return {"build": False, "why": why, "warn": True}
+    release = toolkit_release or "of unknown version"
+    why = f"torch CUDA {torch_cuda_version}, toolkit CUDA {release} at {root} ({toolkit['how']})"
+    return {"build": True, "why": why, "warn": False}
+
+
+def error_summary(text: str | None, limit: int = 400) -> str:
+    """A build error as one line for a reason or a warning: the compiler's or linker's first
+    error where the text carries their output (JIT builds do), else the text itself."""
+    text = text or ""
+    errors = [
+        line.strip()
+        for line in text.splitlines()
+        if re.search(r"(?:^|[\s:])(?:fatal )?error:|cannot find -l", line)
+    ]
+    line = " ".join((errors[0] if errors else text).split()) or "unknown error"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def error_record(text: str, limit: int = 4000) -> str:
+    """A build error as kept in a build record: whole when short, else its summary line and
+    its end (a JIT build's error carries the whole compiler output)."""
+    if len(text) <= limit:
+        return text
+    return f"{error_summary(text)}\n...\n{text[-(limit - 500) :]}"
+
+
+def use_toolkit(cpp_extension, toolkit: dict) -> str | None:
+    """Make torch.utils.cpp_extension build with the toolkit :func:`find_cuda_toolkit` found,
+    where torch's own guess differs: torch takes the directory above the nvcc on PATH
+    without resolving it, so a wrapper script (e.g. /usr/local/bin/nvcc) makes it guess a
+    directory without CUDA's headers. Returns a note saying so, or None."""
+    ours, theirs = toolkit["root"], getattr(cpp_extension, "CUDA_HOME", None)
+    if ours is None or (theirs and os.path.realpath(theirs) == ours):
+        return None
+    cpp_extension.CUDA_HOME = ours
+    os.environ["CUDA_HOME"] = ours
+    guess = f"torch guessed CUDA_HOME={theirs}" if theirs else "torch found no CUDA_HOME"
+    return f"{guess}; building with {ours} ({toolkit['how']})"
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of an exception, with torch's ``RuntimeError(fmt, *args)`` style
+    (its CUDA version mismatch) formatted."""
+    args = exc.args
+    msg = str(exc)
+    if len(args) > 1 and isinstance(args[0], str) and "%s" in args[0]:
+        with contextlib.suppress(TypeError):  # not a format after all: str(exc) it is
+            msg = args[0] % args[1:]
+    return f"{type(exc).__name__}: {msg}"
 
 
 def package_version() -> str:
@@ -89,36 +255,84 @@ def nvcc_version(cuda_home: str | None) -> str | None:
     return None
 
 
-def build_metadata(
+def nvcc_release(version_line: str | None) -> str | None:
+    """The release ("13.0") in nvcc's "Cuda compilation tools, release 13.0, V13.0.88"."""
+    m = re.search(r"release (\d+\.\d+)", version_line or "")
+    return m.group(1) if m else None
+
+
+def plan_build(
     *,
     torch_version: str,
     torch_cuda_version: str | None,
-    with_cuda: bool,
-    cuda_decision: str,
-    cuda_home: str | None,
-    cuda_archs: str | None,
-    debug: bool,
-    cxx: list[str],
-    nvcc: list[str],
+    debug: bool = False,
+    no_cuda: str | None = None,
+    force_cuda: str | None = None,
+    environ=None,
 ) -> dict:
-    """The fields every build records about itself (the builder adds built, build_time,
-    binary or error)."""
-    return {
+    """What to build and the metadata each part records (the builder adds built,
+    build_time, binary or error). no_cuda / force_cuda: None, or the reason given (e.g.
+    "POSENC_FAST_NO_CUDA is set") to skip the CUDA part, or to attempt it whatever the
+    checks say (its failure is then handled like any other).
+
+    Returns {"toolkit": find_cuda_toolkit(), "cpu": part, "cuda": part}; a part is
+    {"module", "sources", "cxx", "record"}, and the CUDA part adds "build", "warn",
+    "archs" and "nvcc" (with the toolkit root in its record)."""
+    toolkit = find_cuda_toolkit(environ)
+    nvcc_line = nvcc_version(toolkit["root"])
+    release = nvcc_release(nvcc_line)
+    if no_cuda:
+        decision = {"build": False, "why": no_cuda, "warn": False}
+    else:
+        decision = cuda_decision(torch_version, torch_cuda_version, toolkit, release)
+        if force_cuda and not decision["build"]:
+            why = f"{force_cuda}, although {decision['why']}"
+            decision = {"build": True, "why": why, "warn": False}
+    archs = None
+    if decision["build"]:
+        archs = resolve_cuda_archs(default_cuda_archs(release, torch_cuda_version))
+    cxx = cxx_flags(debug)
+    base = {
         "package_version": package_version(),
         "torch_version": torch_version,
         "torch_cuda_version": torch_cuda_version,
-        "with_cuda": with_cuda,
-        "cuda_decision": cuda_decision,
-        "cuda_toolkit": nvcc_version(cuda_home) if with_cuda else None,
-        "cuda_archs": cuda_archs,
         "python_version": platform.python_version(),
         "python_abi": sysconfig.get_config_var("EXT_SUFFIX"),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "debug": debug,
         "cxx_flags": cxx,
-        "nvcc_flags": nvcc if with_cuda else None,
     }
+    cpu_module, cuda_module = PARTS["cpu"][0], PARTS["cuda"][0]
+    cpu = {
+        "module": cpu_module,
+        "sources": list(CPU_SOURCES),
+        "cxx": cxx,
+        "record": dict(base, part="cpu", module=f"posenc_fast.{cpu_module}"),
+    }
+    cuda_cxx = [*cxx, f'-DPOSENC_FAST_CUDA_ARCHS="{archs}"'] if archs else cxx
+    cuda = {
+        "module": cuda_module,
+        "sources": list(CUDA_SOURCES),
+        "build": decision["build"],
+        "warn": decision["warn"],
+        "archs": archs,
+        "cxx": cuda_cxx,
+        "nvcc": nvcc_flags(debug),
+        "record": dict(
+            base,
+            part="cuda",
+            module=f"posenc_fast.{cuda_module}",
+            attempted=decision["build"],
+            cuda_decision=decision["why"],
+            cuda_home=toolkit["root"],
+            cuda_toolkit=nvcc_line,
+            cuda_archs=archs,
+            cxx_flags=cuda_cxx,
+            nvcc_flags=nvcc_flags(debug) if decision["build"] else None,
+        ),
+    }
+    return {"toolkit": toolkit, "cpu": cpu, "cuda": cuda}
 
 
 def write_json_atomic(path: str | os.PathLike, record: dict) -> None:

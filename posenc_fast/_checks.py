@@ -43,6 +43,15 @@ def float_tensor(name: str, value) -> torch.Tensor:
     return value
 
 
+def float_dtype(name: str, value) -> torch.dtype:
+    if not isinstance(value, torch.dtype) or value not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be a floating torch.dtype (float16, bfloat16, float32 or float64), "
+            f"got {value!r}"
+        )
+    return value
+
+
 def shape(
     name: str, value: torch.Tensor, expected: Sequence[Optional[int]], what: str = ""
 ) -> None:
@@ -82,6 +91,22 @@ def positive_int(name: str, value) -> int:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def size(name: str, value, minimum: int = 1):
+    """A size: an int >= ``minimum``, or a symbolic size (``torch.SymInt``: a dynamic
+    dimension under torch.export or torch.compile(dynamic=True)). A symbolic size cannot
+    be read; its bound is recorded as a constraint instead (checked when the exported or
+    compiled program runs), so tracing does not specialise on its value."""
+    if isinstance(value, torch.SymInt):
+        torch._check(value >= minimum, lambda: f"{name} must be >= {minimum}, got {value}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        what = "positive" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value}")
     return value
 
 

@@ -1,8 +1,12 @@
-"""Loader of the optional compiled extension ``posenc_fast._C`` (csrc/).
+"""Loader of the optional compiled extension (csrc/): two modules, loaded independently.
 
-Importing posenc_fast never loads the binary: the "cpp" and "cuda" backends call
-:func:`load` the first time they are asked whether they can run. Before importing the
-binary, the build metadata written beside it (``_build_info.json``, see setup.py) is
+- ``posenc_fast._C``, the CPU part: defines the ops and their CPU kernels ("cpp" backend);
+- ``posenc_fast._C_cuda``, the CUDA part: CUDA kernels of the same ops ("cuda" backend,
+  which needs both). A CUDA part that was not built, or failed to, costs nothing else.
+
+Importing posenc_fast never loads a binary: the "cpp" and "cuda" backends call :func:`load`
+the first time they are asked whether they can run. Before importing a binary, the build
+record written beside it (``_build_info.json``, ``_build_info_cuda.json``: see setup.py) is
 checked, so a binary built for another torch is reported, not loaded (loading it could
 fail with undefined symbols or worse). Every failure becomes a list of reasons that
 ``python -m posenc_fast info`` prints and the dispatcher reports.
@@ -22,11 +26,13 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import shutil
 import sys
 import sysconfig
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
@@ -36,16 +42,31 @@ import torch
 from . import _build_config as _cfg
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-BUILD_INFO = PACKAGE_DIR / _cfg.BUILD_INFO
-MODULE_NAME = "posenc_fast._C"
-OPS_VERSION = 2  # must match csrc/module.cpp build_info()["ops_version"]
+PARTS = tuple(_cfg.PARTS)  # ("cpu", "cuda"): the CUDA part needs the CPU part (op schemas)
+OPS_VERSION = 2  # must match build_info()["ops_version"] of csrc/module.cpp, module_cuda.cpp
 INSTALL_HINT = "build it with `pip install --no-build-isolation -e .` (torch must be installed)"
+_WHAT = {"cpu": "the C++ extension", "cuda": "the CUDA part of the extension"}
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"tried": False, "module": None, "reasons": [], "origin": None}
+_state: dict[str, dict[str, Any]] = {
+    part: {"tried": False, "module": None, "reasons": [], "origin": None} for part in PARTS
+}
 
 
-def _read_build_info(path: Path = BUILD_INFO) -> Optional[dict]:
+def module_name(part: str = "cpu") -> str:
+    return f"posenc_fast.{_cfg.PARTS[part][0]}"
+
+
+def _what(part: str) -> str:
+    return f"{_WHAT[part]} ({module_name(part)})"
+
+
+def _record_path(part: str) -> Path:
+    return PACKAGE_DIR / _cfg.PARTS[part][1]
+
+
+def _read_build_info(part: str = "cpu") -> Optional[dict]:
+    path = _record_path(part)
     try:
         with open(path) as f:
             return json.load(f)
@@ -55,9 +76,10 @@ def _read_build_info(path: Path = BUILD_INFO) -> Optional[dict]:
         return {"built": False, "error": f"unreadable build metadata {path}: {exc}"}
 
 
-def _binary_path() -> Optional[Path]:
+def _binary_path(part: str = "cpu") -> Optional[Path]:
+    stem = _cfg.PARTS[part][0]
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        p = PACKAGE_DIR / f"_C{suffix}"
+        p = PACKAGE_DIR / f"{stem}{suffix}"
         if p.exists():
             return p
     return None
@@ -81,50 +103,52 @@ def _mismatch(info: dict) -> list[str]:
     return reasons
 
 
-def _import_binary(path: Optional[Path] = None) -> ModuleType:
+def _import_binary(part: str, path: Optional[Path] = None) -> ModuleType:
+    name = module_name(part)
     if path is None:
-        return importlib.import_module(MODULE_NAME)
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+        return importlib.import_module(name)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sys.modules[MODULE_NAME] = module
+    sys.modules[name] = module
     return module
 
 
-def _try_load() -> tuple[Optional[ModuleType], list[str], Optional[str]]:
+def _record_reasons(part: str, info: Optional[dict], binary: Optional[Path]) -> list[str]:
+    """Why the part cannot be loaded, from its build record and binary alone ([] if it may)."""
+    what = _what(part)
+    if info is None and binary is None:
+        return [f"{what} is not built: {INSTALL_HINT}"]
+    if info is not None and not info.get("built", False):
+        if info.get("attempted", True) is False:  # decided at build time not to build it
+            return [f"{what} was not built: {info.get('cuda_decision') or 'not requested'}"]
+        return [f"building {what} failed at install time ({_cfg.error_summary(info.get('error'))})"]
+    if binary is None:
+        return [
+            f"no compiled {what} for this Python ({sysconfig.get_config_var('EXT_SUFFIX')}) "
+            f"in {PACKAGE_DIR}: {INSTALL_HINT}"
+        ]
+    if info is None:
+        return [
+            f"{binary.name} has no build metadata ({_record_path(part).name}) to check it "
+            f"against this torch; {INSTALL_HINT}"
+        ]
+    return _mismatch(info)
+
+
+def _try_load(part: str = "cpu") -> tuple[Optional[ModuleType], list[str], Optional[str]]:
     if os.environ.get("POSENC_FAST_DISABLE_EXTENSION", "") not in ("", "0"):
         return None, ["disabled by POSENC_FAST_DISABLE_EXTENSION"], None
-    info = _read_build_info()
-    binary = _binary_path()
-    if info is None and binary is None:
-        return None, [f"the C++/CUDA extension is not built: {INSTALL_HINT}"], None
-    if info is not None and not info.get("built", False):
-        err = (info.get("error") or "unknown error").strip().splitlines()[-1]
-        return None, [f"building the extension failed at install time ({err})"], None
-    if binary is None:
-        return (
-            None,
-            [
-                f"no compiled extension for this Python ({sysconfig.get_config_var('EXT_SUFFIX')}) "
-                f"in {PACKAGE_DIR}: {INSTALL_HINT}"
-            ],
-            None,
-        )
-    if info is None:
-        return (
-            None,
-            [
-                f"{binary.name} has no build metadata ({BUILD_INFO.name}) to check it against this "
-                f"torch; {INSTALL_HINT}"
-            ],
-            None,
-        )
-    reasons = _mismatch(info)
+    binary = _binary_path(part)
+    reasons = _record_reasons(part, _read_build_info(part), binary)
     if reasons:
         return None, reasons, None
+    assert binary is not None
+    if part != "cpu" and load("cpu") is None:  # the ops it implements are defined there
+        return None, [f"{_what(part)} needs {_what('cpu')}, which is unavailable"], None
     try:
-        module = _import_binary()
+        module = _import_binary(part)
     except Exception as exc:  # ImportError, OSError (undefined symbol, missing library), ...
         return None, [f"loading {binary.name} failed ({type(exc).__name__}: {exc})"], None
     built = module.build_info()
@@ -132,7 +156,7 @@ def _try_load() -> tuple[Optional[ModuleType], list[str], Optional[str]]:
         return (
             None,
             [
-                f"the extension has op version {built.get('ops_version')}, this package expects "
+                f"{binary.name} has op version {built.get('ops_version')}, this package expects "
                 f"{OPS_VERSION}: rebuild it"
             ],
             None,
@@ -140,53 +164,65 @@ def _try_load() -> tuple[Optional[ModuleType], list[str], Optional[str]]:
     return module, [], str(binary)
 
 
-def load() -> Optional[ModuleType]:
-    """The extension module, or None (then :func:`reasons` says why). Loads at most once."""
-    if _state["tried"]:  # the common case: no lock, so dynamo can trace it after the first load
-        return _state["module"]
+def load(part: str = "cpu") -> Optional[ModuleType]:
+    """The module of ``part`` ("cpu": posenc_fast._C, "cuda": posenc_fast._C_cuda), or None
+    (then :func:`reasons` says why). Loads each at most once; "cuda" loads "cpu" first."""
+    state = _state[part]
+    if state["tried"]:  # the common case: no lock, so dynamo can trace it after the first load
+        return state["module"]
+    if part != "cpu":
+        load("cpu")  # outside the lock: the lock is not reentrant
     with _lock:
-        if not _state["tried"]:
-            _state["tried"] = True
-            module, reasons, origin = _try_load()
-            _state.update(module=module, reasons=reasons, origin=origin)
-        return _state["module"]
+        if not state["tried"]:
+            module, reasons, origin = _try_load(part)
+            state.update(tried=True, module=module, reasons=reasons, origin=origin)
+        return state["module"]
 
 
-def reasons() -> list[str]:
-    """Why the extension is unavailable ([] when it is loaded)."""
-    load()
-    return list(_state["reasons"])
+def reasons(part: str = "cpu") -> list[str]:
+    """Why ``part`` is unavailable ([] when it is loaded)."""
+    load(part)
+    return list(_state[part]["reasons"])
 
 
-def extension_build_metadata() -> Optional[dict]:
-    """The build metadata recorded beside the binary (setup.py), or None."""
-    return _read_build_info()
+def extension_build_metadata(part: str = "cpu") -> Optional[dict]:
+    """The build record written beside ``part``'s binary (setup.py, jit_build), or None."""
+    return _read_build_info(part)
 
 
 def has_cuda() -> bool:
-    m = load()
-    return bool(m is not None and m.build_info().get("with_cuda"))
+    """Whether the CUDA part is loaded (it needs no GPU to load)."""
+    return load("cuda") is not None
+
+
+def _part_info(part: str) -> dict:
+    module = load(part)
+    out: dict[str, Any] = {
+        "module": module_name(part),
+        "available": module is not None,
+        "reasons": reasons(part),
+        "path": _state[part]["origin"],
+        "build_metadata": _read_build_info(part),
+    }
+    if module is None:
+        return out
+    out["build_info"] = dict(module.build_info())
+    if part == "cpu":
+        out["cpu_isa"] = module.cpu_isa()
+    else:
+        try:
+            out["cuda_runtime_version"] = module.cuda_runtime_version()
+        except Exception as exc:
+            out["cuda_runtime_version"] = f"unavailable ({exc})"
+    return out
 
 
 def extension_info() -> dict:
-    """What ``python -m posenc_fast info`` shows about the compiled extension."""
-    module = load()
-    out: dict[str, Any] = {
-        "available": module is not None,
-        "reasons": reasons(),
-        "path": _state["origin"],
-        "build_metadata": _read_build_info(),
-    }
-    if module is not None:
-        out["build_info"] = dict(module.build_info())
-        out["cpu_isa"] = module.cpu_isa()
-        if out["build_info"].get("with_cuda") and hasattr(module, "cuda_runtime_version"):
-            try:
-                out["cuda_runtime_version"] = module.cuda_runtime_version()
-            except Exception as exc:
-                out["cuda_runtime_version"] = f"unavailable ({exc})"
+    """What ``python -m posenc_fast info`` shows about the compiled extension: each part's
+    status, reasons and build record, and what the "cpp"/"cuda" backends make of it."""
     from .backends import extension_backends as eb
 
+    out: dict[str, Any] = {part: _part_info(part) for part in PARTS}
     out["backends"] = {
         "cpp": eb.CppBackend().environment_reasons(),
         "cuda": eb.CudaBackend().environment_reasons(),
@@ -201,84 +237,111 @@ def extension_info() -> dict:
 SOURCE_ROOT = PACKAGE_DIR.parent
 
 
+def _install_jit(part: str, record: dict, built: Optional[Path]) -> None:
+    """Put a JIT build into the package like an ahead-of-time one: the binary (or, after a
+    failure, no binary) and its build record."""
+    stem, suffix = _cfg.PARTS[part][0], sysconfig.get_config_var("EXT_SUFFIX")
+    target = PACKAGE_DIR / f"{stem}{suffix}"
+    if built is not None:
+        tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+        shutil.copy2(built, tmp)
+        os.replace(tmp, target)  # processes that mapped the old binary keep its inode
+        record = dict(record, binary=target.name)
+    elif target.exists():
+        target.unlink()  # an earlier build's binary, which the record no longer describes
+    record = dict(record, build_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    _cfg.write_json_atomic(_record_path(part), record)
+
+
+def _jit_part(part: str, plan: dict, build_root: Path, verbose: bool) -> ModuleType:
+    from torch.utils import cpp_extension
+
+    spec = plan[part]
+    build_dir = build_root / part
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return cpp_extension.load(
+        name=spec["module"],
+        sources=[str(SOURCE_ROOT / s) for s in spec["sources"]],
+        # load() writes these into its ninja file unquoted (setup.py's builds quote them):
+        # the shell would strip the quotes of -DPOSENC_FAST_CUDA_ARCHS="..." and split at ';'
+        extra_cflags=[shlex.quote(flag) for flag in spec["cxx"]],
+        extra_cuda_cflags=spec.get("nvcc"),
+        extra_ldflags=["-fopenmp"] if part == "cpu" else None,
+        extra_include_paths=[str(SOURCE_ROOT / "csrc")],
+        build_directory=str(build_dir),
+        with_cuda=part == "cuda",
+        is_python_module=True,
+        verbose=verbose,
+    )
+
+
 def jit_build(
     with_cuda: Optional[bool] = None, verbose: bool = False, install: bool = True
 ) -> ModuleType:
-    """Compile the extension from csrc/ with torch.utils.cpp_extension.load and load it.
+    """Compile the extension from csrc/ with torch.utils.cpp_extension.load and load it:
+    the CPU part, then the CUDA part where the checks allow it (with_cuda None), never
+    (False) or in any case (True). A CPU failure raises; a CUDA failure is recorded and
+    warned about, and the CPU part stays. Returns the CPU module.
 
-    with_cuda: None builds the CUDA part when torch has CUDA and a toolkit is found.
-    install: copy the binary into the package with its build metadata, so later processes
-    load it like an ahead-of-time build. Raises if this process already loaded one.
+    install: copy the binaries into the package with their build records, so later
+    processes load them like an ahead-of-time build. Raises if this process already
+    loaded a part.
     """
     from torch.utils import cpp_extension
 
     if not (SOURCE_ROOT / "csrc" / "module.cpp").exists():
         raise RuntimeError(f"no csrc/ beside {PACKAGE_DIR}: the JIT build needs a source checkout")
     with _lock:
-        if _state["module"] is not None:
+        if any(_state[p]["module"] is not None for p in PARTS):
             raise RuntimeError(
                 "the extension is already loaded in this process; build in a new process"
             )
-    if with_cuda is None:
-        with_cuda, cuda_decision = _cfg.cuda_availability(
-            torch.__version__, torch.version.cuda, cpp_extension.CUDA_HOME
-        )
-    else:
-        cuda_decision = f"jit_build(with_cuda={with_cuda})"
-    sources = [str(SOURCE_ROOT / s) for s in _cfg.CPU_SOURCES]
-    cflags = _cfg.cxx_flags()
-    nvcc_flags = _cfg.nvcc_flags()
-    archs = None
-    if with_cuda:
-        archs = _cfg.resolve_cuda_archs()
-        sources += [str(SOURCE_ROOT / s) for s in _cfg.CUDA_SOURCES]
-        cflags += ["-DPOSENC_FAST_WITH_CUDA", f'-DPOSENC_FAST_CUDA_ARCHS="{archs}"']
-        nvcc_flags += ["-DPOSENC_FAST_WITH_CUDA"]
-    build_dir = (
+    plan = _cfg.plan_build(
+        torch_version=torch.__version__,
+        torch_cuda_version=torch.version.cuda,
+        no_cuda="jit_build(with_cuda=False)" if with_cuda is False else None,
+        force_cuda="jit_build(with_cuda=True)" if with_cuda else None,
+    )
+    if plan["cuda"]["build"]:
+        _cfg.use_toolkit(cpp_extension, plan["toolkit"])
+    build_root = (
         SOURCE_ROOT / "build" / f"jit-{sys.implementation.cache_tag}-torch{torch.__version__}"
     )
-    build_dir.mkdir(parents=True, exist_ok=True)
-    name = "_C"
-    module = cpp_extension.load(
-        name=name,
-        sources=sources,
-        extra_cflags=cflags,
-        extra_cuda_cflags=nvcc_flags,
-        extra_ldflags=["-fopenmp"],
-        extra_include_paths=[str(SOURCE_ROOT / "csrc")],
-        build_directory=str(build_dir),
-        with_cuda=with_cuda,
-        is_python_module=True,
-        verbose=verbose,
-    )
-    if install:
-        suffix = sysconfig.get_config_var("EXT_SUFFIX")
-        built = Path(module.__file__)
-        shutil.copy2(built, PACKAGE_DIR / f"_C{suffix}")
-        record = _cfg.build_metadata(
-            torch_version=torch.__version__,
-            torch_cuda_version=torch.version.cuda,
-            with_cuda=with_cuda,
-            cuda_decision=cuda_decision,
-            cuda_home=cpp_extension.CUDA_HOME,
-            cuda_archs=archs,
-            debug=False,
-            cxx=cflags,
-            nvcc=nvcc_flags,
-        )
-        record.update(
-            built=True,
-            binary=f"_C{suffix}",
-            build_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            how="jit_build (torch.utils.cpp_extension.load)",
-        )
-        _cfg.write_json_atomic(BUILD_INFO, record)
+    how = {"how": "jit_build (torch.utils.cpp_extension.load)"}
+    modules: dict[str, Optional[ModuleType]] = {"cpu": None, "cuda": None}
+    errors: dict[str, str] = {}
+    for part in PARTS:
+        record = dict(plan[part]["record"], **how)
+        if part == "cuda" and not plan["cuda"]["build"]:
+            if install:
+                _install_jit(part, dict(record, built=False), None)
+            errors[part] = f"{_what(part)} was not built: {record['cuda_decision']}"
+            continue
+        try:
+            modules[part] = _jit_part(part, plan, build_root, verbose)
+        except Exception as exc:
+            error = _cfg.describe_error(exc)
+            if install:
+                _install_jit(part, dict(record, built=False, error=_cfg.error_record(error)), None)
+            if part == "cpu":
+                raise
+            errors[part] = f"building {_what(part)} failed ({_cfg.error_summary(error)})"
+            warnings.warn(f"posenc_fast: {errors[part]}; the CPU part is built", stacklevel=2)
+            continue
+        if install:
+            _install_jit(part, dict(record, built=True), Path(modules[part].__file__))
     with _lock:
-        sys.modules[MODULE_NAME] = module
-        _state.update(
-            tried=True, module=module, reasons=[], origin=str(getattr(module, "__file__", ""))
-        )
-    return module
+        for part in PARTS:
+            module = modules[part]
+            if module is not None:
+                sys.modules[module_name(part)] = module
+            _state[part].update(
+                tried=True,
+                module=module,
+                reasons=[errors[part]] if part in errors else [],
+                origin=str(getattr(module, "__file__", "")) if module is not None else None,
+            )
+    return modules["cpu"]
 
 
 def _main(argv: list[str]) -> int:
@@ -289,15 +352,24 @@ def _main(argv: list[str]) -> int:
     b = sub.add_parser(
         "build", help="JIT-build the extension from csrc/ and install it into the package"
     )
-    b.add_argument("--cuda", choices=("auto", "yes", "no"), default="auto")
+    b.add_argument(
+        "--cuda",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="the CUDA part: where torch and the toolkit allow it (auto), attempted in any "
+        "case (yes), not built (no)",
+    )
     b.add_argument("--no-install", action="store_true")
     b.add_argument("-v", "--verbose", action="store_true")
     sub.add_parser("info", help="print the extension's status as JSON")
     args = parser.parse_args(argv)
     if args.cmd == "build":
         with_cuda = {"auto": None, "yes": True, "no": False}[args.cuda]
-        m = jit_build(with_cuda=with_cuda, verbose=args.verbose, install=not args.no_install)
-        print(json.dumps(dict(m.build_info()), indent=2, sort_keys=True))
+        jit_build(with_cuda=with_cuda, verbose=args.verbose, install=not args.no_install)
+        status = {
+            part: {"available": load(part) is not None, "reasons": reasons(part)} for part in PARTS
+        }
+        print(json.dumps(status, indent=2, sort_keys=True))
         return 0
     print(json.dumps(extension_info(), indent=2, sort_keys=True, default=str))
     return 0

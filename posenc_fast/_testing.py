@@ -49,6 +49,16 @@ def randomize_parameters(module, seed: int, scale: float = 1.0, fan_in: bool = F
             p.copy_(randn(p.shape, g, p.dtype, p.device, std))
 
 
+def neighbour_similarity(encodings: torch.Tensor, h: int, w: int) -> float:
+    """Mean cosine similarity of the encodings [h*w, D] of horizontally and vertically
+    adjacent cells of an h x w grid (rows first, as grid_positions orders them): near 1
+    for encodings that barely change between neighbours."""
+    e = encodings.detach().reshape(h, w, -1).double()
+    cos = torch.nn.functional.cosine_similarity
+    pairs = [cos(e[:, 1:], e[:, :-1], dim=-1).flatten(), cos(e[1:], e[:-1], dim=-1).flatten()]
+    return torch.cat(pairs).mean().item()
+
+
 @dataclass(frozen=True)
 class LffCase:
     batch: tuple  # leading batch shape (N, or e.g. (B, N))
@@ -175,21 +185,41 @@ ENCODING_CASES: Sequence[EncodingCase] = tuple(
 )
 
 
-def backends_for(
-    op: str, device: str, dtype: Optional[torch.dtype] = None, include_reference=False
-) -> list[str]:
-    """Backends usable here that implement ``op`` on ``device`` (and ``dtype``)."""
-    out = []
+def _implementing(op: str, device: str, dtype: Optional[torch.dtype], include_reference: bool):
+    """(name, backend) of every backend that implements ``op`` on ``device`` in ``dtype``."""
     for name in backends.BACKEND_NAMES:
         if name == "reference" and not include_reference:
             continue
         b = backends.get(name)
-        if b.environment_reasons() or not b.implements(op, device):
+        if not b.implements(op, device):
             continue
         sup = b.SUPPORT[op]
         if dtype is not None and sup.dtypes is not None and dtype not in sup.dtypes:
             continue
-        out.append(name)
+        yield name, b
+
+
+def backends_for(
+    op: str, device: str, dtype: Optional[torch.dtype] = None, include_reference=False
+) -> list[str]:
+    """Backends usable here that implement ``op`` on ``device`` (and ``dtype``)."""
+    return [
+        name
+        for name, b in _implementing(op, device, dtype, include_reference)
+        if not b.environment_reasons()
+    ]
+
+
+def unavailable_backends(
+    op: str, device: str, dtype: Optional[torch.dtype] = None
+) -> dict[str, list[str]]:
+    """{name: reasons} of the backends that implement ``op`` on ``device`` (and ``dtype``)
+    but cannot run in this environment (e.g. triton under a Triton interpreter too old)."""
+    out = {}
+    for name, b in _implementing(op, device, dtype, include_reference=False):
+        reasons = b.environment_reasons()
+        if reasons:
+            out[name] = reasons
     return out
 
 
@@ -273,3 +303,77 @@ def count_floater_integrations():
             del b.floater_forward
 
     return seen, restore
+
+
+# -- rotary (LightGlue) --------------------------------------------------------------------
+# Both layouts, positions per batch row and shared by the batch, fewer key heads than query
+# heads, rotary_dim < head_dim (odd head_dim too), N = 0 and 1, B = 0, strided q (a slice
+# of a fused qkv tensor, as in LightGlue), sizes past one block of the kernels.
+
+
+@dataclass(frozen=True)
+class RotaryCase:
+    batch: int
+    heads_q: int
+    heads_k: int
+    n: int
+    head_dim: int
+    rotary_dim: int
+    pos_dim: int
+    layout: str = "bhnd"
+    shared_x: bool = False  # positions [N, M] shared by the batch
+    fused_qkv: bool = False  # q, k, v as slices of one [..., heads, head_dim, 3] tensor
+
+    @property
+    def id(self) -> str:
+        s = (
+            f"B{self.batch}-H{self.heads_q}.{self.heads_k}-N{self.n}-D{self.head_dim}"
+            f"-F{self.rotary_dim}-M{self.pos_dim}-{self.layout}"
+        )
+        return s + ("-shared" if self.shared_x else "") + ("-qkv" if self.fused_qkv else "")
+
+
+ROTARY_CASES: Sequence[RotaryCase] = (
+    RotaryCase(2, 4, 4, 37, 16, 16, 2, fused_qkv=True),  # LightGlue's self-attention
+    RotaryCase(1, 3, 1, 19, 12, 8, 3, "bnhd"),
+    RotaryCase(3, 2, 2, 5, 7, 4, 1, shared_x=True),
+    RotaryCase(2, 1, 2, 1, 2, 2, 4, "bnhd", shared_x=True),
+    RotaryCase(1, 2, 1, 70, 164, 160, 2),  # two tiles of positions, two of frequencies
+    RotaryCase(2, 2, 2, 0, 8, 8, 2),
+    RotaryCase(0, 2, 2, 4, 8, 8, 2, "bnhd"),
+)
+ROTARY_TABLE_SHAPES = [(2, 17, 2, 16), (5, 1, 4), (2, 3, 9, 4, 8), (0, 3, 6), (1, 70, 2, 160)]
+
+
+def _rotary_qk_shape(case: RotaryCase, heads: int) -> tuple:
+    if case.layout == "bhnd":
+        return (case.batch, heads, case.n, case.head_dim)
+    return (case.batch, case.n, heads, case.head_dim)
+
+
+def rotary_inputs(case: RotaryCase, dtype, device, seed: int):
+    """(q, k, x, wr): q, k in ``dtype``; x and wr float64 for float64 q, else float32."""
+    g = generator(seed)
+    pdt = torch.float64 if dtype == torch.float64 else torch.float32
+    if case.fused_qkv:
+        # LightGlue's SelfBlock: qkv [B, N, heads * head_dim * 3] unflattened to
+        # [B, N, heads, head_dim, 3], heads moved before N, q = [..., 0]: channel stride 3.
+        qkv = randn((case.batch, case.n, case.heads_q, case.head_dim, 3), g, dtype)
+        qkv = qkv.to(device).transpose(1, 2)
+        q, k = qkv[..., 0], qkv[..., 1]
+    else:
+        q = randn(_rotary_qk_shape(case, case.heads_q), g, dtype, device)
+        k = randn(_rotary_qk_shape(case, case.heads_k), g, dtype, device)
+    x_shape = (case.n, case.pos_dim) if case.shared_x else (case.batch, case.n, case.pos_dim)
+    x = randn(x_shape, g, pdt, device, 3.0)
+    wr = randn((case.rotary_dim // 2, case.pos_dim), g, pdt, device)
+    return q, k, x, wr
+
+
+def rotary_table_inputs(shape, dtype, device, seed):
+    """(x [..., N, M] float32 (float64 for float64), wr [F/2, M] in ``dtype``)."""
+    g = generator(seed)
+    pdt = torch.float64 if dtype == torch.float64 else torch.float32
+    x = randn(shape[:-1], g, pdt, device, 3.0)
+    wr = randn((shape[-1] // 2, shape[-2]), g, dtype, device)
+    return x, wr

@@ -1,9 +1,10 @@
 """Fixed encodings: sinusoidal (Vaswani et al.; FLOATER Eq. 7) and DFT (Idé et al.).
 
 Path of a call: public function (checks) -> ``backends.choose`` -> the custom op
-``posenc_fast::encoding`` / ``encoding_add`` (ops/encodings.py) -> the backend's kernel.
-The modules ``SinusoidalPE`` and ``DFTPE`` add the encoding to their input in the same
-pass (``encoding_add``): the input is read once and the sum written once.
+``posenc_fast::encoding`` / ``encoding_add`` / ``encoding_nd_add`` (ops/encodings.py) ->
+the backend's kernel. The modules ``SinusoidalPE``, ``DFTPE`` and ``SinusoidalNdPE`` add
+the encoding to their input in the same pass: the input is read once and the sum written
+once.
 """
 
 from __future__ import annotations
@@ -22,20 +23,34 @@ from .torch_impl._common import device_constant
 KINDS = ("sinusoidal", "dft")
 
 
-def _encoding_dtype(positions: Tensor) -> torch.dtype:
+def _encoding_dtype(positions: Tensor, dtype=None) -> torch.dtype:
+    """``dtype`` if given, else the positions' floating dtype (the default dtype for
+    integer positions)."""
+    if dtype is not None:
+        return _checks.float_dtype("dtype", dtype)
     return positions.dtype if positions.is_floating_point() else torch.get_default_dtype()
 
 
 def _choose(
-    kind: str, device: torch.device, dtype, dim: int, positions: Tensor, backend: str
+    kind: str,
+    device: torch.device,
+    dtype,
+    dim: int,
+    positions: Tensor,
+    backend: str,
+    op: str = "encoding",
+    axes: int = 1,
 ) -> str:
+    """The backend for an encoding of ``positions`` (op "encoding"), or for the fused add
+    of the encodings of ``axes`` coordinates per row (op "encoding_nd", dim per axis)."""
+    nd = op == "encoding_nd"
     problem = Problem(
-        op="encoding",
+        op=op,
         device=device.type,
         dtype=dtype,
-        sizes={"dim": dim},
+        sizes={"dim": dim, "axes": axes} if nd else {"dim": dim},
         options={"kind": kind},
-        input_dtypes={"positions": positions.dtype},
+        input_dtypes={"coords" if nd else "positions": positions.dtype},
     )
     return backends.choose(problem, backend)
 
@@ -49,13 +64,13 @@ def _check_dim(kind: str, dim) -> int:
     return _checks.even_positive_int("dim", dim)
 
 
-def _encode(kind: str, positions, dim, base: float, block, backend: str) -> Tensor:
+def _encode(kind: str, positions, dim, base: float, block, backend: str, dtype=None) -> Tensor:
     _checks.real_positions("positions", positions)
     _check_dim(kind, dim)
     base = _checks.positive_float("base", base)
     if block is not None:
         block = _checks.finite_float("block", block)
-    out_dtype = _encoding_dtype(positions)
+    out_dtype = _encoding_dtype(positions, dtype)
     name = _choose(kind, positions.device, out_dtype, dim, positions, backend)
     if name == "reference":
         if kind == "dft":
@@ -70,35 +85,52 @@ def sinusoidal(
     base: float = 10000.0,
     block: Optional[float] = None,
     backend: str = "auto",
+    dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
     """Sinusoidal encoding, interleaved: [...] -> [..., dim].
 
-    out[..., 2i] = sin(p / base^(2i/dim)), out[..., 2i+1] = cos(p / base^(2i/dim)).
-    ``block=n`` adds the same encoding of the block index n (FLOATER's per-block Eq. 7).
-    positions: floating or integer, any shape. The result has the positions' floating
-    dtype (the default dtype for integer positions); phases are reduced in float64.
+    out[..., 2i] = sin(p / base^(2i/dim)), out[..., 2i+1] = cos(p / base^(2i/dim)): the
+    frequencies run from 1 radian per unit of position down to 1/base (README, "Choosing
+    gamma and base"). ``block=n`` adds the same encoding of the block index n (FLOATER's
+    per-block Eq. 7). positions: floating or integer, any shape. The result has ``dtype``,
+    by default the positions' floating dtype (the default dtype for integer positions);
+    phases are always reduced in float32 or better, whatever ``dtype``.
     """
-    return _encode("sinusoidal", positions, dim, base, block, backend)
+    return _encode("sinusoidal", positions, dim, base, block, backend, dtype)
 
 
-def sinusoidal_nd(
-    coords: Tensor, dim_per_axis: int, base: float = 10000.0, backend: str = "auto"
-) -> Tensor:
-    """Each of the M coordinates encoded by ``sinusoidal`` and concatenated in coordinate
-    order (the papers' Sine-2D / Sine-4D baselines): [..., M] -> [..., M * dim_per_axis]."""
+def _check_coords(coords) -> Tensor:
     _checks.real_positions("coords", coords)
     if coords.dim() < 1:
         raise ValueError("coords must have shape [..., M] (at least 1 dimension), got a scalar")
+    return coords
+
+
+def sinusoidal_nd(
+    coords: Tensor,
+    dim_per_axis: int,
+    base: float = 10000.0,
+    backend: str = "auto",
+    dtype: Optional[torch.dtype] = None,
+) -> Tensor:
+    """Each of the M coordinates encoded by ``sinusoidal`` and concatenated in coordinate
+    order (the papers' Sine-2D / Sine-4D baselines): [..., M] -> [..., M * dim_per_axis],
+    in ``dtype`` (default as for :func:`sinusoidal`: pass the model's dtype for integer
+    grid indices in a bfloat16 model). :class:`SinusoidalNdPE` fuses the add into x."""
+    _check_coords(coords)
     _checks.even_positive_int("dim_per_axis", dim_per_axis)
-    return _encode("sinusoidal", coords, dim_per_axis, base, None, backend).flatten(-2)
+    return _encode("sinusoidal", coords, dim_per_axis, base, None, backend, dtype).flatten(-2)
 
 
-def dft(positions: Tensor, dim: int, backend: str = "auto") -> Tensor:
+def dft(
+    positions: Tensor, dim: int, backend: str = "auto", dtype: Optional[torch.dtype] = None
+) -> Tensor:
     """DFT positional encoding (Idé et al., Eq. 21): [...] -> [..., dim], layout
     (a0, a1..aK, b1..bK, b0) with K = dim/2 - 1, w_k = 2 pi k / dim:
     a0 = 1/sqrt(dim), a_k = sqrt(2/dim) cos(w_k s), b_k = sqrt(2/dim) sin(w_k s),
-    b0 = cos(pi s)/sqrt(dim). dim must be even. Real-valued positions are allowed."""
-    return _encode("dft", positions, dim, 1.0, None, backend)
+    b0 = cos(pi s)/sqrt(dim). dim must be even. Real-valued positions are allowed. The
+    result has ``dtype``, by default as for :func:`sinusoidal`."""
+    return _encode("dft", positions, dim, 1.0, None, backend, dtype)
 
 
 def dft_inverse(encoding: Tensor, backend: str = "auto") -> Tensor:
@@ -185,6 +217,71 @@ class SinusoidalPE(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, base={self.base}" + (
+            f", backend={self.backend!r}" if self.backend != "auto" else ""
+        )
+
+
+def _add_encoding_nd(x, coords, dim: int, axes: int, base: float, backend: str) -> Tensor:
+    """x + sinusoidal_nd(coords) for SinusoidalNdPE; x [..., dim], coords [..., axes]
+    broadcast against x.shape[:-1]."""
+    _checks.tensor("x", x)
+    if x.dim() < 1 or x.shape[-1] != dim:
+        raise ValueError(f"x must have shape [..., dim={dim}], got {list(x.shape)}")
+    _checks.float_tensor("x", x)
+    _check_coords(coords)
+    _checks.same_device("x", x, coords=coords)
+    try:
+        ok = coords.shape[-1] == axes and (
+            torch.broadcast_shapes(coords.shape[:-1], x.shape[:-1]) == x.shape[:-1]
+        )
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"coords must have shape [..., axes={axes}] with [...] broadcasting to "
+            f"x.shape[:-1] = {list(x.shape[:-1])}, got {list(coords.shape)}"
+        )
+    per_axis = dim // axes
+    name = _choose("sinusoidal", x.device, x.dtype, per_axis, coords, backend, "encoding_nd", axes)
+    if name == "reference":
+        ref = _reference.sinusoidal_nd(coords, per_axis, base)
+        return (x.to(torch.float64) + ref).to(x.dtype)
+    return torch.ops.posenc_fast.encoding_nd_add(x, coords, "sinusoidal", base, name)
+
+
+class SinusoidalNdPE(nn.Module):
+    """x + sinusoidal_nd(coords, dim // axes): ``forward(x [..., dim], coords [..., axes])``.
+
+    The Sine-2D (``axes=2``) / Sine-nD encoding of each token's coordinates, added to the
+    tokens in one pass (x read once, the sum written once, in x's dtype; the gradient to
+    coords is exact). coords broadcast against x.shape[:-1] + [axes], e.g. a grid's
+    [L, 2] against x [B, L, dim]. dim must be a multiple of 2 * axes.
+
+    Example::
+
+        pe = posenc_fast.SinusoidalNdPE(dim=256, axes=2, base=100.0)
+        rc = posenc_fast.grid_positions(h, w, normalize=False)  # [h*w, 2] (row, col)
+        tokens = pe(tokens, rc)                                  # [B, h*w, 256]
+    """
+
+    def __init__(self, dim: int, axes: int = 2, base: float = 10000.0, backend: str = "auto"):
+        super().__init__()
+        _checks.positive_int("dim", dim)
+        self.axes = _checks.positive_int("axes", axes)
+        if dim % (2 * axes):
+            raise ValueError(
+                f"dim must be a multiple of 2 * axes = {2 * axes} (an even number of "
+                f"channels per axis), got {dim}"
+            )
+        self.dim = dim
+        self.base = _checks.positive_float("base", base)
+        self.backend = backends.validate_name(backend)
+
+    def forward(self, x: Tensor, coords: Tensor) -> Tensor:
+        return _add_encoding_nd(x, coords, self.dim, self.axes, self.base, self.backend)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, axes={self.axes}, base={self.base}" + (
             f", backend={self.backend!r}" if self.backend != "auto" else ""
         )
 

@@ -10,13 +10,12 @@ The semantics are written out in posenc_fast/reference/floater.py.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from . import _checks, backends
+from . import _checks, _floater_cache, backends
 from .ops import floater as _ops
 from .reference import floater as _reference
 
@@ -31,6 +30,18 @@ INIT_OUTPUT_SCALE = 1e-2
 
 def _is_compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def _is_exporting() -> bool:
+    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5 has it
+    return bool(is_exporting and is_exporting())
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the ODE is integrated in for parameters of ``dtype``: theirs when float32
+    or float64, float32 for float16/bfloat16 (a half-precision state would accumulate its
+    rounding over hundreds of steps; autocast keeps float32 for such work too)."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def _check_times(times, dtype: torch.dtype) -> Tensor:
@@ -79,22 +90,28 @@ def _check_floater_args(
     _checks.choice("method", method, METHODS)
     _checks.choice("activation", activation, ACTIVATIONS)
     if not check_values:  # times built by the module: valid by construction
-        return times.to(p0.dtype)
-    return _check_times(times, p0.dtype)
+        return times.to(state_dtype(p0.dtype))
+    return _check_times(times, state_dtype(p0.dtype))
 
 
 def _run(p0, w1, b1, w2, b2, times, substeps, method, activation, backend, check_values=True):
-    """(out, name of the backend that ran it)."""
+    """(out in :func:`state_dtype` of p0's dtype, name of the backend that ran it)."""
     times = _check_floater_args(
         p0, w1, b1, w2, b2, times, substeps, method, activation, check_values
     )
+    # Half-precision weights: integrate in float32 (differentiable casts, so gradients
+    # reach the half-precision tensors).
+    p0, w1, b1, w2, b2 = (t.to(times.dtype) for t in (p0, w1, b1, w2, b2))
     if backend == "reference" or not _is_compiling():
         name = backends.choose(_ops.problem(p0, w1, times, substeps, method, activation), backend)
     else:
         # The dispatcher asks each backend whether it can run here, which may load the C++
         # extension under a lock: dynamo cannot trace that. The op resolves "auto" when it
-        # runs instead (same dispatcher, same answer).
+        # runs instead (same dispatcher, same answer), unless POSENC_FAST_BACKEND names
+        # the reference, which has no op.
         name = backends.validate_name(backend)
+        if backends.resolve_env(name) == "reference":
+            name = "reference"
     if name == "reference":
         out = _reference.floater(p0, w1, b1, w2, b2, times, substeps, method, activation, p0.dtype)
     else:
@@ -122,9 +139,11 @@ def floater(
     to the input of each layer, as in the paper's official code; h is shared by all states.
 
     Args:
-        p0: initial values [S, d], float32 or float64 (one state per block / projection).
+        p0: initial values [S, d] (one state per block / projection). float32 and float64
+            are integrated in their own dtype, float16 and bfloat16 in float32.
         w1 [d+1, H], b1 [H], w2 [H+1, d], b2 [d]: the dynamics, in p0's dtype.
-        times: [L] sample times, non-decreasing, >= 0 (any real dtype; converted to p0's).
+        times: [L] sample times, non-decreasing, >= 0 (any real dtype; converted to the
+            dtype of the integration).
         substeps: equal solver steps per interval between consecutive sample times (and
             from 0 to times[0]).
         method: "rk4" (classic Runge-Kutta), "rk38" (3/8 rule; torchdiffeq's "rk4"),
@@ -135,11 +154,11 @@ def floater(
     Returns:
         [S, L, d] in p0's dtype: out[:, j] = p(times[j]). Gradients (to p0, the weights and
         times) are exact for the discretised solution (backpropagation through the solver
-        steps), with memory O(S*L*d). Autocast does not apply: the state is integrated and
-        returned in p0's dtype under torch.autocast too (a half-precision state would
-        accumulate its rounding over hundreds of steps), and the same holds for the modules.
+        steps), with memory O(S*L*d). Autocast does not apply: the dtype follows p0 under
+        torch.autocast too, and the same holds for the modules.
     """
-    return _run(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)[0]
+    out = _run(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)[0]
+    return out.to(p0.dtype)
 
 
 class _StoredStates(torch.autograd.Function):
@@ -159,18 +178,6 @@ class _StoredStates(torch.autograd.Function):
         needs = [bool(n) for n in ctx.needs_input_grad[1:7]]
         grads = _ops.gradients(grad, out, inputs, *ctx.config, needs)
         return (None, *grads, None, None, None, None)
-
-
-@dataclass
-class _Entry:
-    """A cached result: ``out`` [S, Lc, d] (detached) and what it is valid for."""
-
-    out: Tensor
-    out_version: int  # out._version when stored: an in-place edit of a returned view shows here
-    key: tuple  # the configuration: dtype, device, delta_t, substeps, method, ... (_key)
-    params: tuple  # detached copies of the parameters' values when computed
-    backend: str
-    times: Optional[Tensor] = None  # times-mode entries: the times, for comparison by value
 
 
 class Floater(nn.Module):
@@ -195,13 +202,16 @@ class Floater(nn.Module):
       the cache was computed with; parameters re-materialised with unchanged values (FSDP2
       gathers them into fresh storage on every forward) keep it. :meth:`clear_cache` drops
       it; copies (``copy.deepcopy``, pickling, ``torch.save`` of the module) start without
-      it.
+      it. Under torch.compile the same cache serves compiled eval calls (through the op
+      posenc_fast::floater_cached, which returns a copy); torch.export does not cache.
     - ``refresh_every=k`` (training mode): compute a differentiable result on one call in
       k and return that result's values, detached, on the k - 1 calls in between (the
       official code's trick to save time; the dynamics then receive gradients only on
       refresh calls, so DistributedDataParallel needs find_unused_parameters=True).
       Default 1: every training call recomputes, and every parameter receives a gradient
-      on every call (DDP's default settings work).
+      on every call (DDP's default settings work). Ignored under torch.compile.
+    - Half-precision parameters (``model.to(torch.bfloat16)``): the ODE is integrated in
+      float32 and the result returned in their dtype; gradients reach them.
     - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 small
       (U(+-0.01 / sqrt(H+1))), b2 = 0, so h is close to 0 and the output near zero: a model
       starts as if it had no FLOATER term (Sec. 3.3). With every parameter zero the output
@@ -248,8 +258,7 @@ class Floater(nn.Module):
         self.b1 = nn.Parameter(torch.empty(hidden_dim, **factory))
         self.w2 = nn.Parameter(torch.empty(hidden_dim + 1, dim, **factory))
         self.b2 = nn.Parameter(torch.empty(dim, **factory))
-        self._entries: dict[str, _Entry] = {}
-        self._reused = 0  # calls served from the stored result since the last refresh
+        self._cache = _floater_cache.FloaterCache()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -264,189 +273,113 @@ class Floater(nn.Module):
         self.clear_cache()
 
     def clear_cache(self) -> None:
-        self._entries = {}
-        self._reused = 0
-
-    def __getstate__(self):
-        # Copies and pickles leave the cache behind: it is derived data, [S, L, d] states
-        # plus a copy of every parameter, which would otherwise be written into checkpoints.
-        state = self.__dict__.copy()
-        state["_entries"], state["_reused"] = {}, 0
-        return state
+        self._cache.clear()
 
     # -- computation -------------------------------------------------------------------
 
-    def _params(self) -> tuple[Tensor, ...]:
-        return (self.p0, self.w1, self.b1, self.w2, self.b2)
+    def _state_dtype(self) -> torch.dtype:
+        return state_dtype(self.p0.dtype)
+
+    def _inputs(self) -> tuple[Tensor, ...]:
+        """The parameters in the dtype of the integration (differentiable casts; no-ops
+        for float32/float64 parameters)."""
+        dtype = self._state_dtype()
+        return tuple(p.to(dtype) for p in (self.p0, self.w1, self.b1, self.w2, self.b2))
 
     def length_times(self, length: int) -> Tensor:
-        """t_i = i * delta_t, i = 0..length-1, in the parameters' dtype (rounded once from
-        float64, so a prefix of a longer sequence is bitwise the shorter one)."""
+        """t_i = i * delta_t, i = 0..length-1, in the dtype of the integration (the
+        parameters' dtype, float32 for half-precision ones), rounded once from float64, so
+        a prefix of a longer sequence is bitwise the shorter one."""
         t = torch.arange(length, dtype=torch.float64, device=self.p0.device) * self.delta_t
-        return t.to(self.p0.dtype)
+        return t.to(self._state_dtype())
 
-    def _compute(self, times: Tensor, check_values: bool = False) -> tuple[Tensor, str]:
+    def _integrate(self, inputs, times: Tensor, backend: str) -> tuple[Tensor, str]:
         """(states at ``times``, backend name); forward() has validated ``times``."""
-        return _run(
-            *self._params(),
-            times,
-            self.substeps,
-            self.method,
-            self.activation,
-            self.backend,
-            check_values,
-        )
+        config = (self.substeps, self.method, self.activation)
+        return _run(*inputs, times, *config, backend, check_values=False)
 
-    def _extend(self, entry: _Entry, length: int) -> Tensor:
-        """States for 0..length-1 from cached states for 0..Lc-1: integrate onwards from the
-        last cached state. The op integrates from time 0, so time is shifted by
-        t0 = (Lc-1) delta_t, which h sees only through its biases: h(t0 + s, p) uses
-        b1 + t0 w1[d] and b2 + t0 w2[H] at time s."""
-        old = entry.out
-        Lc = old.shape[1]
-        t = self.length_times(length)
-        t0 = t[Lc - 1]
-        d, H = self.dim, self.hidden_dim
-        b1 = self.b1 + t0 * self.w1[d]
-        b2 = self.b2 + t0 * self.w2[H]
-        new, _ = _run(
-            old[:, -1],
-            self.w1,
-            b1,
-            self.w2,
-            b2,
-            t[Lc:] - t0,
-            self.substeps,
-            self.method,
-            self.activation,
-            entry.backend,
-            check_values=False,
-        )
-        return torch.cat([old, new], dim=1)
+    def _compute(self, times: Tensor) -> Tensor:
+        return self._integrate(self._inputs(), times, self.backend)[0]
 
-    # -- cache -------------------------------------------------------------------------
-
-    def _key(self) -> tuple:
-        """The configuration a result depends on besides the parameters' values."""
-        return (
-            self.p0.dtype,
-            self.p0.device,
-            self.delta_t,
-            self.substeps,
-            self.method,
-            self.activation,
-            self.backend,
-        )
-
-    def _valid(self, entry: Optional[_Entry]) -> bool:
-        """Whether ``entry`` still describes the current parameters and configuration."""
-        if entry is None or not self._entry_intact(entry):
-            return False
-        if entry.key != self._key():
-            return False  # configuration, dtype or device
-        # The values decide (the parameters are small; this costs a few microseconds).
-        # Fused optimizers and .data writes change them without bumping _version, and FSDP2
-        # gathers unchanged values into fresh storage on every forward (new data_ptr and
-        # _version), so neither pointers nor versions can.
-        return all(torch.equal(a, b) for a, b in zip(entry.params, self._params()))
-
-    @staticmethod
-    def _entry_intact(entry: _Entry) -> bool:
-        """False when a returned view of ``entry.out`` was edited in place."""
-        return entry.out._version == entry.out_version
-
-    @staticmethod
-    def _serve(entry: _Entry, mode: str, length: Optional[int], t: Tensor) -> Optional[Tensor]:
-        """The stored values answering this call when ``entry`` covers it, or None."""
-        if mode == "times":
-            same = entry.times.shape == t.shape and torch.equal(entry.times, t)
-            return entry.out if same else None
-        return entry.out[:, :length] if length <= entry.out.shape[1] else None
-
-    def _store(self, mode: str, out: Tensor, backend: str, times: Optional[Tensor]) -> None:
-        out = out.detach()
-        params = tuple(t.detach().clone() for t in self._params())
-        stored_times = None if times is None else times.detach().clone()
-        self._entries[mode] = _Entry(out, out._version, self._key(), params, backend, stored_times)
-
-    def _lookup(self, mode: str, length: Optional[int], times: Tensor) -> Optional[Tensor]:
-        """The cached values for this call (extending the cache if needed), or None."""
-        entry = self._entries.get(mode)
-        if not self._valid(entry):
-            return None
-        values = self._serve(entry, mode, length, times)
-        if values is not None or mode == "times" or entry.out.shape[1] == 0:
-            return values
-        with torch.no_grad():
-            out = self._extend(entry, length)
-        self._store(mode, out, entry.backend, None)
-        return out
+    def _config_key(self, inputs) -> tuple:
+        return _floater_cache.key(inputs, self.substeps, self.method, self.activation, self.backend)
 
     def forward(self, length: Optional[int] = None, times: Optional[Tensor] = None) -> Tensor:
-        """length: int >= 0 (times i * delta_t), or times: [L] -> [num_states, L, dim]."""
+        """length: int >= 0 (times i * delta_t), or times: [L] -> [num_states, L, dim].
+
+        ``length`` may be symbolic (a dynamic dimension under torch.export or
+        torch.compile). The result has the parameters' dtype."""
         if (length is None) == (times is None):
             raise ValueError("pass exactly one of length or times")
         if length is not None:
-            if isinstance(length, bool) or not isinstance(length, int):
-                raise TypeError(f"length must be an int, got {type(length).__name__}")
-            if length < 0:
-                raise ValueError(f"length must be >= 0, got {length}")
-            t = self.length_times(length)
+            t = self.length_times(_checks.size("length", length, minimum=0))
         else:
             # Device first: the value checks in _check_times read the tensor back (a meta
             # tensor would fail there with an error that names no argument).
             _checks.real_positions("times", times)
             _checks.same_device("the module (p0)", self.p0, times=times)
-            t = _check_times(times, self.p0.dtype)
-        training_step = self.training and torch.is_grad_enabled()
-        if (training_step and self.refresh_every == 1) or _is_compiling():
-            # The plain path: no cache. Under torch.compile always (the cache's bookkeeping,
-            # version counters and value comparisons, is not traceable), so compiled graphs
-            # stay whole.
-            return self._compute(t)[0]
+            t = _check_times(times, self._state_dtype())
         mode = "length" if length is not None else "times"
+        return self._states(mode, t).to(self.p0.dtype)
+
+    def _states(self, mode: str, t: Tensor) -> Tensor:
+        training_step = self.training and torch.is_grad_enabled()
+        if _is_compiling():
+            return self._compiled_states(mode, t, training_step)
         if training_step:
-            return self._refresh_step(mode, length, t)
+            if self.refresh_every == 1:
+                return self._compute(t)
+            return self._refresh_step(mode, t)
         if torch.is_inference_mode_enabled():
             # Tensors made in inference mode have no version counter, which the cache needs
             # to notice edits of what it handed out: build and keep the cache outside it.
             with torch.inference_mode(False), torch.no_grad():
-                return self._cached(mode, length, t)
-        return self._cached(mode, length, t)
+                return self._cached(mode, t)
+        return self._cached(mode, t)
 
-    def _refresh_step(self, mode: str, length: Optional[int], t: Tensor) -> Tensor:
-        entry = self._entries.get(mode)
-        if (
-            entry is not None
-            and self._reused < self.refresh_every - 1
-            and self._entry_intact(entry)
-        ):
-            values = self._serve(entry, mode, length, t)
+    def _compiled_states(self, mode: str, t: Tensor, training_step: bool) -> Tensor:
+        """Under torch.compile the cache's bookkeeping runs inside the opaque op
+        posenc_fast::floater_cached, so a compiled graph stays whole and its eval calls
+        are served from the same cache as eager ones. Not cached there: training steps
+        (refresh_every included: whether a call refreshes decides whether its result has a
+        graph, which one compiled graph cannot vary), torch.export (an exported program
+        must be a pure function of its inputs) and the reference backend (no op)."""
+        reference = backends.resolve_env(self.backend) == "reference"
+        if training_step or _is_exporting() or reference:
+            return self._compute(t)
+        config = (self.substeps, self.method, self.activation, self.backend)
+        return torch.ops.posenc_fast.floater_cached(
+            *self._inputs(), t, *config, self._cache.id, mode
+        )
+
+    def _refresh_step(self, mode: str, t: Tensor) -> Tensor:
+        cache = self._cache
+        entry = cache.entries.get(mode)
+        if entry is not None and cache.reused < self.refresh_every - 1 and entry.intact():
+            values = _floater_cache.serve(entry, mode, t)
             if values is not None:
-                self._reused += 1
+                cache.reused += 1
                 return values
-        out, backend = self._compute(t)
-        self._store(mode, out, backend, t if mode == "times" else None)
-        self._reused = 0
+        inputs = self._inputs()
+        out, backend = self._integrate(inputs, t, self.backend)
+        _floater_cache.store(cache, mode, out, inputs, t, self._config_key(inputs), backend)
+        cache.reused = 0
         return out
 
-    def _cached(self, mode: str, length: Optional[int], t: Tensor) -> Tensor:
-        values = self._lookup(mode, length, t)
-        if values is None:
-            with torch.no_grad():
-                values, backend = self._compute(t)
-            self._store(mode, values, backend, t if mode == "times" else None)
-            values = values.detach()
+    def _cached(self, mode: str, t: Tensor) -> Tensor:
+        inputs = self._inputs()
+        values, backend = _floater_cache.cached_states(
+            self._cache, mode, inputs, t, self._config_key(inputs), self._integrate
+        )
         wants_grad = torch.is_grad_enabled() and (
-            any(p.requires_grad for p in self._params()) or t.requires_grad
+            any(p.requires_grad for p in inputs) or t.requires_grad
         )
         if not wants_grad:
             return values
-        backend = self._entries[mode].backend
         if backend == "reference":  # no hand-written backward to attach: recompute
-            return self._compute(t)[0]
+            return self._compute(t)
         return _StoredStates.apply(
-            values, *self._params(), t, self.substeps, self.method, self.activation, backend
+            values, *inputs, t, self.substeps, self.method, self.activation, backend
         )
 
     def extra_repr(self) -> str:

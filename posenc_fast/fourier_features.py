@@ -8,6 +8,7 @@ triton_kernels/) -> backward: ``posenc_fast::lff_backward``, recomputing from x.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Optional
 
 import torch
@@ -119,6 +120,24 @@ def lff(
     return torch.ops.posenc_fast.lff(x, wr, w1, b1, w2, b2, activation, out_dtype, name)
 
 
+# The scale of the initial output across positions: that of a learned position table at
+# initialisation (timm's ViT pos_embed: trunc_normal, std 0.02), so that LFF can replace
+# such a table without changing the balance between token and position at step 0.
+INIT_OUTPUT_STD = 0.02
+
+
+@cache
+def activation_moments(activation: str) -> tuple[float, float]:
+    """(mean, variance) of act(z) for z ~ N(0, 1), by quadrature in float64 (trapezoid on
+    [-12, 12]: within 1e-7, ReLU's kink the largest error; the tails contribute < 1e-30)."""
+    z = torch.linspace(-12.0, 12.0, 24001, dtype=torch.float64)
+    density = torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    a = _reference.activation(activation, z)
+    mean = torch.trapezoid(a * density, z).item()
+    second = torch.trapezoid(a * a * density, z).item()
+    return mean, second - mean * mean
+
+
 class LearnableFourierFeatures(nn.Module):
     r"""Learnable Fourier features + grouped MLP positional encoding (Li et al. 2021).
 
@@ -130,9 +149,27 @@ class LearnableFourierFeatures(nn.Module):
       draw with std gamma^-2 or scale by gamma; we follow the paper.) With this
       initialisation and many features, ``2 * (r_x . r_y) -> exp(-|x-y|^2 / (2 gamma^2))``;
       the paper's Eq. 4 drops the factors 2 and 1/2.
+      gamma is the kernel width in units of the positions: features of positions gamma
+      apart have cosine similarity exp(-1/2) = 0.61, of neighbours at distance delta
+      exp(-delta^2 / (2 gamma^2)). Choose it on the scale of the positions you feed in
+      (README, "Choosing gamma"): gamma = 1 with integer grid indices makes neighbouring
+      patches distinct; gamma = 1 with positions normalised to (0, 1) makes a 14 x 14
+      grid's neighbours nearly identical (0.9975).
     - ``w1`` [F, H], ``b1`` [H], ``w2`` [H, D/G], ``b2`` [D/G]: one MLP serves every group.
+      Initialisation (the paper leaves it open; chosen so that LFF can stand in for a
+      learned position table): w1 ~ N(0, 2) and b1 = 0, so the hidden pre-activations have
+      unit variance at every position (the features have squared norm exactly 1/2);
+      w2 ~ N(0, s^2) with s = INIT_OUTPUT_STD / sqrt(H * Var[act(z)]) and b2 = -E[act(z)]
+      * w2.sum(0), so that across positions spanning several gamma the output has mean
+      ~0 and standard deviation ~0.02 per channel, like timm's ViT pos_embed
+      (trunc_normal std 0.02). nn.Linear's default gives ~0.007 around a constant offset
+      of ~0.1 (its biases): position information three times weaker than a learned
+      table's, under an offset that carries none.
+      With ``layer_norm=True`` the LayerNorms give unit-variance inputs instead: w1 ~
+      N(0, 1/F), w2 ~ N(0, 0.02^2 / H), zero biases.
     - ``learnable=False``: wr is a buffer (the paper's Fixed-Fourier variant).
-    - ``mlp=False``: return the features, concatenated over groups (out_dim must be G*F).
+    - ``mlp=False``: return the features, concatenated over groups: hidden_dim is not used
+      and out_dim, if given, must be G*F.
     - ``layer_norm=True``: a LayerNorm before each of the two dense projections;
       ``dropout``: dropout after the activation (the appendix's Reformer setting). These
       run as plain PyTorch after the (fused) feature op.
@@ -145,8 +182,8 @@ class LearnableFourierFeatures(nn.Module):
         self,
         pos_dim: int,
         fourier_dim: int,
-        hidden_dim: int,
-        out_dim: int,
+        hidden_dim: Optional[int] = None,
+        out_dim: Optional[int] = None,
         groups: int = 1,
         gamma: float = 1.0,
         learnable: bool = True,
@@ -163,6 +200,12 @@ class LearnableFourierFeatures(nn.Module):
         _checks.positive_int("pos_dim", pos_dim)
         _checks.even_positive_int("fourier_dim", fourier_dim)
         _checks.positive_int("groups", groups)
+        if out_dim is None and not mlp:
+            out_dim = groups * fourier_dim
+        missing = [n for n, v in (("hidden_dim", hidden_dim), ("out_dim", out_dim)) if v is None]
+        if mlp and missing:
+            names = " and ".join(missing)
+            raise TypeError(f"{names} must be given with mlp=True (the MLP's sizes)")
         _checks.positive_int("out_dim", out_dim)
         _checks.positive_float("gamma", gamma)
         _checks.choice("activation", activation, ACTIVATIONS)
@@ -184,6 +227,8 @@ class LearnableFourierFeatures(nn.Module):
                 )
             if layer_norm or dropout:
                 raise ValueError("layer_norm and dropout apply to the MLP: they need mlp=True")
+        if not mlp:
+            hidden_dim = None  # no hidden layer
         self.pos_dim, self.fourier_dim, self.hidden_dim = pos_dim, fourier_dim, hidden_dim
         self.out_dim, self.groups, self.gamma = out_dim, groups, float(gamma)
         self.learnable, self.mlp, self.activation = learnable, mlp, activation
@@ -214,19 +259,33 @@ class LearnableFourierFeatures(nn.Module):
         with torch.no_grad():
             self.wr.normal_(0.0, 1.0 / self.gamma)
             if self.mlp:
-                # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
-                for w, b, fan_in in (
-                    (self.w1, self.b1, self.fourier_dim),
-                    (self.w2, self.b2, self.hidden_dim),
-                ):
-                    bound = 1.0 / math.sqrt(fan_in)
-                    w.uniform_(-bound, bound)
-                    b.uniform_(-bound, bound)
+                self._reset_mlp()
                 if self.layer_norm:
                     self.norm1.reset_parameters()
                     self.norm2.reset_parameters()
             if self.kl:
                 self.kl_log_target_var.fill_(-2.0 * math.log(self.gamma))
+
+    def _reset_mlp(self) -> None:
+        """The MLP's initialisation (the class docstring says what and why)."""
+        if self.layer_norm:  # unit-variance features and hidden units
+            w1_std, (act_mean, act_var) = 1.0 / math.sqrt(self.fourier_dim), (0.0, 1.0)
+        else:  # features of squared norm 1/2; hidden units act(z), z ~ N(0, 1)
+            w1_std, (act_mean, act_var) = math.sqrt(2.0), activation_moments(self.activation)
+        self.w1.normal_(0.0, w1_std)
+        self.b1.zero_()
+        self.w2.normal_(0.0, INIT_OUTPUT_STD / math.sqrt(self.hidden_dim * act_var))
+        # The hidden units' mean act_mean would add a constant offset to every position.
+        self.b2.copy_(-act_mean * self.w2.sum(0))
+
+    @classmethod
+    def from_state_dict(cls, state_dict, source: str, **kwargs) -> LearnableFourierFeatures:
+        """Load a checkpoint of a public LFF module ("guimont", "jhlew", "lightglue",
+        "tpe") with its gamma convention and weight layout: see :mod:`posenc_fast.convert`
+        (``convert.to_state_dict`` is the reverse)."""
+        from . import convert  # convert imports this module
+
+        return convert.from_state_dict(state_dict, source, **kwargs)
 
     @property
     def target_var(self) -> Tensor:
@@ -282,11 +341,10 @@ class LearnableFourierFeatures(nn.Module):
         return y.flatten(-2)
 
     def extra_repr(self) -> str:
-        s = (
-            f"pos_dim={self.pos_dim}, fourier_dim={self.fourier_dim}, "
-            f"hidden_dim={self.hidden_dim}, "
-            f"out_dim={self.out_dim}, groups={self.groups}, gamma={self.gamma}"
-        )
+        s = f"pos_dim={self.pos_dim}, fourier_dim={self.fourier_dim}, "
+        if self.mlp:
+            s += f"hidden_dim={self.hidden_dim}, "
+        s += f"out_dim={self.out_dim}, groups={self.groups}, gamma={self.gamma}"
         if not self.learnable:
             s += ", learnable=False"
         if not self.mlp:

@@ -11,6 +11,11 @@ the float64 reference evaluated on the same inputs (already rounded to their dty
 - "floater": ODE solutions after hundreds of solver steps (error accumulates along them).
 - "grad": gradients, compared relative to the largest finite gradient entry of the
   reference (``mismatch`` does this unless it is given another ``scale``).
+- "rotary": q and k rotated by the cos / sin of a phase (apply_lff_rotary), compared
+  relative to the largest |entry| of the reference (pass it as ``scale``: a rotation
+  keeps the norm of each channel pair, so an output near 0 carries the error of the
+  larger inputs). float32: the cos / sin error of "encoding" (<= 1e-6) times |q|, plus
+  two products and a sum; half precision: the output's own rounding (one ulp).
 """
 
 from __future__ import annotations
@@ -33,24 +38,28 @@ TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
         "lff": Tol(1e-10, 1e-10),
         "floater": Tol(1e-9, 1e-9),
         "grad": Tol(1e-9, 1e-9),
+        "rotary": Tol(1e-10, 1e-12),
     },
     torch.float32: {
         "encoding": Tol(1e-6, 0.0),
         "lff": Tol(2e-5, 2e-5),
         "floater": Tol(5e-5, 5e-5),
         "grad": Tol(5e-5, 5e-5),
+        "rotary": Tol(1e-7, 1e-6),
     },
     torch.bfloat16: {
         "encoding": Tol(1e-6, 2.0**-8),
         "lff": Tol(4e-2, 3e-2),
         "floater": Tol(4e-2, 3e-2),
         "grad": Tol(5e-2, 5e-2),
+        "rotary": Tol(1e-6, 2.0**-8),
     },
     torch.float16: {
         "encoding": Tol(1e-6, 2.0**-11),
         "lff": Tol(5e-3, 5e-3),
         "floater": Tol(5e-3, 5e-3),
         "grad": Tol(1e-2, 1e-2),
+        "rotary": Tol(1e-6, 2.0**-11),
     },
 }
 

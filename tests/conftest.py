@@ -27,16 +27,23 @@ def device():
 
 
 def backend_params(op: str, dtype=None, include_reference=False, exclude=()):
-    """pytest params for every backend usable here that implements ``op`` on DEVICE."""
+    """pytest params for every backend usable here that implements ``op`` on DEVICE; a
+    backend that implements it but is unavailable in this environment (e.g. triton under
+    an interpreter too old to verify it) is a skipped param whose reason says why."""
     names = _testing.backends_for(op, DEVICE, dtype, include_reference)
-    return [pytest.param(n, id=n) for n in names if n not in exclude]
+    params = [pytest.param(n, id=n) for n in names if n not in exclude]
+    for name, reasons in _testing.unavailable_backends(op, DEVICE, dtype).items():
+        if name not in exclude:
+            mark = pytest.mark.skip(reason=f"backend {name!r} unavailable: {'; '.join(reasons)}")
+            params.append(pytest.param(name, id=name, marks=mark))
+    return params
 
 
 def backend_dtype_params(op: str, dtypes, include_reference=False):
     """pytest params ``(backend, dtype)``: for each of ``dtypes``, every backend usable here
     that implements ``op`` in that dtype on DEVICE (ids "<backend>-<dtype>")."""
     return [
-        pytest.param(bp.values[0], dtype, id=f"{bp.id}-{str(dtype)[6:]}")
+        pytest.param(bp.values[0], dtype, id=f"{bp.id}-{str(dtype)[6:]}", marks=bp.marks)
         for dtype in dtypes
         for bp in backend_params(op, dtype, include_reference)
     ]

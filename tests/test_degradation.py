@@ -84,7 +84,11 @@ if case in ("extension-missing", "extension-other-torch"):
     out["binary_loaded"] = "posenc_fast._C" in sys.modules
 else:
     # The GPU cases: dispatch decisions for CUDA tensors (this machine has none to run).
+    # A GPU of compute capability 9.0 (old-gpu's sitecustomize says 7.0): every backend
+    # that asks, e.g. a "cuda" backend where the extension was built with CUDA, gets one.
     torch.cuda.is_available = lambda: True
+    if case != "old-gpu":
+        torch.cuda.get_device_capability = lambda device=None: (9, 0)
     lff = Problem("lff", "cuda", torch.bfloat16,
                   {"pos_dim": 2, "fourier_dim": 64, "hidden_dim": 32, "group_out_dim": 64},
                   {"activation": "gelu"}, {"x": torch.float32})
@@ -117,7 +121,7 @@ sys.modules["triton"] = None  # "import triton" now raises ModuleNotFoundError
 def _copy_package(root: Path, binary: bool, metadata) -> None:
     """posenc_fast as a user would have it installed, without the compiled binary (or with
     a file that is not one), and with the given build metadata (None: none)."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "_build_info.json")
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "_build_info*.json")
     shutil.copytree(PACKAGE, root / "posenc_fast", ignore=ignore)
     shutil.copytree(KERNELS, root / "posenc_fast" / "triton_kernels", ignore=ignore)
     if binary:
@@ -204,10 +208,13 @@ def test_triton_missing(tmp_path):
 
 def test_extension_missing(tmp_path):
     result, info = _simulate(tmp_path, "extension-missing")
-    reason = "the C++/CUDA extension is not built: build it with `pip install --no-build-isolation"
+    reason = (
+        "the C++ extension (posenc_fast._C) is not built: build it with "
+        "`pip install --no-build-isolation"
+    )
     _common(result, info, "cpp", reason)
     assert result["auto_ok"] and not result["binary_loaded"]
-    assert "available: False" in info
+    assert f"cpu   posenc_fast._C: unavailable: {reason}" in info
 
 
 def test_extension_built_for_another_torch(tmp_path):

@@ -71,6 +71,45 @@ def test_chunking_does_not_change_the_numbers(monkeypatch):
         assert_close(a, b.double(), torch.float32, "grad", what=f"output {i}")
 
 
+@pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
+def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
+    from posenc_fast.reference import encodings as enc_ref
+
+    monkeypatch.setenv("POSENC_FAST_CHUNK_BYTES", "4096")  # ~3 positions per chunk
+    p = _testing.rand((101,), _testing.generator(7), -300.0, 300.0).requires_grad_()
+    fn, ref = (pf.dft, enc_ref.dft) if kind == "dft" else (pf.sinusoidal, enc_ref.sinusoidal)
+    y = fn(p, 96, backend="torch")
+    p64 = p.detach().double().requires_grad_()
+    want = ref(p64, 96)
+    assert_close(y, want, torch.float32, "encoding", what="forward")
+    g = _testing.randn(y.shape, _testing.generator(8))
+    (got,) = torch.autograd.grad(y, p, g)
+    (expected,) = torch.autograd.grad(want, p64, g.double())
+    assert_close(got, expected, torch.float32, "grad", what="d positions")
+
+
+def test_chunk_budget_follows_the_thread_count(monkeypatch):
+    """One thread: cache-sized chunks; more threads or a GPU: few large chunks (one
+    parallel region per op and chunk); POSENC_FAST_CHUNK_BYTES overrides both."""
+    from posenc_fast.torch_impl import _common
+
+    monkeypatch.delenv("POSENC_FAST_CHUNK_BYTES", raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert _common.row_chunk_bytes("cpu") == _common.CACHE_CHUNK_BYTES
+        assert _common.row_chunk_bytes("cuda") == _common.PARALLEL_CHUNK_BYTES
+        rows_per_chunk = [sl.stop - sl.start for sl in _common.row_chunks(16384, 10240, "cpu")]
+        assert len(rows_per_chunk) > 30 and max(rows_per_chunk) * 10240 <= 4 * 2**20
+        torch.set_num_threads(2)
+        assert _common.row_chunk_bytes("cpu") == _common.PARALLEL_CHUNK_BYTES
+        assert list(_common.row_chunks(16384, 10240, "cpu")) == [slice(0, 16384)]
+        monkeypatch.setenv("POSENC_FAST_CHUNK_BYTES", "4096")
+        assert _common.row_chunk_bytes("cpu") == 4096
+    finally:
+        torch.set_num_threads(before)
+
+
 # -- FLOATER -------------------------------------------------------------------------------
 
 

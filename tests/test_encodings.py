@@ -201,6 +201,97 @@ def test_sinusoidal_nd_concatenates_axes_in_order():
     torch.testing.assert_close(out[..., 6:], pf.sinusoidal(coords[..., 1], 6))
 
 
+@pytest.mark.parametrize("func", [pf.sinusoidal, pf.dft], ids=["sinusoidal", "dft"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_dtype_argument(func, dtype, device):
+    """dtype= sets the result's dtype whatever the positions' (integer grid indices in a
+    bfloat16 model), with the phases computed as accurately as always."""
+    p = torch.arange(40, device=device).reshape(4, 10)
+    out = func(p, 16, dtype=dtype)
+    assert out.dtype == dtype
+    kind = "sinusoidal" if func is pf.sinusoidal else "dft"
+    assert_close(out, _reference(kind, p, 16), dtype, "encoding")
+    rc = pf.grid_positions(3, 5, normalize=False, device=device)
+    nd = pf.sinusoidal_nd(rc, 8, dtype=dtype)
+    assert nd.dtype == dtype and nd.shape == (15, 16)
+    assert_close(nd, ref.sinusoidal_nd(rc, 8), dtype, "encoding")
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        func(p, 16, dtype=torch.int32)
+
+
+ND_SHAPES = [((7, 2), 8), ((3, 7, 2), 12), ((7, 3), 12), ((1, 1, 2), 4), ((3, 1, 2), 8)]
+
+
+@pytest.mark.parametrize("backend,dtype", backend_dtype_params("encoding_nd", DTYPES))
+@pytest.mark.parametrize(
+    "coord_shape,dim", ND_SHAPES, ids=[f"C{'x'.join(map(str, c))}-d{d}" for c, d in ND_SHAPES]
+)
+def test_nd_fused_add_matches_reference(backend, dtype, coord_shape, dim, device):
+    """SinusoidalNdPE: x + Sine-nD of coords in one op, forward and backward, coords
+    broadcast against x [3, 7, dim] (grid shared by the batch, per-sample, size-1 dims)."""
+    g = _testing.generator(11 + dim)
+    axes = coord_shape[-1]
+    x = _testing.randn((3, 7, dim), g, dtype, device).requires_grad_()
+    c = _testing.rand(coord_shape, g, -30.0, 30.0, dtype, device).requires_grad_()
+    before = (x.detach().clone(), c.detach().clone())
+    y = pf.SinusoidalNdPE(dim, axes, base=100.0, backend=backend)(x, c)
+    assert y.dtype == dtype and y.shape == x.shape
+    expected = x.detach().double() + ref.sinusoidal_nd(c.detach(), dim // axes, 100.0)
+    kind_tol = "encoding" if dtype in (torch.float32, torch.float64) else "lff"
+    assert_close(y, expected, dtype, kind_tol, what=f"{backend} {coord_shape}")
+    grad = _testing.randn(y.shape, g, dtype, device)
+    y.backward(grad)
+    assert torch.equal(x.grad, grad)
+    c64 = c.detach().double().requires_grad_()
+    (ref.sinusoidal_nd(c64, dim // axes, 100.0) * grad.double()).sum().backward()
+    assert_close(c.grad, c64.grad, dtype, "grad")
+    assert torch.equal(x.detach(), before[0]) and torch.equal(c.detach(), before[1])
+
+
+@pytest.mark.parametrize("backend", backend_params("encoding_nd", torch.float32))
+def test_nd_fused_add_integer_grid_in_bfloat16(backend, device):
+    rc = pf.grid_positions(4, 6, normalize=False, device=device)  # int64 [24, 2]
+    x = torch.randn(2, 24, 16, device=device).bfloat16()
+    y = pf.SinusoidalNdPE(16, 2, backend=backend)(x, rc)
+    assert y.dtype == torch.bfloat16
+    assert_close(y, x.double() + ref.sinusoidal_nd(rc, 8), torch.bfloat16, "lff")
+
+
+@pytest.mark.parametrize("backend", backend_params("encoding_nd", torch.float64))
+def test_nd_fused_add_gradcheck_and_opcheck(backend, device):
+    x = torch.randn(2, 5, 12, dtype=torch.float64, device=device, requires_grad=True)
+    c = (torch.rand(5, 3, dtype=torch.float64, device=device) * 20).requires_grad_()
+    module = pf.SinusoidalNdPE(12, 3, backend=backend)
+    assert torch.autograd.gradcheck(module, (x, c))
+    for dt in (torch.float32, torch.float64):
+        if backend in _testing.backends_for("encoding_nd", device, dt):
+            args = (x.detach().to(dt).requires_grad_(), c.detach().to(dt).requires_grad_())
+            opcheck(
+                torch.ops.posenc_fast.encoding_nd_add.default, (*args, "sinusoidal", 1e4, backend)
+            )
+
+
+def test_nd_fused_add_compiles_and_backends_without_it_refuse(device):
+    module = pf.SinusoidalNdPE(8, 2)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 6, 8, device=device, requires_grad=True)
+    c = torch.rand(6, 2, device=device) * 10
+    torch.testing.assert_close(compiled(x, c), module(x, c))
+
+    from posenc_fast.backends import Backend, Problem
+
+    class EncodingsOnly(Backend):  # a backend that has the 1-D add but not the n-d one
+        name, summary = "encodings-only", "test"
+        SUPPORT = {"encoding": pf.backends.get("torch").SUPPORT["encoding"]}
+
+    problem = Problem("encoding_nd", device, torch.float32, {"dim": 4, "axes": 2})
+    assert EncodingsOnly().reasons(problem) == ["does not implement encoding_nd"]
+    assert not EncodingsOnly().auto_eligible("encoding_nd", device)
+    assert pf.backends.get("cpp").reasons(problem), "cpp declares no n-d add today"
+    with pytest.raises(pf.BackendError, match="cpp"):
+        pf.SinusoidalNdPE(8, 2, backend="cpp")(x, c)
+
+
 # ---------------------------------------------------------------- edge cases and bad input
 
 
@@ -273,6 +364,22 @@ def test_non_contiguous_and_expanded(backend, device):
             "x must have a floating",
         ),
         (lambda: pf.sinusoidal_nd(torch.ones(3, 2), 5), ValueError, "dim_per_axis must be even"),
+        (lambda: pf.SinusoidalNdPE(10, 2), ValueError, "dim must be a multiple of 2 \\* axes = 4"),
+        (
+            lambda: pf.SinusoidalNdPE(8, 2)(torch.ones(3, 8), torch.ones(3, 3)),
+            ValueError,
+            r"coords must have shape \[\.\.\., axes=2\]",
+        ),
+        (
+            lambda: pf.SinusoidalNdPE(8, 2)(torch.ones(3, 8), torch.ones(4, 2)),
+            ValueError,
+            "coords must have shape",
+        ),
+        (
+            lambda: pf.SinusoidalNdPE(8, 2)(torch.ones(3, 6), torch.ones(3, 2)),
+            ValueError,
+            r"x must have shape \[\.\.\., dim=8\]",
+        ),
         (
             lambda: pf.sinusoidal(torch.ones(3), 8, block=float("nan")),
             ValueError,

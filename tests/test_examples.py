@@ -6,6 +6,9 @@ import pathlib
 import pytest
 import torch
 
+import posenc_fast as pf
+from posenc_fast._testing import neighbour_similarity
+
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -22,9 +25,29 @@ def test_vit_grid_trains_and_runs_on_an_unseen_grid():
     assert logits.shape == (8, 4) and torch.isfinite(logits).all()
 
 
+def test_vit_grid_encodings_distinguish_neighbouring_patches():
+    """Pixel coordinates with gamma = 2 patches: neighbouring patches' features have
+    cosine similarity ~exp(-1/8) = 0.88 (32 frequencies scatter it), not ~1."""
+    module = _load("vit_grid")
+    torch.manual_seed(0)
+    model = module.TinyViT()
+    coords = module.patch_centres(8, 8, model.patch)  # a 32 x 32 image
+    features = pf.lff(coords[:, None, :], model.pos.wr)
+    assert neighbour_similarity(features, 8, 8) < 0.95
+
+
 def test_detr_boxes_backpropagates_into_the_box_encoder():
     scores, grads = _load("detr_boxes").main()
     assert scores.shape == (2, 16) and all(grads.values())
+
+
+def test_detr_boxes_sine2d_distinguishes_neighbouring_cells():
+    module = _load("detr_boxes")
+    model = module.BoxDecoder()
+    coords = module.grid_coords(10, 12)
+    table = model.map_pe(torch.zeros(120, model.dim), coords)  # the Sine-2D table itself
+    torch.testing.assert_close(table, pf.sinusoidal_nd(coords, model.dim // 2, base=64.0))
+    assert neighbour_similarity(table, 10, 12) < 0.9
 
 
 def test_similarity_heatmaps(tmp_path):

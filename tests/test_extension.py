@@ -73,6 +73,7 @@ def test_import_does_not_load_or_build_the_extension():
     code = (
         "import sys, posenc_fast, posenc_fast.floater_encoding\n"
         "assert 'posenc_fast._C' not in sys.modules, 'imported eagerly'\n"
+        "assert 'posenc_fast._C_cuda' not in sys.modules, 'imported eagerly'\n"
         "print('ok')\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
@@ -96,11 +97,11 @@ def test_disabled_extension_is_reported_and_import_works():
     assert got["cuda"]
 
 
-def _try_load_with(monkeypatch, info, binary):
-    monkeypatch.setattr(_extension, "_read_build_info", lambda path=None: info)
-    monkeypatch.setattr(_extension, "_binary_path", lambda: binary)
+def _try_load_with(monkeypatch, info, binary, part="cpu"):
+    monkeypatch.setattr(_extension, "_read_build_info", lambda part="cpu": info)
+    monkeypatch.setattr(_extension, "_binary_path", lambda part="cpu": binary)
     monkeypatch.delenv("POSENC_FAST_DISABLE_EXTENSION", raising=False)
-    return _extension._try_load()
+    return _extension._try_load(part)
 
 
 def test_missing_extension_reason(monkeypatch):
@@ -135,15 +136,15 @@ def test_binary_without_metadata_is_not_loaded(monkeypatch, tmp_path):
 @pytest.fixture
 def extension_unavailable(monkeypatch):
     """Pretend the extension is missing in this process; restore afterwards."""
-    saved = dict(_extension._state)
-    _extension._state.update(
-        tried=True, module=None, reasons=["test: extension hidden"], origin=None
-    )
+    saved = {part: dict(state) for part, state in _extension._state.items()}
+    for state in _extension._state.values():
+        state.update(tried=True, module=None, reasons=["test: extension hidden"], origin=None)
     monkeypatch.setattr(backends, "_warned", set())
     monkeypatch.delenv(backends.ENV_VAR, raising=False)
     yield
-    _extension._state.clear()
-    _extension._state.update(saved)
+    for part, state in saved.items():
+        _extension._state[part].clear()
+        _extension._state[part].update(state)
 
 
 def test_auto_falls_back_with_one_warning(extension_unavailable):
@@ -173,12 +174,17 @@ def test_unavailable_backend_explains(extension_unavailable):
 
 def test_extension_info_shape():
     info = _extension.extension_info()
-    assert set(info) >= {"available", "reasons", "build_metadata", "backends"}
+    assert set(info) == {"cpu", "cuda", "backends"}
     assert set(info["backends"]) == {"cpp", "cuda"}
-    assert info["available"] == (EXT is not None)
+    for part in ("cpu", "cuda"):
+        assert set(info[part]) >= {"module", "available", "reasons", "build_metadata"}
+        assert info[part]["available"] == (not info[part]["reasons"])
+    assert info["cpu"]["module"] == "posenc_fast._C"
+    assert info["cuda"]["module"] == "posenc_fast._C_cuda"
+    assert info["cpu"]["available"] == (EXT is not None)
     if EXT is not None:
-        assert info["build_info"]["torch_version"] == torch.__version__.split("+")[0]
-        assert info["cpu_isa"] in ("generic", "avx2", "avx512")
+        assert info["cpu"]["build_info"]["torch_version"] == torch.__version__.split("+")[0]
+        assert info["cpu"]["cpu_isa"] in ("generic", "avx2", "avx512")
 
 
 def _load_setup_module():
@@ -204,19 +210,24 @@ def test_setup_cuda_decision_never_asks_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", boom)
     monkeypatch.setattr(torch.cuda, "device_count", boom)
     monkeypatch.setattr(torch.cuda, "get_device_capability", boom)
+    # what _plan may change, restored afterwards
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", cpp_extension.CUDA_HOME)
+    for var in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.setenv(var, os.environ.get(var, "x"))
+        monkeypatch.delenv(var)
     for var in ("POSENC_FAST_NO_CUDA", "POSENC_FAST_FORCE_CUDA"):
         monkeypatch.delenv(var, raising=False)
-    with_cuda, why = setup_mod._cuda_decision(torch, cpp_extension)
-    assert with_cuda == (torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None), (
-        why
-    )
-    monkeypatch.setenv("POSENC_FAST_NO_CUDA", "1")
-    assert setup_mod._cuda_decision(torch, cpp_extension)[0] is False
+    cuda = setup_mod._plan(torch, cpp_extension)["cuda"]
     if torch.version.cuda is None:
-        monkeypatch.delenv("POSENC_FAST_NO_CUDA")
-        monkeypatch.setenv("POSENC_FAST_FORCE_CUDA", "1")
-        with pytest.raises(RuntimeError, match="POSENC_FAST_FORCE_CUDA"):
-            setup_mod._cuda_decision(torch, cpp_extension)
+        assert cuda["build"] is False and "built without CUDA" in cuda["record"]["cuda_decision"]
+    monkeypatch.setenv("POSENC_FAST_NO_CUDA", "1")
+    cuda = setup_mod._plan(torch, cpp_extension)["cuda"]
+    assert cuda["build"] is False
+    assert cuda["record"]["cuda_decision"] == "POSENC_FAST_NO_CUDA is set"
+    monkeypatch.delenv("POSENC_FAST_NO_CUDA")
+    monkeypatch.setenv("POSENC_FAST_FORCE_CUDA", "1")
+    cuda = setup_mod._plan(torch, cpp_extension)["cuda"]
+    assert cuda["build"] is True and cuda["archs"]  # attempted whatever the checks say
 
 
 @pytest.mark.slow

@@ -542,10 +542,75 @@ def test_mixed_dtypes_rejected():
         pf.floater(*args)
 
 
-def test_half_precision_explains_refusal():
-    args = [t.half() for t in _good()]
-    with pytest.raises(pf.BackendError, match="float16"):
-        pf.floater(*args)
+# -- half-precision parameters (model.to(torch.bfloat16)) ---------------------------------
+# Integrated in float32, returned in the parameters' dtype: within one ulp of that dtype of
+# the float64 solution on the same (rounded) parameters. A half-precision state would drift
+# by far more (test_amp.py::test_floater_in_half_precision_would_drift).
+HALF = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}  # relative, at worst
+
+
+def _within_one_ulp(out, expected, dtype, what=""):
+    assert out.dtype == dtype, what
+    err = (out.double() - expected.detach()).abs()
+    bound = ULP[dtype] * expected.detach().abs() + 1e-6
+    assert (err <= bound).all(), f"{what}: max err {err.max():.3g}, {(err > bound).sum()} bad"
+
+
+def _half_module(dtype, device, **kw):
+    fl = pf.Floater(6, 3, hidden_dim=5, activation="gelu", substeps=3, device=device, **kw)
+    _testing.randomize_parameters(fl, 5, fan_in=True)
+    return fl.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_precision_module_integrates_in_float32(dtype, device):
+    fl = _half_module(dtype, device)
+    p64 = [p.detach().double().requires_grad_() for p in fl.parameters()]
+    t = fl.length_times(12)
+    assert t.dtype == torch.float32
+    expected = ref.floater(*p64, t.double(), 3, "rk4", "gelu")
+    out = fl(length=12)  # training mode
+    _within_one_ulp(out, expected, dtype, "training output")
+    grad = _testing.randn(out.shape, _testing.generator(6), dtype, device)
+    out.backward(grad)
+    expected.backward(grad.double())
+    for (name, p), want in zip(fl.named_parameters(), p64):
+        assert p.grad is not None and p.grad.dtype == dtype, name
+        assert_close(p.grad, want.grad, dtype, "grad", what=name)
+    fl.eval()
+    with torch.no_grad():
+        cached, longer = fl(length=12), fl(length=20)  # the cache, then its extension
+    _within_one_ulp(cached, expected, dtype, "cached")
+    full = ref.floater(*p64, fl.length_times(20).double(), 3, "rk4", "gelu")
+    _within_one_ulp(longer, full, dtype, "extended")
+    times = torch.tensor([0.05, 0.3, 0.31], device=device)
+    _within_one_ulp(
+        fl(times=times), ref.floater(*p64, times.double(), 3, "rk4", "gelu"), dtype, "times"
+    )
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_precision_functional_and_attention_bias(dtype, device):
+    case = _testing.FloaterCase(3, 5, 7, 6, 3, "rk4", "relu")
+    inputs = [t.to(dtype) for t in _testing.floater_inputs(case, torch.float32, device, 8)]
+    out = pf.floater(*inputs, 3, "rk4", "relu")
+    expected = ref.floater(*(t.double() for t in inputs), 3, "rk4", "relu")
+    _within_one_ulp(out, expected, dtype, "functional")
+    bias = pf.FloaterAttentionBias(8, num_layers=2, device=device).to(dtype)
+    y = bias(5)
+    assert y.shape == (2, 3, 5, 8) and y.dtype == dtype and torch.isfinite(y).all()
+    y.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == dtype for p in bias.parameters())
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_precision_compiled_module(dtype, device):
+    torch._dynamo.reset()
+    fl = _half_module(dtype, device)
+    compiled = torch.compile(fl, fullgraph=True, backend="aot_eager")
+    got = compiled(length=7)
+    assert got.dtype == dtype and torch.equal(got, fl(length=7))
 
 
 def test_reference_of_identity_is_affine():

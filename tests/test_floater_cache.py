@@ -6,6 +6,7 @@ integrator (and the number of intervals each call integrates)."""
 import pytest
 import torch
 from conftest import backend_params
+from torch.library import opcheck
 
 import posenc_fast as pf
 from posenc_fast import _testing
@@ -234,13 +235,111 @@ def test_inference_mode_is_cached(backend, calls, device):
     assert_close(c, _fresh(fl, 8), torch.float64, "floater")
 
 
-def test_compiled_eval_mode_bypasses_the_cache(calls, device):
-    """Under torch.compile the cache's bookkeeping is skipped, so an eval-mode module
-    compiles to one graph too (and recomputes)."""
+def _compiled(module):
+    # aot_eager: the graph as inductor receives it (the op is opaque to both), without
+    # the C++ compile of inductor's CPU kernels (~30 s here; run by hand, it passes too).
     torch._dynamo.reset()
+    return torch.compile(module, fullgraph=True, backend="aot_eager")
+
+
+def test_compiled_eval_calls_are_served_from_the_cache(calls, device):
+    """torch.compile keeps the cache (through the op posenc_fast::floater_cached): repeats
+    integrate nothing, a longer length only its new positions, a parameter change
+    recomputes; compiled and eager calls share one cache."""
+    fl = _module("auto", device, dtype=torch.float32).eval()
+    compiled = _compiled(fl)
+    a, b, c = (compiled(length=6) for _ in range(3))
+    assert calls == [6], "three compiled eval calls, one integration"
+    assert torch.equal(a, b) and torch.equal(b, c)
+    assert_close(a, _fresh(fl, 6), torch.float32, "floater")
+    a.mul_(2)  # the caller owns what it got: the cache is unaffected
+    assert torch.equal(compiled(length=6), b) and calls == [6]
+    longer = compiled(length=10)
+    assert calls == [6, 4] and torch.equal(longer[:, :6], b)
+    assert torch.equal(fl(length=10), longer) and calls == [6, 4], "eager shares the cache"
+    _sgd_step(fl)
+    moved = compiled(length=10)
+    assert calls == [6, 4, 10] and not torch.equal(moved, longer)
+    assert_close(moved, _fresh(fl, 10), torch.float32, "floater")
+
+
+def test_compiled_cached_states_backpropagate(calls, device):
+    """Eval mode with gradients on, compiled: served from the cache, with the discrete
+    adjoint attached (as eagerly)."""
+    fl = _module("auto", device)
+    fl.train()
+    (fl(length=9) ** 2).sum().backward()
+    expected = [p.grad.clone() for p in fl.parameters()]
+    fl.zero_grad()
+    compiled = _compiled(fl.eval())
+    for _ in range(2):
+        (compiled(length=9) ** 2).sum().backward()
+    assert calls == [9, 9], "one training integration, then one for both eval calls"
+    for (name, p), want in zip(fl.named_parameters(), expected):
+        assert_close(
+            p.grad, 2 * want, torch.float64, "grad", scale=want.abs().max().item(), what=name
+        )
+
+
+def test_compiled_inference_mode_and_times_form_are_cached(calls, device):
     fl = _module("auto", device).eval()
-    compiled = torch.compile(fl, fullgraph=True, backend="aot_eager")
-    a = compiled(length=6)
-    b = compiled(length=6)
-    assert len(calls) == 2 and torch.equal(a, b)
-    assert_close(a, _fresh(fl, 6), torch.float64, "floater")
+    compiled = _compiled(fl)
+    t = torch.tensor([0.1, 0.4, 0.45, 1.0], dtype=torch.float64, device=device)
+    with torch.inference_mode():
+        a = compiled(length=5)
+        b = compiled(length=5)
+    x = compiled(times=t)
+    y = compiled(times=t.clone())
+    assert calls == [5, 4] and torch.equal(a, b) and torch.equal(x, y)
+    assert_close(x, ref.floater(*fl.parameters(), t, 3, "rk4", "tanh"), torch.float64, "floater")
+
+
+def test_compiled_training_and_export_recompute(calls, device):
+    """Where the README says the cache does not apply under torch.compile: training steps
+    (refresh_every too) and torch.export."""
+    fl = _module("auto", device, refresh_every=3).train()
+    compiled = _compiled(fl)
+    for _ in range(3):
+        compiled(length=4).sum().backward()
+    assert calls == [4, 4, 4]
+    fl.eval()
+    ep = torch.export.export(fl, (), {"length": 4})
+    n = len(calls)
+    first, second = ep.module()(length=4), ep.module()(length=4)
+    assert len(calls) == n + 2 and torch.equal(first, second)
+    assert_close(first, _fresh(fl, 4), torch.float64, "floater")
+
+
+def test_compiled_module_under_reference_environment(monkeypatch, calls, device):
+    """POSENC_FAST_BACKEND=reference makes "auto" the reference, which has no op: compiled
+    calls run it directly, uncached (they failed with an AttributeError before)."""
+    monkeypatch.setenv("POSENC_FAST_BACKEND", "reference")
+    fl = _module("auto", device, substeps=1, method="euler")  # dynamo unrolls the loop
+    compiled = _compiled(fl)
+    compiled(length=3).sum().backward()
+    fl.eval()
+    a, b = compiled(length=3), compiled(length=3)
+    assert calls == [] and torch.equal(a, b)  # the reference is no backend's integrator
+    assert_close(a, _fresh(fl, 3), torch.float64, "floater")
+
+
+def test_cached_op(calls, device):
+    """posenc_fast::floater_cached: an op check, and the cache of a module that no longer
+    exists (its graph outlived it) is never consulted."""
+    fl = _module("auto", device).eval()
+    inputs = [p.detach() for p in fl.parameters()]
+    t = fl.length_times(5)
+    cache_id = fl._cache.id
+    for args in ((*inputs, t), (*(p.clone().requires_grad_() for p in inputs), t)):
+        opcheck(
+            torch.ops.posenc_fast.floater_cached.default,
+            (*args, 3, "rk4", "tanh", "auto", cache_id, "length"),
+        )
+    del fl
+    n = len(calls)
+    args = (*inputs, t, 3, "rk4", "tanh", "auto", cache_id, "length")
+    out, out2 = (
+        torch.ops.posenc_fast.floater_cached(*args),
+        torch.ops.posenc_fast.floater_cached(*args),
+    )
+    assert len(calls) == n + 2 and torch.equal(out, out2)

@@ -36,11 +36,13 @@ def test_bench_case_implementations_agree(device):
     odeint_adjoint, the plain loop) integrates the same problem on the same steps."""
     pytest.importorskip("torchdiffeq")
     case = floater_suite.floater_case(8, 4, device)
-    assert {"torch", "torchdiffeq", "torchdiffeq-adjoint"} <= set(case.backends)
+    assert "torch" in case.backends
+    assert {"torchdiffeq", "torchdiffeq-adjoint"} <= set(case.baselines)
     assert floater_suite.agreement(case) == ""
-    out = case.backends["torchdiffeq-adjoint"]()
-    out.backward(torch.ones_like(out))  # the adjoint baseline runs backwards too
-    assert all(t.grad is not None for t in case.leaves)
+    adjoint = case.baselines["torchdiffeq-adjoint"]
+    out = adjoint.fn()
+    grads = torch.autograd.grad(out, adjoint.leaves, torch.ones_like(out))  # it runs backwards
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
 def test_bench_sizes():

@@ -7,6 +7,7 @@ import torch
 from conftest import backend_params
 
 import posenc_fast as pf
+from posenc_fast.fourier_features import INIT_OUTPUT_STD, activation_moments
 from posenc_fast.reference import fourier_features as ref
 from posenc_fast.tolerances import assert_close
 
@@ -32,6 +33,49 @@ def test_mlp_false_returns_features_without_mlp_parameters():
     assert [n for n, _ in m.named_parameters()] == ["wr"]
     x = torch.randn(5, 2, 2)
     assert_close(m(x), ref.lff(x, m.wr), torch.float32, "encoding")
+
+
+def test_mlp_false_needs_no_mlp_sizes():
+    m = pf.LearnableFourierFeatures(2, 8, groups=2, mlp=False)
+    assert m.out_dim == 16 and m.hidden_dim is None and "hidden_dim" not in repr(m)
+    x = torch.randn(5, 2, 2)
+    assert_close(m(x), ref.lff(x, m.wr), torch.float32, "encoding")
+    assert pf.LearnableFourierFeatures(2, 8, out_dim=16, groups=2, mlp=False).out_dim == 16
+    with pytest.raises(TypeError, match="^hidden_dim must be given with mlp=True"):
+        pf.LearnableFourierFeatures(2, 8, out_dim=16)
+    with pytest.raises(TypeError, match="^hidden_dim and out_dim must be given with mlp=True"):
+        pf.LearnableFourierFeatures(2, 8)
+    with pytest.raises(TypeError, match="^out_dim must be given with mlp=True"):
+        pf.LearnableFourierFeatures(2, 8, 4)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["plain", "layer_norm"])
+def test_initial_output_scale_is_a_learned_tables(activation, layer_norm):
+    """At initialisation, over a 14 x 14 grid of patch indices with gamma = 2 patches, the
+    output varies across positions with standard deviation ~0.02 per channel (timm's
+    pos_embed initialisation) around a mean ~0; wr keeps the paper's N(0, gamma^-2).
+    (nn.Linear's default initialisation gave ~0.007 around an offset of ~0.1.)"""
+    torch.manual_seed(0)
+    m = pf.LearnableFourierFeatures(
+        2, 256, 32, 768, gamma=2.0, activation=activation, layer_norm=layer_norm
+    )
+    pos = pf.grid_positions(14, 14, normalize=False)
+    y = m(pos[:, None, :]).detach().double()  # [196, 768]
+    std = y.std(dim=0).square().mean().sqrt().item()
+    offset = y.mean(dim=0).square().mean().sqrt().item()
+    assert 0.7 * INIT_OUTPUT_STD < std < 1.3 * INIT_OUTPUT_STD, std
+    assert offset < 0.5 * std, (offset, std)
+    assert abs(m.wr.std().item() * 2.0 - 1.0) < 0.1 and abs(m.wr.mean().item()) < 0.1
+
+
+def test_activation_moments():
+    """The quadrature behind the initialisation, against closed forms for z ~ N(0, 1)."""
+    mean, var = activation_moments("relu")
+    assert mean == pytest.approx(1 / math.sqrt(2 * math.pi), abs=1e-6)
+    assert var == pytest.approx(0.5 - 1 / (2 * math.pi), abs=1e-6)
+    assert activation_moments("gelu")[0] == pytest.approx(1 / (2 * math.sqrt(math.pi)), abs=1e-6)
+    assert activation_moments("gelu_tanh")[0] == pytest.approx(0.2821, abs=1e-3)
 
 
 def test_no_unused_parameters_by_default():

@@ -50,16 +50,27 @@ def test_triton_kernels_are_not_a_top_level_package(tmp_path):
 
 
 def test_readme_python_examples_run():
-    """Every ```python block of the README runs, in order, in one namespace."""
+    """Every ```python block of the README runs, in order, in one namespace (the timm
+    blocks only where timm is installed, as in CI: then this test skips after the others)."""
+    import pytest
+    from _timm import REASON, timm_available
+
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)\n```", text, flags=re.S)
     assert len(blocks) >= 4
+    has_timm = timm_available()  # imports timm (standing in for torchvision if needed)
+    skipped = []
     namespace: dict = {}
     for i, block in enumerate(blocks):
+        if not has_timm and "timm" in block:
+            skipped.append(i)
+            continue
         try:
             exec(compile(block, f"README.md python block {i}", "exec"), namespace)
         except Exception as exc:  # pragma: no cover - the message is the point
             raise AssertionError(f"README python block {i} failed: {exc!r}\n{block}") from exc
+    if skipped:
+        pytest.skip(f"README python blocks {skipped} not run: {REASON}")
 
 
 def test_public_functions_do_not_shadow_modules():

@@ -154,7 +154,8 @@ def test_floater_deepcopy_and_pickle_leave_the_cache_behind(name):
     assert len(pickle.dumps(a)) < uncached + 1000, "the cache was pickled"
     for b in (copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
         fb = _floater_module(b)
-        assert fb._entries == {}, "a copy carried the cache"
+        assert fb._cache.entries == {}, "a copy carried the cache"
+        assert fb._cache.id != _floater_module(a)._cache.id, "a copy shares the cache's id"
         for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
             assert p.data_ptr() != q.data_ptr(), f"{n} must be a copy"
         assert torch.equal(b(400), out)

@@ -13,4 +13,13 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0 "setuptools>=64" wheel ninja
 .venv/bin/python -m pip install -q -c constraints.txt --no-build-isolation -e ".[${extras}]"
+# The test extra also gets timm, pinned, for the integration tests: with --no-deps, because
+# its torchvision requirement would pull a multi-GB CUDA build (and PyPI's torchvision does
+# not import beside the CPU torch). timm imports none of its other dependencies
+# (huggingface_hub, safetensors, pyyaml) at import time; tests/_timm.py stands in for the
+# torchvision names that `import timm` needs. It is not in the extra itself, where pip
+# would resolve torchvision.
+if [[ ",${extras}," == *,test,* || ",${extras}," == *,dev,* ]]; then
+    .venv/bin/python -m pip install -q -c constraints.txt --no-deps "timm==1.0.31"
+fi
 echo "posenc_fast installed in $(pwd)/.venv with extras [${extras}]"

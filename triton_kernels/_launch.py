@@ -1,4 +1,5 @@
-"""What every launcher needs: interpreter detection, dtypes, device guard, grid sizes."""
+"""What every launcher needs: interpreter detection, dtypes, device guard, grid sizes, and
+autotuners pruned by the rules of _configs.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import triton
 import triton.language as tl
 
 from ..backends.triton_backend import interpreter_enabled
+from . import _configs
 
 # Decided once: Triton itself reads TRITON_INTERPRET when the kernels are defined.
 INTERPRET = interpreter_enabled()
@@ -90,3 +92,55 @@ def launch_rows(kernel, tuned, n_rows: int, args: tuple, meta: dict, blocks: dic
         tuned[lambda cfg: (triton.cdiv(n_rows, cfg["BLOCK_R"]),)](
             *args, **meta, enable_fp_fusion=False
         )
+
+
+def _tensor_device(values) -> torch.device:
+    return next(v.device for v in values if isinstance(v, torch.Tensor))
+
+
+class _Autotuned:
+    """An autotuned kernel built on first use: some Triton versions (3.2) ask the GPU
+    driver when an autotuner is created, which must not happen when the kernels are only
+    imported (compile_report, a machine without a GPU)."""
+
+    def __init__(self, build):
+        self._build = build
+        self._tuner = None
+
+    @property
+    def tuner(self):
+        if self._tuner is None:
+            self._tuner = self._build()
+        return self._tuner
+
+    def __getitem__(self, grid):
+        return self.tuner[grid]
+
+
+def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Autotuned:
+    """``kernel`` autotuned over ``configs`` on the GPU, offering only what _configs allows
+    on the device of the call (its Triton-version defects and shared memory limit), after
+    ``select(configs, meta)``, the kernel's own choice for the call's constexprs; and
+    guarded, so that a configuration whose compilation raises is dropped, not fatal.
+    ``name`` is the kernel's name in _configs' rules."""
+
+    def early_prune(candidates, named_args, **kwargs):
+        meta = {**named_args, **kwargs}
+        if select is not None:
+            candidates = select(candidates, meta)
+        arch = _configs.device_arch(_tensor_device(named_args.values()))
+        kept, why = _configs.prune(name, candidates, meta, arch)
+        if not kept:
+            raise RuntimeError(
+                f"posenc_fast: no {name} configuration can be compiled for sm_{arch} with "
+                f"Triton {triton.__version__}: " + "; ".join(why)
+            )
+        return kept
+
+    def build():
+        tuner = triton.autotune(
+            configs=configs, key=key, prune_configs_by={"early_config_prune": early_prune}
+        )(kernel)
+        return _configs.guard_autotuner(tuner, name)
+
+    return _Autotuned(build)

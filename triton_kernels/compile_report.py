@@ -1,40 +1,53 @@
-"""Compile every kernel for a GPU target without a GPU, and report its resources.
+"""Compile every kernel for GPU targets without a GPU, and report its resources.
 
-    python -m posenc_fast.triton_kernels.compile_report [--arch 90] [--quick]
+    python -m posenc_fast.triton_kernels.compile_report [--arch 80,90] [--quick]
+        [--json out.json] [--probe-refused]
 
 Runs Triton's real compiler (TTIR -> PTX -> cubin with the ptxas bundled in the triton
-wheel) for the configurations the launchers use on the GPU, and prints per kernel:
-registers, stack bytes (spills), shared memory, the matmul instruction family (wgmma /
-mma.sync / none) and whether the PTX contains approximate trig (it must not: the phases
-are reduced and evaluated by polynomials, see _phase.py). This catches what the
-interpreter cannot: code that only fails in compiled mode (e.g. non-constexpr globals,
-chained boolean operators) and configurations that spill. Needs TRITON_INTERPRET unset.
-Exit status 1 if any kernel fails to compile or contains approximate trig.
+wheel) for the configurations the launchers use on the GPU, for each architecture
+(default: sm_80, 86, 89, 90, 100, 120), and prints per kernel: registers, stack bytes
+(spills), shared memory, the matmul instruction family (wgmma / mma.sync / none) and
+whether the PTX contains approximate trig (it must not: the phases are reduced and
+evaluated by polynomials, see _phase.py). This catches what the interpreter cannot: code
+that only fails in compiled mode (e.g. non-constexpr globals, chained boolean operators)
+and configurations that spill.
+
+The configurations that _configs.py's rules refuse for an architecture (a Triton defect
+that aborts the compiler, or too much shared memory) are the ones the launchers never
+offer there: they are listed with the reason, not compiled (``--probe-refused`` compiles
+each of them in a child process, to show what the rule prevents). Every compiled one is
+checked against the target's shared memory limit and against _configs.shared_bound.
+Ends with one line per architecture, "sm_90: 58 compiled, 0 refused, 0 failed".
+Exit status 1 if anything fails to compile, exceeds a limit or contains approximate
+trig. Needs TRITON_INTERPRET unset.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
 from ..backends.triton_backend import interpreter_enabled  # (does not import triton)
 
 if interpreter_enabled():
     raise SystemExit("compile_report: unset TRITON_INTERPRET (it replaces the compiler)")
 
-import torch
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from . import _configs
 from . import encodings as enc
 from . import lff_backward as bwd
 from . import lff_forward as fwd
+from . import rotary as rot
 from ._launch import pow2
 
 _PTR = {tl.float32: "*fp32", tl.bfloat16: "*bf16", tl.float16: "*fp16"}
@@ -73,21 +86,55 @@ def _resources(cubin: bytes) -> str:
     return f"regs {m.group(1):>3} stack {m.group(2):>5} B shared {m.group(3):>5} B" if m else out
 
 
-def compile_one(label, kernel, pointers, constexprs, options, arch) -> bool:
+@dataclass
+class Case:
+    label: str
+    name: str  # the kernel's name in _configs' rules
+    kernel: object
+    pointers: dict
+    constexprs: dict
+    options: dict  # num_warps, num_stages, enable_fp_fusion
+
+
+def compile_one(case: Case, arch: int) -> tuple[str, str]:
+    """("ok" | "bad" | "fail", the report line) of compiling one case for sm_{arch}."""
+    kernel = case.kernel
     fn = kernel.fn if isinstance(kernel, triton.runtime.Autotuner) else kernel
-    src = ASTSource(fn, _signature(fn, pointers, constexprs), constexprs)
+    src = ASTSource(fn, _signature(fn, case.pointers, case.constexprs), case.constexprs)
     try:
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=case.options)
     except Exception as exc:  # report every failure, keep going
-        print(f"FAIL {label}: {type(exc).__name__}: {str(exc)[-600:]}")
-        return False
+        return "fail", f"FAIL {case.label}: {type(exc).__name__}: {str(exc)[-600:]}"
     ptx = k.asm["ptx"]
-    mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "no mma")
+    families = ("tcgen05", "wgmma", "mma.sync")  # Blackwell, Hopper, Ampere tensor cores
+    mma = next((f for f in families if f in ptx), "no mma")
     approx = re.search(r"\b(sin|cos)\.approx", ptx) is not None
-    shared = getattr(k.metadata, "shared", "?")
-    print(f"{'BAD ' if approx else 'ok  '}{label:<58} {_resources(k.asm['cubin'])} "
-          f"(dyn shared {shared} B) {mma}{'  APPROX TRIG' if approx else ''}")  # fmt: skip
-    return not approx
+    shared = getattr(k.metadata, "shared", 0)
+    warps, stages = case.options.get("num_warps", 4), case.options.get("num_stages", 3)
+    bound = _configs.shared_bound(case.name, case.constexprs, warps, stages)
+    limit = _configs.shared_limit(arch)
+    problems = []
+    if approx:
+        problems.append("APPROX TRIG")
+    if shared > limit:
+        problems.append(f"SHARED {shared} B > the sm_{arch} limit {limit} B")
+    if shared > bound:
+        problems.append(f"SHARED {shared} B > _configs.shared_bound {bound} B: fix the bound")
+    line = (f"{'BAD ' if problems else 'ok  '}{case.label:<58} {_resources(k.asm['cubin'])} "
+            f"(dyn shared {shared} B, bound {bound} B) {mma}"
+            + "".join(f"  {p}" for p in problems))  # fmt: skip
+    return ("bad" if problems else "ok"), line
+
+
+def probe(case: Case, arch: int) -> str:
+    """What compiling a refused case does, in a child process (it may abort)."""
+    cmd = [sys.executable, "-m", __spec__.name, "--arch", str(arch), "--force", case.label]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode < 0:
+        lines = [ln for ln in proc.stderr.splitlines() if "ssert" in ln or "rror" in ln]
+        return f"killed by signal {-proc.returncode}: {(lines or ['?'])[-1][:300]}"
+    out = [ln for ln in proc.stdout.splitlines() if ln.startswith(("ok ", "BAD ", "FAIL "))]
+    return out[-1][:300] if out else f"exit {proc.returncode}: {proc.stderr[-300:]}"
 
 
 # Constexprs every lff case starts from (bf16, gelu, M=2, no SPLIT), and the backward's
@@ -105,81 +152,77 @@ def _fwd_config(key: tuple) -> tuple[dict, dict]:
     return dict(BLOCK_R=br, BLOCK_K=bk, BLOCK_D=bd), dict(num_warps=w, num_stages=st)
 
 
-def _cases(quick: bool):
-    """(label, kernel, pointer dtypes, constexprs, launch options) to compile."""
+def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int):
+    """The backward's configurations for sm_{arch}: its first choice and, where the rules
+    refuse that, the next (what lff_bwd launches there)."""
+    for blocks in bwd.gpu_candidates(constexprs):
+        options = dict(bwd._OPTIONS)
+        yield Case(
+            f"{label} BR{blocks['BLOCK_R']}", "lff_bwd", bwd._lff_bwd_kernel,
+            {"GRAD": pointer}, dict(constexprs, **blocks),
+            dict(enable_fp_fusion=False, **options),
+        )  # fmt: skip
+        if _configs.refusal("lff_bwd", dict(constexprs, **blocks), **options, arch=arch) is None:
+            return
+
+
+def _cases(quick: bool, arch: int):
+    """The Cases to compile for sm_{arch}."""
     bf16 = tl.bfloat16
-    shapes = {
-        "canonical": (2, 128, 32, 768),
-        "compute": (2, 384, 256, 1024),
-        "boxes": (4, 128, 32, 192),
-    }
-    for shape_name, (M, F2, H, DG) in shapes.items():
+    # (M, H): what the constexprs depend on (F and Dg are runtime sizes)
+    shapes = {"canonical": (2, 32), "hidden128": (2, 128), "compute": (2, 256), "boxes": (4, 32)}
+    for shape_name, (M, H) in shapes.items():
         block_h = pow2(H)
-        for dtype in (bf16, tl.float32):
+        # float32 in IEEE (FMA) and TF32 (tensor cores) matmuls, canonical shape only
+        for dtype, precision in ((bf16, None), (tl.float32, "ieee"), (tl.float32, "tf32")):
             if dtype == tl.float32 and (quick or shape_name != "canonical"):
                 continue
-            precision = "ieee" if dtype == tl.float32 else None
+            kind = f"{dtype}" + (f" {precision}" if precision == "tf32" else "")
+            constexprs = dict(_LFF, M=M, COMPUTE=dtype, PRECISION=precision, BLOCK_H=block_h)
             configs = fwd.configs_for(block_h)
             for key in configs[:1] if quick else configs:
                 blocks, opts = _fwd_config(key)
                 br, bk, bd, w, st = key
-                yield (
-                    f"lff_fwd {shape_name} {dtype} BR{br} BK{bk} BD{bd} w{w} s{st}",
-                    fwd._lff_fwd_kernel,
-                    {"OUT": _PTR[dtype]},
-                    dict(_LFF, M=M, COMPUTE=dtype, PRECISION=precision, BLOCK_H=block_h,
-                         **blocks),
-                    dict(enable_fp_fusion=False, **opts),
+                yield Case(
+                    f"lff_fwd {shape_name} {kind} BR{br} BK{bk} BD{bd} w{w} s{st}",
+                    "lff_fwd", fwd._lff_fwd_kernel, {"OUT": _PTR[dtype]},
+                    dict(constexprs, **blocks), dict(enable_fp_fusion=False, **opts),
                 )  # fmt: skip
-            torch_dtype = {bf16: torch.bfloat16, tl.float32: torch.float32}[dtype]
-            blocks, opts = bwd._blocks(1 << 20, F2, H, DG, torch_dtype)
-            yield (
-                f"lff_bwd {shape_name} {dtype} BR{blocks['BLOCK_R']}",
-                bwd._lff_bwd_kernel,
-                {"GRAD": _PTR[dtype]},
-                dict(_LFF, **_ALL_NEEDS, M=M, COMPUTE=dtype, PRECISION=precision,
-                     BLOCK_H=block_h, BLOCK_M=triton.next_power_of_2(M), **blocks),
-                dict(enable_fp_fusion=False, **opts),
-            )  # fmt: skip
+            yield from _bwd_cases(
+                f"lff_bwd {shape_name} {kind}",
+                dict(constexprs, **_ALL_NEEDS, BLOCK_M=triton.next_power_of_2(M)),
+                _PTR[dtype],
+                arch,
+            )
     # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term),
     # canonical shape (H=32): the forward's first configuration, the backward's rule.
     fwd_blocks, fwd_opts = _fwd_config(fwd.configs_for(32)[0])
-    blocks, opts = bwd._blocks(1 << 20, 128, 32, 768, torch.bfloat16)
-    yield (
-        "lff_fwd canonical bf16 relu SPLIT",
-        fwd._lff_fwd_kernel,
-        {"OUT": "*bf16"},
+    yield Case(
+        "lff_fwd canonical bf16 relu SPLIT", "lff_fwd", fwd._lff_fwd_kernel, {"OUT": "*bf16"},
         dict(_LFF, ACT="relu", SPLIT=True, BLOCK_H=32, **fwd_blocks),
         dict(enable_fp_fusion=False, **fwd_opts),
+    )  # fmt: skip
+    yield from _bwd_cases(
+        "lff_bwd canonical bf16 relu SPLIT",
+        dict(_LFF, **_ALL_NEEDS, ACT="relu", SPLIT=True, BLOCK_H=32, BLOCK_M=2),
+        "*bf16",
+        arch,
     )
-    yield (
-        f"lff_bwd canonical bf16 relu SPLIT BR{blocks['BLOCK_R']}",
-        bwd._lff_bwd_kernel,
-        {"GRAD": "*bf16"},
-        dict(_LFF, **_ALL_NEEDS, ACT="relu", SPLIT=True, BLOCK_H=32, BLOCK_M=2, **blocks),
-        dict(enable_fp_fusion=False, **opts),
-    )
-    yield (
-        "lff_fwd features-only bf16",
-        fwd._lff_fwd_kernel,
-        {"OUT": "*bf16"},
+    yield Case(
+        "lff_fwd features-only bf16", "lff_fwd", fwd._lff_fwd_kernel, {"OUT": "*bf16"},
         dict(_LFF, MLP=False, BLOCK_R=64, BLOCK_K=32, BLOCK_H=16, BLOCK_D=64),
         dict(num_warps=4, num_stages=2, enable_fp_fusion=False),
-    )
-    yield (
+    )  # fmt: skip
+    yield from _bwd_cases(
         "lff_bwd features-only bf16",
-        bwd._lff_bwd_kernel,
-        {"GRAD": "*bf16"},
-        dict(_LFF, **_FEATURE_NEEDS, MLP=False, BLOCK_H=16, BLOCK_M=2, **blocks),
-        dict(enable_fp_fusion=False, **opts),
+        dict(_LFF, **_FEATURE_NEEDS, MLP=False, BLOCK_H=16, BLOCK_M=2),
+        "*bf16",
+        arch,
     )
-    yield (
-        "lff_sum_partials",
-        bwd._sum_partials_kernel,
-        {"OUT": "*bf16"},
-        dict(BLOCK=1024, INTERPRET=False),
-        dict(num_warps=4),
-    )
+    yield Case(
+        "lff_sum_partials", "sum_partials", bwd._sum_partials_kernel, {"OUT": "*bf16"},
+        dict(BLOCK=1024, INTERPRET=False), dict(num_warps=4),
+    )  # fmt: skip
     # (name, ADD, HAS_BIAS, INTERLEAVED, POS_INT, WRAP)
     variants = [
         ("sinusoidal", False, False, True, False, False),
@@ -192,36 +235,99 @@ def _cases(quick: bool):
         for br, bk, w in enc._FWD_CONFIGS[:1] if quick else enc._FWD_CONFIGS:
             pointers = {"X": "*bf16", "OUT": "*bf16", "COLS": "*i32"}
             pointers["P"] = "*i64" if flags["POS_INT"] else "*fp32"
-            yield (
-                f"encoding_fwd {name} BR{br} BK{bk} w{w}",
-                enc._encoding_fwd_kernel,
-                pointers,
+            yield Case(
+                f"encoding_fwd {name} BR{br} BK{bk} w{w}", "encoding_fwd",
+                enc._encoding_fwd_kernel, pointers,
                 dict(INTERPRET=False, BLOCK_R=br, BLOCK_K=bk, **flags),
                 dict(num_warps=w, num_stages=2, enable_fp_fusion=False),
-            )
+            )  # fmt: skip
     blocks, opts = enc._bwd_blocks(1 << 20, 384)
     for interleaved in (True, False):
-        yield (
-            f"encoding_bwd interleaved={interleaved}",
-            enc._encoding_bwd_kernel,
+        yield Case(
+            f"encoding_bwd interleaved={interleaved}", "encoding_bwd", enc._encoding_bwd_kernel,
             {"GRAD": "*bf16", "COLS": "*i32"},
             dict(POS_INT=False, INTERLEAVED=interleaved, INTERPRET=False, **blocks),
             dict(enable_fp_fusion=False, **opts),
-        )
+        )  # fmt: skip
+    for label, kernel, pointers, constexprs, options in rot.compile_cases(quick):
+        yield Case(label, label.split()[0], kernel, pointers, constexprs, options)
+
+
+def report(arch: int, quick: bool, probe_refused: bool, pattern: str = "") -> dict:
+    """Compile every case for sm_{arch} (whose label matches ``pattern``), printing one line
+    each; the result as a dict."""
+    result = {"compiled": [], "refused": {}, "failed": {}}
+    print(f"\n== sm_{arch} (shared memory limit {_configs.shared_limit(arch)} B per block)")
+    for case in _cases(quick, arch):
+        if not re.search(pattern, case.label):
+            continue
+        options = case.options
+        reason = _configs.refusal(
+            case.name, case.constexprs, options.get("num_warps", 4), options.get("num_stages", 3),
+            arch,
+        )  # fmt: skip
+        if reason is not None:
+            result["refused"][case.label] = reason
+            print(f"skip {case.label}: refused, {reason}")
+            if probe_refused:
+                print(f"     probe: {probe(case, arch)}")
+            continue
+        status, line = compile_one(case, arch)
+        print(line, flush=True)
+        if status == "ok":
+            result["compiled"].append(case.label)
+        else:
+            result["failed"][case.label] = line
+    return result
+
+
+def _summary(arch: int, r: dict) -> str:
+    return (
+        f"sm_{arch}: {len(r['compiled'])} compiled, {len(r['refused'])} refused, "
+        f"{len(r['failed'])} failed"
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--arch", type=int, default=90, help="compute capability x10 (90 = H100/H200)"
+        "--arch",
+        default=",".join(map(str, _configs.REPORT_ARCHS)),
+        help="compute capabilities x10, comma-separated (default: %(default)s)",
     )
     parser.add_argument("--quick", action="store_true", help="one configuration per kernel")
+    parser.add_argument(
+        "--filter", default="", help="only the cases whose label matches this regex"
+    )
+    parser.add_argument("--json", help="write the results per architecture to this file")
+    parser.add_argument(
+        "--probe-refused",
+        action="store_true",
+        help="compile each refused configuration in a child process and say what happens",
+    )
+    parser.add_argument(
+        "--force", metavar="LABEL", help="compile this one case, even if refused (for probes)"
+    )
     args = parser.parse_args(argv)
-    print(f"triton {triton.__version__}, target sm_{args.arch}")
-    ok = True
-    for label, kernel, pointers, constexprs, options in _cases(args.quick):
-        ok &= compile_one(label, kernel, pointers, constexprs, options, args.arch)
-    return 0 if ok else 1
+    archs = [int(a) for a in args.arch.split(",") if a.strip()]
+    print(f"triton {triton.__version__}, targets {', '.join(f'sm_{a}' for a in archs)}")
+    if args.force:
+        cases = [c for c in _cases(False, archs[0]) if c.label == args.force]
+        if not cases:
+            raise SystemExit(f"no case labelled {args.force!r}")
+        status, line = compile_one(cases[0], archs[0])
+        print(line)
+        return 0 if status == "ok" else 1
+    results = {arch: report(arch, args.quick, args.probe_refused, args.filter) for arch in archs}
+    print()
+    for arch, r in results.items():
+        print(_summary(arch, r))
+    if args.json:
+        record = {"triton": triton.__version__, "quick": args.quick}
+        record["archs"] = {f"sm_{a}": r for a, r in results.items()}
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    return 1 if any(r["failed"] for r in results.values()) else 0
 
 
 if __name__ == "__main__":

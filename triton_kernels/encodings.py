@@ -30,7 +30,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, device_guard, interpreter_blocks, launch_rows, rows_view
+from ._launch import (
+    INTERPRET,
+    autotuned,
+    device_guard,
+    interpreter_blocks,
+    launch_rows,
+    rows_view,
+)
 from ._phase import accumulate_phase, phase_term, sincos_turns
 from ._round import round_to
 
@@ -327,13 +334,15 @@ def _block_bias(kind: str, dim: int, base: float, block: float, device) -> torch
 # not depend on the configuration (every element is computed on its own).
 _FWD_CONFIGS = [(64, 32, 8), (32, 32, 4), (128, 16, 8), (16, 64, 4), (32, 64, 8)]
 
-_encoding_fwd_tuned = triton.autotune(
-    configs=[
+_encoding_fwd_tuned = autotuned(
+    _encoding_fwd_kernel,
+    "encoding_fwd",
+    [
         triton.Config({"BLOCK_R": br, "BLOCK_K": bk}, num_warps=w, num_stages=2)
         for br, bk, w in _FWD_CONFIGS
     ],
     key=["n_freq", "ADD", "HAS_BIAS", "POS_INT", "INTERLEAVED"],
-)(_encoding_fwd_kernel)
+)
 
 
 def _bwd_blocks(R: int, K: int) -> tuple[dict, dict]:

@@ -53,6 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _configs
 from ._launch import (
     INTERPRET,
     device_guard,
@@ -77,6 +78,28 @@ def _add_to(ptrs, value, mask, accumulate):
         tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + value, mask=mask)
     else:
         tl.store(ptrs, 0.0 + value, mask=mask)
+
+
+@triton.jit
+def phase_chain_rule(
+    gphase, X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, dx_acc, ms, ws_wr, accumulate,
+    M: tl.constexpr, NEED_X: tl.constexpr, NEED_WR: tl.constexpr,
+):  # fmt: skip
+    """The chain rule through phase = x . wr for one tile of d loss / d phase [BR, BK]
+    (rows ``rows`` of X [R, M], frequencies ``ks`` of WR [F2, M] contiguous): returns
+    dx_acc [BR, BLOCK_M] + gphase @ wr[ks], and adds sum_rows gphase * x[:, m] to this
+    program's workspace partials ws_wr[k * M + m] (_add_to). Padded rows and frequencies
+    must have gphase = 0. Shared by the LFF and rotary backward kernels."""
+    for m in tl.static_range(M):
+        if NEED_X:
+            w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
+            col = tl.sum(gphase * w[None, :], axis=1)
+            dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
+        if NEED_WR:
+            x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0)
+            part = tl.sum(gphase * x.to(tl.float32)[:, None], axis=0)
+            _add_to(ws_wr + ks * M + m, part, kmask, accumulate)
+    return dx_acc
 
 
 @triton.jit
@@ -266,15 +289,10 @@ def _lff_bwd_kernel(
                     # d[cos, sin]/d phase = [-sin, cos]; padded rows / frequencies have
                     # gr = 0 (zero dY rows, zero w1 rows), so gphase = 0 there.
                     gphase = (gr_s * c - gr_c * s) * inv_sqrt_f  # [BR, BK]
-                    for m in tl.static_range(M):
-                        if NEED_X:
-                            w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
-                            col = tl.sum(gphase * w[None, :], axis=1)
-                            dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
-                        if NEED_WR:
-                            x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0)
-                            part = tl.sum(gphase * x.to(tl.float32)[:, None], axis=0)
-                            _add_to(ws + off_dwr + ks * M + m, part, kmask, accumulate)
+                    dx_acc = phase_chain_rule(
+                        gphase, X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, dx_acc,
+                        ms, ws + off_dwr, accumulate, M, NEED_X, NEED_WR,
+                    )  # fmt: skip
             if NEED_X:
                 dmask_x = rmask[:, None] & (ms < M)[None, :]
                 tl.store(
@@ -312,11 +330,13 @@ def max_programs(device: torch.device) -> int:
     return 2 * sm_count(device)
 
 
-def _blocks(R: int, F2: int, H: int, DG: int, compute: torch.dtype) -> tuple[dict, dict]:
-    """(block sizes, launch options): a fixed rule, see the module docstring."""
-    block_h = pow2(H)
-    if INTERPRET:
-        return interpreter_blocks(R, F2, DG), {}
+# Launch options of the GPU configurations (see gpu_candidates).
+_OPTIONS = {"num_warps": 8, "num_stages": 1}
+
+
+def gpu_candidates(meta: dict) -> list[dict]:
+    """Block sizes for the GPU, preferred first (launched with _OPTIONS). ``meta``: the
+    kernel's constexprs (COMPUTE, BLOCK_H). A fixed rule, see the module docstring."""
     # Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU) and reading registers /
     # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 234
     # registers without spilling at H=32; H=128 and H=256 spill ~340 B / ~810 B with the
@@ -324,12 +344,32 @@ def _blocks(R: int, F2: int, H: int, DG: int, compute: torch.dtype) -> tuple[dic
     # float32 uses FMA matmuls ("ieee"), which need far more registers: 32 rows.
     # num_stages=1: with 2 stages the H=32 tile above needs 252 registers (and spilled
     # 32 B before the workspace's first-tile stores, which cut 18 registers).
-    if compute == torch.float32:
+    # Second choice, where _configs refuses the first (Triton 3.1 cannot compile 64 rows
+    # with 8 warps for sm_90): 32 rows, which use Ampere's mma.sync, no warpgroups.
+    block_h = meta["BLOCK_H"]
+    if meta["COMPUTE"] == tl.float32:
         block_r = 32 if block_h <= 64 else 16
     else:
         block_r = 128 if block_h <= 64 else (64 if block_h <= 128 else 32)
-    blocks = {"BLOCK_R": block_r, "BLOCK_K": 16, "BLOCK_D": 32}
-    return blocks, {"num_warps": 8, "num_stages": 1}
+    rows = dict.fromkeys((block_r, min(block_r, 32)))
+    return [{"BLOCK_R": r, "BLOCK_K": 16, "BLOCK_D": 32} for r in rows]
+
+
+def _blocks(R: int, F2: int, H: int, DG: int, meta: dict, arch) -> tuple[dict, dict]:
+    """(block sizes, launch options): under the interpreter its blocks; on the GPU the
+    first of gpu_candidates that _configs allows on ``arch`` (compute capability x10)."""
+    if INTERPRET:
+        return interpreter_blocks(R, F2, DG), {}
+    why = []
+    for blocks in gpu_candidates(meta):
+        reason = _configs.refusal("lff_bwd", {**meta, **blocks}, **_OPTIONS, arch=arch)
+        if reason is None:
+            return blocks, dict(_OPTIONS)
+        why.append(f"BLOCK_R={blocks['BLOCK_R']}: {reason}")
+    raise RuntimeError(
+        f"posenc_fast: no lff_bwd configuration can be compiled for sm_{arch} with Triton "
+        f"{triton.__version__}: " + "; ".join(why)
+    )
 
 
 def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
@@ -383,7 +423,19 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     else:
         w1 = b1 = w2 = wr  # never read: MLP is a compile-time False
 
-    blocks, options = _blocks(R, F2, H, width, compute)
+    meta = {
+        "M": M,
+        "MLP": mlp,
+        "ACT": activation,
+        "COMPUTE": tl_dtype(compute),
+        "PRECISION": dot_precision(compute),
+        "INTERPRET": INTERPRET,
+        "SPLIT": split_features(activation, compute),
+        "BLOCK_H": pow2(H),
+        "BLOCK_M": triton.next_power_of_2(M),
+    }
+    arch = None if INTERPRET else _configs.device_arch(device)
+    blocks, options = _blocks(R, F2, H, width, meta, arch)
     n_tiles = triton.cdiv(R, blocks["BLOCK_R"])
     per_program = max(1, total) * 4
     programs = max(1, min(n_tiles, max_programs(device), _WORKSPACE_BYTES // per_program))
@@ -415,22 +467,14 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
             offsets.get(3, 0),
             offsets.get(5, 0),
             1.0 / math.sqrt(2 * F2),
-            M=M,
-            MLP=mlp,
-            ACT=activation,
-            COMPUTE=tl_dtype(compute),
-            PRECISION=dot_precision(compute),
-            INTERPRET=INTERPRET,
-            SPLIT=split_features(activation, compute),
             NEED_X=need_x,
             NEED_WR=need_wr,
             NEED_W1=need_w1,
             NEED_B1=need_b1,
             NEED_W2=need_w2,
             NEED_B2=need_b2,
-            BLOCK_H=pow2(H),
-            BLOCK_M=triton.next_power_of_2(M),
             enable_fp_fusion=False,
+            **meta,
             **blocks,
             **options,
         )

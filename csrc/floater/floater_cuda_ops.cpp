@@ -1,7 +1,7 @@
 // CUDA implementations of posenc_fast::floater_integrate / floater_integrate_backward:
 // checks, allocation through torch's caching allocator, device guard and the current
-// stream; the kernels are in floater_cuda.cu (see there for the design). Compiled only
-// in CUDA builds (POSENC_FAST_WITH_CUDA).
+// stream; the kernels are in floater_cuda.cu (see there for the design). Part of the
+// CUDA module posenc_fast._C_cuda (module_cuda.cpp); the ops are defined by posenc_fast._C.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -28,6 +28,7 @@ __all__ = [
     "available_backends",
     "choose",
     "get",
+    "resolve_env",
 ]
 
 BACKEND_NAMES = ("reference", "torch", "triton", "cuda", "cpp")
@@ -80,8 +81,7 @@ def choose(problem: Problem, requested: str = "auto") -> str:
     """Name of the backend that runs ``problem``; BackendError explains a refusal."""
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a str, got {type(requested).__name__}")
-    if requested == "auto":
-        requested = os.environ.get(ENV_VAR, "auto") or "auto"
+    requested = resolve_env(requested)
     if requested == "auto":
         for name in AUTO_ORDER:
             backend = get(name)
@@ -113,6 +113,13 @@ def choose(problem: Problem, requested: str = "auto") -> str:
             f"{_report(_all_reasons(problem))}"
         )
     return requested
+
+
+def resolve_env(backend: str) -> str:
+    """``backend``, with "auto" replaced by the name in POSENC_FAST_BACKEND when set."""
+    if backend == "auto":
+        return os.environ.get(ENV_VAR, "auto") or "auto"
+    return backend
 
 
 def validate_name(backend) -> str:

@@ -22,7 +22,7 @@ ANY = None  # in a declaration: no restriction
 class Problem:
     """The metadata of one call that backends decide on (never the tensors themselves)."""
 
-    op: str  # "lff" | "encoding" | "floater"
+    op: str  # "lff" | "encoding" | "encoding_nd" | "floater"
     device: str  # torch device type: "cpu", "cuda", "meta", ...
     dtype: torch.dtype  # output / compute dtype
     sizes: Mapping[str, int] = field(default_factory=dict)
@@ -46,6 +46,20 @@ def device_capability() -> tuple[int, int]:
     can simulate a GPU older than the kernels support (tests/test_degradation.py)."""
     major, minor = torch.cuda.get_device_capability()
     return int(major), int(minor)
+
+
+def capability_reasons(minimum: tuple[int, int], why: str = "") -> list[str]:
+    """Why the current CUDA device cannot run a backend that needs compute capability
+    ``minimum``: too old, or torch reports a device whose capability cannot be read (no
+    driver, a CPU build of torch, a process that faked torch.cuda.is_available)."""
+    try:
+        major, minor = device_capability()
+    except Exception as exc:
+        return [f"cannot read the CUDA device's compute capability ({type(exc).__name__}: {exc})"]
+    if (major, minor) < minimum:
+        need = f"{minimum[0]}.{minimum[1]}{why}"
+        return [f"needs a GPU of compute capability >= {need}, this one is {major}.{minor}"]
+    return []
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -109,3 +123,11 @@ class Backend:
                     f"{key}={value!r} not supported (supports {', '.join(map(repr, allowed))})"
                 )
         return out + self.extra_reasons(problem)
+
+    def encoding_nd_add(self, x, coords, kind: str, base: float):
+        """x [..., M * n] + the encodings of coords [..., M], axis m in columns
+        [m n, (m + 1) n): the backend's fused 1-D add on the [..., M, n] view of x (one
+        read of x, one write), for backends that declare "encoding_nd" in SUPPORT."""
+        axes = coords.shape[-1]
+        x_axes = x.unflatten(-1, (axes, x.shape[-1] // axes))
+        return self.encoding_add(x_axes, coords, kind, base, None).flatten(-2)

@@ -1,18 +1,20 @@
-"""The "cpp" and "cuda" backends: the compiled extension posenc_fast._C (csrc/), which
-implements
+"""The "cpp" and "cuda" backends: the compiled extension (csrc/), which implements
 - the FLOATER integrator (forward and discrete-adjoint backward) as the low-level ops
-  ``posenc_fast::floater_integrate`` / ``floater_integrate_backward``, CPU and CUDA kernels;
+  ``posenc_fast::floater_integrate`` / ``floater_integrate_backward``: defined with their
+  CPU kernels by posenc_fast._C ("cpp" needs only that module), with CUDA kernels
+  registered by posenc_fast._C_cuda ("cuda" needs both);
 - learnable Fourier features and the sinusoidal / DFT encodings (with the fused add), CPU
-  kernels (csrc/fourier/): ``lff_kernel`` / ``lff_kernel_backward``, ``encoding_kernel``,
-  ``encoding_add_kernel``, ``encoding_kernel_backward``. Same phase math as the Triton
-  kernels (float32 with the error-free reduction of triton_kernels/_phase.py), float32
-  arithmetic for bfloat16 / float16 inputs and outputs, one parallel region per call,
-  bitwise-deterministic for any thread count; float64 stays on the torch backend.
+  kernels in posenc_fast._C (csrc/fourier/): ``lff_kernel`` / ``lff_kernel_backward``,
+  ``encoding_kernel``, ``encoding_add_kernel``, ``encoding_kernel_backward``. Same phase
+  math as the Triton kernels (float32 with the error-free reduction of
+  triton_kernels/_phase.py), float32 arithmetic for bfloat16 / float16 inputs and outputs,
+  one parallel region per call, bitwise-deterministic for any thread count; float64 stays
+  on the torch backend.
 The autograd-carrying ops (ops/floater.py, ops/fourier_features.py, ops/encodings.py) call
 them here.
 
-Both backends are optional: when the extension is missing, was built for another torch,
-or (cuda) has no CUDA part or no device, ``environment_reasons`` says why, "auto" falls
+Both backends are optional: when a module is missing, failed to build, was built for
+another torch, or (cuda) there is no device, ``environment_reasons`` says why, "auto" falls
 back to the torch backend and warns once, and ``python -m posenc_fast info`` shows it.
 """
 
@@ -47,11 +49,13 @@ def _call_args(p0, w1, b1, w2, b2, times, substeps, method, activation):
 
 class _ExtensionBackend(Backend):
     warn_when_unavailable = True
+    parts: tuple[str, ...] = ("cpu",)  # the extension's modules this backend needs
 
     def _ops(self):
-        if _extension.load() is None:
-            why = "; ".join(self.environment_reasons())
-            raise RuntimeError(f"posenc_fast: backend {self.name!r} is unavailable: {why}")
+        for part in self.parts:
+            if _extension.load(part) is None:
+                why = "; ".join(self.environment_reasons())
+                raise RuntimeError(f"posenc_fast: backend {self.name!r} is unavailable: {why}")
         return torch.ops.posenc_fast
 
     def floater_forward(
@@ -145,6 +149,7 @@ class CppBackend(_ExtensionBackend):
 
 class CudaBackend(_ExtensionBackend):
     name = "cuda"
+    parts = ("cpu", "cuda")
     summary = "CUDA kernels of the compiled extension (FLOATER integrator, one persistent launch)"
     SUPPORT = {
         "floater": OpSupport(
@@ -156,17 +161,15 @@ class CudaBackend(_ExtensionBackend):
     }
 
     def environment_reasons(self) -> list[str]:
-        reasons = _extension.reasons()
-        if reasons:
-            return reasons
-        if not _extension.has_cuda():
-            why = (_extension.extension_build_metadata() or {}).get("cuda_decision")
-            return ["the extension was built without CUDA" + (f" ({why})" if why else "")]
+        for part in self.parts:  # the CPU module defines the ops, the CUDA one implements them
+            reasons = _extension.reasons(part)
+            if reasons:
+                return reasons
         if not torch.cuda.is_available():
             return ["no CUDA device available"]
-        major, minor = _base.device_capability()
-        if major < 7:  # an environment reason: "auto" warns and info shows it
-            return [f"needs a GPU of compute capability >= 7.0, this one is {major}.{minor}"]
+        too_old = _base.capability_reasons((7, 0))
+        if too_old:  # an environment reason: "auto" warns and info shows it
+            return too_old
         if not CUDA_VALIDATED and os.environ.get(CUDA_GATE_ENV, "") in ("", "0"):
             return [
                 "the CUDA kernels have not passed the test matrix on a GPU yet; "

@@ -19,5 +19,8 @@ class ReferenceBackend(Backend):
     SUPPORT = {
         "lff": OpSupport(devices=ANY, dtypes=_FLOATS),
         "encoding": OpSupport(devices=ANY, dtypes=_FLOATS),
+        "encoding_nd": OpSupport(devices=ANY, dtypes=_FLOATS),
         "floater": OpSupport(devices=ANY, dtypes=(torch.float32, torch.float64)),
+        "lff_rotary": OpSupport(devices=ANY, dtypes=_FLOATS),
+        "apply_lff_rotary": OpSupport(devices=ANY, dtypes=_FLOATS),
     }

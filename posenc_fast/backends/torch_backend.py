@@ -11,6 +11,7 @@ import torch
 from ..torch_impl import encodings as _enc
 from ..torch_impl import floater as _floater
 from ..torch_impl import fourier_features as _lff
+from ..torch_impl import rotary as _rotary
 from ._base import ANY, Backend, OpSupport
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -22,7 +23,10 @@ class TorchBackend(Backend):
     SUPPORT = {
         "lff": OpSupport(devices=ANY, dtypes=_FLOATS),
         "encoding": OpSupport(devices=ANY, dtypes=_FLOATS),
+        "encoding_nd": OpSupport(devices=ANY, dtypes=_FLOATS),
         "floater": OpSupport(devices=ANY, dtypes=(torch.float32, torch.float64)),
+        "lff_rotary": OpSupport(devices=ANY, dtypes=_FLOATS),
+        "apply_lff_rotary": OpSupport(devices=ANY, dtypes=_FLOATS),
     }
 
     lff_forward = staticmethod(_lff.lff_forward)
@@ -32,3 +36,7 @@ class TorchBackend(Backend):
     encoding_backward = staticmethod(_enc.encoding_backward)
     floater_forward = staticmethod(_floater.floater_forward)
     floater_backward = staticmethod(_floater.floater_backward)
+    lff_rotary_forward = staticmethod(_rotary.table_forward)
+    lff_rotary_backward = staticmethod(_rotary.table_backward)
+    apply_lff_rotary_forward = staticmethod(_rotary.apply_forward)
+    apply_lff_rotary_backward = staticmethod(_rotary.apply_backward)

@@ -3,8 +3,9 @@
 - info:   versions, devices, and for every backend whether it is usable here and why not.
 - verify: every usable backend of every op against the float64 reference on fresh random
           inputs, one line each; exit status 1 on any mismatch.
-- bench:  the reference, torch.compile(reference) and every usable backend side by side
-          on the same inputs, forward and forward+backward: times, speed-ups, peak memory.
+- bench:  the op as users write it (eager), torch.compile of that and every usable backend
+          side by side on the same inputs, forward and forward+backward: times, speed-ups,
+          % of measured floors, errors against the float64 spec, peak memory.
 """
 
 from __future__ import annotations
@@ -49,7 +50,23 @@ def _parser() -> argparse.ArgumentParser:
         "--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune')"
     )
     bench.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=300.0,
+        help="seconds one torch.compile may take before it is recorded as unfinished",
+    )
+    bench.add_argument(
         "--min-time", type=float, default=None, help="seconds of timed runs per measurement"
+    )
+    bench.add_argument(
+        "--threads",
+        default=None,
+        help="comma-separated torch thread counts to run at, e.g. 1,2 (default: torch's)",
+    )
+    bench.add_argument(
+        "--contention",
+        action="store_true",
+        help="also run with a busy process pinned to one CPU (at each --threads count >= 2)",
     )
     return p
 

@@ -1,12 +1,14 @@
 """Benchmark cases: one setup factory per op, shared by the speed and memory runs.
 
-A case holds the inputs once and a closure per implementation that computes the op's
+A case holds the inputs once and, for every implementation, a closure computing the op's
 output from them, so every implementation runs on the very same tensors:
-- "reference": the reference equations evaluated eagerly in the working dtype (plain
-  PyTorch, what a user would write; the float64 specification itself is not a timing
-  baseline),
-- "compile": torch.compile of that same function (and "compile-max" with --max-autotune),
+- "eager": the op as users write it (``_baselines``: nn.Linear + nn.GELU + torch.cat for
+  LFF, the div_term table, ``x + table``); "eager-cached" for the adds: ``x + pe[:L]``
+  with a table computed at construction; torchdiffeq for FLOATER,
+- "compile": torch.compile of the eager form (and "compile-max" with --max-autotune),
 - one entry per usable posenc_fast backend ("torch", "triton", "cpp", "cuda").
+The float64 reference is the specification: it is not timed; ``spec()`` gives its forward
+output, against which ``bench`` reports every implementation's largest error.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -23,6 +26,18 @@ from .. import encodings as enc_api
 from ..fourier_features import lff
 from ..reference import encodings as enc_ref
 from ..reference import fourier_features as lff_ref
+from . import _baselines
+from ._floors import Work
+
+
+@dataclass
+class Impl:
+    """One implementation: ``fn()`` computes the output; "fwd+bwd" differentiates it with
+    respect to ``leaves``; ``layout`` maps the output to the spec's layout."""
+
+    fn: Callable[[], torch.Tensor]
+    leaves: list
+    layout: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
 
 @dataclass
@@ -31,20 +46,26 @@ class BenchCase:
     label: str  # the sizes, readable
     size: int  # the x axis of plots (positions N, or sequence length L)
     sizes: dict  # every size parameter, for the JSON
-    leaves: list  # the inputs that require grad in "fwd+bwd" mode
-    reference: Callable  # reference(*args) -> Tensor, eager, working dtype
-    args: tuple  # the reference's arguments
-    backends: dict  # backend name -> closure () -> Tensor
+    eager: Callable  # the op as users write it (module or function): eager(*args)
+    args: tuple  # eager's arguments
+    leaves: list  # the tensors eager (and its torch.compile) differentiates in "fwd+bwd"
+    spec: Callable[[], torch.Tensor]  # the float64 specification's forward output
+    backends: dict  # posenc_fast backend name -> Impl
+    baselines: dict = field(default_factory=dict)  # further baselines: name -> Impl
     context: Callable = contextlib.nullcontext  # e.g. autocast for bf16 cases
-    floor_bytes: int = 0  # bytes a forward must move at least (for GB/s)
+    work: dict = field(default_factory=dict)  # mode -> Work (the floor's bytes and GEMMs)
     extra: dict = field(default_factory=dict)
 
 
 def _available(op: str, device: str, dtype) -> list[str]:
-    """Usable backends that "auto" could pick here: e.g. not the Triton interpreter on the
-    CPU (TRITON_INTERPRET=1), which is for verification, not timing."""
+    """Usable backends that "auto" could pick here, in auto's order: e.g. not the Triton
+    interpreter on the CPU (TRITON_INTERPRET=1), which is for verification, not timing."""
     names = _testing.backends_for(op, device, dtype)
     return [n for n in names if _backends.get(n).auto_eligible(op, device)]
+
+
+def _elt(dtype) -> int:
+    return torch.finfo(dtype).bits // 8
 
 
 def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> BenchCase:
@@ -58,30 +79,38 @@ def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> B
     weights = [wr, w1, b1, w2, b2]
     for t in weights:
         t.requires_grad_(True)
+    eager = _baselines.EagerLFF.from_weights(*(t.detach() for t in weights))
     autocast = dtype in (torch.float16, torch.bfloat16)
     ctx = (lambda: torch.autocast(device, dtype=dtype)) if autocast else contextlib.nullcontext
-    compute = torch.float32 if autocast else dtype
+    compute = dtype if autocast else param_dtype  # the MLP's GEMM dtype
 
-    def reference(x, wr, w1, b1, w2, b2):
-        return lff_ref.lff(x, wr, w1, b1, w2, b2, "gelu", None, compute)
+    def spec():
+        return lff_ref.lff(x, *(t.detach() for t in weights), "gelu")
 
-    backends = {}
-    for name in _available("lff", device, dtype):
-        backends[name] = lambda name=name: lff(x, wr, w1, b1, w2, b2, "gelu", name)
-    out_bytes = N * D * torch.finfo(dtype).bits // 8
+    backends = {
+        name: Impl(lambda name=name: lff(x, *weights, "gelu", name), weights)
+        for name in _available("lff", device, dtype)
+    }
+    R, Dg = N * G, D // G
+    x_bytes, y_bytes = R * M * x.element_size(), N * D * _elt(dtype)
+    gemms = ((R, F, H), (R, H, Dg))
     label = f"N={N} M={M} G={G} F={F} H={H} D={D} {str(dtype)[6:]}{label_extra}"
-    sizes = {"N": N, "M": M, "G": G, "F": F, "H": H, "D": D, "dtype": str(dtype)[6:]}
     return BenchCase(
         "lff",
         label,
         N,
-        sizes,
-        weights,
-        reference,
-        (x, *weights),
+        {"N": N, "M": M, "G": G, "F": F, "H": H, "D": D, "dtype": str(dtype)[6:]},
+        eager,
+        (x,),
+        list(eager.parameters()),
+        spec,
         backends,
-        ctx,
-        floor_bytes=out_bytes + x.numel() * x.element_size(),
+        context=ctx,
+        work={
+            "fwd": Work(x_bytes + y_bytes, gemms, compute),
+            # backward: read dY and x again; per layer the product, dW and d(input)
+            "fwd+bwd": Work(2 * x_bytes + 2 * y_bytes, gemms * 3, compute),
+        },
     )
 
 
@@ -91,26 +120,27 @@ def encoding_case(kind: str, N: int, dim: int, device, dtype=torch.float32) -> B
     p.requires_grad_(True)
     fn = enc_api.dft if kind == "dft" else enc_api.sinusoidal
 
-    def reference(p):
-        if kind == "dft":
-            return enc_ref.dft(p, dim, compute_dtype=dtype)
-        return enc_ref.sinusoidal(p, dim, compute_dtype=dtype)
+    def spec():
+        ref = enc_ref.dft if kind == "dft" else enc_ref.sinusoidal
+        return ref(p.detach(), dim)
 
     backends = {
-        name: (lambda name=name: fn(p, dim, backend=name))
+        name: Impl(lambda name=name: fn(p, dim, backend=name), [p])
         for name in _available("encoding", device, dtype)
     }
-    elt = torch.finfo(dtype).bits // 8
+    table, positions = N * dim * _elt(dtype), N * _elt(dtype)
     return BenchCase(
         kind,
         f"N={N} dim={dim} {str(dtype)[6:]}",
         N,
         {"N": N, "dim": dim, "dtype": str(dtype)[6:]},
-        [p],
-        reference,
+        _baselines.table_module(kind, dim, device),
         (p,),
+        [p],
+        spec,
         backends,
-        floor_bytes=N * dim * elt + N * elt,
+        # backward: read dY and the positions, write their gradient
+        work={"fwd": Work(table + positions), "fwd+bwd": Work(2 * table + 3 * positions)},
     )
 
 
@@ -120,28 +150,34 @@ def encoding_add_case(
     """x [B, L, dim] + encoding(0..L-1): the module's fused add (gradient to x)."""
     x = _testing.randn((B, L, dim), _testing.generator(B * L + dim), dtype, device)
     x.requires_grad_(True)
-    positions = torch.arange(L, device=device)
-    module = enc_api.DFTPE(dim) if kind == "dft" else enc_api.SinusoidalPE(dim)
 
-    def reference(x):
+    def spec():
         ref = enc_ref.dft if kind == "dft" else enc_ref.sinusoidal
-        return x + ref(positions, dim, compute_dtype=dtype).to(x.dtype)
+        return x.detach().double() + ref(torch.arange(L, device=device), dim)
 
     backends = {}
     for name in _available("encoding", device, dtype):
-        module_b = type(module)(dim, backend=name)
-        backends[name] = lambda m=module_b: m(x)
-    elt = torch.finfo(dtype).bits // 8
+        module = (
+            enc_api.DFTPE(dim, backend=name)
+            if kind == "dft"
+            else enc_api.SinusoidalPE(dim, backend=name)
+        )
+        backends[name] = Impl(lambda m=module: m(x), [x])
+    cached = _baselines.EagerCachedAdd(_baselines.table_module(kind, dim, device), L, dtype, device)
+    # read x, write the sum; the gradient of an add passes through untouched
+    io = 2 * B * L * dim * _elt(dtype)
     return BenchCase(
         f"{kind}_add",
         f"B={B} L={L} dim={dim} {str(dtype)[6:]}",
         B * L,
         {"B": B, "L": L, "dim": dim, "dtype": str(dtype)[6:]},
-        [x],
-        reference,
+        _baselines.EagerAdd(_baselines.table_module(kind, dim, device)),
         (x,),
+        [x],
+        spec,
         backends,
-        floor_bytes=2 * B * L * dim * elt,
+        baselines={"eager-cached": Impl(lambda: cached(x), [x])},
+        work={"fwd": Work(io), "fwd+bwd": Work(io)},
     )
 
 
@@ -165,7 +201,8 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
             if quick:
                 out = out[:1] + out[3:4]
         else:
-            sizes = (4096, 16384) if quick else (4096, 16384, 65536)
+            # 196: a 14 x 14 ViT grid, where per-call overhead shows
+            sizes = (196, 4096, 16384) if quick else (196, 4096, 16384, 65536)
             out += [lff_case(n, 2, 1, 256, 32, 768, device) for n in sizes]
             if not quick:
                 out += [lff_case(65536, 1, 1, 256, 32, 768, device, label_extra=" (1-D)")]
@@ -182,5 +219,7 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
         else:
             n_sizes = (16384,) if quick else (4096, 16384, 65536)
             out += [encoding_case(kind, n, 768, device) for n in n_sizes]
-            out += [encoding_add_case(kind, 8, 1024 if quick else 4096, 768, device)]
+            out += [encoding_add_case(kind, 8, 1024, 768, device)]
+            if not quick:
+                out += [encoding_add_case(kind, 8, 4096, 768, device)]
     return out

@@ -42,12 +42,25 @@ def triton_version() -> str:
         return f"unavailable ({type(exc).__name__})"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def describe() -> dict:
     info = {
         "posenc_fast": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,

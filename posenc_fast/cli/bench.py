@@ -1,98 +1,218 @@
 """``python -m posenc_fast bench``: every implementation side by side on the same inputs.
 
-For each op and size: the reference (eager, working dtype), torch.compile(reference) and
-every usable posenc_fast backend; forward ("fwd", under no_grad) and forward+backward
-("fwd+bwd"). Prints a table of median times (20th-80th percentiles), speed-ups against
-the reference and against torch.compile, achieved GB/s of the counted floor bytes, and
-peak memory; --json saves it with the machine, versions and git SHA; --plot draws time
-against size. Timings are reported, never asserted.
+For each op and size: the op as users write it in eager PyTorch ("eager", see _baselines;
+plus "eager-cached" for the adds and torchdiffeq for FLOATER), torch.compile of that
+("compile", default mode; "compile-max" = mode="max-autotune" with --max-autotune, each
+compilation time-boxed) and every usable posenc_fast backend; forward ("fwd", under
+no_grad) and forward+backward ("fwd+bwd": torch.autograd.grad of the output).
+
+Reported per implementation: median time (20th-80th percentiles), speed-up against eager
+and against torch.compile, % of the floor measured in the same run (_floors: bandwidth
+and GEMM rate), the largest error of its forward output against the float64 spec and
+its largest difference from posenc_fast's own output (the first backend), and peak
+memory. Runs repeat per thread count (``--threads 1,2``) and, with ``--contention``,
+with a busy process pinned to one core (_contention). --json saves everything with the
+machine, versions and git SHA; benchmarks/render_cpu_table.py turns it into the README's
+table. Timings are reported, never asserted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
-from . import _cases, _timing
+from ..backends import AUTO_ORDER
+from . import _cases, _contention, _floors, _timing
+from ._cases import Impl
 from ._environment import describe
 
 MODES = ("fwd", "fwd+bwd")
+COMPILE_MODES = {"compile": None, "compile-max": "max-autotune"}
+DEFAULT_COMPILE_TIMEOUT = 300.0
 
 
-def _runner(case, fn, mode):
+@dataclass(frozen=True)
+class Setting:
+    """Threads for torch (None: leave as is) and whether a busy process holds a core."""
+
+    threads: int | None = None
+    contention: bool = False
+
+
+class CompileTimeout(BaseException):
+    """Raised by the time box (a BaseException: torch's ``except Exception`` must not
+    swallow it)."""
+
+
+@contextlib.contextmanager
+def time_box(seconds: float | None):
+    """Raise CompileTimeout in the block after ``seconds`` (main thread only: signals)."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CompileTimeout(f"did not finish within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def applied(setting: Setting):
+    """Set the thread count and start the busy process for the block; undo both after."""
+    before = torch.get_num_threads()
+    if setting.threads:
+        torch.set_num_threads(setting.threads)
+    try:
+        if setting.contention:
+            with _contention.busy_cpu() as proc:
+                yield {"busy_pid": proc.pid, "busy_cpu": _contention.cpus()[-1]}
+        else:
+            yield {}
+    finally:
+        torch.set_num_threads(before)
+
+
+def _runner(case, impl: Impl, mode: str):
     """A closure running one implementation once in ``mode``."""
     if mode == "fwd":
 
         def run():
             with torch.no_grad(), case.context():
-                return fn()
+                return impl.fn()
 
         return run
     grad = {}
 
     def run():
         with case.context():
-            out = fn()
+            out = impl.fn()
         g = grad.get("g")
         if g is None:
             g = grad["g"] = torch.randn_like(out)
-        out.backward(g)
-        for t in case.leaves:
-            t.grad = None
+        # autograd.grad, not backward: nothing accumulates into .grad between runs
+        return torch.autograd.grad(out, impl.leaves, g)
 
     return run
 
 
-def _impls(case, compile_baseline: bool, max_autotune: bool) -> dict:
-    impls = {"reference": lambda: case.reference(*case.args)}
-    if compile_baseline:
-        compiled = torch.compile(case.reference)
-        impls["compile"] = lambda: compiled(*case.args)
-        if max_autotune:
-            compiled_max = torch.compile(case.reference, mode="max-autotune")
-            impls["compile-max"] = lambda: compiled_max(*case.args)
+def _impls(case, compile_modes=("compile",)) -> dict[str, Impl]:
+    impls = {"eager": Impl(lambda: case.eager(*case.args), case.leaves)}
+    impls.update(case.baselines)
+    for name in compile_modes:
+        compiled = torch.compile(case.eager, mode=COMPILE_MODES[name])
+        impls[name] = Impl(lambda c=compiled: c(*case.args), case.leaves)
     impls.update(case.backends)
     return impls
+
+
+def _forward(case, impl: Impl) -> torch.Tensor:
+    with torch.no_grad(), case.context():
+        out = impl.fn()
+    return (impl.layout(out) if impl.layout else out).detach().to(torch.float64)
+
+
+def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+class _Accuracy:
+    """Largest error of each implementation's forward against the float64 spec, and its
+    largest difference from posenc_fast's output (``ours``: the backend "auto" picks)."""
+
+    def __init__(self, case):
+        self.case = case
+        self.spec = case.spec().detach().to(torch.float64)
+        ranked = [n for n in AUTO_ORDER if n in case.backends]
+        self.name = ranked[0] if ranked else None
+        self.ours = _forward(case, case.backends[self.name]) if self.name else None
+
+    def of(self, impl: Impl) -> dict:
+        out = _forward(self.case, impl)
+        if out.shape != self.spec.shape:
+            return {"max_err_vs_spec": None, "max_diff_vs_ours": None}
+        return {
+            "max_err_vs_spec": _max_abs(out.cpu(), self.spec.cpu()),
+            "max_diff_vs_ours": _max_abs(out, self.ours) if self.ours is not None else None,
+            "ours": self.name,
+        }
 
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def measure(
-    cases, modes, device, min_time, compile_baseline=True, max_autotune=False
-) -> list[dict]:
-    timer = _timing.time_cuda if device == "cuda" else _timing.time_cpu
-    peak = _timing.peak_bytes_cuda if device == "cuda" else _timing.peak_bytes_cpu
-    results = []
-    total = sum(
-        len(_impls(c, False, False)) + compile_baseline + max_autotune for c in cases
-    ) * len(modes)
-    done = 0
-    for case in cases:
-        impls = _impls(case, compile_baseline, max_autotune)
-        for mode in modes:
-            for name, fn in impls.items():
-                done += 1
-                run = _runner(case, fn, mode)
+def _measure_one(case, name, impl, mode, timer, peak, min_time, compile_timeout, with_peak):
+    """One row: time (and, if ``with_peak``, peak memory) of one implementation."""
+    run = _runner(case, impl, mode)
+    row = {"ms": float("nan"), "ms_p20": float("nan"), "ms_p80": float("nan"), "error": ""}
+    try:
+        with time_box(compile_timeout if name in COMPILE_MODES else None):
+            run()  # warm-up: compilation and lazy initialisation stay out of the timings
+        row["ms"], row["ms_p20"], row["ms_p80"] = timer(run, min_time)
+        if with_peak:
+            row["peak_bytes"] = peak(run)
+    except CompileTimeout as exc:
+        row["error"] = f"torch.compile {name}: {exc} (not timed)"
+        torch._dynamo.reset()  # drop the half-built compilation
+    except Exception as exc:  # one failing implementation must not stop the table
+        row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return row
+
+
+class _Run:
+    """The state of one ``measure`` call: options, progress and the rows so far. Errors
+    are measured in the first setting, peak memory once per thread count (the torch
+    backend's chunks depend on it); later rows repeat them."""
+
+    def __init__(self, cases, modes, device, min_time, compile_modes, compile_timeout, total):
+        self.cases, self.modes, self.min_time = cases, modes, min_time
+        self.compile_modes, self.compile_timeout = compile_modes, compile_timeout
+        self.timer = _timing.time_cuda if device == "cuda" else _timing.time_cpu
+        self.peak = _timing.peak_bytes_cuda if device == "cuda" else _timing.peak_bytes_cpu
+        self.done, self.total = 0, total
+        self.results: list[dict] = []
+        self.errors: dict = {}  # (op, case, mode, impl) -> error columns
+        self.peaks: dict = {}  # (threads, op, case, mode, impl) -> peak bytes
+
+    def case(self, case, setting: Setting, threads: int, machine: dict, first: bool) -> None:
+        impls = _impls(case, self.compile_modes)
+        accuracy = _Accuracy(case) if first else None
+        for mode in self.modes:
+            work = case.work.get(mode)
+            for name, impl in impls.items():
+                self.done += 1
                 t0 = time.perf_counter()
-                try:
-                    med, p20, p80 = timer(run, min_time)
-                    mem = peak(run)
-                    error = ""
-                except Exception as exc:  # one failing baseline must not stop the table
-                    med = p20 = p80 = float("nan")
-                    mem = -1
-                    error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                key = (case.op, case.label, mode, name)
+                row = _measure_one(
+                    case, name, impl, mode, self.timer, self.peak, self.min_time,
+                    self.compile_timeout, (threads, *key) not in self.peaks,
+                )  # fmt: skip
+                if "peak_bytes" in row:
+                    self.peaks[(threads, *key)] = row["peak_bytes"]
+                if first and not row["error"]:
+                    self.errors[key] = accuracy.of(impl)
+                row.update(self.errors.get(key, {}))
+                row["peak_bytes"] = self.peaks.get((threads, *key), -1)
                 _progress(
-                    f"[{done}/{total}] {case.op} {case.label} {mode:<7} {name:<12} "
-                    + (f"{med:9.3f} ms" if not error else f"failed: {error}")
+                    f"[{self.done}/{self.total}] {case.op} {case.label} {mode:<7} {name:<19} "
+                    + (f"{row['ms']:9.3f} ms" if not row["error"] else row["error"])
                     + f"  ({time.perf_counter() - t0:.1f} s)"
                 )
-                results.append(
+                self.results.append(
                     {
                         "op": case.op,
                         "case": case.label,
@@ -100,64 +220,99 @@ def measure(
                         "sizes": case.sizes,
                         "mode": mode,
                         "impl": name,
-                        "ms": med,
-                        "ms_p20": p20,
-                        "ms_p80": p80,
-                        "peak_bytes": mem,
-                        "floor_bytes": case.floor_bytes,
-                        "error": error,
+                        "threads": threads,
+                        "contention": setting.contention,
+                        **row,
+                        "floor_ms": _floors.floor_ms(work, machine),
+                        "floor_bytes": work.bytes if work else 0,
+                        "floor_gflop": work.flops / 1e9 if work else 0.0,
                     }
                 )
-    _add_ratios(results)
-    return results
+
+
+def measure(
+    cases,
+    modes,
+    device,
+    min_time,
+    compile_modes=("compile",),
+    settings=(Setting(),),
+    compile_timeout=DEFAULT_COMPILE_TIMEOUT,
+) -> dict:
+    """Every case x mode x implementation in every setting: {"settings": [...],
+    "results": [...]} (rows carry their setting's threads and contention)."""
+    per_setting = sum(len(_impls(c, ())) + len(compile_modes) for c in cases) * len(modes)
+    state = _Run(
+        cases, modes, device, min_time, compile_modes, compile_timeout,
+        per_setting * len(settings),
+    )  # fmt: skip
+    gemm_shapes = set().union(*(w.shapes() for c in cases for w in c.work.values()))
+    described = []
+    for index, setting in enumerate(settings):
+        with applied(setting) as busy:
+            torch._dynamo.reset()  # compiled kernels are specialised to the thread count
+            machine = _floors.measure(device, gemm_shapes, state.timer, min(min_time, 0.2))
+            threads = torch.get_num_threads()
+            described.append(
+                {"threads": threads, "contention": setting.contention, **busy, "machine": machine}
+            )
+            where = f", busy process on CPU {busy['busy_cpu']}" if busy else ""
+            _progress(
+                f"-- {threads} thread(s){where}: bandwidth {machine['bandwidth_gbps']:.1f} GB/s, "
+                + ", ".join(f"GEMM {k} {v:.1f} GFLOP/s" for k, v in machine["gemm_gflops"].items())
+            )
+            for case in cases:
+                state.case(case, setting, threads, machine, first=index == 0)
+    _add_ratios(state.results)
+    return {"settings": described, "results": state.results}
 
 
 def _add_ratios(results: list[dict]) -> None:
-    by_key: dict = {}
+    groups: dict = {}
     for r in results:
-        by_key.setdefault((r["op"], r["case"], r["mode"]), {})[r["impl"]] = r
-    for group in by_key.values():
-        ref = group.get("reference", {}).get("ms")
+        key = (r["threads"], r["contention"], r["op"], r["case"], r["mode"])
+        groups.setdefault(key, {})[r["impl"]] = r
+    for group in groups.values():
+        eager = group.get("eager", {}).get("ms")
         comp = group.get("compile", {}).get("ms")
         for r in group.values():
             ok = r["ms"] == r["ms"] and r["ms"] > 0
-            r["speedup_vs_reference"] = ref / r["ms"] if ok and ref else None
-            r["speedup_vs_compile"] = comp / r["ms"] if ok and comp else None
-            # GB/s of the counted floor bytes (forward only: the backward moves more)
-            r["gbps"] = (
-                r["floor_bytes"] / r["ms"] / 1e6
-                if ok and r["mode"] == "fwd" and r["floor_bytes"]
-                else None
-            )
+            r["speedup_vs_eager"] = eager / r["ms"] if ok and eager == eager and eager else None
+            r["speedup_vs_compile"] = comp / r["ms"] if ok and comp == comp and comp else None
+            r["pct_of_floor"] = 100.0 * r["floor_ms"] / r["ms"] if ok and r["floor_ms"] else None
+            r["gbps"] = r["floor_bytes"] / r["ms"] / 1e6 if ok and r["floor_bytes"] else None
 
 
-def _fmt_ratio(v) -> str:
-    return f"{v:.2f}x" if v else "-"
+def _fmt(v, spec: str, suffix: str = "") -> str:
+    return f"{v:{spec}}{suffix}" if v is not None else "-"
 
 
-def table(results: list[dict]) -> str:
+def table(report: dict) -> str:
     lines = []
     header = (
-        f"{'impl':<12} {'median ms':>10} {'p20-p80 ms':>17} {'vs ref':>7} "
-        f"{'vs compile':>10} {'GB/s':>7} {'peak MB':>9}"
+        f"{'impl':<19} {'median ms':>10} {'p20-p80 ms':>17} {'vs eager':>8} {'vs compile':>10} "
+        f"{'% floor':>8} {'err f64':>8} {'diff ours':>9} {'peak MB':>8}"
     )
     current = None
-    for r in results:
-        key = (r["op"], r["case"], r["mode"])
+    for r in report["results"]:
+        setting = (r["threads"], r["contention"])
+        key = (*setting, r["op"], r["case"], r["mode"])
         if key != current:
+            if current is None or current[:2] != setting:
+                lines += ["", f"=== {r['threads']} thread(s)" + (", contention" * r["contention"])]
             current = key
-            lines.append("")
-            lines.append(f"{r['op']}  {r['case']}  [{r['mode']}]")
-            lines.append(header)
+            floor = _fmt(r["floor_ms"], ".3f", " ms")
+            lines += ["", f"{r['op']}  {r['case']}  [{r['mode']}]  floor {floor}", header]
         if r["error"]:
-            lines.append(f"{r['impl']:<12} failed: {r['error']}")
+            lines.append(f"{r['impl']:<19} failed: {r['error']}")
             continue
-        gbps = f"{r['gbps']:.1f}" if r["gbps"] else "-"
-        peak = f"{r['peak_bytes'] / 2**20:.1f}" if r["peak_bytes"] >= 0 else "-"
+        peak = r["peak_bytes"] / 2**20 if r["peak_bytes"] >= 0 else None
         lines.append(
-            f"{r['impl']:<12} {r['ms']:>10.3f} {r['ms_p20']:>8.3f}-{r['ms_p80']:<8.3f} "
-            f"{_fmt_ratio(r['speedup_vs_reference']):>7} {_fmt_ratio(r['speedup_vs_compile']):>10} "
-            f"{gbps:>7} {peak:>9}"
+            f"{r['impl']:<19} {r['ms']:>10.3f} {r['ms_p20']:>8.3f}-{r['ms_p80']:<8.3f} "
+            f"{_fmt(r['speedup_vs_eager'], '.2f', 'x'):>8} "
+            f"{_fmt(r['speedup_vs_compile'], '.2f', 'x'):>10} "
+            f"{_fmt(r['pct_of_floor'], '.0f', '%'):>8} {_fmt(r.get('max_err_vs_spec'), '.1e'):>8} "
+            f"{_fmt(r.get('max_diff_vs_ours'), '.1e'):>9} {_fmt(peak, '.1f'):>8}"
         )
     return "\n".join(lines)
 
@@ -171,18 +326,23 @@ def plot(results: list[dict], path: str) -> None:
     except ImportError:
         print("--plot needs matplotlib: pip install 'posenc-fast[plot]'", file=sys.stderr)
         return
-    panels = sorted({(r["op"], r["mode"]) for r in results})
+    panels = sorted({(r["op"], r["mode"], r["threads"], r["contention"]) for r in results})
     cols = 2
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
-    for ax, (op, mode) in zip(axes.flat, panels):
-        sel = [r for r in results if r["op"] == op and r["mode"] == mode and not r["error"]]
+    for ax, (op, mode, threads, busy) in zip(axes.flat, panels):
+        sel = [
+            r
+            for r in results
+            if (r["op"], r["mode"], r["threads"], r["contention"]) == (op, mode, threads, busy)
+            and not r["error"]
+        ]
         for impl in dict.fromkeys(r["impl"] for r in sel):
             pts = sorted((r["size"], r["ms"]) for r in sel if r["impl"] == impl)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"{op} [{mode}]")
+        ax.set_title(f"{op} [{mode}], {threads} thread(s)" + (", contention" if busy else ""))
         ax.set_xlabel("positions")
         ax.set_ylabel("ms (median)")
         ax.grid(True, which="both", alpha=0.3)
@@ -202,6 +362,19 @@ def _floater_cases(quick: bool, device: str) -> list:
     return bench_cases(quick, device)
 
 
+def settings_from(threads: str | None, contention: bool) -> list[Setting]:
+    """``--threads 1,2 --contention`` -> 1 and 2 threads, then every count >= 2 (or the
+    largest, if none is) again with a busy process."""
+    counts = [int(t) for t in threads.split(",")] if threads else [torch.get_num_threads()]
+    if any(t < 1 for t in counts):
+        raise ValueError(f"--threads takes positive counts, got {threads!r}")
+    out = [Setting(t) for t in counts]
+    if contention:
+        busy = [t for t in counts if t >= 2] or [max(counts)]
+        out += [Setting(t, True) for t in busy]
+    return out
+
+
 def run(args) -> int:
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
@@ -214,26 +387,45 @@ def run(args) -> int:
     if bad or any(m not in MODES for m in modes):
         print(f"choose --ops from {known} and --modes from {list(MODES)}", file=sys.stderr)
         return 2
+    try:
+        settings = settings_from(args.threads, args.contention)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.contention and (device != "cpu" or len(_contention.cpus()) < 2):
+        print("--contention needs --device cpu and at least 2 CPUs", file=sys.stderr)
+        return 2
     min_time = args.min_time if args.min_time is not None else (0.1 if args.quick else 0.5)
+    compile_modes = () if args.no_compile else ("compile",)
+    if args.max_autotune and not args.no_compile:
+        compile_modes += ("compile-max",)
     cases = _cases.cases(args.quick, device, ops)
     if "floater" in ops:
         cases += _floater_cases(args.quick, device)
     env = describe()
     _progress(
-        f"posenc_fast bench: {len(cases)} cases on {device}, modes {modes}, git {env['git_sha']}"
+        f"posenc_fast bench: {len(cases)} cases on {device}, modes {modes}, "
+        f"{len(settings)} setting(s), git {env['git_sha']}"
     )
     t0 = time.perf_counter()
-    results = measure(cases, modes, device, min_time, not args.no_compile, args.max_autotune)
-    print(table(results))
+    report = measure(cases, modes, device, min_time, compile_modes, settings, args.compile_timeout)
+    print(table(report))
     print(
-        f"\n{len(results)} measurements in {time.perf_counter() - t0:.0f} s on {env['processor']} "
-        f"({env['threads']} threads), torch {env['torch']}, git {env['git_sha']}"
+        f"\n{len(report['results'])} measurements in {time.perf_counter() - t0:.0f} s on "
+        f"{env['processor']} ({env['cpu_count']} CPUs), torch {env['torch']}, git {env['git_sha']}"
     )
     if args.json:
-        payload = {"environment": env, "device": device, "quick": args.quick, "results": results}
+        payload = {
+            "environment": env,
+            "device": device,
+            "quick": args.quick,
+            "min_time": min_time,
+            "compile_timeout_s": args.compile_timeout,
+            **report,
+        }
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)
         print(f"results written to {args.json}", file=sys.stderr)
     if args.plot:
-        plot(results, args.plot)
+        plot(report["results"], args.plot)
     return 0

@@ -6,11 +6,12 @@
   discrete adjoint); plus the module's cache extension against a fresh computation.
 - bench (:func:`bench_cases`): S = 12 states, H = d, times i * 0.01, five steps of the
   3/8 rule per interval ("rk38", i.e. torchdiffeq's "rk4"), ReLU: L in {64, 512}, d in
-  {16, 128}. Besides the reference loop in the working dtype (and torch.compile of its
-  step: the loop itself stays eager, dynamo would otherwise unroll thousands of steps),
-  the baselines are torchdiffeq's ``odeint`` (gradients by autograd through its steps)
-  and ``odeint_adjoint`` (continuous adjoint, the same fixed grid backwards), both given
-  exactly our step grid, so every implementation does the same number of steps.
+  {16, 128}. Besides the plain loop as users write it ("eager", working dtype; and
+  torch.compile of its step: the loop itself stays eager, dynamo would otherwise unroll
+  thousands of steps), the baselines are torchdiffeq's ``odeint`` (gradients by autograd
+  through its steps) and ``odeint_adjoint`` (continuous adjoint, the same fixed grid
+  backwards), both given exactly our step grid, so every implementation does the same
+  number of steps.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .. import _testing
 from ..floater_encoding import Floater, floater
 from ..reference import floater as ref
 from ..tolerances import mismatch
-from ._cases import BenchCase, _available
+from ._cases import BenchCase, Impl, _available
 from .verify import Result
 
 BENCH_STATES = 12
@@ -89,7 +90,7 @@ def _plain_step(y, t, dt, w1, b1, w2, b2):
 
 @torch.compiler.disable(recursive=False)
 def plain_floater(p0, w1, b1, w2, b2, times, substeps: int = BENCH_SUBSTEPS):
-    """The benchmark's reference: the plain loop in the working dtype. Under
+    """The benchmark's eager baseline: the plain loop in the working dtype. Under
     torch.compile only ``_plain_step`` is compiled (recursive=False keeps this loop eager),
     which is the compiled baseline PERFORMANCE.md asks for: a compiled step in a loop."""
     y = p0
@@ -126,6 +127,8 @@ class _TorchdiffeqDynamics(torch.nn.Module):
 
 
 def _torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
+    """torchdiffeq's odeint and odeint_adjoint on our step grid: name -> closure returning
+    [L, S, d] (benchmarks/floater_cpu.py and floater_gpu.py call them too)."""
     try:
         from torchdiffeq import odeint, odeint_adjoint
     except ImportError:
@@ -178,24 +181,34 @@ def floater_case(
     *weights, times = bench_inputs(S, d, L, dtype, device, seed=L + d)
     leaves = [t.requires_grad_(True) for t in weights]
 
-    def reference(p0, w1, b1, w2, b2):
+    def eager(p0, w1, b1, w2, b2):
         return plain_floater(p0, w1, b1, w2, b2, times, K)
 
+    def spec():
+        w64 = [t.detach().double() for t in leaves]
+        return ref.floater(*w64, times.double(), K, "rk38", "relu")
+
     impls = {
-        name: (lambda name=name: floater(*leaves, times, K, "rk38", "relu", backend=name))
+        name: Impl(
+            lambda name=name: floater(*leaves, times, K, "rk38", "relu", backend=name), leaves
+        )
         for name in _available("floater", device, dtype)
     }
-    impls.update(_torchdiffeq_baselines(*leaves, times, K))
     return BenchCase(
         "floater",
         f"S={S} L={L} d={d} H={d} K={K} rk38 {str(dtype)[6:]}",
         L,
         {"S": S, "L": L, "d": d, "H": d, "substeps": K, "method": "rk38", "dtype": str(dtype)[6:]},
-        leaves,
-        reference,
+        eager,
         tuple(leaves),
+        leaves,
+        spec,
         impls,
-        floor_bytes=0,  # latency-bound (a chain of L*K*4 dependent small layers): no GB/s
+        baselines={  # [L, S, d]: layout gives the spec's [S, L, d]
+            name: Impl(fn, leaves, lambda y: y.transpose(0, 1))
+            for name, fn in _torchdiffeq_baselines(*leaves, times, K).items()
+        },
+        # latency-bound (a chain of L*K*4 dependent small layers): no byte or GEMM floor
         extra={"steps": L * K, "dependent_layers": L * K * 4 * 2},
     )
 
@@ -210,14 +223,14 @@ def bench_cases(quick: bool, device: str) -> list[BenchCase]:
 
 
 def agreement(case: BenchCase) -> str:
-    """'' when every implementation of a bench case agrees with the reference, else why
+    """'' when every implementation of a bench case agrees with the eager loop, else why
     (a quick check that the baselines integrate the same problem)."""
     with torch.no_grad():
-        want = case.reference(*case.args)
-        for name, fn in case.backends.items():
-            got = fn()
-            if name.startswith("torchdiffeq"):
-                got = got.transpose(0, 1)  # [L, S, d] -> [S, L, d]
+        want = case.eager(*case.args)
+        for name, impl in {**case.backends, **case.baselines}.items():
+            got = impl.fn()
+            if impl.layout is not None:
+                got = impl.layout(got)
             msg = mismatch(got, want, want.dtype, "floater")
             if msg:
                 return f"{name}: {msg}"

@@ -50,7 +50,31 @@ def run(args) -> int:
         print(f"  {name:<10} {state}")
         print(f"  {'':<10} {backends.get(name).summary}")
     if ext:
-        print("\nC++/CUDA extension:")
-        for key, value in ext.items():
-            print(f"  {key}: {value}")
+        print("\nC++/CUDA extension (two modules, built and loaded independently):")
+        for line in _extension_lines(ext):
+            print(f"  {line}")
     return 0
+
+
+def _extension_lines(ext: dict) -> list[str]:
+    """Each part's status and reason, and how it was built (--json shows everything)."""
+    if "error" in ext:
+        return [f"error: {ext['error']}"]
+    lines = []
+    for part in ("cpu", "cuda"):
+        info = ext.get(part) or {}
+        state = "available" if info.get("available") else "unavailable"
+        why = "; ".join(info.get("reasons") or [])
+        lines.append(f"{part:<5} {info.get('module')}: {state}" + (f": {why}" if why else ""))
+        meta = info.get("build_metadata") or {}
+        labels = {"build_time": "built" if meta.get("built") else "recorded",
+                  "torch_version": "for torch", "cuda_home": "toolkit", "cuda_toolkit": "nvcc",
+                  "cuda_archs": "archs", "how": "by"}  # fmt: skip
+        built = [f"{label} {meta[key]}" for key, label in labels.items() if meta.get(key)]
+        if info.get("path"):
+            built.insert(0, str(info["path"]))
+        if info.get("cpu_isa"):
+            built.append(f"cpu isa {info['cpu_isa']}")
+        if built:
+            lines.append(f"{'':<5} " + ", ".join(built))
+    return lines

@@ -1,6 +1,8 @@
 """``python -m posenc_fast verify``: every usable backend of every op against the float64
 reference on fresh random inputs (forward and gradients), one line per op, backend and
-dtype; exit status 1 on any mismatch. The seed is printed so a failure can be replayed.
+dtype; exit status 1 on any mismatch, or if a backend raises (reported as FAIL with the
+error; the other backends are still checked). The seed is printed so a failure can be
+replayed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from .. import encodings as enc_api
 from ..fourier_features import lff
 from ..reference import encodings as enc_ref
 from ..reference import fourier_features as lff_ref
+from ..reference import rotary as rotary_ref
+from ..rotary import apply_lff_rotary, lff_rotary
 from ..tolerances import mismatch
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -28,9 +32,9 @@ class Result:
     grad_err: float = 0.0  # largest |grad - ref| / max|ref grad| seen
     failures: list = field(default_factory=list)
 
-    def add(self, out, ref, dtype, kind, what):
+    def add(self, out, ref, dtype, kind, what, scale=None):
         self.fwd_err = max(self.fwd_err, _max_err(out, ref))
-        msg = mismatch(out, ref, dtype, kind)
+        msg = mismatch(out, ref, dtype, kind, scale)
         if msg:
             self.failures.append(f"{what}: {msg}")
 
@@ -111,7 +115,68 @@ def check_encoding(backend: str, dtype, device: str, seed: int) -> Result:
     return res
 
 
-CHECKS = {"lff": check_lff, "encoding": check_encoding}
+def _leaves(tensors, dtype=None):
+    """Fresh leaves that require grad: copies, or float64 ones for the reference."""
+    return [
+        (t.detach().clone() if dtype is None else t.detach().to(dtype)).requires_grad_(True)
+        for t in tensors
+    ]
+
+
+def check_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
+    """The rotary cos / sin table (LightGlue's layout) and its gradients to x and wr."""
+    res = Result()
+    for i, shape in enumerate(_testing.ROTARY_TABLE_SHAPES):
+        inputs = _testing.rotary_table_inputs(shape, dtype, device, seed + i)
+        leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
+        out = lff_rotary(*leaves, backend=backend)
+        ref = rotary_ref.rotary_table(*leaves64)
+        res.add(out, ref, dtype, "encoding", f"table {shape} forward")
+        if out.numel():
+            g = _testing.randn(out.shape, _testing.generator(seed + 400 + i), dtype, device)
+            out.backward(g)
+            ref.backward(g.double())
+            for name, a, b in zip(("x", "wr"), leaves, leaves64):
+                res.add_grad(a.grad, b.grad, dtype, f"table {shape} d{name}")
+        res.cases += 1
+    return res
+
+
+def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
+    """q and k rotated (both layouts, shared positions, ...) and the gradients to q, k,
+    x and wr; outputs compared relative to their largest entry ("rotary")."""
+    res = Result()
+    for i, case in enumerate(_testing.ROTARY_CASES):
+        inputs = _testing.rotary_inputs(case, dtype, device, seed + i)
+        leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
+        out = apply_lff_rotary(*leaves, case.layout, backend=backend)
+        ref = rotary_ref.apply_rotary(*leaves64, case.layout)
+        scale = max([float(r.detach().abs().max()) for r in ref if r.numel()] or [0.0])
+        for o, r, name in zip(out, ref, ("q", "k")):
+            res.add(o, r, dtype, "rotary", f"{case.id} {name}'", scale)
+        if out[0].numel():
+            g = _testing.generator(seed + 500 + i)
+            grads = [_testing.randn(o.shape, g, dtype, device) for o in out]
+            torch.autograd.backward(out, grads)
+            torch.autograd.backward(ref, [t.double() for t in grads])
+            for name, a, b in zip(("q", "k", "x", "wr"), leaves, leaves64):
+                res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
+        res.cases += 1
+    return res
+
+
+CHECKS = {
+    "lff": check_lff,
+    "encoding": check_encoding,
+    "lff_rotary": check_lff_rotary,
+    "apply_lff_rotary": check_apply_lff_rotary,
+}
+
+
+def _last_line(exc: Exception) -> str:
+    """The error's message, shortened to what fits a report line."""
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else "")[-300:]
 
 
 def _floater_check():
@@ -152,7 +217,11 @@ def run(args) -> int:
                 if sup.dtypes is not None and dtype not in sup.dtypes:
                     continue
                 t0 = time.perf_counter()
-                res = checks[op](name, dtype, device, seed)
+                try:
+                    res = checks[op](name, dtype, device, seed)
+                except Exception as exc:  # a backend that raises fails; the others go on
+                    res = Result()
+                    res.failures.append(f"raised {type(exc).__name__}: {_last_line(exc)}")
                 status = "FAIL" if res.failures else "PASS"
                 failed += bool(res.failures)
                 print(

@@ -5,6 +5,10 @@
     posenc_fast::floater_backward(grad, out, p0, w1, b1, w2, b2, times, substeps, method,
                                   activation, backend, needs)
         -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is False)
+    posenc_fast::floater_cached(p0, w1, b1, w2, b2, times, substeps, method, activation,
+                                backend, cache_id, mode) -> out [S, L, d]
+        floater(...) served from the cache of the Floater module with this id: what a
+        compiled eval-mode Floater calls (posenc_fast/_floater_cache.py)
 
 ``backend`` names the implementation, chosen by the dispatcher before the call (or "auto"
 in calls traced by torch.compile, resolved by the op when it runs). The
@@ -17,10 +21,13 @@ integrator run in the inputs' dtype, so gradgradcheck works.
 
 from __future__ import annotations
 
+import contextlib
+from typing import List  # noqa: UP035 (torch 2.5, see ops/__init__.py)
+
 import torch
 from torch import Tensor
 
-from .. import backends
+from .. import _floater_cache, backends
 from ..backends import Problem
 from ..reference import floater as _reference
 from ._autocast import autocast_disabled
@@ -72,9 +79,14 @@ def floater_op(
         return impl.floater_forward(p0, w1, b1, w2, b2, times, substeps, method, activation)
 
 
+def _states_like(p0: Tensor, times: Tensor) -> Tensor:
+    """An empty [S, L, d] result: the fake (shape-only) kernel of the forward ops."""
+    return p0.new_empty((p0.shape[0], times.shape[0], p0.shape[1]))
+
+
 @floater_op.register_fake
 def _(p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
-    return p0.new_empty((p0.shape[0], times.shape[0], p0.shape[1]))
+    return _states_like(p0, times)
 
 
 @torch.library.custom_op("posenc_fast::floater_backward", mutates_args=())
@@ -91,8 +103,8 @@ def floater_backward_op(
     method: str,
     activation: str,
     backend: str,
-    needs: list[bool],
-) -> list[Tensor]:
+    needs: List[bool],  # noqa: UP006
+) -> List[Tensor]:  # noqa: UP006
     with autocast_disabled(p0.device.type):
         impl = _backend(backend, p0, w1, times, substeps, method, activation)
         grads = impl.floater_backward(
@@ -147,3 +159,69 @@ def _backward(ctx, grad):
 
 
 floater_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _integrator(substeps: int, method: str, activation: str) -> _floater_cache.Integrate:
+    def integrate(inputs, times, backend):
+        impl = _backend(backend, inputs[0], inputs[1], times, substeps, method, activation)
+        return impl.floater_forward(*inputs, times, substeps, method, activation), impl.name
+
+    return integrate
+
+
+# The op reads its cache's state on the host (value comparisons), which a captured CUDA
+# graph would skip on replay: where torch has the tag, compiled code never graphs it.
+_UNSAFE_IN_CUDA_GRAPHS = getattr(torch.Tag, "cudagraph_unsafe", None)
+_TAGS = {"tags": (_UNSAFE_IN_CUDA_GRAPHS,)} if _UNSAFE_IN_CUDA_GRAPHS is not None else {}
+
+
+@torch.library.custom_op("posenc_fast::floater_cached", mutates_args=(), **_TAGS)
+def floater_cached_op(
+    p0: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    times: Tensor,
+    substeps: int,
+    method: str,
+    activation: str,
+    backend: str,
+    cache_id: int,
+    mode: str,
+) -> Tensor:
+    inputs = (p0, w1, b1, w2, b2)
+    integrate = _integrator(substeps, method, activation)
+    cache = _floater_cache.find(cache_id)
+    with autocast_disabled(p0.device.type), _outside_inference_mode():
+        if cache is None:  # the module is gone: nothing to keep the result for
+            return integrate(inputs, times, backend)[0]
+        config_key = _floater_cache.key(inputs, substeps, method, activation, backend)
+        values, _ = _floater_cache.cached_states(cache, mode, inputs, times, config_key, integrate)
+        # A copy: compiled code may write into an op's output buffer once it is dead, and
+        # the stored states must stay as they are.
+        return values.clone()
+
+
+def _outside_inference_mode():
+    # Tensors made in inference mode have no version counter, which the cache needs to
+    # notice edits of what it handed out (the eager module does the same).
+    if torch.is_inference_mode_enabled():
+        return torch.inference_mode(False)
+    return contextlib.nullcontext()
+
+
+@floater_cached_op.register_fake
+def _(p0, w1, b1, w2, b2, times, substeps, method, activation, backend, cache_id, mode):
+    return _states_like(p0, times)
+
+
+def _backward_cached(ctx, grad):
+    return (*_backward(ctx, grad), None, None)
+
+
+def _setup_cached(ctx, inputs, output):
+    _setup_context(ctx, inputs[:10], output)
+
+
+floater_cached_op.register_autograd(_backward_cached, setup_context=_setup_cached)

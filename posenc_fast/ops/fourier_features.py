@@ -13,7 +13,7 @@ built by differentiating the torch backend's recomputation, so gradgradcheck wor
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional  # noqa: UP035 (torch 2.5, see ops/__init__.py)
 
 import torch
 from torch import Tensor
@@ -57,8 +57,8 @@ def lff_backward_op(
     b2: Optional[Tensor],
     activation: str,
     backend: str,
-    needs: list[bool],
-) -> list[Tensor]:
+    needs: List[bool],  # noqa: UP006
+) -> List[Tensor]:  # noqa: UP006
     with autocast_disabled(x.device.type):
         grads = backends.get(backend).lff_backward(grad, x, wr, w1, b1, w2, b2, activation, needs)
     return [g if g is not None else grad.new_empty(0) for g in grads]

@@ -4,7 +4,8 @@ Sinusoidal (Vaswani et al.; Eq. 1 of the LFF paper), interleaved:
     out[..., 2i]   = sin(p / base^(2i/dim))
     out[..., 2i+1] = cos(p / base^(2i/dim))
 FLOATER's per-block form (Liu et al. 2020, Eq. 7) adds the same encoding of the block
-index n to every position: p^(n)_i = PE(i) + PE(n).
+index n to every position: p^(n)_i = PE(i) + PE(n). Sine-2D / Sine-nD (the LFF paper's
+baselines) concatenate the encodings of each coordinate.
 
 DFT positional encoding (Idé et al., Eq. 10-21): with K = dim/2 - 1, w_k = 2 pi k / dim,
 the orthonormal DFT basis on the lattice t = 0..dim-1 is
@@ -41,6 +42,19 @@ def sinusoidal(
     if block is not None:
         n = torch.tensor(float(block), dtype=compute_dtype, device=positions.device)
         out = out + torch.stack([torch.sin(n * freq), torch.cos(n * freq)], dim=-1).flatten()
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+def sinusoidal_nd(
+    coords: torch.Tensor,
+    dim_per_axis: int,
+    base: float = 10000.0,
+    out_dtype: Optional[torch.dtype] = None,
+) -> torch.Tensor:
+    """Sine-2D / Sine-nD: the sinusoidal encoding of each of the M coordinates, concatenated
+    in coordinate order: [..., M] -> [..., M * dim_per_axis]."""
+    axes = [sinusoidal(coords[..., m], dim_per_axis, base) for m in range(coords.shape[-1])]
+    out = torch.cat(axes, dim=-1)
     return out if out_dtype is None else out.to(out_dtype)
 
 

@@ -9,10 +9,13 @@ from collections.abc import Callable, Hashable, Iterator
 
 import torch
 
+from ..tolerances import PHASE_ATOL
+
 TWO_PI = 2.0 * math.pi
 
-# Temporaries of one chunk stay below this many bytes, so that e.g. the [N, F] Fourier
-# features never exist whole. Override with POSENC_FAST_CHUNK_BYTES (tests use it).
+# Temporaries of one chunk stay below this many bytes (FLOATER's precomputed stages; rows
+# of LFF and the encodings: see row_chunk_bytes). Override with POSENC_FAST_CHUNK_BYTES
+# (tests use it).
 DEFAULT_CHUNK_BYTES = 64 * 2**20
 
 
@@ -21,9 +24,29 @@ def chunk_bytes() -> int:
     return int(value) if value else DEFAULT_CHUNK_BYTES
 
 
-def row_chunks(n_rows: int, bytes_per_row: int) -> Iterator[slice]:
-    """Slices of at most chunk_bytes() / bytes_per_row rows covering range(n_rows)."""
-    step = max(1, chunk_bytes() // max(1, bytes_per_row))
+# Chunks of rows (LFF, encodings). On the CPU with one thread: small chunks whose
+# temporaries stay in the caches (measured 1.3-1.6x faster than 64 MB chunks at N = 16384
+# for the tables and the LFF forward); there are no parallel regions to pay for. With more
+# threads (and on GPUs): few large chunks, because every ATen op over a chunk is one
+# parallel region, and when another process holds a core every region waits for it
+# (issue 12: ~30 regions per call put the fallback at 0.26-0.33x of the eager modules,
+# which run ~7, on a shared 2-core machine).
+CACHE_CHUNK_BYTES = 4 * 2**20
+PARALLEL_CHUNK_BYTES = 256 * 2**20
+
+
+def row_chunk_bytes(device_type: str) -> int:
+    value = os.environ.get("POSENC_FAST_CHUNK_BYTES")
+    if value:
+        return int(value)
+    if device_type == "cpu" and torch.get_num_threads() == 1:
+        return CACHE_CHUNK_BYTES
+    return PARALLEL_CHUNK_BYTES
+
+
+def row_chunks(n_rows: int, bytes_per_row: int, device_type: str = "cpu") -> Iterator[slice]:
+    """Slices of at most row_chunk_bytes() / bytes_per_row rows covering range(n_rows)."""
+    step = max(1, row_chunk_bytes(device_type) // max(1, bytes_per_row))
     for start in range(0, n_rows, step):
         yield slice(start, min(n_rows, start + step))
 
@@ -49,6 +72,52 @@ def reduced_angle_(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     values; not for tensors autograd differentiates)."""
     torch.frac(turns, out=turns)
     return turns.mul_(TWO_PI).to(dtype)
+
+
+# -- when float32 phases are accurate enough -----------------------------------------------
+#
+# The contract (ACCURACY.md, tolerances.PHASE_ATOL): every cos/sin feature within 1e-6 of
+# float64 math on the same float32 inputs. The float64 path above meets it for any phase.
+# A phase p_k = sum_m x_m wr_km evaluated in float32 (M products and M - 1 sums, in any
+# order, fused or not) differs from the exact phase by at most
+#     gamma_M * sum_m |x_m| |wr_km|,   gamma_M = M u / (1 - M u),  u = 2^-24
+# (the classic dot-product bound, Higham, "Accuracy and Stability of Numerical
+# Algorithms", Eq. 3.5; underflow adds at most 2^-149 per operation, negligible here).
+# sin and cos are 1-Lipschitz, so that error passes to the features unchanged, and the
+# float32 sin/cos themselves add at most TRIG_ERR (ATen's vectorised CPU kernels use SLEEF's
+# 1.0-ulp functions, CUDA's sinf/cosf are within 2 ulp; 2^-24 is one ulp below 1, and the
+# margin is two more). With
+#     B = max_k sum_m |wr_km| * max_r |x_rm|  >=  every row's sum_m |x_m| |wr_km|,
+# every feature is within gamma_M * B + TRIG_ERR of float64 math, so float32 phases keep
+# the contract whenever that is <= PHASE_ATOL: B <= 12.7 for M = 1, 6.4 for M = 2, 4.2 for
+# M = 3. B costs one pass over x ([R, M]) and one over wr; a NaN or inf makes it NaN or inf,
+# which never passes, so non-finite inputs take the float64 path.
+
+U32 = 2.0**-24
+TRIG_ERR = 4 * U32
+
+
+def float32_phase_limit(M: int) -> float:
+    """The largest bound B (see above) for which float32 phases of M coordinates keep every
+    feature within PHASE_ATOL of float64 math."""
+    gamma = M * U32 / (1 - M * U32)
+    return (PHASE_ATOL - TRIG_ERR) / gamma
+
+
+def phase_bound(rows: torch.Tensor, wr: torch.Tensor) -> float:
+    """B = max_k sum_m |wr_km| max_r |rows_rm| (float64): bounds |phase| and its terms."""
+    xmax = torch.linalg.vector_norm(rows, float("inf"), dim=0, dtype=torch.float64)  # [M]
+    return float((wr.abs().to(torch.float64) @ xmax).max()) if rows.shape[0] else 0.0
+
+
+def float32_phases_suffice(rows: torch.Tensor, wr: torch.Tensor) -> bool:
+    """Whether phases of ``rows`` [R, M] and ``wr`` [K, M] computed in float32 keep every
+    cos/sin within PHASE_ATOL of float64 math: both float32 or narrower (their values are
+    then exact in float32) and B <= float32_phase_limit(M)."""
+    narrow = (torch.float32, torch.bfloat16, torch.float16)
+    if rows.dtype not in narrow or wr.dtype not in narrow:
+        return False
+    return phase_bound(rows, wr) <= float32_phase_limit(rows.shape[1])
 
 
 def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:

@@ -6,11 +6,15 @@ Both are sines and cosines of the position times a few frequencies (in turns, fl
                 a = sqrt(2/dim); out[0] = 1/sqrt(dim); out[dim-1] = cos(pi s)/sqrt(dim)
 Phases are reduced in float64 before a float32 (or float64) trig, as for LFF, and the
 results are written straight into their columns of the output (no scatter, no concat).
+``encoding_add`` with the positions 0..L-1 (the modules' default) keeps the table in a
+small cache (TABLE_CACHE_BYTES, oldest out first): the add is then one pass, like a module
+holding its table in a buffer.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
 
@@ -97,7 +101,7 @@ def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dty
     turns = _turns(kind, dim, base, positions.device)
     extra = _block_term(kind, dim, base, block, fdt, positions.device)
     out = torch.empty((p.shape[0], dim), dtype=out_dtype, device=positions.device)
-    for sl in row_chunks(p.shape[0], _bytes_per_row(dim)):
+    for sl in row_chunks(p.shape[0], _bytes_per_row(dim), p.device.type):
         # float32/float64 outputs are filled in place; half precision rounds once at the end
         dst = (
             out[sl]
@@ -112,10 +116,41 @@ def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dty
     return out.reshape(*positions.shape, dim)
 
 
+# Tables of the positions 0..L-1, the modules' default: x + table(arange(L)) is then one
+# add, as in a module that keeps its table in a buffer. Oldest out first, bytes bounded.
+_TABLES: OrderedDict = OrderedDict()
+TABLE_CACHE_BYTES = 64 * 2**20
+
+
+def _is_arange(positions: torch.Tensor) -> bool:
+    """Whether positions is the integer sequence 0..L-1 (one small comparison)."""
+    if positions.dim() != 1 or positions.is_floating_point() or positions.requires_grad:
+        return False
+    L = positions.shape[0]
+    seq = device_constant(("arange", L), lambda dev: torch.arange(L, device=dev), positions.device)
+    return torch.equal(positions, seq.to(positions.dtype))
+
+
+def _table(positions, dim: int, kind: str, base: float, block, dtype) -> torch.Tensor:
+    """encoding_forward(positions) in dtype, from the cache when positions is 0..L-1."""
+    L = positions.numel()
+    if L * dim * torch.finfo(dtype).bits // 8 > TABLE_CACHE_BYTES or not _is_arange(positions):
+        return encoding_forward(positions, dim, kind, base, block, dtype)
+    key = (kind, dim, float(base), block, L, dtype, positions.device)
+    table = _TABLES.get(key)
+    if table is None:
+        with torch.inference_mode(False):  # usable by later differentiable calls
+            table = encoding_forward(positions, dim, kind, base, block, dtype)
+        _TABLES[key] = table
+        while sum(t.numel() * t.element_size() for t in _TABLES.values()) > TABLE_CACHE_BYTES:
+            _TABLES.popitem(last=False)
+    return table
+
+
 def encoding_add(x, positions, kind: str, base: float, block) -> torch.Tensor:
     """x + encoding(positions), positions broadcast against x.shape[:-1]; one rounding."""
     dim = x.shape[-1]
-    pe = encoding_forward(positions, dim, kind, base, block, feature_dtype(x.dtype))
+    pe = _table(positions, dim, kind, base, block, feature_dtype(x.dtype))
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     # Computed in float32 and rounded once to x's dtype, without a float32 copy of x.
     torch.add(x, pe, out=out)
@@ -130,7 +165,7 @@ def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torc
     turns = _turns(kind, dim, base, positions.device)
     rate = (TWO_PI * turns).to(fdt)  # d phase / d position, per frequency
     out = torch.empty(p.shape, dtype=fdt, device=positions.device)
-    for sl in row_chunks(p.shape[0], _bytes_per_row(dim)):
+    for sl in row_chunks(p.shape[0], _bytes_per_row(dim), p.device.type):
         ang = _angles(p[sl], turns, fdt)
         gs = g[sl].to(fdt)
         if kind == "sinusoidal":

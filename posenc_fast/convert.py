@@ -1,0 +1,297 @@
+"""Checkpoints of the public learnable-Fourier-feature modules, to and from
+:class:`~posenc_fast.LearnableFourierFeatures`.
+
+    m = posenc_fast.convert.from_state_dict(torch.load("lff.pt"), "guimont", gamma=10.0)
+    their_state = posenc_fast.convert.to_state_dict(m, "guimont")
+
+Formats (``source``), as published (repository, the module's class; keys):
+
+- ``"guimont"``: willGuimont/learnable_fourier_positional_encoding,
+  ``LearnableFourierPositionalEncoding(G, M, F_dim, H_dim, D, gamma)``; ``Wr.weight``
+  [F/2, M], ``mlp.0.weight`` [H, F], ``mlp.0.bias`` [H], ``mlp.2.weight`` [D/G, H],
+  ``mlp.2.bias`` [D/G]. Initialises Wr with standard deviation gamma^-2.
+- ``"jhlew"``: JHLew/Learnable-Fourier-Features, ``LearnableFourierFeatures(pos_dim, f_dim,
+  h_dim, d_dim, g_dim, gamma)``; ``Wr`` [F/2, M] (a bare parameter), ``mlp.*`` as above.
+  Initialises Wr with standard deviation gamma^2.
+- ``"lightglue"``: cvg/LightGlue, ``LearnableFourierPositionalEncoding(M, dim, F_dim,
+  gamma)``; ``Wr.weight`` [F/2, M] only (no MLP), standard deviation gamma^-2. A whole
+  LightGlue checkpoint loads with ``prefix="posenc."``. LightGlue uses the features as
+  rotary cos/sin, unscaled, each frequency on two neighbouring channels; the module built
+  here returns the features [cos || sin] / sqrt(F) (``mlp=False``): multiply by sqrt(F)
+  and split the halves to get LightGlue's cos and sin before ``repeat_interleave(2)``.
+- ``"tpe"``: jnyborg/tpe (models/ltae.py), ``LearnableFourierPositionalEncoding(m, f, h, d,
+  max_pos, n_head)``; ``wr.weight`` [f/2, m], ``mlp.*``. Its forward divides the positions
+  by ``max_pos`` (folded into wr here, so the converted module takes the raw positions)
+  and repeats the output n_head times along the last dimension (do that yourself:
+  ``pe.repeat(1, 1, n_head)``). It initialises wr as nn.Linear does (no gamma).
+
+posenc_fast follows the paper (Li et al. 2021, Eq. 3): Wr ~ N(0, gamma^-2), variance
+gamma^-2, standard deviation 1/gamma. :func:`gamma_from` translates a checkpoint's gamma:
+std gamma^-2 (guimont, lightglue) is our gamma**2; std gamma^2 (jhlew) is our gamma**-2.
+gamma only sets the module's ``gamma`` attribute (used by ``reset_parameters`` and the KL
+target); the weights come from the checkpoint.
+
+Layouts: the public modules keep nn.Linear weights as [out, in]; posenc_fast stores them
+[in, out] (the paper's layout): w1 [F, H] is ``mlp.0.weight`` transposed, w2 [H, D/G] is
+``mlp.2.weight`` transposed. A weight given in the wrong layout is detected and named
+wherever its shape tells (F != H for mlp.0.weight; D/G != H for mlp.2.weight). When
+F == H (or D/G == H) a transposed matrix has the right shape and nothing can tell:
+convert with these functions instead of copying tensors by hand, and compare an output
+of both modules once (the tests here do).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _checks
+from .fourier_features import LearnableFourierFeatures
+
+SOURCES = ("guimont", "jhlew", "lightglue", "tpe")
+
+# The frequency matrix's key in each format; the MLP keys are shared by the formats that
+# have an MLP.
+_WR_KEY = {"guimont": "Wr.weight", "jhlew": "Wr", "lightglue": "Wr.weight", "tpe": "wr.weight"}
+_MLP_KEYS = ("mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias")
+
+
+def _keys(source: str) -> tuple[str, ...]:
+    wr = (_WR_KEY[source],)
+    return wr if source == "lightglue" else wr + _MLP_KEYS
+
+
+def _looks_like(keys) -> list[str]:
+    """The formats whose keys are exactly ``keys`` (to say what a checkpoint probably is)."""
+    return [s for s in SOURCES if set(_keys(s)) == set(keys)]
+
+
+def gamma_from(source: str, gamma: float) -> float:
+    """posenc_fast's gamma (standard deviation 1/gamma) for a checkpoint's ``gamma`` in its
+    own convention: std gamma^-2 (guimont, lightglue) -> gamma**2; std gamma^2 (jhlew) ->
+    gamma**-2. (tpe has no gamma: see :func:`from_state_dict`.)"""
+    _checks.choice("source", source, SOURCES)
+    gamma = _checks.positive_float("gamma", gamma)
+    if source == "tpe":
+        raise ValueError("the 'tpe' module has no gamma (it initialises wr as nn.Linear does)")
+    return gamma**-2 if source == "jhlew" else gamma**2
+
+
+def gamma_to(source: str, gamma: float) -> float:
+    """The inverse of :func:`gamma_from`: the public module's gamma for ours."""
+    _checks.choice("source", source, SOURCES)
+    gamma = _checks.positive_float("gamma", gamma)
+    if source == "tpe":
+        raise ValueError("the 'tpe' module has no gamma (it initialises wr as nn.Linear does)")
+    return gamma**-0.5 if source == "jhlew" else gamma**0.5
+
+
+def _select(state_dict, source: str, prefix: str) -> dict[str, Tensor]:
+    """The entries of this format under ``prefix`` (prefix removed); missing or (without a
+    prefix) unexpected keys are named."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping of names to tensors, got {type(state_dict)}")
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    ours = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    expected = _keys(source)
+    missing = [prefix + k for k in expected if k not in ours]
+    # With a prefix the checkpoint may be a whole model (LightGlue's): other keys are its
+    # other layers. Without one, every key must belong to the encoder.
+    unexpected = [] if prefix else [k for k in ours if k not in expected]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append("missing keys " + ", ".join(repr(k) for k in missing))
+        if unexpected:
+            parts.append("unexpected keys " + ", ".join(repr(k) for k in unexpected))
+        msg = f"state_dict is not a {source!r} checkpoint: " + "; ".join(parts)
+        guess = [s for s in _looks_like(ours) if s != source]
+        if guess:
+            msg += f" (its keys are those of a {' or '.join(repr(s) for s in guess)} checkpoint)"
+        elif not prefix and any("." in k for k in ours):
+            msg += " (pass prefix=... to load the encoder out of a larger model's checkpoint)"
+        raise ValueError(msg)
+    out = {k: ours[k] for k in expected}
+    for k, v in out.items():
+        _checks.float_tensor(f"state_dict[{prefix + k!r}]", v)
+    return out
+
+
+def _linear_weight(name: str, w: Tensor, in_dim: int, in_name: str) -> int:
+    """Check an nn.Linear weight [out, in] whose input size is known; returns out."""
+    if w.dim() != 2:
+        raise ValueError(f"{name} must be a matrix [out, in], got shape {list(w.shape)}")
+    if w.shape[1] != in_dim:
+        hint = ""
+        if w.shape[0] == in_dim:
+            hint = (
+                f": it looks transposed ([in, out], posenc_fast's layout); the public modules "
+                f"store nn.Linear weights as [out, in] = [*, {in_dim}]"
+            )
+        raise ValueError(
+            f"{name} must have shape [out, {in_dim}] ({in_name} = {in_dim}), "
+            f"got {list(w.shape)}{hint}"
+        )
+    return w.shape[0]
+
+
+def from_state_dict(
+    state_dict: Mapping[str, Tensor],
+    source: str,
+    *,
+    gamma: Optional[float] = None,
+    groups: int = 1,
+    max_pos: Optional[float] = None,
+    prefix: str = "",
+    backend: str = "auto",
+) -> LearnableFourierFeatures:
+    """A :class:`LearnableFourierFeatures` that computes what the public module ``source``
+    computes with the weights in ``state_dict`` (see the module docstring for the formats).
+
+    Args:
+        state_dict: the public module's ``state_dict()`` (or a larger model's, with
+            ``prefix``). Not modified; the module gets copies, in the checkpoint's dtype
+            and on its device.
+        source: "guimont", "jhlew", "lightglue" or "tpe".
+        gamma: the gamma the public module was built with, in its own convention
+            (translated by :func:`gamma_from`); default 1. Not used for "tpe", whose
+            equivalent gamma follows from max_pos and the initialisation of nn.Linear.
+        groups: G, the number of position groups (guimont, jhlew; the checkpoint cannot
+            tell it: the MLP is shared by the groups). The module's out_dim is G * D/G.
+        max_pos: "tpe" only, required: the max_pos its module divided positions by.
+        prefix: the encoder's key prefix in ``state_dict``, e.g. "posenc." for LightGlue.
+        backend: passed to the module.
+
+    Raises:
+        ValueError: naming missing or unexpected keys, a shape that does not fit (and a
+        weight that looks transposed), or a missing max_pos.
+    """
+    _checks.choice("source", source, SOURCES)
+    _checks.positive_int("groups", groups)
+    if source == "tpe":
+        if max_pos is None:
+            raise ValueError(
+                "max_pos is required for a 'tpe' checkpoint: its forward divides positions "
+                "by max_pos (365 + 2 * max_temporal_shift, or 10000 with GDD positions)"
+            )
+        max_pos = _checks.positive_float("max_pos", max_pos)
+        if gamma is not None:
+            raise ValueError("the 'tpe' module has no gamma; leave gamma unset")
+        if groups != 1:
+            raise ValueError(
+                f"a 'tpe' module encodes one group of 1-D positions, got groups={groups}"
+            )
+    elif max_pos is not None:
+        raise ValueError(f"max_pos applies to 'tpe' checkpoints only, not {source!r}")
+    entries = _select(state_dict, source, prefix)
+    wr = entries[_WR_KEY[source]]
+    if wr.dim() != 2:
+        raise ValueError(
+            f"state_dict[{prefix + _WR_KEY[source]!r}] must be a matrix [F/2, M], "
+            f"got shape {list(wr.shape)}"
+        )
+    half, pos_dim = wr.shape
+    F = 2 * half
+    if source == "tpe":
+        if pos_dim != 1:
+            raise ValueError(
+                f"state_dict[{prefix}'wr.weight'] must be [f/2, 1]: the 'tpe' module "
+                f"encodes scalar positions, got {list(wr.shape)}"
+            )
+        # nn.Linear(1, f/2)'s initialisation U(-1, 1) has std 1/sqrt(3); positions / max_pos.
+        our_gamma = math.sqrt(3.0) * max_pos
+        wr = wr / max_pos
+    else:
+        our_gamma = 1.0 if gamma is None else gamma_from(source, gamma)
+    factory = {"device": wr.device, "dtype": wr.dtype}
+    if source == "lightglue":
+        # hidden_dim is unused without the MLP
+        m = LearnableFourierFeatures(
+            pos_dim, F, 0, groups * F, groups, our_gamma, mlp=False, backend=backend, **factory
+        )
+        with torch.no_grad():
+            m.wr.copy_(wr)
+        return m
+    w1, b1, w2, b2 = (entries[k] for k in _MLP_KEYS)
+    H = _linear_weight(f"state_dict[{prefix}'mlp.0.weight']", w1, F, "F = 2 * Wr rows")
+    _checks.shape(f"state_dict[{prefix}'mlp.0.bias']", b1, (H,), f"[H], H = {H}")
+    Dg = _linear_weight(f"state_dict[{prefix}'mlp.2.weight']", w2, H, "H")
+    _checks.shape(f"state_dict[{prefix}'mlp.2.bias']", b2, (Dg,), f"[D/G], D/G = {Dg}")
+    m = LearnableFourierFeatures(
+        pos_dim, F, H, groups * Dg, groups=groups, gamma=our_gamma, backend=backend, **factory
+    )
+    with torch.no_grad():
+        m.wr.copy_(wr)
+        m.w1.copy_(w1.T)  # [H, F] -> [F, H]
+        m.b1.copy_(b1)
+        m.w2.copy_(w2.T)  # [D/G, H] -> [H, D/G]
+        m.b2.copy_(b2)
+    return m
+
+
+def to_state_dict(
+    module: LearnableFourierFeatures,
+    source: str,
+    *,
+    max_pos: Optional[float] = None,
+    prefix: str = "",
+) -> dict[str, Tensor]:
+    """The public module's ``state_dict`` for ``module`` (detached copies): load it with
+    ``their_module.load_state_dict(...)``. The public module must have been built with
+    matching sizes (for "tpe": max_pos given here, m = 1, d = out_dim, f = fourier_dim).
+
+    Refused (ValueError): what the public module cannot compute — layer_norm, an
+    activation other than GELU (erf), an MLP for "lightglue" or none for the others, and
+    for "tpe" groups or pos_dim other than 1. Dropout applies in training only and is
+    not part of a state_dict.
+    """
+    if not isinstance(module, LearnableFourierFeatures):
+        raise TypeError(
+            f"module must be a posenc_fast.LearnableFourierFeatures, got {type(module).__name__}"
+        )
+    _checks.choice("source", source, SOURCES)
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    if source == "lightglue":
+        if module.mlp:
+            raise ValueError(
+                "a 'lightglue' encoder has no MLP: export a module built with mlp=False"
+            )
+    else:
+        if not module.mlp:
+            raise ValueError(
+                f"a {source!r} module has an MLP: this module was built with mlp=False"
+            )
+        if module.layer_norm:
+            raise ValueError(
+                f"a {source!r} module has no LayerNorm: this one was built with layer_norm=True"
+            )
+        if module.activation != "gelu":
+            raise ValueError(
+                f"a {source!r} module uses GELU (erf form), this one {module.activation!r}"
+            )
+    wr = module.wr.detach()
+    if source == "tpe":
+        if max_pos is None:
+            raise ValueError("max_pos is required for 'tpe': the divisor its forward applies")
+        max_pos = _checks.positive_float("max_pos", max_pos)
+        if module.groups != 1 or module.pos_dim != 1:
+            raise ValueError(
+                "a 'tpe' module encodes one group of scalar positions: need groups=1 and "
+                f"pos_dim=1, got groups={module.groups}, pos_dim={module.pos_dim}"
+            )
+        wr = wr * max_pos
+    elif max_pos is not None:
+        raise ValueError(f"max_pos applies to 'tpe' only, not {source!r}")
+    out = {_WR_KEY[source]: wr.clone()}
+    if source != "lightglue":
+        out["mlp.0.weight"] = module.w1.detach().T.contiguous()  # [F, H] -> [H, F]
+        out["mlp.0.bias"] = module.b1.detach().clone()
+        out["mlp.2.weight"] = module.w2.detach().T.contiguous()  # [H, D/G] -> [D/G, H]
+        out["mlp.2.bias"] = module.b2.detach().clone()
+    return {prefix + k: v for k, v in out.items()}
