@@ -84,6 +84,26 @@ def test_verify_reports_a_raising_backend_and_goes_on(monkeypatch, capsys):
     assert "raised RuntimeError: its last line" in out
 
 
+def test_verify_checks_sine_nd_and_catches_a_wrong_add(monkeypatch, capsys):
+    code = verify.run(Namespace(device="cpu", seed=7, ops="encoding_nd"))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "PASS  encoding_nd torch   float32" in out
+
+    from posenc_fast.backends import torch_backend
+
+    orig = torch_backend.TorchBackend.encoding_nd_add
+
+    def swapped_axes(self, x, coords, kind, base):  # axis 0 and 1 exchanged
+        return orig(self, x, coords.flip(-1), kind, base)
+
+    monkeypatch.setattr(torch_backend.TorchBackend, "encoding_nd_add", swapped_axes)
+    code = verify.run(Namespace(device="cpu", seed=7, ops="encoding_nd"))
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "FAIL  encoding_nd torch   float32" in out and "fused add" in out
+
+
 def test_verify_rejects_unknown_op(capsys):
     assert verify.run(Namespace(device="cpu", seed=1, ops="nope")) == 2
 

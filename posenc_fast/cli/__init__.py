@@ -26,7 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="every usable backend against the float64 reference")
     verify.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     verify.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
-    verify.add_argument("--ops", default="all", help="comma-separated subset: lff,encoding,floater")
+    verify.add_argument(
+        "--ops",
+        default="all",
+        help="comma-separated subset of lff,encoding,encoding_nd,lff_rotary,apply_lff_rotary,"
+        "floater",
+    )
 
     bench = sub.add_parser("bench", help="time every implementation side by side")
     bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

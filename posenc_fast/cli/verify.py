@@ -115,6 +115,34 @@ def check_encoding(backend: str, dtype, device: str, seed: int) -> Result:
     return res
 
 
+# (coords shape, dim): a grid's [L, 2] broadcast over a batch, and 3 axes per token
+ENCODING_ND_CASES = (((64, 2), (3, 64, 32)), ((2, 16, 3), (2, 16, 48)))
+
+
+def check_encoding_nd(backend: str, dtype, device: str, seed: int) -> Result:
+    """Sine-nD added to x (SinusoidalNdPE): the sum and the gradients to x and coords."""
+    res = Result()
+    for i, (cshape, xshape) in enumerate(ENCODING_ND_CASES):
+        g = _testing.generator(seed + 600 + i)
+        cdtype = torch.float64 if dtype == torch.float64 else torch.float32
+        coords = (_testing.randn(cshape, g, cdtype, device) * 40).requires_grad_(True)
+        x = _testing.randn(xshape, g, dtype, device).requires_grad_(True)
+        axes = cshape[-1]
+        y = enc_api.SinusoidalNdPE(xshape[-1], axes, backend=backend)(x, coords)
+        c64, x64 = _leaves((coords, x), torch.float64)
+        ref = x64 + enc_ref.sinusoidal_nd(c64, xshape[-1] // axes)
+        kind = "encoding" if dtype in (torch.float32, torch.float64) else "lff"
+        what = f"coords {list(cshape)} + x {list(xshape)}"
+        res.add(y, ref, dtype, kind, f"{what} fused add")
+        gy = _testing.randn(y.shape, g, dtype, device)
+        y.backward(gy)
+        ref.backward(gy.double())
+        res.add_grad(x.grad, x64.grad, dtype, f"{what} dx")
+        res.add_grad(coords.grad, c64.grad, dtype, f"{what} dcoords")  # it flows through x.dtype
+        res.cases += 1
+    return res
+
+
 def _leaves(tensors, dtype=None):
     """Fresh leaves that require grad: copies, or float64 ones for the reference."""
     return [
@@ -168,6 +196,7 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
 CHECKS = {
     "lff": check_lff,
     "encoding": check_encoding,
+    "encoding_nd": check_encoding_nd,
     "lff_rotary": check_lff_rotary,
     "apply_lff_rotary": check_apply_lff_rotary,
 }
