@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -30,33 +29,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
+
+from posenc_fast.cli._baselines import EagerLFF
 
 ROOT = Path(__file__).resolve().parent.parent
 M, F, H, D = 2, 256, 32, 768  # the goals' LFF shape
-
-
-class EagerLFF(nn.Module):
-    """Learnable Fourier features as the public modules write them (float32)."""
-
-    def __init__(self, wr, w1, b1, w2, b2):
-        super().__init__()
-        self.wr = nn.Linear(wr.shape[1], wr.shape[0], bias=False)
-        self.mlp = nn.Sequential(
-            nn.Linear(w1.shape[0], w1.shape[1]), nn.GELU(), nn.Linear(*w2.shape)
-        )
-        with torch.no_grad():
-            self.wr.weight.copy_(wr)
-            self.mlp[0].weight.copy_(w1.T)
-            self.mlp[0].bias.copy_(b1)
-            self.mlp[2].weight.copy_(w2.T)
-            self.mlp[2].bias.copy_(b2)
-        self.scale = 1.0 / math.sqrt(2 * wr.shape[0])
-
-    def forward(self, x):  # [N, G, M] -> [N, G * D]
-        proj = self.wr(x)
-        feats = torch.cat([torch.cos(proj), torch.sin(proj)], dim=-1) * self.scale
-        return self.mlp(feats).flatten(-2)
 
 
 def median_p(runs):
@@ -121,7 +98,7 @@ def lff_case(N: int, repeats: int, compile_: bool):
     case = _testing.LffCase((N,), 1, M, F, H, D)
     x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, torch.float32, "cpu", seed=N)
     x = _testing.rand((N, 1, M), _testing.generator(N), 0.0, 64.0)  # e.g. pixel coordinates
-    eager = EagerLFF(wr, w1, b1, w2, b2)
+    eager = EagerLFF.from_weights(wr, w1, b1, w2, b2)  # the bench's own eager baseline
     weights = [t.requires_grad_(True) for t in (wr, w1, b1, w2, b2)]
     fns = {
         "eager": lambda: eager(x),
