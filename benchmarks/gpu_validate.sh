@@ -20,6 +20,8 @@
 #   ceilings     benchmarks/gpu_ceilings.py: copy, fill, bf16 / fp32 matmul -> ceilings.json
 #   floater      benchmarks/floater_gpu.py (issue 5's grid and goals) -> floater_gpu.json
 #   lff          benchmarks/lff_gpu.py (LFF and tables vs eager / compile) -> lff_gpu.json
+#   rotary       benchmarks/rotary.py --device cuda (rotary LFF vs LightGlue's eager code and
+#                torch.compile, float32 and bfloat16) -> rotary_gpu.json
 #   bench        python -m posenc_fast bench --device cuda -> bench_cli.json
 #   compile      Triton compile report for sm_90 (fails on sin.approx / cos.approx in the
 #                PTX) -> compile_report.txt
@@ -27,7 +29,7 @@
 # Presets (one device call each; benchmarks/README.md has the plan):
 #          call1 = build tests-large verify tests summary
 #          call2 = build ceilings floater summary
-#          call3 = build compile lff bench summary
+#          call3 = build compile lff rotary bench summary
 #          all   = every stage (longer than one 10-minute device call)
 # Stages already listed are not repeated, and summary runs last (e.g. "call3 tests-large
 # verify" adds those two before the summary).
@@ -42,7 +44,7 @@
 # Environment: OUT (output folder), PYTHON (default python3: the one with torch there),
 # GIT_SHA (recorded when the tree has no .git), GPU_VALIDATE_DEADLINE, MAX_JOBS (16),
 # TORCH_CUDA_ARCH_LIST (9.0), PYTEST_WORKERS (8; 1 = serial), PYTEST_ARGS, FLOATER_ARGS,
-# LFF_ARGS, BENCH_ARGS, COMPILE_ARGS (extra arguments of each stage), BUILD_VERBOSE=1.
+# LFF_ARGS, ROTARY_ARGS, BENCH_ARGS, COMPILE_ARGS (extra arguments of each stage), BUILD_VERBOSE=1.
 #
 # --dry-run runs every stage in a tiny CPU form (no build, no GPU), so that this script
 # and the programs it calls can be tested anywhere (tests/test_gpu_scripts.py).
@@ -51,18 +53,18 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-ALL_STAGES=(build tests tests-large verify ceilings floater lff bench compile summary)
+ALL_STAGES=(build tests tests-large verify ceilings floater lff rotary bench compile summary)
 declare -A PRESETS=(
   [call1]="build tests-large verify tests summary"
   [call2]="build ceilings floater summary"
-  [call3]="build compile lff bench summary"
+  [call3]="build compile lff rotary bench summary"
   [all]="${ALL_STAGES[*]}"
 )
 # stage: default time limit, minimum worth starting (seconds)
 declare -A LIMIT=([build]=420 [tests]=480 [tests-large]=180 [verify]=120 [ceilings]=90
-  [floater]=480 [lff]=300 [bench]=240 [compile]=150 [summary]=60)
+  [floater]=480 [lff]=300 [rotary]=120 [bench]=240 [compile]=150 [summary]=60)
 declare -A MIN_TIME=([build]=60 [tests]=60 [tests-large]=30 [verify]=20 [ceilings]=20
-  [floater]=60 [lff]=60 [bench]=40 [compile]=30 [summary]=5)
+  [floater]=60 [lff]=60 [rotary]=30 [bench]=40 [compile]=30 [summary]=5)
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 short_usage() { echo "usage: benchmarks/gpu_validate.sh [--dry-run] STAGE|PRESET ...  (--list, --help)"; }
@@ -340,6 +342,16 @@ stage_lff() {
   fi
   # shellcheck disable=SC2086
   run_limited "$PYTHON" benchmarks/lff_gpu.py --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-}
+}
+
+stage_rotary() {
+  if ((DRY)); then
+    run_limited "$PYTHON" benchmarks/rotary.py --dry-run --out "$OUT_DIR/rotary_gpu.json"
+    return
+  fi
+  # shellcheck disable=SC2086
+  run_limited "$PYTHON" benchmarks/rotary.py --device cuda --out "$OUT_DIR/rotary_gpu.json" \
+    ${ROTARY_ARGS:---dtypes float32,bfloat16}
 }
 
 stage_bench() {

@@ -50,6 +50,7 @@ CASES = {
     "lightglue-2048": (1, 2048, 4, 64),
     "vit-1024": (8, 1024, 12, 64),
 }
+DRY_CASE = ("dry-run", (1, 64, 2, 16))  # --dry-run: a tiny case, no torch.compile
 M = 2
 
 
@@ -79,7 +80,7 @@ def inputs(case, dtype, device, seed=0):
     return q, k, x, proj.to(device)
 
 
-def implementations(device, q, k, x, proj):
+def implementations(device, q, k, x, proj, compile_=True):
     def eager():
         return eager_rotate(eager_table(proj, x), q, k)
 
@@ -87,8 +88,9 @@ def implementations(device, q, k, x, proj):
     impls = {
         "eager": eager,
         "eager-rotate": lambda: eager_rotate(table, q, k),
-        "compile": torch.compile(eager),
     }
+    if compile_:
+        impls["compile"] = torch.compile(eager)
     for name in ("torch", "triton"):
         if name in pf.available_backends() and (name != "triton" or device == "cuda"):
             impls[name] = lambda name=name: pf.apply_lff_rotary(q, k, x, proj.weight, backend=name)
@@ -133,7 +135,7 @@ def peak(fn, device):
     return peak_bytes_cpu(fn)
 
 
-def run_case(case, dtype, device, repeats):
+def run_case(case, dtype, device, repeats, compile_=True):
     q, k, x, proj = inputs(case, dtype, device)
     with torch.no_grad():
         want = ref.apply_rotary(q, k, x, proj.weight, out_dtype=torch.float64)
@@ -142,7 +144,7 @@ def run_case(case, dtype, device, repeats):
     q.requires_grad_(True), k.requires_grad_(True)
     leaves = [q, k, proj.weight]
     rows, calls = {}, {}
-    for name, fn in implementations(device, q, k, x, proj).items():
+    for name, fn in implementations(device, q, k, x, proj, compile_).items():
         with torch.no_grad():
             got = fn()
         err = max(float((g.double() - w).abs().max()) for g, w in zip(got, want))
@@ -202,9 +204,17 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=7, help="CPU: timed calls per mode")
     ap.add_argument("--threads", default="", help="CPU: torch.set_num_threads values")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="one tiny case, no torch.compile, 2 repeats: checks this script anywhere",
+    )
     args = ap.parse_args(argv)
+    if args.dry_run:
+        CASES.setdefault(*DRY_CASE)
+        args.cases, args.repeats = DRY_CASE[0], 2
     env = _gpu_common.environment()
-    report = {"benchmark": "rotary", "environment": env, "results": []}
+    report = {"benchmark": "rotary", "environment": env, "dry_run": args.dry_run, "results": []}
     if args.device == "cpu":
         report["load_before"] = os.getloadavg()
     threads = [int(t) for t in args.threads.split(",") if t] or [torch.get_num_threads()]
@@ -214,7 +224,7 @@ def main(argv=None):
         for dtype_name in args.dtypes.split(","):
             dtype = getattr(torch, dtype_name)
             for case in args.cases.split(","):
-                res = run_case(case, dtype, args.device, args.repeats)
+                res = run_case(case, dtype, args.device, args.repeats, not args.dry_run)
                 res["threads"] = n_threads
                 report["results"].append(res)
                 for mine, s in res["speedups"].items():

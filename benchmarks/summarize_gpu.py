@@ -168,6 +168,26 @@ def lff(report: dict) -> dict:
     return {"ceilings": report.get("ceilings"), "rows": out}
 
 
+def rotary(report: dict) -> dict:
+    """benchmarks/rotary.py: per case and dtype, each implementation's median ms per mode
+    and its error against the float64 reference, and posenc_fast's speed-ups."""
+    rows = []
+    for res in report.get("results", []):
+        for name, entry in res.get("impls", {}).items():
+            rows.append(
+                {
+                    "case": res.get("case"),
+                    "dtype": res.get("dtype"),
+                    "impl": name,
+                    "fwd_ms": (entry.get("fwd") or {}).get("ms"),
+                    "fwd_bwd_ms": (entry.get("fwd+bwd") or {}).get("ms"),
+                    "max_abs_err": entry.get("max_abs_err_vs_float64"),
+                    "speedups": res.get("speedups", {}).get(name),
+                }
+            )
+    return {"dry_run": report.get("dry_run"), "rows": rows}
+
+
 def bench_cli(report: dict) -> dict:
     """Per op, case and mode: the fastest posenc_fast backend against eager PyTorch."""
     groups = {}
@@ -228,6 +248,8 @@ def summarize(paths: list[str]) -> dict:
                 summary["floater"] = floater(data)
             elif "lff_gpu" in kind:
                 summary["lff"] = lff(data)
+            elif kind == "rotary":
+                summary["rotary"] = rotary(data)
             elif "gpu_ceilings" in kind:
                 summary["ceilings"] = data.get("ceilings")
                 summary["nvidia_smi"] = data.get("nvidia_smi_before")
@@ -350,6 +372,22 @@ def markdown(s: dict) -> str:
                 f"{_x(e.get('pct_of_floor') or e.get('pct_copy_ceiling'), '{:.0f}%')} | "
                 f"{_x(e.get('speedup_vs_eager'))} | {_x(e.get('speedup_vs_compile'))} | "
                 f"{verdict or '-'} | {str(e.get('check') or e.get('error') or '-')[:40]} |"
+            )
+        out.append("")
+    ro = s.get("rotary")
+    if ro and ro["rows"]:
+        out += [
+            "Rotary LFF (`benchmarks/rotary.py`): q' and k' from positions, LightGlue's layout",
+            "",
+            "| case | dtype | implementation | fwd ms | fwd+bwd ms | max err | speed-ups |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in ro["rows"]:
+            ups = ", ".join(f"{k} {v:.2f}x" for k, v in (r["speedups"] or {}).items())
+            out.append(
+                f"| {r['case']} | {r['dtype']} | {r['impl']} | {_x(r['fwd_ms'], '{:.4f}')} | "
+                f"{_x(r['fwd_bwd_ms'], '{:.4f}')} | {_x(r['max_abs_err'], '{:.1e}')} | "
+                f"{ups or '-'} |"
             )
         out.append("")
     b = s.get("bench_cli")

@@ -250,13 +250,13 @@ def test_gpu_validate_dry_run_every_stage(tmp_path):
     assert proc.returncode == 0, log[-6000:]
     stages = _stages(tmp_path)
     assert [r["stage"] for r in stages] == [
-        "build", "tests", "tests-large", "verify", "ceilings", "floater", "lff", "bench",
-        "compile", "summary",
+        "build", "tests", "tests-large", "verify", "ceilings", "floater", "lff", "rotary",
+        "bench", "compile", "summary",
     ]  # fmt: skip
     assert all(r["status"] == "ok" and r["dry_run"] for r in stages), stages
     for name in ("tests_junit.xml", "tests_large_junit.xml", "ceilings.json", "floater_gpu.json",
-                 "lff_gpu.json", "bench_cli.json", "compile_report.txt", "summary.json",
-                 "summary.md", "gpu_validate.log"):  # fmt: skip
+                 "lff_gpu.json", "rotary_gpu.json", "bench_cli.json", "compile_report.txt",
+                 "summary.json", "summary.md", "gpu_validate.log"):  # fmt: skip
         assert (tmp_path / name).exists(), name
     assert "unpacked: _build_info.json" in log  # the build's pack / unpack path
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -264,3 +264,7 @@ def test_gpu_validate_dry_run_every_stage(tmp_path):
     assert {t["file"] for t in summary["tests"]} == {"tests_junit.xml", "tests_large_junit.xml"}
     assert all(t["failures"] == 0 and t["passed"] > 0 for t in summary["tests"])
     assert "stage summary: ok" in (tmp_path / "gpu_validate.log").read_text()
+    rotary_rows = summary["rotary"]["rows"]
+    assert summary["rotary"]["dry_run"] and {r["impl"] for r in rotary_rows} >= {"eager", "torch"}
+    assert all(r["max_abs_err"] < 1e-5 for r in rotary_rows), rotary_rows
+    assert "Rotary LFF" in (tmp_path / "summary.md").read_text()
