@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from . import _checks, backends
 from ._activations import ACTIVATIONS
 from .backends import Problem
-from .ops import fourier_features as _ops  # noqa: F401  (registers the ops)
+from .ops import fourier_features as _ops  # registers the ops
 from .ops._autocast import autocast_dtype
 from .reference import fourier_features as _reference
 
@@ -117,7 +117,7 @@ def lff(
     name = backends.choose(problem, backend)
     if name == "reference":
         return _reference.lff(x, wr, w1, b1, w2, b2, activation, out_dtype)
-    return torch.ops.posenc_fast.lff(x, wr, w1, b1, w2, b2, activation, out_dtype, name)
+    return _ops.lff(x, wr, w1, b1, w2, b2, activation, out_dtype, name)
 
 
 # The scale of the initial output across positions: that of a learned position table at

@@ -101,6 +101,61 @@ def test_gradgradcheck_torch_backend(activation, device):
     assert torch.autograd.gradgradcheck(fn, inputs)
 
 
+def _direct_vs_op(backend, device, context):
+    """pf.lff's output and gradients and its autograd node's name inside ``context``,
+    and the same through the custom op called explicitly."""
+    case = _testing.LffCase((7,), 2, 2, 8, 4, 6)
+    inputs = _testing.lff_inputs(case, torch.float32, device, 23)
+    runs = []
+    for call in ("pf.lff", "op"):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        with context():
+            if call == "pf.lff":
+                y = pf.lff(*leaves, backend=backend)
+            else:
+                y = torch.ops.posenc_fast.lff(*leaves, "gelu", torch.float32, backend)
+            y.backward(torch.linspace(-1, 1, y.numel(), device=device).view_as(y))
+        runs.append((type(y.grad_fn).__name__, y.detach(), [t.grad for t in leaves]))
+    return runs
+
+
+@pytest.mark.parametrize("backend", backend_params("lff", torch.float32))
+def test_direct_eager_path_equals_the_op(backend, device):
+    """Plain eager calls skip the custom op's dispatch (ops/_common.direct_call_ok) and
+    give the op's bits, forward and backward; a function mode (here ``with
+    torch.device``) or anything else that must see the op gets the op."""
+    import contextlib
+
+    plain = contextlib.nullcontext
+    (direct_node, y1, g1), (op_node, y2, g2) = _direct_vs_op(backend, device, plain)
+    assert direct_node == "_LffDirectBackward" and "posenc_fast_lff" in op_node
+    assert torch.equal(y1, y2)
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+    (mode_node, y3, g3), _ = _direct_vs_op(backend, device, lambda: torch.device(device))
+    assert "posenc_fast_lff" in mode_node
+    assert torch.equal(y3, y1) and all(torch.equal(a, b) for a, b in zip(g3, g1))
+
+
+def test_direct_eager_path_not_taken_when_compiling_or_for_subclasses():
+    from posenc_fast.ops._common import direct_call_ok
+
+    class Sub(torch.Tensor):
+        pass
+
+    t = torch.ones(2)
+    assert direct_call_ok(t, None, torch.nn.Parameter(t))
+    assert not direct_call_ok(t, t.as_subclass(Sub))
+    seen = []
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(a):
+        seen.append(direct_call_ok(a))
+        return a + 1
+
+    f(t)
+    assert seen == [False]  # dynamo traced the function: the op must be used
+
+
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32))
 @pytest.mark.parametrize("mlp", [True, False], ids=["mlp", "features"])
 def test_opcheck(backend, mlp, device):

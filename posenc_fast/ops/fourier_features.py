@@ -21,7 +21,7 @@ from torch import Tensor
 from .. import backends
 from ..torch_impl import fourier_features as _torch_lff
 from ._autocast import autocast_disabled
-from ._common import differentiable_grads
+from ._common import differentiable_grads, direct_call_ok
 
 
 @torch.library.custom_op("posenc_fast::lff", mutates_args=())
@@ -89,6 +89,11 @@ def _backward(ctx, grad):
             needs,
             grad,
         )
+    elif direct_call_ok(grad, x, wr, w1, b1, w2, b2):
+        with autocast_disabled(x.device.type):
+            grads = backends.get(ctx.backend).lff_backward(
+                grad, x, wr, w1, b1, w2, b2, ctx.activation, needs
+            )
     else:
         grads = torch.ops.posenc_fast.lff_backward(
             grad, x, wr, w1, b1, w2, b2, ctx.activation, ctx.backend, needs
@@ -97,3 +102,24 @@ def _backward(ctx, grad):
 
 
 lff_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _LffDirect(torch.autograd.Function):
+    """posenc_fast::lff without the custom op's dispatch, for plain eager calls
+    (direct_call_ok): the same implementation, saved tensors and backward."""
+
+    @staticmethod
+    def forward(ctx, x, wr, w1, b1, w2, b2, activation, out_dtype, backend):
+        with autocast_disabled(x.device.type):
+            y = backends.get(backend).lff_forward(x, wr, w1, b1, w2, b2, activation, out_dtype)
+        _setup_context(ctx, (x, wr, w1, b1, w2, b2, activation, out_dtype, backend), y)
+        return y
+
+    backward = staticmethod(_backward)
+
+
+def lff(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype, backend: str) -> Tensor:
+    """posenc_fast::lff, or its direct eager path where nothing needs to see the op."""
+    if direct_call_ok(x, wr, w1, b1, w2, b2):
+        return _LffDirect.apply(x, wr, w1, b1, w2, b2, activation, out_dtype, backend)
+    return torch.ops.posenc_fast.lff(x, wr, w1, b1, w2, b2, activation, out_dtype, backend)
