@@ -22,10 +22,10 @@ from posenc_fast.tolerances import PHASE_ATOL
 from test_cpp_fourier import pytestmark  # noqa: F401  isort: skip
 
 # Strided q (fused qkv), fewer key heads, rotary_dim < head_dim with vector tails (F/2 = 19),
-# shared positions, and enough positions for several backward blocks (items of 16
-# positions, at most 16 blocks: 2 * 19 items -> blocks of 3).
+# shared positions, and enough positions for several backward blocks of several items
+# (items of 64 positions, at most 16 blocks: 2 * 10 items -> 10 blocks of 2).
 CASES = [
-    RotaryCase(2, 3, 3, 300, 42, 38, 2, fused_qkv=True),
+    RotaryCase(2, 3, 3, 600, 42, 38, 2, fused_qkv=True),
     RotaryCase(3, 2, 1, 150, 40, 38, 3, "bnhd", shared_x=True),
 ]
 

@@ -27,13 +27,19 @@ PF_INLINE void* row_of(T4& t, int64_t b, int64_t h, int64_t n, int64_t es) {
 }
 
 // n <= W channels c0.. of a row with channel stride sd, as float32 (tail lanes zero):
-// LightGlue's q and k are slices of a fused qkv tensor (sd = 3), gathered lane by lane.
+// LightGlue's q and k are slices of a fused qkv tensor (sd = 3), gathered lane by lane
+// (the AVX-512 / AVX2 gather instructions measured 2-3x slower here, Zen 4).
 template <DT dt>
 PF_INLINE V load_channels(const void* row, int64_t sd, int64_t c0, int n) {
   if (sd == 1) return load_as<dt>(row, c0, n);
-  V v{};
-  for (int i = 0; i < n; ++i) v[i] = load_scalar(row, (c0 + i) * sd, dt);
-  return v;
+  if (dt == DT::F32) {
+    V v{};
+    for (int i = 0; i < n; ++i) v[i] = static_cast<const float*>(row)[(c0 + i) * sd];
+    return v;
+  }
+  VH h{};  // 16-bit lanes gathered, converted as one vector
+  for (int i = 0; i < n; ++i) h[i] = static_cast<const uint16_t*>(row)[(c0 + i) * sd];
+  return dt == DT::F16 ? f16_to_f32(h) : bitcast<V>(__builtin_convertvector(h, VU) << 16);
 }
 
 // Lanes of the channel pairs of frequencies k0..k0+W-1 (F = 2 F2 channels in all).
@@ -69,6 +75,22 @@ PF_INLINE void copy_tail(const void* src, int64_t sd, void* dst, int64_t F, int6
   for (int64_t j = F; j < D; j += W) {
     const int n = static_cast<int>(D - j < W ? D - j : W);
     store_as<dt>(dst, j, load_channels<dt>(src, sd, j, n), n);
+  }
+}
+
+// fn(h, n) for every head h < H and position n0 <= n < n1, in the order of t's memory:
+// heads inside positions when a position's heads are nearer each other than a head's
+// positions ("bnhd", LightGlue's fused qkv), else positions inside heads ("bhnd"). Either
+// way the rows stream through memory in long runs (the hardware prefetcher stops at page
+// boundaries: a run of 16 positions of one head, 4 KB, would start cold every time).
+template <typename F>
+PF_INLINE void for_rows(const T4& t, int64_t H, int64_t n0, int64_t n1, const F& fn) {
+  if (t.sh < t.sn) {
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t h = 0; h < H; ++h) fn(h, n);
+  } else {
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = n0; n < n1; ++n) fn(h, n);
   }
 }
 
@@ -147,20 +169,19 @@ void apply_forward_item(const RotCall& c, int64_t item, const RotScratch& s, flo
       for (int which = 0; which < 2; ++which) {
         const T4& in = which ? c.k : c.q;
         T4 out = which ? c.ok : c.oq;
-        for (int64_t h = 0; h < (which ? c.Hk : c.Hq); ++h)
-          for (int64_t n = r.n0; n < r.n1; ++n) {
-            const void* src = row_of(in, b, h, n, es);
-            void* dst = row_of(out, b, h, n, es);
-            const float* cs = s.cs + (n - r.n0) * c.ldk;
-            const float* sn = s.sn + (n - r.n0) * c.ldk;
-            for (int64_t k0 = 0; k0 < c.F2; k0 += W) {
-              V e, o;
-              load_pairs<dt>(src, in.sd, k0, c.F2, e, o);
-              const V cv = vload(cs + k0), sv = vload(sn + k0);
-              store_pairs<dt>(dst, k0, c.F2, e * cv - o * sv, o * cv + e * sv);
-            }
-            copy_tail<dt>(src, in.sd, dst, F, c.D);
+        for_rows(in, which ? c.Hk : c.Hq, r.n0, r.n1, [&](int64_t h, int64_t n) {
+          const void* src = row_of(in, b, h, n, es);
+          void* dst = row_of(out, b, h, n, es);
+          const float* cs = s.cs + (n - r.n0) * c.ldk;
+          const float* sn = s.sn + (n - r.n0) * c.ldk;
+          for (int64_t k0 = 0; k0 < c.F2; k0 += W) {
+            V e, o;
+            load_pairs<dt>(src, in.sd, k0, c.F2, e, o);
+            const V cv = vload(cs + k0), sv = vload(sn + k0);
+            store_pairs<dt>(dst, k0, c.F2, e * cv - o * sv, o * cv + e * sv);
           }
+          copy_tail<dt>(src, in.sd, dst, F, c.D);
+        });
       }
   });
 }
@@ -185,26 +206,25 @@ void apply_backward_item(const RotCall& c, int64_t item, const RotScratch& s, fl
         const T4& t = which ? c.k : c.q;
         const T4& g = which ? c.gk : c.gq;
         T4 d = which ? c.dk : c.dq;
-        for (int64_t h = 0; h < (which ? c.Hk : c.Hq); ++h)
-          for (int64_t n = r.n0; n < r.n1; ++n) {
-            const int64_t i = (n - r.n0) * ldk;
-            const void* grow = row_of(g, b, h, n, es);
-            const void* trow = row_of(t, b, h, n, es);
-            void* drow = need_t ? row_of(d, b, h, n, es) : nullptr;
-            for (int64_t k0 = 0; k0 < c.F2; k0 += W) {
-              V ge, go;
-              load_pairs<dt>(grow, g.sd, k0, c.F2, ge, go);
-              const V cv = vload(s.cs + i + k0), sv = vload(s.sn + i + k0);
-              if (need_t) store_pairs<dt>(drow, k0, c.F2, ge * cv + go * sv, go * cv - ge * sv);
-              if (need_phase) {
-                V e, o;
-                load_pairs<dt>(trow, t.sd, k0, c.F2, e, o);
-                vstore(s.cross + i + k0, vload(s.cross + i + k0) + (go * e - ge * o));
-                vstore(s.dot + i + k0, vload(s.dot + i + k0) + (go * o + ge * e));
-              }
+        for_rows(g, which ? c.Hk : c.Hq, r.n0, r.n1, [&](int64_t h, int64_t n) {
+          const int64_t i = (n - r.n0) * ldk;
+          const void* grow = row_of(g, b, h, n, es);
+          const void* trow = row_of(t, b, h, n, es);
+          void* drow = need_t ? row_of(d, b, h, n, es) : nullptr;
+          for (int64_t k0 = 0; k0 < c.F2; k0 += W) {
+            V ge, go;
+            load_pairs<dt>(grow, g.sd, k0, c.F2, ge, go);
+            const V cv = vload(s.cs + i + k0), sv = vload(s.sn + i + k0);
+            if (need_t) store_pairs<dt>(drow, k0, c.F2, ge * cv + go * sv, go * cv - ge * sv);
+            if (need_phase) {
+              V e, o;
+              load_pairs<dt>(trow, t.sd, k0, c.F2, e, o);
+              vstore(s.cross + i + k0, vload(s.cross + i + k0) + (go * e - ge * o));
+              vstore(s.dot + i + k0, vload(s.dot + i + k0) + (go * o + ge * e));
             }
-            if (need_t) copy_tail<dt>(grow, g.sd, drow, F, c.D);
           }
+          if (need_t) copy_tail<dt>(grow, g.sd, drow, F, c.D);
+        });
       }
   });
   if (!need_phase) return;

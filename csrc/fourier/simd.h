@@ -119,12 +119,21 @@ PF_INLINE VH f32_to_f16(V v) {  // to nearest even
 #endif
 }
 
+// (whole vectors with a constant-size copy: one load / store, not a library memcpy call)
 PF_INLINE VH load_h(const void* p, int n) {
   VH h{};
-  std::memcpy(&h, p, sizeof(uint16_t) * (n < W ? n : W));
+  if (n >= W)
+    std::memcpy(&h, p, sizeof(VH));
+  else
+    std::memcpy(&h, p, sizeof(uint16_t) * n);
   return h;
 }
-PF_INLINE void store_h(void* p, VH h, int n) { std::memcpy(p, &h, sizeof(uint16_t) * (n < W ? n : W)); }
+PF_INLINE void store_h(void* p, VH h, int n) {
+  if (n >= W)
+    std::memcpy(p, &h, sizeof(VH));
+  else
+    std::memcpy(p, &h, sizeof(uint16_t) * n);
+}
 
 // n <= W values at element offset i of a row of dtype dt, as float32 (tail lanes zero).
 template <DT dt>
