@@ -63,9 +63,8 @@ struct RotScratch {
 using ItemFn = void (*)(const RotCall& c, int64_t item, const RotScratch& s, float* part, bool first);
 struct RotKernels {
   ItemFn apply_forward, apply_backward, table_forward, table_backward;
-  void (*prepare_turns)(const float* wr, int64_t F2, int64_t M, int64_t ldw, int64_t ldt, float* thi, float* tlo);
-  void (*sum_partials)(const float* parts, int64_t nparts, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
-                       int64_t row0, int64_t row1, void* out, DT dt, int64_t ds_row, int64_t ds_col);
+  PrepareTurnsFn prepare_turns;
+  SumPartialsFn sum_partials;
 };
 
 }  // namespace
@@ -110,6 +109,18 @@ RotCall make_call(const at::Tensor& x3, const at::Tensor& wr, int64_t B, at::Ten
   c.thi = thi;
   c.tlo = tlo;
   c.wrt = wrt;
+  return c;
+}
+
+// make_call for q [B, Hq, N, D] and k [B, Hk, N, D] (heads-first views).
+RotCall apply_call(const at::Tensor& x3, const at::Tensor& wr, const at::Tensor& q, const at::Tensor& k,
+                   at::Tensor& store) {
+  RotCall c = make_call(x3, wr, q.size(0), store);
+  c.D = q.size(3);
+  c.Hq = q.size(1);
+  c.Hk = k.size(1);
+  c.dt = dt_of(q.scalar_type());
+  c.q = view4(q), c.k = view4(k);
   return c;
 }
 
@@ -160,15 +171,11 @@ namespace cpu {
 
 void rotary_apply_forward(const at::Tensor& x3, const at::Tensor& wr, const at::Tensor& q, const at::Tensor& k,
                           at::Tensor& oq, at::Tensor& ok) {
-  const int64_t B = q.size(0), N = q.size(2);
-  if (B * N == 0) return;
+  if (q.size(0) * q.size(2) == 0) return;
   at::Tensor store;
-  RotCall c = make_call(x3, wr, B, store);
-  c.D = q.size(3);
-  c.Hq = q.size(1);
-  c.Hk = k.size(1);
-  c.dt = dt_of(q.scalar_type());
-  c.q = view4(q), c.k = view4(k), c.oq = view4(oq), c.ok = view4(ok);
+  RotCall c = apply_call(x3, wr, q, k, store);
+  c.oq = view4(oq), c.ok = view4(ok);
+  const int64_t B = c.B;
   const int64_t rows = (c.Bx == 1 ? B : 1) * (c.Hq + c.Hk);
   run_items(c, rot_kernels().apply_forward, kRun * position_cost(c, rows), nullptr);
 }
@@ -176,19 +183,15 @@ void rotary_apply_forward(const at::Tensor& x3, const at::Tensor& wr, const at::
 void rotary_apply_backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& x3, const at::Tensor& wr, at::Tensor& dq, at::Tensor& dk, at::Tensor& dx,
                            at::Tensor& dwr) {
-  const int64_t B = q.size(0), N = q.size(2);
-  if (B * N == 0) {
+  if (q.size(0) * q.size(2) == 0) {
     if (dx.defined()) dx.zero_();
     if (dwr.defined()) dwr.zero_();
     return;
   }
   at::Tensor store;
-  RotCall c = make_call(x3, wr, B, store);
-  c.D = q.size(3);
-  c.Hq = q.size(1);
-  c.Hk = k.size(1);
-  c.dt = dt_of(q.scalar_type());
-  c.q = view4(q), c.k = view4(k), c.gq = view4(gq), c.gk = view4(gk), c.dq = view4(dq), c.dk = view4(dk);
+  RotCall c = apply_call(x3, wr, q, k, store);
+  c.gq = view4(gq), c.gk = view4(gk), c.dq = view4(dq), c.dk = view4(dk);
+  const int64_t B = c.B;
   c.need_q = dq.defined(), c.need_k = dk.defined(), c.need_x = dx.defined(), c.need_wr = dwr.defined();
   if (c.need_x) {
     c.dx = dx.data_ptr();
