@@ -233,42 +233,41 @@ void apply_backward_item(const RotCall& c, int64_t item, const RotScratch& s, fl
   phase_grads(c, r, s, part, first);
 }
 
-void table_forward_item(const RotCall& c, int64_t item, const RotScratch& s, float*, bool) {
+// fn(tag, cos row, sin row, i) for the positions of a table item, after their cos / sin
+// (scratch offset i); tag: the table's storage dtype as a type (with_dt).
+template <typename F>
+PF_INLINE ItemRange table_rows(const RotCall& c, int64_t item, const RotScratch& s, const F& fn) {
   const ItemRange r = item_range(c, item);
   run_phases(c, r.bx, r.n0, r.n1, s);
   with_dt(c.dt, [&](auto tag) {
-    constexpr DT dt = decltype(tag)::value;
-    constexpr int64_t es = dt == DT::F32 ? 4 : 2;
+    constexpr int64_t es = decltype(tag)::value == DT::F32 ? 4 : 2;
     for (int64_t n = r.n0; n < r.n1; ++n) {
-      void* crow = static_cast<char*>(c.tab.p) + n * c.tab.sn * es;
-      void* srow = static_cast<char*>(crow) + c.tab.sh * es;
-      const float* cs = s.cs + (n - r.n0) * c.ldk;
-      const float* sn = s.sn + (n - r.n0) * c.ldk;
-      for (int64_t k0 = 0; k0 < c.F2; k0 += W) {
-        const V cv = vload(cs + k0), sv = vload(sn + k0);
-        store_pairs<dt>(crow, k0, c.F2, cv, cv);
-        store_pairs<dt>(srow, k0, c.F2, sv, sv);
-      }
+      char* crow = static_cast<char*>(c.tab.p) + n * c.tab.sn * es;
+      fn(tag, crow, crow + c.tab.sh * es, (n - r.n0) * c.ldk);
+    }
+  });
+  return r;
+}
+
+void table_forward_item(const RotCall& c, int64_t item, const RotScratch& s, float*, bool) {
+  table_rows(c, item, s, [&](auto tag, char* crow, char* srow, int64_t i) {
+    constexpr DT dt = decltype(tag)::value;
+    for (int64_t k0 = 0; k0 < c.F2; k0 += W) {
+      const V cv = vload(s.cs + i + k0), sv = vload(s.sn + i + k0);
+      store_pairs<dt>(crow, k0, c.F2, cv, cv);
+      store_pairs<dt>(srow, k0, c.F2, sv, sv);
     }
   });
 }
 
 void table_backward_item(const RotCall& c, int64_t item, const RotScratch& s, float* part, bool first) {
-  const ItemRange r = item_range(c, item);
-  run_phases(c, r.bx, r.n0, r.n1, s);
-  with_dt(c.dt, [&](auto tag) {
+  const ItemRange r = table_rows(c, item, s, [&](auto tag, const char* crow, const char* srow, int64_t i) {
     constexpr DT dt = decltype(tag)::value;
-    constexpr int64_t es = dt == DT::F32 ? 4 : 2;
-    for (int64_t n = r.n0; n < r.n1; ++n) {
-      const char* crow = static_cast<const char*>(c.tab.p) + n * c.tab.sn * es;
-      const char* srow = crow + c.tab.sh * es;
-      const int64_t i = (n - r.n0) * c.ldk;
-      for (int64_t k0 = 0; k0 < c.ldk; k0 += W) {
-        V gce, gco, gse, gso;  // zero beyond F2: dphase is zero there
-        load_pairs<dt>(crow, c.tab.sd, k0, k0 < c.F2 ? c.F2 : k0, gce, gco);
-        load_pairs<dt>(srow, c.tab.sd, k0, k0 < c.F2 ? c.F2 : k0, gse, gso);
-        vstore(s.dphi + i + k0, (gse + gso) * vload(s.cs + i + k0) - (gce + gco) * vload(s.sn + i + k0));
-      }
+    for (int64_t k0 = 0; k0 < c.ldk; k0 += W) {
+      V gce, gco, gse, gso;  // zero beyond F2: dphase is zero there
+      load_pairs<dt>(crow, c.tab.sd, k0, k0 < c.F2 ? c.F2 : k0, gce, gco);
+      load_pairs<dt>(srow, c.tab.sd, k0, k0 < c.F2 ? c.F2 : k0, gse, gso);
+      vstore(s.dphi + i + k0, (gse + gso) * vload(s.cs + i + k0) - (gce + gco) * vload(s.sn + i + k0));
     }
   });
   phase_grads(c, r, s, part, first);
