@@ -10,7 +10,11 @@
 // - The phase helpers of triton_kernels/_phase.py, operation for operation: frequencies in
 //   turns as a float32 pair hi + lo, the phase as an unevaluated sum, the reduction to a
 //   quarter turn and the same polynomials. Contraction is off here (per_isa.h), so every
-//   product is rounded where Triton rounds it.
+//   product is rounded where Triton rounds it. position_sincos: the cos / sin of one
+//   position's phases (LFF features and rotary kernels), from prepare_turns' tables.
+// - Shared by the kernels of lff_cpu.cpp, encoding_cpu.cpp and rotary_cpu.cpp: channel
+//   pairs (interleave / deinterleave), scalar loads of any storage dtype, and the ordered
+//   sum of per-block partial sums (sum_partials, the deterministic weight gradients).
 
 typedef float V __attribute__((vector_size(kBytes)));
 typedef int32_t VI __attribute__((vector_size(kBytes)));
