@@ -16,8 +16,9 @@ training; positions need none). Implementations, on the same inputs:
                    the table once per image and reuses it in each of its 9 layers: this is
                    its per-layer cost); fwd only
     compile        torch.compile (default mode) of ``eager``
-    torch, triton  posenc_fast.apply_lff_rotary with that backend (the table is never
-                   built; cos / sin are recomputed from x, also in the backward)
+    torch, triton, cpp   posenc_fast.apply_lff_rotary with that backend (the table is
+                   never built; cos / sin are recomputed from x, also in the backward);
+                   triton on a GPU only, cpp (the C++ kernels) on the CPU only
 Correctness first: each implementation's q' and k' against the float64 reference.
 Reported: median ms with 20th / 80th percentiles (CPU: wall clock and process CPU time,
 the implementations interleaved, see ``timed``), speed-ups of posenc_fast over each
@@ -91,8 +92,9 @@ def implementations(device, q, k, x, proj, compile_=True):
     }
     if compile_:
         impls["compile"] = torch.compile(eager)
-    for name in ("torch", "triton"):
-        if name in pf.available_backends() and (name != "triton" or device == "cuda"):
+    runs_on = {"torch": device, "triton": "cuda", "cpp": "cpu"}
+    for name in ("torch", "triton", "cpp"):
+        if name in pf.available_backends() and runs_on[name] == device:
             impls[name] = lambda name=name: pf.apply_lff_rotary(q, k, x, proj.weight, backend=name)
     return impls
 
@@ -182,7 +184,7 @@ def run_case(case, dtype, device, repeats, compile_=True):
             + f"  (max err {entry['max_abs_err_vs_float64']:.1e} of {scale:.2g})",
             flush=True,
         )
-    ours = [n for n in ("triton", "torch") if n in rows]
+    ours = [n for n in ("triton", "cpp", "torch") if n in rows]
     speedups = {}
     for mine in ours:
         speedups[mine] = {

@@ -15,7 +15,7 @@ namespace {
 
 pybind11::dict build_info() {
   pybind11::dict info;
-  info["ops_version"] = 2;  // bump when the op schemas change
+  info["ops_version"] = 3;  // bump when the op schemas change
   info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                           std::to_string(TORCH_VERSION_PATCH);
 #if defined(__clang__)

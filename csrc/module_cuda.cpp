@@ -20,7 +20,7 @@ namespace {
 
 pybind11::dict build_info() {
   pybind11::dict info;
-  info["ops_version"] = 2;  // bump with module.cpp's when the op schemas change
+  info["ops_version"] = 3;  // bump with module.cpp's when the op schemas change
   info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                           std::to_string(TORCH_VERSION_PATCH);
   info["cuda_compiled_version"] = floater::cuda::compiled_version();

@@ -38,6 +38,7 @@ CPU_SOURCES = (
     "csrc/fourier/fourier_ops.cpp",
     "csrc/fourier/lff_cpu.cpp",
     "csrc/fourier/encoding_cpu.cpp",
+    "csrc/fourier/rotary_cpu.cpp",
 )
 # The CUDA module posenc_fast._C_cuda (registers CUDA kernels of ops that _C defines).
 CUDA_SOURCES = (

@@ -43,7 +43,7 @@ from . import _build_config as _cfg
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PARTS = tuple(_cfg.PARTS)  # ("cpu", "cuda"): the CUDA part needs the CPU part (op schemas)
-OPS_VERSION = 2  # must match build_info()["ops_version"] of csrc/module.cpp, module_cuda.cpp
+OPS_VERSION = 3  # must match build_info()["ops_version"] of csrc/module.cpp, module_cuda.cpp
 INSTALL_HINT = "build it with `pip install --no-build-isolation -e .` (torch must be installed)"
 _WHAT = {"cpu": "the C++ extension", "cuda": "the CUDA part of the extension"}
 

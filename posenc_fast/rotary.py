@@ -8,7 +8,7 @@ rotary.py states the formulas; this module checks arguments and dispatches.
 
 Path of a call: ``apply_lff_rotary`` -> ``backends.choose`` -> the custom op
 ``posenc_fast::apply_lff_rotary`` (ops/rotary.py) -> the backend's kernel
-(torch_impl/rotary.py, triton_kernels/rotary.py) -> backward
+(torch_impl/rotary.py, triton_kernels/rotary.py, csrc/fourier/rotary_cpu.cpp) -> backward
 ``posenc_fast::apply_lff_rotary_backward``, recomputing the cos / sin from x.
 """
 
@@ -52,7 +52,7 @@ def lff_rotary(x: Tensor, wr: Tensor, backend: str = "auto") -> Tensor:
     Args:
         x: positions [..., N, M] (floating or integer), e.g. keypoints [B, N, 2].
         wr: frequencies [F/2, M] (LightGlue's ``Wr.weight``; no bias).
-        backend: "auto", "reference", "torch" or "triton".
+        backend: "auto", "reference", "torch", "triton" or "cpp".
 
     Returns:
         [2, ..., 1, N, F]: ``[0]`` the cosines, ``[1]`` the sines of x wr^T, each
@@ -143,7 +143,7 @@ def apply_lff_rotary(
         wr: frequencies [F/2, M] with F <= head_dim. Channels 2i and 2i+1 are rotated by
             the angle x . wr[i]; channels F..head_dim-1 are returned unchanged.
         layout: "bhnd" or "bnhd", see q.
-        backend: "auto", "reference", "torch" or "triton".
+        backend: "auto", "reference", "torch", "triton" or "cpp".
 
     Returns:
         (q', k'): new tensors (the inputs are not modified) of q's and k's shapes, in q's

@@ -101,10 +101,8 @@ def _encodings_all(dtype):
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_every_instruction_set_gives_the_same_bits(dtype):
-    """AVX-512, AVX2 and the baseline code: explicit FMAs, no compiler contraction and
-    width-independent sums (csrc/fourier/per_isa.h, simd.h) make them bitwise equal."""
+def assert_every_isa_agrees(run) -> None:
+    """run() (a list of tensors) on every instruction set of this CPU: the same bits."""
     here = isas_here()
     if len(here) < 2:
         pytest.skip(f"this CPU runs only {here}")
@@ -112,12 +110,19 @@ def test_every_instruction_set_gives_the_same_bits(dtype):
     for isa in here:
         with cpu_isa(isa):
             assert EXT.cpu_isa() == isa
-            results[isa] = _lff_all(dtype) + _encodings_all(dtype)
+            results[isa] = run()
     first = results[here[-1]]
     for isa in here[:-1]:
         for i, (a, b) in enumerate(zip(first, results[isa])):
             assert torch.isfinite(a).all()
             assert torch.equal(a, b), f"output {i}: {isa} differs from {here[-1]}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_every_instruction_set_gives_the_same_bits(dtype):
+    """AVX-512, AVX2 and the baseline code: explicit FMAs, no compiler contraction and
+    width-independent sums (csrc/fourier/per_isa.h, simd.h) make them bitwise equal."""
+    assert_every_isa_agrees(lambda: _lff_all(dtype) + _encodings_all(dtype))
 
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])

@@ -18,7 +18,7 @@ from torch import nn
 from torch.library import opcheck
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast import _testing, backends
 from posenc_fast._testing import (
     ROTARY_CASES,
     RotaryCase,
@@ -495,25 +495,26 @@ def test_bad_layout_backend_and_table_input():
 
 
 def test_unavailable_backend_explains_every_backend():
+    """float64 q goes to the torch backend; asking cpp for it says why not, per backend."""
+    q, k, x, wr = (t.double() for t in _good_apply())
     with pytest.raises(pf.BackendError) as info:
-        pf.apply_lff_rotary(*_good_apply(), backend="cpp")
+        pf.apply_lff_rotary(q, k, x, wr, backend="cpp")
     msg = str(info.value)
-    assert "cpp: " in msg and "does not implement apply_lff_rotary" in msg
+    assert "cpp: " in msg
+    if not backends.get("cpp").environment_reasons():
+        assert "supports dtypes float32, bfloat16, float16, got float64" in msg
     for name in ("reference", "torch", "triton", "cuda", "cpp"):
         assert f"  {name}:" in msg
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU dispatch choice")
-def test_auto_picks_torch_on_cpu(monkeypatch):
-    from posenc_fast.backends import torch_backend
-
+def test_auto_picks_cpp_then_torch_on_cpu(monkeypatch):
+    """On the CPU, "auto" picks the C++ kernels when the extension is usable, else torch."""
+    name = "torch" if backends.get("cpp").environment_reasons() else "cpp"
+    backend = backends.get(name)
     calls = []
-    orig = torch_backend.TorchBackend.apply_lff_rotary_forward
-    monkeypatch.setattr(
-        torch_backend.TorchBackend,
-        "apply_lff_rotary_forward",
-        staticmethod(lambda *a: calls.append(1) or orig(*a)),
-    )
+    orig = backend.apply_lff_rotary_forward
+    monkeypatch.setattr(backend, "apply_lff_rotary_forward", lambda *a: calls.append(1) or orig(*a))
     pf.apply_lff_rotary(*_good_apply())
     assert calls == [1]
 

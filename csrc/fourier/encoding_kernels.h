@@ -56,49 +56,6 @@ PF_INLINE void sincos_at(const EncCall& c, float hi, float lo, const float* nu_h
   sincos_turns(ph, cs, sn);
 }
 
-// (a0, b0, a1, b1, ...) and its second half: the sinusoidal layout of W sines and cosines.
-PF_INLINE void interleave(V a, V b, V& lo, V& hi) {
-#if defined(__clang__)
-  float t[2 * W];
-  for (int i = 0; i < W; ++i) {
-    t[2 * i] = a[i];
-    t[2 * i + 1] = b[i];
-  }
-  lo = vload(t);
-  hi = vload(t + W);
-#else
-  VI ml, mh;
-  for (int i = 0; i < W / 2; ++i) {
-    ml[2 * i] = i;
-    ml[2 * i + 1] = W + i;
-    mh[2 * i] = W / 2 + i;
-    mh[2 * i + 1] = W + W / 2 + i;
-  }
-  lo = __builtin_shuffle(a, b, ml);
-  hi = __builtin_shuffle(a, b, mh);
-#endif
-}
-// The inverse: even lanes of (lo, hi) and odd lanes.
-PF_INLINE void deinterleave(V lo, V hi, V& even, V& odd) {
-#if defined(__clang__)
-  float t[2 * W];
-  vstore(t, lo);
-  vstore(t + W, hi);
-  for (int i = 0; i < W; ++i) {
-    even[i] = t[2 * i];
-    odd[i] = t[2 * i + 1];
-  }
-#else
-  VI me, mo;
-  for (int i = 0; i < W; ++i) {
-    me[i] = 2 * i;
-    mo[i] = 2 * i + 1;
-  }
-  even = __builtin_shuffle(lo, hi, me);
-  odd = __builtin_shuffle(lo, hi, mo);
-#endif
-}
-
 // row[0, dim) = encoding of the position (float32), + the block term.
 PF_INLINE void encode_row(const EncCall& c, float hi, float lo, float* row) {
   const EncTables& t = c.t;

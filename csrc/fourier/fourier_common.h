@@ -48,6 +48,14 @@ inline DT dt_of(at::ScalarType t) {
   return t == at::kBFloat16 ? DT::BF16 : (t == at::kHalf ? DT::F16 : DT::F32);
 }
 
+// Kernel-table entries of simd.h's shared helpers (one per instruction set): the frequency
+// turns of wr^T (prepare_turns) and the ordered sum of per-block partials (sum_partials).
+using PrepareTurnsFn = void (*)(const float* wr, int64_t F2, int64_t M, int64_t ldw, int64_t ldt, float* thi,
+                                float* tlo);
+using SumPartialsFn = void (*)(const float* parts, int64_t nparts, int64_t stride, int64_t rows, int64_t cols,
+                               int64_t ld, int64_t row0, int64_t row1, void* out, DT dt, int64_t ds_row,
+                               int64_t ds_col);
+
 // Leading dimensions are multiples of 16 floats (one AVX-512 vector, two AVX2, four SSE)
 // so that every instruction set reads whole vectors of them.
 constexpr int64_t kPad = 16;

@@ -41,6 +41,22 @@ at::Tensor encoding_forward(const at::Tensor& p, int64_t period, const at::Tenso
 at::Tensor encoding_backward(const at::Tensor& grad, const at::Tensor& p, int64_t dim, EncodingKind kind,
                              double base);
 
+// Rotary embeddings (rotary_cpu.cpp). x3 [Bx, N, M] positions (Bx = 1: shared by the
+// batch), wr [F2, M]; q [B, Hq, N, D], k [B, Hk, N, D] and their gradients: heads-first views
+// with any strides, one dtype; oq / ok / dq / dk: views with unit channel stride, filled
+// here (undefined dq / dk / dx / dwr: not needed). dx [Bx, N, M] contiguous in x's dtype,
+// dwr [F2, M] contiguous. Deterministic: the same bits for any thread count.
+void rotary_apply_forward(const at::Tensor& x3, const at::Tensor& wr, const at::Tensor& q, const at::Tensor& k,
+                          at::Tensor& oq, at::Tensor& ok);
+void rotary_apply_backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& x3, const at::Tensor& wr, at::Tensor& dq, at::Tensor& dk, at::Tensor& dx,
+                           at::Tensor& dwr);
+// rows [R, M] -> out [2, R, 2 F2] (cos plane, sin plane; unit channel stride); backward from
+// grad [2, R, 2 F2] (any strides) into dx [R, M] / dwr.
+void rotary_table_forward(const at::Tensor& rows, const at::Tensor& wr, at::Tensor& out);
+void rotary_table_backward(const at::Tensor& grad, const at::Tensor& rows, const at::Tensor& wr, at::Tensor& dx,
+                           at::Tensor& dwr);
+
 }  // namespace cpu
 }  // namespace fourier
 }  // namespace posenc_fast

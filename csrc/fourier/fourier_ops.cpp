@@ -12,6 +12,10 @@
 //       -> x + encoding, in x's dtype
 //   encoding_kernel_backward(grad [*positions.shape, dim], positions, dim, kind, base)
 //       -> d positions (float32 for integer positions)
+//   lff_rotary_kernel(x [..., M], wr [F/2, M], out_dtype) -> [2, ..., F] (cos, sin planes)
+//   lff_rotary_kernel_backward(grad [2, ..., F], x, wr, need_x, need_wr) -> (dx, dwr)
+//   apply_lff_rotary_kernel(q, k, x [B, N, M] or [N, M], wr, layout) -> (q', k') in q's dtype
+//   apply_lff_rotary_kernel_backward(gq, gk, q, k, x, wr, layout, needs[4]) -> [dq, dk, dx, dwr]
 //
 // The Python layer validates first with friendlier messages; these checks keep direct calls
 // from reading out of bounds. TORCH_CHECK_VALUE -> ValueError, TORCH_CHECK_TYPE -> TypeError.
@@ -21,6 +25,7 @@
 #include <array>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fourier_cpu.h"
@@ -222,6 +227,125 @@ at::Tensor encoding_backward_cpu(const at::Tensor& grad, const at::Tensor& posit
   return cpu::encoding_backward(g, positions.reshape({-1}), dim, k, base).view(positions.sizes());
 }
 
+// Rotary embeddings --------------------------------------------------------------------
+
+// rows [R, M] of x [..., M] and F2 = wr.size(0), checked.
+int64_t check_rotary_wr(const char* op, const at::Tensor& x, const at::Tensor& wr) {
+  check_float(op, "x", x);
+  check_float(op, "wr", wr);
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) >= 1, op, ": x must have shape [..., M] with M >= 1, got ", x.sizes());
+  TORCH_CHECK_VALUE(wr.dim() == 2 && wr.size(1) == x.size(-1) && wr.size(0) >= 1, op,
+                    ": wr must have shape [F/2, M] with F/2 >= 1 and M = x.shape[-1] = ", x.size(-1), ", got ",
+                    wr.sizes());
+  return wr.size(0);
+}
+
+std::vector<int64_t> table_shape(const at::Tensor& x, int64_t F2) {
+  std::vector<int64_t> shape{2};
+  shape.insert(shape.end(), x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(2 * F2);
+  return shape;
+}
+
+at::Tensor rotary_table_cpu(const at::Tensor& x, const at::Tensor& wr, at::ScalarType out_dtype) {
+  const char* op = "lff_rotary_kernel";
+  const int64_t F2 = check_rotary_wr(op, x, wr);
+  check_out_dtype(op, out_dtype);
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  at::Tensor out = at::empty({2, rows.size(0), 2 * F2}, x.options().dtype(out_dtype));
+  cpu::rotary_table_forward(rows, wr, out);
+  return out.view(table_shape(x, F2));
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_table_backward_cpu(const at::Tensor& grad, const at::Tensor& x,
+                                                             const at::Tensor& wr, bool need_x, bool need_wr) {
+  const char* op = "lff_rotary_kernel_backward";
+  const int64_t F2 = check_rotary_wr(op, x, wr);
+  check_float(op, "grad", grad);
+  const std::vector<int64_t> shape = table_shape(x, F2);
+  TORCH_CHECK_VALUE(grad.sizes() == c10::IntArrayRef(shape), op, ": grad must have the table's shape ",
+                    c10::IntArrayRef(shape), ", got ", grad.sizes());
+  const at::Tensor rows = x.reshape({-1, x.size(-1)});
+  at::Tensor dx = need_x ? at::empty(x.sizes(), x.options()) : at::Tensor();
+  at::Tensor dwr = need_wr ? at::empty(wr.sizes(), wr.options()) : at::Tensor();
+  at::Tensor dx_rows = need_x ? dx.view({-1, x.size(-1)}) : at::Tensor();
+  if (need_x || need_wr) cpu::rotary_table_backward(grad.reshape({2, rows.size(0), 2 * F2}), rows, wr, dx_rows, dwr);
+  return {need_x ? dx : at::empty({0}, grad.options()), need_wr ? dwr : at::empty({0}, grad.options())};
+}
+
+bool parse_layout(const char* op, c10::string_view layout) {  // true: "bnhd"
+  TORCH_CHECK_VALUE(layout == "bhnd" || layout == "bnhd", op, ": layout must be 'bhnd' or 'bnhd'; got '",
+                    std::string(layout), "'");
+  return layout == "bnhd";
+}
+
+// q / k (or their gradients) [B, heads, N, D] in the given layout, as heads-first views.
+at::Tensor heads_first(const at::Tensor& t, bool bnhd) { return bnhd ? t.transpose(1, 2) : t; }
+
+// The apply op's arguments, checked; x as [Bx, N, M].
+at::Tensor check_apply(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& x,
+                       const at::Tensor& wr, bool bnhd) {
+  const char* spec = bnhd ? "[B, N, heads, head_dim]" : "[B, heads, N, head_dim]";
+  check_float(op, "q", q);
+  check_float(op, "k", k);
+  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must have shape ", spec, ", got ", q.sizes());
+  TORCH_CHECK_VALUE(k.dim() == 4, op, ": k must have shape ", spec, ", got ", k.sizes());
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), op, ": k must have q's dtype (", q.scalar_type(), "), got ",
+                   k.scalar_type());
+  const at::Tensor qh = heads_first(q, bnhd), kh = heads_first(k, bnhd);
+  const int64_t B = qh.size(0), N = qh.size(2), D = qh.size(3);
+  TORCH_CHECK_VALUE(kh.size(0) == B && kh.size(2) == N && kh.size(3) == D, op,
+                    ": k must have the batch size, positions and head_dim of q: q ", q.sizes(), ", k ", k.sizes());
+  const int64_t F2 = check_rotary_wr(op, x, wr);
+  TORCH_CHECK_VALUE((x.dim() == 3 && x.size(0) == B && x.size(1) == N) || (x.dim() == 2 && x.size(0) == N), op,
+                    ": x must have shape [B, N, M] or [N, M] with B = ", B, " and N = ", N, ", got ", x.sizes());
+  TORCH_CHECK_VALUE(2 * F2 <= D, op, ": wr rotates F = 2 * wr.shape[0] = ", 2 * F2, " channels, more than head_dim = ",
+                    D);
+  return x.dim() == 3 ? x : x.unsqueeze(0);
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_apply_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& x,
+                                                    const at::Tensor& wr, c10::string_view layout) {
+  const char* op = "apply_lff_rotary_kernel";
+  const bool bnhd = parse_layout(op, layout);
+  const at::Tensor x3 = check_apply(op, q, k, x, wr, bnhd);
+  at::Tensor oq = at::empty(q.sizes(), q.options()), ok = at::empty(k.sizes(), q.options());
+  at::Tensor oqh = heads_first(oq, bnhd), okh = heads_first(ok, bnhd);
+  cpu::rotary_apply_forward(x3, wr, heads_first(q, bnhd), heads_first(k, bnhd), oqh, okh);
+  return {oq, ok};
+}
+
+std::vector<at::Tensor> rotary_apply_backward_cpu(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& q,
+                                                  const at::Tensor& k, const at::Tensor& x, const at::Tensor& wr,
+                                                  c10::string_view layout, const c10::List<bool>& needs_list) {
+  const char* op = "apply_lff_rotary_kernel_backward";
+  const bool bnhd = parse_layout(op, layout);
+  const at::Tensor x3 = check_apply(op, q, k, x, wr, bnhd);
+  check_float(op, "gq", gq);
+  check_float(op, "gk", gk);
+  TORCH_CHECK_VALUE(gq.sizes() == q.sizes(), op, ": gq must have q's shape ", q.sizes(), ", got ", gq.sizes());
+  TORCH_CHECK_VALUE(gk.sizes() == k.sizes(), op, ": gk must have k's shape ", k.sizes(), ", got ", gk.sizes());
+  TORCH_CHECK_TYPE(gq.scalar_type() == q.scalar_type() && gk.scalar_type() == q.scalar_type(), op,
+                   ": gq and gk must have q's dtype (", q.scalar_type(), "), got ", gq.scalar_type(), " and ",
+                   gk.scalar_type());
+  TORCH_CHECK_VALUE(needs_list.size() == 4, op, ": needs must have 4 entries (q, k, x, wr), got ", needs_list.size());
+  const bool need_q = needs_list.get(0), need_k = needs_list.get(1), need_x = needs_list.get(2),
+             need_wr = needs_list.get(3);
+  at::Tensor dq = need_q ? at::empty(q.sizes(), q.options()) : at::Tensor();
+  at::Tensor dk = need_k ? at::empty(k.sizes(), k.options()) : at::Tensor();
+  at::Tensor dx = need_x ? at::empty(x.sizes(), x.options()) : at::Tensor();
+  at::Tensor dwr = need_wr ? at::empty(wr.sizes(), wr.options()) : at::Tensor();
+  at::Tensor dqh = need_q ? heads_first(dq, bnhd) : at::Tensor(), dkh = need_k ? heads_first(dk, bnhd) : at::Tensor();
+  at::Tensor dx3 = need_x ? dx.view(x3.sizes()) : at::Tensor();
+  if (need_q || need_k || need_x || need_wr)
+    cpu::rotary_apply_backward(heads_first(gq, bnhd), heads_first(gk, bnhd), heads_first(q, bnhd),
+                               heads_first(k, bnhd), x3, wr, dqh, dkh, dx3, dwr);
+  std::vector<at::Tensor> res{dq, dk, dx, dwr};
+  for (auto& t : res)
+    if (!t.defined()) t = at::empty({0}, gq.options());
+  return res;
+}
+
 // Meta (fake tensor) kernels: shapes only, so torch.compile and opcheck can trace the ops.
 at::Tensor lff_meta(const at::Tensor& x, const at::Tensor& wr, const c10::optional<at::Tensor>& w1,
                     const c10::optional<at::Tensor>& b1, const c10::optional<at::Tensor>& w2,
@@ -262,6 +386,33 @@ at::Tensor encoding_backward_meta(const at::Tensor& grad, const at::Tensor& posi
   return at::empty(positions.sizes(), positions.options().dtype(t));
 }
 
+at::Tensor rotary_table_meta(const at::Tensor& x, const at::Tensor& wr, at::ScalarType out_dtype) {
+  return at::empty(table_shape(x, wr.size(0)), x.options().dtype(out_dtype));
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_table_backward_meta(const at::Tensor& grad, const at::Tensor& x,
+                                                              const at::Tensor& wr, bool need_x, bool need_wr) {
+  return {need_x ? at::empty(x.sizes(), x.options()) : at::empty({0}, grad.options()),
+          need_wr ? at::empty(wr.sizes(), wr.options()) : at::empty({0}, grad.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor> rotary_apply_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& x,
+                                                     const at::Tensor& wr, c10::string_view layout) {
+  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), q.options())};
+}
+
+std::vector<at::Tensor> rotary_apply_backward_meta(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& q,
+                                                   const at::Tensor& k, const at::Tensor& x, const at::Tensor& wr,
+                                                   c10::string_view layout, const c10::List<bool>& needs) {
+  const at::Tensor refs[4] = {q, k, x, wr};
+  std::vector<at::Tensor> res;
+  for (size_t i = 0; i < 4; ++i) {
+    const bool need = i < needs.size() && needs.get(i);
+    res.push_back(need ? at::empty(refs[i].sizes(), refs[i].options()) : at::empty({0}, gq.options()));
+  }
+  return res;
+}
+
 }  // namespace
 }  // namespace fourier
 }  // namespace posenc_fast
@@ -276,6 +427,12 @@ TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
   m.def("encoding_kernel(Tensor positions, int dim, str kind, float base, float? block, ScalarType out_dtype) -> Tensor");
   m.def("encoding_add_kernel(Tensor x, Tensor positions, str kind, float base, float? block) -> Tensor");
   m.def("encoding_kernel_backward(Tensor grad, Tensor positions, int dim, str kind, float base) -> Tensor");
+  m.def("lff_rotary_kernel(Tensor x, Tensor wr, ScalarType out_dtype) -> Tensor");
+  m.def("lff_rotary_kernel_backward(Tensor grad, Tensor x, Tensor wr, bool need_x, bool need_wr) -> (Tensor, Tensor)");
+  m.def("apply_lff_rotary_kernel(Tensor q, Tensor k, Tensor x, Tensor wr, str layout) -> (Tensor, Tensor)");
+  m.def(
+      "apply_lff_rotary_kernel_backward(Tensor gq, Tensor gk, Tensor q, Tensor k, Tensor x, Tensor wr, str layout, "
+      "bool[] needs) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
@@ -284,6 +441,10 @@ TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
   m.impl("encoding_kernel", &posenc_fast::fourier::encoding_cpu);
   m.impl("encoding_add_kernel", &posenc_fast::fourier::encoding_add_cpu);
   m.impl("encoding_kernel_backward", &posenc_fast::fourier::encoding_backward_cpu);
+  m.impl("lff_rotary_kernel", &posenc_fast::fourier::rotary_table_cpu);
+  m.impl("lff_rotary_kernel_backward", &posenc_fast::fourier::rotary_table_backward_cpu);
+  m.impl("apply_lff_rotary_kernel", &posenc_fast::fourier::rotary_apply_cpu);
+  m.impl("apply_lff_rotary_kernel_backward", &posenc_fast::fourier::rotary_apply_backward_cpu);
 }
 
 TORCH_LIBRARY_IMPL(posenc_fast, Meta, m) {
@@ -292,4 +453,8 @@ TORCH_LIBRARY_IMPL(posenc_fast, Meta, m) {
   m.impl("encoding_kernel", &posenc_fast::fourier::encoding_meta);
   m.impl("encoding_add_kernel", &posenc_fast::fourier::encoding_add_meta);
   m.impl("encoding_kernel_backward", &posenc_fast::fourier::encoding_backward_meta);
+  m.impl("lff_rotary_kernel", &posenc_fast::fourier::rotary_table_meta);
+  m.impl("lff_rotary_kernel_backward", &posenc_fast::fourier::rotary_table_backward_meta);
+  m.impl("apply_lff_rotary_kernel", &posenc_fast::fourier::rotary_apply_meta);
+  m.impl("apply_lff_rotary_kernel_backward", &posenc_fast::fourier::rotary_apply_backward_meta);
 }

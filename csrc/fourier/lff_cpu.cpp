@@ -108,11 +108,10 @@ struct LffPartials {
 };
 
 struct LffKernels {
-  void (*prepare_turns)(const float* wr, int64_t F2, int64_t M, int64_t ldw, int64_t ldt, float* thi, float* tlo);
+  PrepareTurnsFn prepare_turns;
   void (*forward_tile)(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s);
   void (*backward_tile)(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s, const LffPartials& p);
-  void (*sum_partials)(const float* parts, int64_t nparts, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
-                       int64_t row0, int64_t row1, void* out, DT dt, int64_t ds_row, int64_t ds_col);
+  SumPartialsFn sum_partials;
 };
 
 }  // namespace

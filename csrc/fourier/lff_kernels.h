@@ -42,19 +42,6 @@ PF_INLINE V act_bwd(Act act, V z, V g) {
   }
 }
 
-// thi/tlo [M, ldt] = wr^T / (2 pi) as float32 pairs (turns_hi_lo), zero beyond F2;
-// wr [F2, M] with row stride ldw.
-void prepare_turns(const float* wr, int64_t F2, int64_t M, int64_t ldw, int64_t ldt, float* thi, float* tlo) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k0 = 0; k0 < ldt; k0 += W) {
-      V w{};
-      for (int i = 0; i < W && k0 + i < F2; ++i) w[i] = wr[(k0 + i) * ldw + m];
-      const Phase t = turns_hi_lo(w);
-      vstore(thi + m * ldt + k0, t.hi);
-      vstore(tlo + m * ldt + k0, t.lo);
-    }
-}
-
 // feats[r, k] = cos(x_r . wr_k) / sqrt(F), feats[r, F2 + k] = sin(...) / sqrt(F), k < F2:
 // the phase as in triton_kernels/lff_forward.py's cos_sin_tile (phase_term for the first
 // coordinate, accumulate_phase for the others), vectorised over frequencies.
@@ -65,25 +52,13 @@ PF_INLINE void features(const LffCall& c, const float* xs, int64_t nr, float* fe
     float* f = feats + r * d.ldf;
     for (int64_t k0 = 0; k0 < d.F2; k0 += W) {
       const int n = static_cast<int>(d.F2 - k0 < W ? d.F2 - k0 : W);
-      Phase ph = phase_term(splat(x[0]), Phase{vload(c.w.thi + k0), vload(c.w.tlo + k0)});
-      for (int64_t m = 1; m < d.M; ++m) {
-        const Phase t{vload(c.w.thi + m * d.ldt + k0), vload(c.w.tlo + m * d.ldt + k0)};
-        ph = accumulate_phase(ph, splat(x[m]), t);
-      }
       V cs, sn;
-      sincos_turns(ph, cs, sn);
+      position_sincos(x, d.M, c.w.thi, c.w.tlo, d.ldt, k0, cs, sn);
       // the cosine's tail lanes must not overwrite the first sines: partial stores
       store_n(f + k0, cs * c.w.inv_sqrt_f, n);
       store_n(f + d.F2 + k0, sn * c.w.inv_sqrt_f, n);
     }
   }
-}
-
-PF_INLINE float load_scalar(const void* p, int64_t i, DT dt) {
-  if (dt == DT::F32) return static_cast<const float*>(p)[i];
-  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
-  if (dt == DT::BF16) return static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits()));
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
 // xs [nr, M] float32 from the positions' rows r0.. (any strides and floating dtype)
@@ -254,31 +229,6 @@ void backward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s
   }
   // dwr^T [M, ldk] += xs^T gph
   if (nd.wr) grad_rows(s.xs, d.M, s.gph, d.ldk, d.ldk, nr, p.dwrt, d.ldk, 0, d.M, p.first);
-}
-
-// out[e] = parts[0][e] + parts[1][e] + ... (in this order) for e in [e0, e1), rounded to dt
-// and written at out + e (dst_stride 1) -- or, for a transposed layout, element by element.
-void sum_partials(const float* parts, int64_t nparts, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
-                  int64_t row0, int64_t row1, void* out, DT dt, int64_t ds_row, int64_t ds_col) {
-  with_dt(dt, [&](auto tag) {
-    constexpr DT odt = decltype(tag)::value;
-    const int64_t esize = odt == DT::F32 ? 4 : 2;
-    for (int64_t i = row0; i < row1 && i < rows; ++i)
-      for (int64_t j = 0; j < cols; j += W) {
-        const int n = static_cast<int>(cols - j < W ? cols - j : W);
-        V s = load_n(parts + i * ld + j, n);
-        for (int64_t b = 1; b < nparts; ++b) s += load_n(parts + b * stride + i * ld + j, n);
-        if (ds_col == 1) {
-          store_as<odt>(static_cast<char*>(out) + i * ds_row * esize, j, s, n);
-        } else {
-          for (int q = 0; q < n; ++q) {
-            V one{};
-            one[0] = s[q];
-            store_as<odt>(static_cast<char*>(out) + (i * ds_row + (j + q) * ds_col) * esize, 0, one, 1);
-          }
-        }
-      }
-  });
 }
 
 const LffKernels kLffKernels{prepare_turns, forward_tile, backward_tile, sum_partials};

@@ -10,7 +10,11 @@
 // - The phase helpers of triton_kernels/_phase.py, operation for operation: frequencies in
 //   turns as a float32 pair hi + lo, the phase as an unevaluated sum, the reduction to a
 //   quarter turn and the same polynomials. Contraction is off here (per_isa.h), so every
-//   product is rounded where Triton rounds it.
+//   product is rounded where Triton rounds it. position_sincos: the cos / sin of one
+//   position's phases (LFF features and rotary kernels), from prepare_turns' tables.
+// - Shared by the kernels of lff_cpu.cpp, encoding_cpu.cpp and rotary_cpu.cpp: channel
+//   pairs (interleave / deinterleave), scalar loads of any storage dtype, and the ordered
+//   sum of per-block partial sums (sum_partials, the deterministic weight gradients).
 
 typedef float V __attribute__((vector_size(kBytes)));
 typedef int32_t VI __attribute__((vector_size(kBytes)));
@@ -119,12 +123,21 @@ PF_INLINE VH f32_to_f16(V v) {  // to nearest even
 #endif
 }
 
+// (whole vectors with a constant-size copy: one load / store, not a library memcpy call)
 PF_INLINE VH load_h(const void* p, int n) {
   VH h{};
-  std::memcpy(&h, p, sizeof(uint16_t) * (n < W ? n : W));
+  if (n >= W)
+    std::memcpy(&h, p, sizeof(VH));
+  else
+    std::memcpy(&h, p, sizeof(uint16_t) * n);
   return h;
 }
-PF_INLINE void store_h(void* p, VH h, int n) { std::memcpy(p, &h, sizeof(uint16_t) * (n < W ? n : W)); }
+PF_INLINE void store_h(void* p, VH h, int n) {
+  if (n >= W)
+    std::memcpy(p, &h, sizeof(VH));
+  else
+    std::memcpy(p, &h, sizeof(uint16_t) * n);
+}
 
 // n <= W values at element offset i of a row of dtype dt, as float32 (tail lanes zero).
 template <DT dt>
@@ -191,6 +204,58 @@ PF_INLINE void with_dt(DT dt, const F& fn) {
   }
 }
 
+// --- channel pairs ----------------------------------------------------------------------
+
+// (a0, b0, a1, b1, ...) and its second half: the sinusoidal layout of W sines and cosines.
+PF_INLINE void interleave(V a, V b, V& lo, V& hi) {
+#if defined(__clang__)
+  float t[2 * W];
+  for (int i = 0; i < W; ++i) {
+    t[2 * i] = a[i];
+    t[2 * i + 1] = b[i];
+  }
+  lo = vload(t);
+  hi = vload(t + W);
+#else
+  VI ml, mh;
+  for (int i = 0; i < W / 2; ++i) {
+    ml[2 * i] = i;
+    ml[2 * i + 1] = W + i;
+    mh[2 * i] = W / 2 + i;
+    mh[2 * i + 1] = W + W / 2 + i;
+  }
+  lo = __builtin_shuffle(a, b, ml);
+  hi = __builtin_shuffle(a, b, mh);
+#endif
+}
+// The inverse: even lanes of (lo, hi) and odd lanes.
+PF_INLINE void deinterleave(V lo, V hi, V& even, V& odd) {
+#if defined(__clang__)
+  float t[2 * W];
+  vstore(t, lo);
+  vstore(t + W, hi);
+  for (int i = 0; i < W; ++i) {
+    even[i] = t[2 * i];
+    odd[i] = t[2 * i + 1];
+  }
+#else
+  VI me, mo;
+  for (int i = 0; i < W; ++i) {
+    me[i] = 2 * i;
+    mo[i] = 2 * i + 1;
+  }
+  even = __builtin_shuffle(lo, hi, me);
+  odd = __builtin_shuffle(lo, hi, mo);
+#endif
+}
+
+PF_INLINE float load_scalar(const void* p, int64_t i, DT dt) {
+  if (dt == DT::F32) return static_cast<const float*>(p)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
+  if (dt == DT::BF16) return static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits()));
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
 // --- phases (triton_kernels/_phase.py) ---------------------------------------------------
 
 // 1/(2 pi) = kInv2PiHi + kInv2PiLo, each float32
@@ -247,6 +312,29 @@ PF_INLINE void sincos_turns(const Phase& ph, V& cos_out, V& sin_out) {
   sin_out = quad >= 2.0f ? -si : si;
 }
 
+// thi/tlo [M, ldt] = wr^T / (2 pi) as float32 pairs (turns_hi_lo), zero beyond F2;
+// wr [F2, M] with row stride ldw.
+inline void prepare_turns(const float* wr, int64_t F2, int64_t M, int64_t ldw, int64_t ldt, float* thi, float* tlo) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k0 = 0; k0 < ldt; k0 += W) {
+      V w{};
+      for (int i = 0; i < W && k0 + i < F2; ++i) w[i] = wr[(k0 + i) * ldw + m];
+      const Phase t = turns_hi_lo(w);
+      vstore(thi + m * ldt + k0, t.hi);
+      vstore(tlo + m * ldt + k0, t.lo);
+    }
+}
+
+// cos and sin of x . wr_k for the frequencies k0 .. k0 + W - 1 of one position x [M]
+// (float32): phase_term for the first coordinate, accumulate_phase for the others, as
+// triton_kernels/lff_forward.py's cos_sin_tile does. thi / tlo: prepare_turns' [M, ldt].
+PF_INLINE void position_sincos(const float* x, int64_t M, const float* thi, const float* tlo, int64_t ldt,
+                               int64_t k0, V& cs, V& sn) {
+  Phase ph = phase_term(splat(x[0]), Phase{vload(thi + k0), vload(tlo + k0)});
+  for (int64_t m = 1; m < M; ++m) ph = accumulate_phase(ph, splat(x[m]), Phase{vload(thi + m * ldt + k0), vload(tlo + m * ldt + k0)});
+  sincos_turns(ph, cs, sn);
+}
+
 // --- reductions whose order does not depend on the vector width -------------------------
 // Sums over a vectorised axis are kept in 16 "virtual lanes" (kRedLanes / W vectors), so
 // that every instruction set adds the same numbers in the same order.
@@ -261,4 +349,29 @@ PF_INLINE float red_total(const Red& r) {  // lane 0 + lane 1 + ... + lane 15, i
   float s = lanes[0];
   for (int i = 1; i < kRedLanes; ++i) s += lanes[i];
   return s;
+}
+
+// out[e] = parts[0][e] + parts[1][e] + ... (in this order) for e in [e0, e1), rounded to dt
+// and written at out + e (dst_stride 1) -- or, for a transposed layout, element by element.
+inline void sum_partials(const float* parts, int64_t nparts, int64_t stride, int64_t rows, int64_t cols, int64_t ld,
+                  int64_t row0, int64_t row1, void* out, DT dt, int64_t ds_row, int64_t ds_col) {
+  with_dt(dt, [&](auto tag) {
+    constexpr DT odt = decltype(tag)::value;
+    const int64_t esize = odt == DT::F32 ? 4 : 2;
+    for (int64_t i = row0; i < row1 && i < rows; ++i)
+      for (int64_t j = 0; j < cols; j += W) {
+        const int n = static_cast<int>(cols - j < W ? cols - j : W);
+        V s = load_n(parts + i * ld + j, n);
+        for (int64_t b = 1; b < nparts; ++b) s += load_n(parts + b * stride + i * ld + j, n);
+        if (ds_col == 1) {
+          store_as<odt>(static_cast<char*>(out) + i * ds_row * esize, j, s, n);
+        } else {
+          for (int q = 0; q < n; ++q) {
+            V one{};
+            one[0] = s[q];
+            store_as<odt>(static_cast<char*>(out) + (i * ds_row + (j + q) * ds_col) * esize, 0, one, 1);
+          }
+        }
+      }
+  });
 }

@@ -5,7 +5,9 @@
   registered by posenc_fast._C_cuda ("cuda" needs both);
 - learnable Fourier features and the sinusoidal / DFT encodings (with the fused add), CPU
   kernels in posenc_fast._C (csrc/fourier/): ``lff_kernel`` / ``lff_kernel_backward``,
-  ``encoding_kernel``, ``encoding_add_kernel``, ``encoding_kernel_backward``. Same phase
+  ``encoding_kernel``, ``encoding_add_kernel``, ``encoding_kernel_backward``;
+- the rotary table and its fused application to q and k (LightGlue's layout),
+  ``lff_rotary_kernel`` / ``apply_lff_rotary_kernel`` and their ``_backward`` ops. Same phase
   math as the Triton kernels (float32 with the error-free reduction of
   triton_kernels/_phase.py), float32 arithmetic for bfloat16 / float16 inputs and outputs,
   one parallel region per call, bitwise-deterministic for any thread count; float64 stays
@@ -41,6 +43,11 @@ CUDA_MAX_DIM = 4096
 
 _HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)
 _INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_ROTARY = OpSupport(
+    devices=("cpu",),
+    dtypes=_HALF_AND_SINGLE,
+    input_dtypes={"x": _HALF_AND_SINGLE, "wr": _HALF_AND_SINGLE},
+)
 
 
 def _call_args(p0, w1, b1, w2, b2, times, substeps, method, activation):
@@ -91,7 +98,7 @@ class _ExtensionBackend(Backend):
 
 class CppBackend(_ExtensionBackend):
     name = "cpp"
-    summary = "C++ CPU kernels of the compiled extension (FLOATER integrator, LFF, encodings)"
+    summary = "C++ CPU kernels of the extension (FLOATER integrator, LFF, encodings, rotary)"
     SUPPORT = {
         "floater": OpSupport(
             devices=("cpu",),
@@ -111,6 +118,10 @@ class CppBackend(_ExtensionBackend):
             options={"kind": ("sinusoidal", "dft")},
             input_dtypes={"positions": _HALF_AND_SINGLE + _INTEGERS},
         ),
+        # float64 positions or frequencies would lose their precision in the float32
+        # phases: the torch backend takes those (as for the Triton kernels).
+        "lff_rotary": _ROTARY,
+        "apply_lff_rotary": _ROTARY,
     }
 
     def environment_reasons(self) -> list[str]:
@@ -145,6 +156,28 @@ class CppBackend(_ExtensionBackend):
         return self._ops().encoding_kernel_backward(
             grad, positions, int(dim), str(kind), float(base)
         )
+
+    # ------------------------------------------------------------------ rotary
+    def lff_rotary_forward(self, x, wr, out_dtype):
+        """x [..., M] -> [2, ..., F]: cos, then sin, each on two neighbouring channels."""
+        return self._ops().lff_rotary_kernel(x, wr, out_dtype)
+
+    def lff_rotary_backward(self, grad, x, wr, need_x: bool, need_wr: bool):
+        dx, dwr = self._ops().lff_rotary_kernel_backward(grad, x, wr, bool(need_x), bool(need_wr))
+        return (dx if need_x else None), (dwr if need_wr else None)
+
+    def apply_lff_rotary_forward(self, q, k, x, wr, layout: str):
+        """(q', k') in q's dtype, contiguous in the layout of q and k."""
+        oq, ok = self._ops().apply_lff_rotary_kernel(q, k, x, wr, str(layout))
+        return oq, ok
+
+    def apply_lff_rotary_backward(self, gq, gk, q, k, x, wr, layout: str, needs):
+        """[dq, dk, dx, dwr]; None where not needed."""
+        needs = [bool(n) for n in needs]
+        grads = self._ops().apply_lff_rotary_kernel_backward(
+            gq, gk, q, k, x, wr, str(layout), needs
+        )
+        return [g if n else None for g, n in zip(grads, needs)]
 
 
 class CudaBackend(_ExtensionBackend):
