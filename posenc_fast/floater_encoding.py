@@ -33,7 +33,10 @@ def _is_compiling() -> bool:
 
 
 def _is_exporting() -> bool:
-    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5 has it
+    # torch 2.5 has no torch.compiler.is_exporting: an export is then traced like a
+    # compile, and an exported program keeps the cache op (it still checks the parameters'
+    # values on every call, so the results are those of a fresh integration).
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
     return bool(is_exporting and is_exporting())
 
 
