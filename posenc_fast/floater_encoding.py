@@ -33,8 +33,13 @@ def _is_compiling() -> bool:
 
 
 def _is_exporting() -> bool:
-    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5 has it
-    return bool(is_exporting and is_exporting())
+    """Whether torch.export traces this call. Not torch.compiler.is_exporting(): dynamo
+    before torch 2.13 folds it to True in every torch.compile (seen on 2.7, 2.9 and
+    2.11), which turned the compiled cache off. The flag it reads is set by non-strict
+    export (the default from torch 2.9); torch 2.5 has none, and a strict export is
+    traced like a compile: the exported program then keeps the cache op (which checks
+    the parameters' values on every call: the results are those of a fresh integration)."""
+    return bool(getattr(torch.compiler, "_is_exporting_flag", False))
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -238,7 +238,15 @@ def test_every_hidden_size_keeps_a_configuration(triton_version, arch, monkeypat
     monkeypatch.setattr(_configs, "TRITON", triton_version)
     monkeypatch.setattr(_configs, "device_arch", lambda device: arch)
     monkeypatch.setattr(bwd, "INTERPRET", False)
-    tuner = fwd._lff_fwd_tuned.tuner
+    try:
+        tuner = fwd._lff_fwd_tuned.tuner
+    except RuntimeError as exc:  # Triton 3.3's Autotuner asks the GPU driver when made
+        if "active drivers" not in str(exc):
+            raise
+        pytest.skip(
+            f"Triton {triton.__version__} cannot create an autotuner without a GPU ({exc}); "
+            "every Triton version's rules are tested here with one that can (CI: 3.9)"
+        )
     for block_h in (16, 32, 64, 128, 256):
         for compute in (BF16, FP32, TF32):
             meta = dict(compute, BLOCK_H=block_h, M=2)

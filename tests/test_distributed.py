@@ -267,6 +267,17 @@ NO_FSDP2 = pytest.mark.skipif(
 )
 
 
+def _gloo_reduce_scatter_averages() -> bool:
+    """Whether gloo's reduce_scatter_tensor honours ReduceOp.AVG, which FSDP2 asks for
+    float32 gradients: torch 2.5 and 2.7 sum instead (2.9 averages), and FSDP2's gradients
+    then come out WORLD times too large (a bug of torch's gloo backend, not ours)."""
+    import torch.distributed as dist
+
+    out = torch.empty(1)
+    dist.reduce_scatter_tensor(out, torch.ones(WORLD), op=dist.ReduceOp.AVG)
+    return out.item() == 1.0
+
+
 def _scenario_fsdp2(rank, calls):
     fully_shard, _ = _fsdp2()
 
@@ -276,6 +287,7 @@ def _scenario_fsdp2(rank, calls):
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     data = local_slice(make_data(), rank)
     r = {"train_integrations": [], "sharded": type(model.bias.floater.w1).__name__}
+    r["gloo_averages"] = _gloo_reduce_scatter_averages()
     for step in range(STEPS):
         n0 = len(calls)
         train_step(model, opt, data)
@@ -525,6 +537,12 @@ def test_positions_split_across_ranks_equal_one_rank(results):
 @NO_FSDP2
 def test_fsdp2_gradients_and_training_equal_single_process(results):
     ranks = results("fsdp2")
+    if not all(r["gloo_averages"] for r in ranks):
+        pytest.skip(
+            f"torch {torch.__version__}: gloo's reduce_scatter_tensor sums where FSDP2 asks "
+            f"for ReduceOp.AVG, so FSDP2's CPU gradients are {WORLD}x too large (a torch bug, "
+            "fixed by 2.9)"
+        )
     grads, _ = reference_training(1)
     _, params = reference_training(STEPS)
     for rank, r in enumerate(ranks):

@@ -111,7 +111,7 @@ def compile_one(case: Case, arch: int) -> tuple[str, str]:
     approx = re.search(r"\b(sin|cos)\.approx", ptx) is not None
     shared = getattr(k.metadata, "shared", 0)
     warps, stages = case.options.get("num_warps", 4), case.options.get("num_stages", 3)
-    bound = _configs.shared_bound(case.name, case.constexprs, warps, stages)
+    bound = _configs.shared_bound(case.name, case.constexprs, warps, stages, arch)
     limit = _configs.shared_limit(arch)
     problems = []
     if approx:
