@@ -158,11 +158,11 @@ def _extension_setup() -> dict:
     print(f"posenc_fast: building the C++ CPU part ({cxx_why})")
     print(f"posenc_fast: CUDA part: {'building' if cuda['build'] else 'not built'} "
           f"({cuda['record']['cuda_decision']})")  # fmt: skip
+    skip_warning = None  # the CUDA part is not built, which the user should hear once
     if not cuda["build"] and cuda["warn"]:
-        message = _cuda_message(cuda["record"]["cuda_decision"], require)
+        skip_warning = _cuda_message(cuda["record"]["cuda_decision"], require)
         if require:
-            raise RuntimeError(message)
-        warnings.warn(message, stacklevel=1)
+            raise RuntimeError(skip_warning)
 
     include = [os.path.join(ROOT, "csrc")]
     exts = [
@@ -215,6 +215,8 @@ def _extension_setup() -> dict:
         def build_extensions(self):
             if not cuda["build"]:
                 self._record("cuda", built=False)
+            if skip_warning:  # here, not at plan time: pip runs setup.py several times
+                warnings.warn(skip_warning, stacklevel=1)
             self._started = False
             try:
                 super().build_extensions()

@@ -309,7 +309,9 @@ def _load_setup_module():
     return mod
 
 
-def _run_build_ext(monkeypatch, tmp_path, require: bool, torch_cuda: str, fails: str = ""):
+def _run_build_ext(
+    monkeypatch, tmp_path, require: bool, torch_cuda: str, fails: str = "", force: bool = True
+):
     """setup.py's build_ext with a fake CUDA 13.0 toolkit and torch pretending to be built
     with CUDA ``torch_cuda``. The compiler is replaced (a compiled binary is an empty file;
     the module named ``fails`` fails to compile, as torch reports it): what is under test is
@@ -323,7 +325,7 @@ def _run_build_ext(monkeypatch, tmp_path, require: bool, torch_cuda: str, fails:
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", cpp_extension.CUDA_HOME)
     monkeypatch.setenv("CUDA_HOME", str(toolkit))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    monkeypatch.setenv("POSENC_FAST_FORCE_CUDA", "1")
+    monkeypatch.setenv("POSENC_FAST_FORCE_CUDA", "1" if force else "0")
     for var in ("POSENC_FAST_NO_CUDA", "POSENC_FAST_SKIP_EXTENSION", "POSENC_FAST_DEBUG"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("POSENC_FAST_REQUIRE_EXTENSION", "1" if require else "0")
@@ -338,8 +340,13 @@ def _run_build_ext(monkeypatch, tmp_path, require: bool, torch_cuda: str, fails:
         path.write_bytes(b"")
 
     monkeypatch.setattr(setuptools_build_ext, "build_extension", fake_compile_and_link)
-    kwargs = _load_setup_module()._extension_setup()
-    assert [e.name for e in kwargs["ext_modules"]] == ["posenc_fast._C", "posenc_fast._C_cuda"]
+    with warnings.catch_warnings(record=True) as at_plan:
+        warnings.simplefilter("always")
+        kwargs = _load_setup_module()._extension_setup()
+    # pip executes setup.py several times per install: warnings belong to the build itself
+    assert not [w for w in at_plan if str(w.message).startswith("posenc_fast")]
+    want = ["posenc_fast._C", "posenc_fast._C_cuda"] if force else None
+    assert want is None or [e.name for e in kwargs["ext_modules"]] == want
     dist = Distribution({"name": "posenc-fast", **kwargs})
     cmd = dist.get_command_obj("build_ext")
     cmd.build_lib = str(tmp_path / "lib")
@@ -373,6 +380,17 @@ def test_cuda_version_check_failure_installs_the_cpu_part(monkeypatch, tmp_path)
     assert len(warned) == 1, warned
     assert "the CUDA part of the extension (posenc_fast._C_cuda) is not built" in warned[0]
     assert "Installing the C++ CPU part without it" in warned[0]
+    assert "13.0" in warned[0] and "12.4" in warned[0]
+
+
+def test_toolkit_mismatch_found_at_plan_time_warns_once_at_build(monkeypatch, tmp_path):
+    """Without POSENC_FAST_FORCE_CUDA the mismatch (toolkit 13.0, torch cu124) is found
+    before building: the CUDA module is not attempted, the CPU part is built, and the one
+    warning comes from the build, not from each execution of setup.py."""
+    built, records, warned = _run_build_ext(monkeypatch, tmp_path, False, "12.4", force=False)
+    assert built == ["posenc_fast._C"] and records["cpu"]["built"] is True
+    assert records["cuda"]["built"] is False
+    assert len(warned) == 1, warned
     assert "13.0" in warned[0] and "12.4" in warned[0]
 
 
