@@ -79,6 +79,11 @@ def check_lff(backend: str, dtype, device: str, seed: int) -> Result:
     return res
 
 
+def _add_kind(dtype) -> str:
+    """Tolerance kind (posenc_fast.tolerances) of a fused add's output in ``dtype``."""
+    return "encoding" if dtype in (torch.float32, torch.float64) else "lff"
+
+
 def check_encoding(backend: str, dtype, device: str, seed: int) -> Result:
     res = Result()
     funcs = {"sinusoidal": enc_api.sinusoidal, "dft": enc_api.dft}
@@ -109,8 +114,13 @@ def check_encoding(backend: str, dtype, device: str, seed: int) -> Result:
                 else enc_api.SinusoidalPE(case.dim, backend=backend)
             )
             y = module(x, p.detach())
-            kind = "encoding" if out_dtype in (torch.float32, torch.float64) else "lff"
-            res.add(y, x.double() + ref.detach(), out_dtype, kind, f"{case.id} fused add")
+            res.add(
+                y,
+                x.double() + ref.detach(),
+                out_dtype,
+                _add_kind(out_dtype),
+                f"{case.id} fused add",
+            )
         res.cases += 1
     return res
 
@@ -131,9 +141,8 @@ def check_encoding_nd(backend: str, dtype, device: str, seed: int) -> Result:
         y = enc_api.SinusoidalNdPE(xshape[-1], axes, backend=backend)(x, coords)
         c64, x64 = _leaves((coords, x), torch.float64)
         ref = x64 + enc_ref.sinusoidal_nd(c64, xshape[-1] // axes)
-        kind = "encoding" if dtype in (torch.float32, torch.float64) else "lff"
         what = f"coords {list(cshape)} + x {list(xshape)}"
-        res.add(y, ref, dtype, kind, f"{what} fused add")
+        res.add(y, ref, dtype, _add_kind(dtype), f"{what} fused add")
         gy = _testing.randn(y.shape, g, dtype, device)
         y.backward(gy)
         ref.backward(gy.double())

@@ -37,11 +37,6 @@ def differentiable_grads(
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
-def _compiling() -> bool:
-    is_compiling = getattr(torch.compiler, "is_compiling", None)
-    return bool(is_compiling()) if is_compiling is not None else False
-
-
 def direct_call_ok(*tensors: Optional[Tensor]) -> bool:
     """Whether an op may run its implementation directly instead of going through its
     torch.library custom op: plain tensors in plain eager mode. The custom op's dispatch
@@ -51,7 +46,7 @@ def direct_call_ok(*tensors: Optional[Tensor]) -> bool:
     modes (make_fx, FlopCounter, ``with torch.device(...)``), vmap / grad transforms —
     still goes through it. Private torch APIs are looked up defensively: where one is
     missing the op is used."""
-    if _compiling() or torch.jit.is_tracing():
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     C = torch._C
     try:

@@ -36,8 +36,19 @@ def lff_op(
     out_dtype: torch.dtype,
     backend: str,
 ) -> Tensor:
+    return _run_forward(x, wr, w1, b1, w2, b2, activation, out_dtype, backend)
+
+
+def _run_forward(x, wr, w1, b1, w2, b2, activation, out_dtype, backend) -> Tensor:
+    """The op's body, shared with its direct eager path (_LffDirect)."""
     with autocast_disabled(x.device.type):
         return backends.get(backend).lff_forward(x, wr, w1, b1, w2, b2, activation, out_dtype)
+
+
+def _run_backward(grad, x, wr, w1, b1, w2, b2, activation, backend, needs) -> list:
+    """The backward op's body (None where not needed), shared with the direct eager path."""
+    with autocast_disabled(x.device.type):
+        return backends.get(backend).lff_backward(grad, x, wr, w1, b1, w2, b2, activation, needs)
 
 
 @lff_op.register_fake
@@ -59,8 +70,7 @@ def lff_backward_op(
     backend: str,
     needs: List[bool],  # noqa: UP006
 ) -> List[Tensor]:  # noqa: UP006
-    with autocast_disabled(x.device.type):
-        grads = backends.get(backend).lff_backward(grad, x, wr, w1, b1, w2, b2, activation, needs)
+    grads = _run_backward(grad, x, wr, w1, b1, w2, b2, activation, backend, needs)
     return [g if g is not None else grad.new_empty(0) for g in grads]
 
 
@@ -90,10 +100,7 @@ def _backward(ctx, grad):
             grad,
         )
     elif direct_call_ok(grad, x, wr, w1, b1, w2, b2):
-        with autocast_disabled(x.device.type):
-            grads = backends.get(ctx.backend).lff_backward(
-                grad, x, wr, w1, b1, w2, b2, ctx.activation, needs
-            )
+        grads = _run_backward(grad, x, wr, w1, b1, w2, b2, ctx.activation, ctx.backend, needs)
     else:
         grads = torch.ops.posenc_fast.lff_backward(
             grad, x, wr, w1, b1, w2, b2, ctx.activation, ctx.backend, needs
@@ -109,10 +116,9 @@ class _LffDirect(torch.autograd.Function):
     (direct_call_ok): the same implementation, saved tensors and backward."""
 
     @staticmethod
-    def forward(ctx, x, wr, w1, b1, w2, b2, activation, out_dtype, backend):
-        with autocast_disabled(x.device.type):
-            y = backends.get(backend).lff_forward(x, wr, w1, b1, w2, b2, activation, out_dtype)
-        _setup_context(ctx, (x, wr, w1, b1, w2, b2, activation, out_dtype, backend), y)
+    def forward(ctx, *inputs):  # x, wr, w1, b1, w2, b2, activation, out_dtype, backend
+        y = _run_forward(*inputs)
+        _setup_context(ctx, inputs, y)
         return y
 
     backward = staticmethod(_backward)
