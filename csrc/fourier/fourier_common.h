@@ -83,6 +83,29 @@ inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& opt
   return t;
 }
 
+// Copies src ([rows, cols] or [cols]; float32, bfloat16 or float16; any strides) as
+// float32 into dst with row stride ld; transposed: dst[c * ld + r] = src[r, c]. Element by
+// element on this thread (weights are small; an ATen copy would open a parallel region).
+inline void copy_f32(const at::Tensor& src, float* dst, int64_t ld, bool transposed) {
+  const bool two = src.dim() == 2;
+  const int64_t rows = two ? src.size(0) : 1, cols = src.size(-1);
+  const int64_t sr = two ? src.stride(0) : 0, sc = src.stride(-1);
+  const at::ScalarType t = src.scalar_type();
+  const char* base = static_cast<const char*>(src.data_ptr());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * sr + c * sc;
+      float v;
+      if (t == at::kFloat)
+        v = reinterpret_cast<const float*>(base)[i];
+      else if (t == at::kBFloat16)
+        v = static_cast<float>(reinterpret_cast<const c10::BFloat16*>(base)[i]);
+      else
+        v = static_cast<float>(reinterpret_cast<const c10::Half*>(base)[i]);
+      (transposed ? dst[c * ld + r] : dst[r * ld + c]) = v;
+    }
+}
+
 // Zero-filled float32 scratch, filled by this thread: an ATen fill of this size would be a
 // parallel region of its own (slow when a core is busy elsewhere, see below).
 inline at::Tensor zeroed_floats(int64_t n) {

@@ -48,12 +48,22 @@ void check_out_dtype(const char* op, at::ScalarType t) {
   TORCH_CHECK_TYPE(is_half_or_single(t), op, ": out_dtype must be float32, bfloat16 or float16, got ", t);
 }
 
-LffActivation parse_activation(c10::string_view a) {
+LffActivation parse_activation(const char* op, c10::string_view a) {
   if (a == "gelu") return LffActivation::GELU;
   if (a == "gelu_tanh") return LffActivation::GELU_TANH;
   if (a == "relu") return LffActivation::RELU;
-  TORCH_CHECK_VALUE(false, "lff_kernel: activation must be one of 'gelu', 'gelu_tanh', 'relu'; got '",
-                    std::string(a), "'");
+  TORCH_CHECK_VALUE(false, op, ": activation must be one of 'gelu', 'gelu_tanh', 'relu'; got '", std::string(a),
+                    "'");
+}
+
+// wr [F/2, M] against positions x [..., M] (LFF and rotary); returns F/2.
+int64_t check_wr(const char* op, const at::Tensor& x, const at::Tensor& wr) {
+  check_float(op, "wr", wr);
+  TORCH_CHECK_VALUE(wr.dim() == 2 && wr.size(1) == x.size(-1) && wr.size(0) >= 1, op,
+                    ": wr must have shape [F/2, M] with F/2 >= 1 and M = x.shape[-1] = ", x.size(-1), ", got ",
+                    wr.sizes());
+  TORCH_CHECK(wr.device() == x.device(), op, ": wr must be on x's device");
+  return wr.size(0);
 }
 
 EncodingKind parse_kind(const char* op, c10::string_view k) {
@@ -74,13 +84,9 @@ Lff check_lff(const char* op, const at::Tensor& x, const at::Tensor& wr, const c
   check_float(op, "x", x);
   TORCH_CHECK_VALUE(x.dim() >= 2 && x.size(-1) >= 1, op, ": x must have shape [..., G, M] with M >= 1, got ",
                     x.sizes());
-  check_float(op, "wr", wr);
   Lff l{};
   l.M = x.size(-1);
-  TORCH_CHECK_VALUE(wr.dim() == 2 && wr.size(1) == l.M && wr.size(0) >= 1, op,
-                    ": wr must have shape [F/2, M] with M = x.shape[-1] = ", l.M, ", got ", wr.sizes());
-  TORCH_CHECK(wr.device() == x.device(), op, ": wr must be on x's device");
-  l.F2 = wr.size(0);
+  l.F2 = check_wr(op, x, wr);
   const int given = w1.has_value() + b1.has_value() + w2.has_value() + b2.has_value();
   TORCH_CHECK_VALUE(given == 0 || given == 4, op, ": w1, b1, w2 and b2 must be given together");
   if (given == 0) {
@@ -119,7 +125,7 @@ at::Tensor lff_cpu(const at::Tensor& x, const at::Tensor& wr, const c10::optiona
                    const c10::optional<at::Tensor>& b1, const c10::optional<at::Tensor>& w2,
                    const c10::optional<at::Tensor>& b2, c10::string_view activation, at::ScalarType out_dtype) {
   const Lff l = check_lff("lff_kernel", x, wr, w1, b1, w2, b2);
-  const LffActivation act = parse_activation(activation);
+  const LffActivation act = parse_activation("lff_kernel", activation);
   check_out_dtype("lff_kernel", out_dtype);
   // Never written: the kernels read x through a [R, M] view (or copy) and write a new output.
   const at::Tensor rows = x.reshape({-1, l.M});
@@ -132,7 +138,7 @@ std::vector<at::Tensor> lff_backward_cpu(const at::Tensor& grad, const at::Tenso
                                          c10::string_view activation, const c10::List<bool>& needs_list) {
   const char* op = "lff_kernel_backward";
   const Lff l = check_lff(op, x, wr, w1, b1, w2, b2);
-  const LffActivation act = parse_activation(activation);
+  const LffActivation act = parse_activation(op, activation);
   check_float(op, "grad", grad);
   const std::vector<int64_t> shape = lff_out_shape(x, l.width);
   TORCH_CHECK_VALUE(grad.sizes() == c10::IntArrayRef(shape), op, ": grad must have the output's shape ",
@@ -163,7 +169,6 @@ void check_positions(const char* op, const at::Tensor& p) {
 
 void check_encoding(const char* op, int64_t dim, EncodingKind kind, double base, c10::optional<double> block) {
   TORCH_CHECK_VALUE(dim > 0 && dim % 2 == 0, op, ": dim must be a positive even number, got ", dim);
-  TORCH_CHECK_VALUE(kind != EncodingKind::DFT || dim >= 2, op, ": dim must be >= 2 for the DFT");
   TORCH_CHECK_VALUE(std::isfinite(base) && base > 0.0, op, ": base must be a finite positive number, got ", base);
   TORCH_CHECK_VALUE(!block || std::isfinite(*block), op, ": block must be finite, got ", block ? *block : 0.0);
 }
@@ -232,12 +237,8 @@ at::Tensor encoding_backward_cpu(const at::Tensor& grad, const at::Tensor& posit
 // rows [R, M] of x [..., M] and F2 = wr.size(0), checked.
 int64_t check_rotary_wr(const char* op, const at::Tensor& x, const at::Tensor& wr) {
   check_float(op, "x", x);
-  check_float(op, "wr", wr);
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) >= 1, op, ": x must have shape [..., M] with M >= 1, got ", x.sizes());
-  TORCH_CHECK_VALUE(wr.dim() == 2 && wr.size(1) == x.size(-1) && wr.size(0) >= 1, op,
-                    ": wr must have shape [F/2, M] with F/2 >= 1 and M = x.shape[-1] = ", x.size(-1), ", got ",
-                    wr.sizes());
-  return wr.size(0);
+  return check_wr(op, x, wr);
 }
 
 std::vector<int64_t> table_shape(const at::Tensor& x, int64_t F2) {

@@ -147,29 +147,6 @@ LffDims make_dims(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor
   return d;
 }
 
-// Copies src ([rows, cols] or [cols]; float32, bfloat16 or float16; any strides) as
-// float32 into dst with row stride ld; transposed: dst[c * ld + r] = src[r, c]. Element by
-// element on this thread (weights are small; an ATen copy would open a parallel region).
-void copy_f32(const at::Tensor& src, float* dst, int64_t ld, bool transposed) {
-  const bool two = src.dim() == 2;
-  const int64_t rows = two ? src.size(0) : 1, cols = src.size(-1);
-  const int64_t sr = two ? src.stride(0) : 0, sc = src.stride(-1);
-  const at::ScalarType t = src.scalar_type();
-  const char* base = static_cast<const char*>(src.data_ptr());
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const int64_t i = r * sr + c * sc;
-      float v;
-      if (t == at::kFloat)
-        v = reinterpret_cast<const float*>(base)[i];
-      else if (t == at::kBFloat16)
-        v = static_cast<float>(reinterpret_cast<const c10::BFloat16*>(base)[i]);
-      else
-        v = static_cast<float>(reinterpret_cast<const c10::Half*>(base)[i]);
-      (transposed ? dst[c * ld + r] : dst[r * ld + c]) = v;
-    }
-}
-
 // The float32 weights of one call; storage is owned by `store` (zero-padded).
 LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& b1,
                            const at::Tensor& w2, const at::Tensor& b2, bool backward, const LffKernels& kern,

@@ -98,13 +98,12 @@ RotCall make_call(const at::Tensor& x3, const at::Tensor& wr, int64_t B, at::Ten
   c.sxb = x3.stride(0);
   c.sxn = x3.stride(1);
   c.sxm = x3.stride(2);
-  const at::Tensor w = wr.to(at::kFloat).contiguous();  // [F2, M], a few KB
-  store = zeroed_floats(3 * c.M * c.ldk);
+  // thi, tlo, wr^T [M, ldk] and wr itself [F2, M] as float32, a few KB, on this thread
+  store = zeroed_floats(3 * c.M * c.ldk + c.F2 * c.M);
   float* thi = store.data_ptr<float>();
-  float *tlo = thi + c.M * c.ldk, *wrt = tlo + c.M * c.ldk;
-  const float* wp = w.data_ptr<float>();
-  for (int64_t k = 0; k < c.F2; ++k)
-    for (int64_t m = 0; m < c.M; ++m) wrt[m * c.ldk + k] = wp[k * c.M + m];
+  float *tlo = thi + c.M * c.ldk, *wrt = tlo + c.M * c.ldk, *wp = wrt + c.M * c.ldk;
+  copy_f32(wr, wp, c.M, false);
+  copy_f32(wr, wrt, c.ldk, true);
   rot_kernels().prepare_turns(wp, c.F2, c.M, c.M, c.ldk, thi, tlo);
   c.thi = thi;
   c.tlo = tlo;
