@@ -1,6 +1,7 @@
 """Helpers shared by the GPU benchmark scripts (lff_gpu.py, floater_gpu.py, gpu_ceilings.py).
 
-Timing follows ../shared/PERFORMANCE.md: on CUDA, device events through
+Timing follows the project's method (benchmarks/README.md, "How GPU figures are
+measured"): on CUDA, device events through
 ``triton.testing.do_bench`` (median with 20th / 80th percentiles, L2 flushed between
 runs) or, for calls too long for do_bench's many repetitions, CUDA events around a few
 calls; on the CPU (the scripts' --dry-run), wall clock. Peak memory from
@@ -98,14 +99,19 @@ def peak_bytes(fn, device: str) -> int | None:
     return int(peak_bytes_cuda(fn))
 
 
-def ceilings(device: str, bench_fn, fill: bool = False, dry_run: bool = False) -> dict:
+def ceilings(
+    device: str, bench_fn, fill: bool = False, dry_run: bool = False, fp32: bool = False
+) -> dict:
     """The machine's own ceilings: device-to-device copy bandwidth (bytes read + written),
-    optionally a write-only fill, and the dense bf16 matmul rate (random data).
+    optionally a write-only fill, the dense bf16 matmul rate (random data) and optionally
+    the fp32 one (IEEE fp32, TF32 off as torch's default: what fp32 kernels compete with).
     ``bench_fn(fn) -> (median, p20, p80)`` ms. On the CPU nothing is measured (dry runs)."""
     if device != "cuda":
         out = {"copy_GBps": None, "bf16_mm_TFLOPs": None, "note": "dry run: not measured"}
         if fill:
             out["fill_GBps"] = None
+        if fp32:
+            out["fp32_mm_TFLOPs"] = None
         if dry_run:
             out["dry_run_code_path"] = _tiny_ceiling_path()
         return out
@@ -122,6 +128,10 @@ def ceilings(device: str, bench_fn, fill: bool = False, dry_run: bool = False) -
     mats = [torch.randn(k, k, device=device, dtype=torch.bfloat16) for _ in range(2)]
     ms = bench_fn(lambda: mats[0] @ mats[1])[0]
     out["bf16_mm_TFLOPs"] = 2 * k**3 / (ms * 1e-3) / 1e12
+    if fp32:
+        mats = [m.float() for m in mats]
+        ms = bench_fn(lambda: mats[0] @ mats[1])[0]
+        out["fp32_mm_TFLOPs"] = 2 * k**3 / (ms * 1e-3) / 1e12
     return out
 
 

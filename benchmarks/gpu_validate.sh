@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
-# GPU validation of posenc_fast on an NVIDIA H200 (issue 7, with issue 5's FLOATER
-# benchmark): on a fresh machine with only the source tree, in stages that can be split
-# across device calls of at most 10 minutes each.
+# GPU validation of posenc_fast on an NVIDIA H100 / H200: on a fresh machine with the
+# source tree (and, for the proof, the extension prebuilt on the CPU machine), in stages
+# that each fit a device call.
 #
 #   benchmarks/gpu_validate.sh [--dry-run] STAGE|PRESET ...     run them, in that order
 #   benchmarks/gpu_validate.sh --list                            stages and presets
 #
+# THE ONE COMMAND (issue 18: a GPU is lent rarely, for 15 minutes in all):
+#   benchmarks/gpu_validate.sh proof
+# validates and measures everything in order of value within 480 s (its own deadline) and
+# leaves at most 8 files in $OUT. Prepare it on the CPU machine first:
+# tools/prepare_gpu_build.sh (benchmarks/README.md has the exact device call).
+#
 # Stages (each writes under ${OUT:-./gpu_out}, prints its duration, and appends a line to
 # stages.jsonl):
-#   build        build the extension for sm_90 (pip install --no-build-isolation --no-deps
-#                -e ., TORCH_CUDA_ARCH_LIST=9.0); nothing when already built; a carried
-#                build (.gpu_build/extension_build.tar.*, or $GPU_BUILD_ARCHIVE) is
-#                installed instead of compiling. A fresh build is packed into
-#                extension_build.tar.gz for the next calls.
+#   build        install the package (pip install --no-build-isolation --no-deps -e .)
+#                and the extension: nothing when already built; a carried build
+#                (.gpu_build/extension_build.tar.*, made by tools/prepare_gpu_build.sh, or
+#                $GPU_BUILD_ARCHIVE) is installed instead of compiling, unless its
+#                manifest says csrc/ changed since; otherwise it compiles for sm_90
+#                (TORCH_CUDA_ARCH_LIST=9.0, MAX_JOBS=16) and records how long that took.
+#                Outside the proof, a fresh build is packed into extension_build.tar.gz.
 #   tests        the test suite on CUDA (POSENC_FAST_TEST_DEVICE=cuda, the CUDA gate lifted),
-#                pytest-xdist when installed -> tests_junit.xml
+#                pytest-xdist when installed -> tests_junit.xml. In the proof: only the
+#                tests with the most value per second (PROOF_TESTS below: gradients,
+#                determinism, > 2^31 elements, compile / export), --dist loadfile (the
+#                > 2^31-element tests of one file run one after the other)
 #   tests-large  the tests with more than 2^31 elements, serially -> tests_large_junit.xml
-#   verify       python -m posenc_fast verify --device cuda
+#   verify       python -m posenc_fast verify --device cuda (every op x dtype x backend
+#                against float64; also kept in verify.txt for the summary)
 #   ceilings     benchmarks/gpu_ceilings.py: copy, fill, bf16 / fp32 matmul -> ceilings.json
 #   floater      benchmarks/floater_gpu.py (issue 5's grid and goals) -> floater_gpu.json
 #   lff          benchmarks/lff_gpu.py (LFF and tables vs eager / compile) -> lff_gpu.json
@@ -30,19 +42,29 @@
 #          call1 = build tests-large verify tests summary
 #          call2 = build ceilings floater summary
 #          call3 = build compile lff rotary bench summary
+#          proof = build verify tests ceilings lff floater rotary summary, within 480 s,
+#                  limits and arguments of its own (PROOF_LIMIT, proof_args below): LFF at
+#                  N = 2^20 (F=768 H=256 D=1024, bf16 and fp32, then the tables and fused
+#                  adds, then the memory-bound canonical case), FLOATER L=1024 S=12
+#                  d=H=512, rotary at LightGlue and ViT sizes. Files back: gpu_validate.log,
+#                  tests_junit.xml, ceilings.json, lff_gpu.json, floater_gpu.json,
+#                  rotary_gpu.json, summary.json, summary.md (stages.jsonl and verify.txt
+#                  stay in $GPU_VALIDATE_WORK; summary.json holds them)
 #          all   = every stage (longer than one 10-minute device call)
 # Stages already listed are not repeated, and summary runs last (e.g. "call3 tests-large
 # verify" adds those two before the summary).
 # Also written: gpu_validate.log (everything printed) and stages.jsonl. A device call
 # returns at most 8 files: the presets stay within that.
 #
-# Time: the whole invocation ends within $GPU_VALIDATE_DEADLINE seconds (default 560): each
+# Time: the whole invocation ends within $GPU_VALIDATE_DEADLINE seconds (default 560; 480
+# for the proof): each
 # stage gets min(its own limit, what is left, keeping 30 s for summary), is stopped with
 # SIGINT at its limit (pytest still writes its junit file; the benchmarks have written
 # their JSON after every case), and is skipped when too little is left.
 #
 # Environment: OUT (output folder), PYTHON (default python3: the one with torch there),
-# GIT_SHA (recorded when the tree has no .git), GPU_VALIDATE_DEADLINE, MAX_JOBS (16),
+# GIT_SHA (recorded when the tree has no .git), GPU_VALIDATE_DEADLINE, GPU_VALIDATE_WORK
+# (the proof's scratch folder, default a fresh temporary one), MAX_JOBS (16),
 # TORCH_CUDA_ARCH_LIST (9.0), PYTEST_WORKERS (8; 1 = serial), PYTEST_ARGS, FLOATER_ARGS,
 # LFF_ARGS, ROTARY_ARGS, BENCH_ARGS, COMPILE_ARGS (extra arguments of each stage), BUILD_VERBOSE=1.
 #
@@ -58,6 +80,7 @@ declare -A PRESETS=(
   [call1]="build tests-large verify tests summary"
   [call2]="build ceilings floater summary"
   [call3]="build compile lff rotary bench summary"
+  [proof]="build verify tests ceilings lff floater rotary summary"
   [all]="${ALL_STAGES[*]}"
 )
 # stage: default time limit, minimum worth starting (seconds)
@@ -65,6 +88,19 @@ declare -A LIMIT=([build]=420 [tests]=480 [tests-large]=180 [verify]=120 [ceilin
   [floater]=480 [lff]=300 [rotary]=120 [bench]=240 [compile]=150 [summary]=60)
 declare -A MIN_TIME=([build]=60 [tests]=60 [tests-large]=30 [verify]=20 [ceilings]=20
   [floater]=60 [lff]=60 [rotary]=30 [bench]=40 [compile]=30 [summary]=5)
+# The proof: 480 s in all. Installing the prebuilt extension takes ~30 s of the build's
+# limit (compiling sm_90 instead, 2-4 min, leaves less to the rest, which the deadline cuts
+# in reverse order of value).
+declare -A PROOF_LIMIT=([build]=240 [verify]=70 [tests]=80 [ceilings]=20 [lff]=130
+  [floater]=60 [rotary]=45 [summary]=30)
+declare -A PROOF_MIN_TIME=([build]=30 [verify]=20 [tests]=30 [ceilings]=10 [lff]=40
+  [floater]=30 [rotary]=25 [summary]=5)
+# The proof's tests: one pytest -k term per kind of test worth its seconds on the GPU (the
+# dry run checks that each still selects tests, so a rename cannot silently drop a kind).
+PROOF_TESTS=(gradcheck gradient determinis 2_31 compile_fullgraph export)
+# ... less the CPU-only ones (the C++ kernels, gloo's DDP / FSDP workers) and the slowest
+# compile (a whole timm ViT): no GPU value for their seconds
+PROOF_TESTS_EXCLUDE=(distributed cpp_ timm)
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 short_usage() { echo "usage: benchmarks/gpu_validate.sh [--dry-run] STAGE|PRESET ...  (--list, --help)"; }
@@ -84,11 +120,19 @@ for arg in "$@"; do
 done
 if ((LIST)); then
   echo "stages: ${ALL_STAGES[*]}"
-  for p in call1 call2 call3 all; do echo "preset $p: ${PRESETS[$p]}"; done
+  for p in proof call1 call2 call3 all; do echo "preset $p: ${PRESETS[$p]}"; done
   exit 0
 fi
 ((${#REQUESTED[@]})) || { short_usage >&2; echo "gpu_validate: name at least one stage or preset" >&2; exit 2; }
 
+PROOF=0
+for name in "${REQUESTED[@]}"; do [[ "$name" == proof ]] && PROOF=1; done
+if ((PROOF)); then
+  for s in "${!PROOF_LIMIT[@]}"; do
+    LIMIT[$s]=${PROOF_LIMIT[$s]}
+    MIN_TIME[$s]=${PROOF_MIN_TIME[$s]}
+  done
+fi
 STAGES=()
 add_stage() {
   local s
@@ -101,7 +145,7 @@ for name in "${REQUESTED[@]}"; do
   elif [[ -n "${LIMIT[$name]:-}" ]]; then
     add_stage "$name"
   else
-    die "unknown stage or preset '$name' (stages: ${ALL_STAGES[*]}; presets: call1 call2 call3 all)"
+    die "unknown stage or preset '$name' (stages: ${ALL_STAGES[*]}; presets: proof call1 call2 call3 all)"
   fi
 done
 if [[ " ${STAGES[*]} " == *" summary "* ]]; then  # the summary comes last, after any additions
@@ -112,12 +156,22 @@ fi
 
 PYTHON="${PYTHON:-python3}"
 OUT_DIR="${OUT:-$ROOT/gpu_out}"
-DEADLINE="${GPU_VALIDATE_DEADLINE:-560}"
+DEADLINE="${GPU_VALIDATE_DEADLINE:-$( ((PROOF)) && echo 480 || echo 560)}"
 [[ "$DEADLINE" =~ ^[0-9]+$ ]] || die "GPU_VALIDATE_DEADLINE must be a number of seconds, got '$DEADLINE'"
 mkdir -p "$OUT_DIR"
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 LOG="$OUT_DIR/gpu_validate.log"
-STAGES_JSONL="$OUT_DIR/stages.jsonl"
+# A device call brings back at most 8 files: the proof keeps its stage records and the
+# verify output in a scratch folder, and summary.json carries them home.
+if ((PROOF)); then
+  WORK_DIR="${GPU_VALIDATE_WORK:-$(mktemp -d)}"
+  mkdir -p "$WORK_DIR"
+  WORK_DIR="$(cd "$WORK_DIR" && pwd)"
+else
+  WORK_DIR="$OUT_DIR"
+fi
+STAGES_JSONL="$WORK_DIR/stages.jsonl"
+STAGE_NOTE=""
 START=$SECONDS
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 if ((DRY)); then
@@ -231,7 +285,7 @@ pack_build() {  # $1: archive path (.tar.gz; .tar.xz when gzip is over the 16 Mi
     return 0
   fi
   echo "   packed $so into $(basename "$1") ($size bytes); for the next calls:"
-  echo "   copy it to .gpu_build/ in the repository (git-ignored via .git/info/exclude) and carry .gpu_build"
+  echo "   copy it to .gpu_build/ in the repository (git-ignored) and carry .gpu_build"
 }
 
 # ------------------------------------------------------------------ stages
@@ -251,8 +305,13 @@ stage_build() {
     local ok=0
     [[ -f "$tmp/x/_build_info.json" ]] && ls "$tmp/x"/_C*.so >/dev/null 2>&1 && ok=1
     rm -rf "$tmp"
-    ((ok))
-    return
+    ((ok)) || return 1
+    if [[ -f .gpu_build/manifest.json ]]; then
+      prebuilt_current && echo "   .gpu_build/ is current" || echo "   .gpu_build/ is stale"
+    else
+      echo "   no .gpu_build/ here (tools/prepare_gpu_build.sh makes it)"
+    fi
+    return 0
   fi
   if extension_ready cuda; then
     echo "   the extension is built and loads with CUDA: nothing to build"
@@ -262,29 +321,77 @@ stage_build() {
   if [[ -z "$carried" ]]; then
     carried="$(ls .gpu_build/extension_build.tar.* 2>/dev/null | head -1 || true)"
   fi
+  if [[ -n "$carried" && -f "$carried" ]] && ! prebuilt_current; then
+    echo "   the carried build $carried was made from other sources (csrc/ or the build" \
+      "configuration changed since tools/prepare_gpu_build.sh ran): building from source"
+    carried=""
+  fi
   if [[ -n "$carried" && -f "$carried" ]]; then
     echo "   installing the carried build $carried (editable install without compiling, then the binary)"
     if POSENC_FAST_SKIP_EXTENSION=1 pip_install && tar -xf "$carried" -C posenc_fast && extension_ready cuda; then
+      STAGE_NOTE="prebuilt extension installed ($(manifest_line))"
       return 0
     fi
     echo "   the carried build does not load here: building from source"
   fi
-  echo "   building the extension for sm_${TORCH_CUDA_ARCH_LIST:-9.0} with ${MAX_JOBS:-16} jobs"
+  echo "   building the extension for TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} with ${MAX_JOBS:-16} jobs"
+  local t0=$SECONDS
   TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
     POSENC_FAST_REQUIRE_EXTENSION=1 POSENC_FAST_FORCE_CUDA=1 pip_install || return $?
+  STAGE_NOTE="compiled from source for TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} with ${MAX_JOBS:-16} jobs in $((SECONDS - t0)) s"
+  echo "   $STAGE_NOTE"
   extension_ready cuda || return 1
   "$PYTHON" -m posenc_fast info | sed -n '1,/^C++/p' || true
-  pack_build "$OUT_DIR/extension_build.tar.gz" || true
+  ((PROOF)) || pack_build "$OUT_DIR/extension_build.tar.gz" || true
+}
+
+prebuilt_current() {  # .gpu_build/ was made from the sources of this tree
+  [[ -f .gpu_build/manifest.json ]] || return 1
+  local want
+  want="$("$PYTHON" -c "import json; print(json.load(open('.gpu_build/manifest.json'))['sources_sha256'])")" || return 1
+  [[ "$want" == "$(bash tools/prepare_gpu_build.sh --sources-sha)" ]]
+}
+
+manifest_line() {
+  "$PYTHON" -c "import json; m = json.load(open('.gpu_build/manifest.json')); print(f\"made at git {m['git_sha'][:12]} for torch {m['torch']}, python {m['python']}, arch {m['arch_list']}, {m['built']}\")" 2>/dev/null || echo "no manifest"
+}
+
+proof_tests_k() {  # "(gradcheck or gradient or ...) and not (...)": the proof's selection
+  local IFS='|'
+  local want="${PROOF_TESTS[*]}" skip="${PROOF_TESTS_EXCLUDE[*]}"
+  echo "(${want//|/ or }) and not (${skip//|/ or })"
 }
 
 stage_tests() {
   local args=(-q -rfE -p no:cacheprovider --junitxml "$OUT_DIR/tests_junit.xml")
+  if ((DRY && PROOF)); then
+    # the selection still finds tests of every kind (a rename must not drop one silently);
+    # one collection, each term matched as -k matches it (a substring of the test's id)
+    local ids term n
+    ids="$(run_limited "$PYTHON" -m pytest --collect-only -q -p no:cacheprovider tests | grep '::')" ||
+      { echo "   collecting the tests failed"; return 1; }
+    for term in "${PROOF_TESTS[@]}"; do
+      n=$(grep -ci -- "$term" <<<"$ids" || true)
+      echo "   proof tests '-k $term': $n tests"
+      ((n > 0)) || { echo "   no test matches '$term': update PROOF_TESTS"; return 1; }
+    done
+    n=$(grep -iE -- "$(IFS='|'; echo "${PROOF_TESTS[*]}")" <<<"$ids" |
+      grep -ciEv -- "$(IFS='|'; echo "${PROOF_TESTS_EXCLUDE[*]}")" || true)
+    echo "   proof tests in all: $n of $(wc -l <<<"$ids") (-k \"$(proof_tests_k)\")"
+  fi
   if ((DRY)); then
     run_limited "$PYTHON" -m pytest "${args[@]}" tests/test_repository.py -k pins_torch
     return
   fi
-  args+=(--durations=25 --ignore tests/test_large_gpu.py)
-  args+=(--deselect tests/test_triton.py::test_more_than_2_31_output_elements)
+  args+=(--durations=25)
+  if ((PROOF)); then
+    # the kinds of test worth their seconds; the > 2^31-element ones included (their files
+    # go to one worker each: --dist loadfile)
+    args+=(-k "$(proof_tests_k)")
+  else
+    args+=(--ignore tests/test_large_gpu.py)
+    args+=(--deselect tests/test_triton.py::test_more_than_2_31_output_elements)
+  fi
   local workers="${PYTEST_WORKERS:-8}"
   if ((workers > 1)) && "$PYTHON" -c "import xdist" >/dev/null 2>&1; then
     args+=(-n "$workers" --dist loadfile)
@@ -308,11 +415,11 @@ stage_tests_large() {
 }
 
 stage_verify() {
-  if ((DRY)); then
-    run_limited "$PYTHON" -m posenc_fast verify --device cpu --ops floater
-    return
-  fi
-  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m posenc_fast verify --device cuda
+  local device=cuda ops=()
+  if ((DRY)); then device=cpu; ops=(--ops floater); fi
+  # kept beside the log for the summary (verify.txt: one line per op / backend / dtype)
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m posenc_fast verify --device "$device" \
+    "${ops[@]}" | tee "$WORK_DIR/verify.txt"
 }
 
 stage_ceilings() {
@@ -324,24 +431,35 @@ stage_ceilings() {
 stage_floater() {
   local budget=$((STAGE_LIMIT - 40))
   ((budget < 30)) && budget=30
+  ((PROOF)) && budget=$((STAGE_LIMIT - 15))
   if ((DRY)); then
     run_limited "$PYTHON" benchmarks/floater_gpu.py --dry-run --methods rk38 \
       --impls cuda,torchdiffeq,graph --out "$OUT_DIR/floater_gpu.json"
     return
   fi
+  local default=""
+  # the PERFORMANCE.md case: L=1024, S=12, d=H=512, against torchdiffeq (odeint and the
+  # adjoint) and the CUDA-graphed loop
+  ((PROOF)) && default="--lengths 1024 --states 12 --dims 512 --impls cuda,torchdiffeq,adjoint,graph"
   # shellcheck disable=SC2086
   POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/floater_gpu.py \
-    --out "$OUT_DIR/floater_gpu.json" --time-budget "$budget" ${FLOATER_ARGS:-}
+    --out "$OUT_DIR/floater_gpu.json" --time-budget "$budget" ${FLOATER_ARGS:-$default}
 }
 
 stage_lff() {
   if ((DRY)); then
-    run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run --cases canonical --modes fwd \
-      --no-encodings --out "$OUT_DIR/lff_gpu.json"
+    local cases=canonical
+    ((PROOF)) && cases=compute,compute-fp32,sinusoidal-add,dft-add
+    run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run --cases "$cases" --modes fwd \
+      --out "$OUT_DIR/lff_gpu.json"
     return
   fi
+  local default=""
+  # in order of value: the compute-bound LFF case in bf16 and fp32 (PERFORMANCE.md), the
+  # tables and fused adds, then the memory-bound canonical case; forward and backward
+  ((PROOF)) && default="--cases compute,compute-fp32,sinusoidal-table,sinusoidal-add,dft-add,canonical --modes fwd,bwd --impls eager,compile,triton"
   # shellcheck disable=SC2086
-  run_limited "$PYTHON" benchmarks/lff_gpu.py --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-}
+  run_limited "$PYTHON" benchmarks/lff_gpu.py --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
 }
 
 stage_rotary() {
@@ -349,9 +467,11 @@ stage_rotary() {
     run_limited "$PYTHON" benchmarks/rotary.py --dry-run --out "$OUT_DIR/rotary_gpu.json"
     return
   fi
+  local default="--dtypes float32,bfloat16"
+  ((PROOF)) && default="--cases lightglue-2048,vit-1024 --dtypes bfloat16,float32"
   # shellcheck disable=SC2086
   run_limited "$PYTHON" benchmarks/rotary.py --device cuda --out "$OUT_DIR/rotary_gpu.json" \
-    ${ROTARY_ARGS:---dtypes float32,bfloat16}
+    ${ROTARY_ARGS:-$default}
 }
 
 stage_bench() {
@@ -380,7 +500,10 @@ stage_compile() {
 }
 
 stage_summary() {
-  "$PYTHON" benchmarks/summarize_gpu.py "$OUT_DIR" --json "$OUT_DIR/summary.json" \
+  local extra=()
+  ((PROOF)) && extra=("$WORK_DIR")  # the stage records and verify.txt
+  # this stage's own record is not written yet: the log has it
+  "$PYTHON" benchmarks/summarize_gpu.py "$OUT_DIR" "${extra[@]}" --json "$OUT_DIR/summary.json" \
     --md "$OUT_DIR/summary.md"
 }
 
@@ -423,7 +546,8 @@ for stage in "${STAGES[@]}"; do
     status=failed
   fi
   echo "== stage $stage: $status (rc $rc) in ${dt} s"
-  record "$stage" "$status" "$rc" "$dt" "$limit" ""
+  record "$stage" "$status" "$rc" "$dt" "$limit" "$STAGE_NOTE"
+  STAGE_NOTE=""
   RESULTS+=("$stage $status ${dt}s")
   if [[ "$status" != ok ]]; then
     FAILED+=("$stage")

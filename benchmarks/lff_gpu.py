@@ -27,6 +27,7 @@ measures both ceilings again and reports against its own):
     case         N      M G  F   H   D     fwd bytes  fwd floor       bwd floor
     canonical    2^20   2 1 256  32  768   1.62 GB    0.377 ms (mem)  0.377 ms (mem; 0.20 mma)
     compute      2^20   2 1 768 256 1024   2.16 GB    1.22 ms (mma)   2.96 ms (mma)
+    compute-fp32 the same, float32 output (fp32 tl.dot: IEEE unless TF32 is allowed)
     small        4096   2 1 256  32  768   6.3 MB     ~2 us: launch-bound (a few us)
     seq1d        65536  1 1 256  32  768   101 MB     23 us (mem)     23 us (mem)
     boxes-G1/2/4 2^20   4 G 256  32  768   1.63 GB    0.379 ms (mem)  0.379 ms (mem)
@@ -49,6 +50,7 @@ CASES = {
     "canonical": (2**20, 2, 1, 256, 32, 768, "bfloat16"),
     "canonical-fp32": (2**20, 2, 1, 256, 32, 768, "float32"),
     "compute": (2**20, 2, 1, 768, 256, 1024, "bfloat16"),
+    "compute-fp32": (2**20, 2, 1, 768, 256, 1024, "float32"),
     "small": (4096, 2, 1, 256, 32, 768, "bfloat16"),
     "seq1d": (65536, 1, 1, 256, 32, 768, "bfloat16"),
     "boxes-G1": (2**20, 4, 1, 256, 32, 768, "bfloat16"),
@@ -58,6 +60,8 @@ CASES = {
 # --dry-run: the same cases shrunk so the interpreter gets through them in seconds.
 DRY_CASES = {
     "canonical": (96, 2, 1, 32, 16, 48, "bfloat16"),
+    "compute": (64, 2, 1, 48, 32, 64, "bfloat16"),
+    "compute-fp32": (64, 2, 1, 48, 32, 64, "float32"),
     "canonical-fp32": (96, 2, 1, 32, 16, 48, "float32"),
     "boxes-G2": (64, 4, 2, 16, 16, 32, "bfloat16"),
 }
@@ -78,7 +82,13 @@ IMPLS = ("eager", "compile", "compile-max", "torch", "triton")
 def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, Triton interpreter")
-    p.add_argument("--cases", default=None, help=f"comma-separated subset of {', '.join(CASES)}")
+    p.add_argument(
+        "--cases",
+        default=None,
+        help=f"comma-separated, run in the order given: LFF cases ({', '.join(CASES)}) and "
+        f"table / fused-add cases ({', '.join(ENC_CASES)}); default: every LFF case, then "
+        "every table case",
+    )
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--impls", default="eager,compile,torch,triton", help=f"subset of {IMPLS}")
     p.add_argument("--max-autotune", action="store_true", help="also compile-max")
@@ -103,6 +113,7 @@ from posenc_fast.tolerances import mismatch  # noqa: E402
 
 DEVICE = "cpu" if ARGS.dry_run else "cuda"
 COPY_TBPS_DATASHEET, MMA_TFLOPS_DATASHEET = 4.3, 790.0  # PERFORMANCE.md, for predictions
+FP32_TFLOPS_DATASHEET = 67.0  # H200 datasheet, plain fp32: only when not measured
 
 
 # ---------------------------------------------------------------- measuring
@@ -120,16 +131,16 @@ def peak_bytes(fn) -> int | None:
 
 
 def ceilings() -> dict:
-    """Device-to-device copy bandwidth (bytes read + written) and bf16 matmul rate."""
-    return _gpu_common.ceilings(DEVICE, bench)
+    """Device-to-device copy bandwidth (bytes read + written), bf16 and fp32 matmul rates."""
+    return _gpu_common.ceilings(DEVICE, bench, fp32=True)
 
 
 # ---------------------------------------------------------------- cases
 
 
-def counts(N, M, G, F, H, D) -> dict:
+def counts(N, M, G, F, H, D, itemsize=2) -> dict:
+    """Bytes and FLOPs per mode; ``itemsize`` of the output (and of dY)."""
     R, Dg = N * G, D // G
-    itemsize = 2
     fwd_bytes = R * (M // G) * 4 + N * D * itemsize
     bwd_bytes = R * (M // G) * 4 + N * D * itemsize
     fwd_flops = 2 * R * (F * H + H * Dg)
@@ -297,10 +308,15 @@ def main() -> int:
         print("no CUDA device: run with --dry-run to check the script on CPU", file=sys.stderr)
         return 2
     cases = DRY_CASES if ARGS.dry_run else CASES
-    names = ARGS.cases.split(",") if ARGS.cases else list(cases)
-    unknown = [n for n in names if n not in cases]
+    enc_cases = DRY_ENC_CASES if ARGS.dry_run else ENC_CASES
+    if ARGS.cases:
+        names = ARGS.cases.split(",")
+    else:
+        names = list(cases) + ([] if ARGS.no_encodings else list(enc_cases))
+    unknown = [n for n in names if n not in cases and n not in enc_cases]
     if unknown:
-        print(f"unknown cases {unknown}; choose from {list(cases)}", file=sys.stderr)
+        print(f"unknown cases {unknown}; choose from {list(cases) + list(enc_cases)}",
+              file=sys.stderr)  # fmt: skip
         return 2
     env = _gpu_common.environment()
     out_path = ARGS.out or _gpu_common.default_out("lff_gpu", env)
@@ -316,9 +332,16 @@ def main() -> int:
     mma_tflops = ceil["bf16_mm_TFLOPs"] or MMA_TFLOPS_DATASHEET
     print(f"ceilings: {ceil}")
     for name in names:
+        if name in enc_cases:  # a table / fused-add case (forward only)
+            report["results"] += encoding_rows(name, enc_cases[name], copy_gbps)
+            _write(report, out_path)
+            continue
         case = make_case(name, cases[name])
         N, M, G, F, H, D, _ = case["spec"]
-        cnt = counts(N, M, G, F, H, D)
+        cnt = counts(N, M, G, F, H, D, case["dtype"].itemsize)
+        # float32 products run on the fp32 units (TF32 off, torch's default): their ceiling
+        fp32 = case["dtype"] == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+        mma_case = (ceil.get("fp32_mm_TFLOPs") or FP32_TFLOPS_DATASHEET) if fp32 else mma_tflops
         impls = implementations(case)
         grad = _testing.randn((N, D), _testing.generator(1), case["dtype"], DEVICE)
         errors = {}
@@ -329,7 +352,7 @@ def main() -> int:
                 errors[impl] = f"failed: {type(exc).__name__}: {exc}"
         for mode in ARGS.modes.split(","):
             nbytes, flops = cnt[mode]
-            floor_ms = max(nbytes / (copy_gbps * 1e9), flops / (mma_tflops * 1e12)) * 1e3
+            floor_ms = max(nbytes / (copy_gbps * 1e9), flops / (mma_case * 1e12)) * 1e3
             row_base = {"case": name, "mode": mode, "N": N, "M": M, "G": G, "F": F, "H": H}
             row_base.update({"D": D, "dtype": str(case["dtype"]), "bytes": nbytes, "flops": flops})
             rows = {}
@@ -345,7 +368,8 @@ def main() -> int:
                     row["GBps"] = nbytes / (med * 1e-3) / 1e9
                     row["pct_copy_ceiling"] = 100 * row["GBps"] / copy_gbps
                     row["TFLOPs"] = flops / (med * 1e-3) / 1e12
-                    row["pct_mma_ceiling"] = 100 * row["TFLOPs"] / mma_tflops
+                    row["pct_mma_ceiling"] = 100 * row["TFLOPs"] / mma_case
+                    row["mma_ceiling"] = "fp32" if fp32 else "bf16"
                     row["floor_ms"] = floor_ms
                     row["pct_of_floor"] = 100 * floor_ms / med
                     row["peak_bytes"] = peak_bytes(run)
@@ -366,10 +390,6 @@ def main() -> int:
             torch.cuda.empty_cache()
         report["triton_forward_config"] = forward_config()
         _write(report, out_path)
-    if not ARGS.no_encodings and not ARGS.cases:
-        for name, spec in (DRY_ENC_CASES if ARGS.dry_run else ENC_CASES).items():
-            report["results"] += encoding_rows(name, spec, copy_gbps)
-            _write(report, out_path)
     print(f"wrote {out_path}")
     return 0
 

@@ -1,5 +1,6 @@
 """Merge the outputs of benchmarks/gpu_validate.sh into one JSON summary and a short
-Markdown table, each figure against the goals of ../shared/PERFORMANCE.md.
+Markdown table, each figure against the goals of PERFORMANCE.md (the project's
+performance brief, quoted in benchmarks/README.md).
 
     python benchmarks/summarize_gpu.py OUT_DIR [OUT_DIR ...] --json summary.json --md summary.md
 
@@ -7,6 +8,7 @@ Reads whatever it finds in the folders (or files) given, so the outputs of sever
 calls can be merged afterwards on any machine (no GPU, no torch needed):
     stages.jsonl           one line per stage of gpu_validate.sh (status, seconds)
     *junit*.xml            pytest results (tests, tests-large)
+    verify*.txt            python -m posenc_fast verify (PASS / FAIL lines)
     ceilings.json          benchmarks/gpu_ceilings.py
     floater_gpu*.json      benchmarks/floater_gpu.py (issue 5's goals per case)
     lff_gpu*.json          benchmarks/lff_gpu.py (LFF and table goals)
@@ -73,6 +75,34 @@ def junit(path: str) -> dict:
                 res["skip_reasons"][why] = res["skip_reasons"].get(why, 0) + 1
     res["passed"] = res["tests"] - res["failures"] - res["errors"] - res["skipped"]
     return res
+
+
+def verify(path: str) -> dict:
+    """``python -m posenc_fast verify`` output: PASS / FAIL / SKIP lines per op, backend and
+    dtype (and the failures' detail lines under a FAIL)."""
+    rows, failures, skipped, seed, complete = [], [], [], None, False
+    with open(path, errors="replace") as f:
+        for ln in f:
+            words = ln.split()
+            if not words:
+                continue
+            if words[0] in ("PASS", "FAIL") and len(words) >= 4:
+                rows.append({"status": words[0], "op": words[1], "backend": words[2],
+                             "dtype": words[3], "line": ln.strip()})  # fmt: skip
+                if words[0] == "FAIL":
+                    failures.append(ln.strip())
+            elif words[0] == "SKIP":
+                skipped.append(ln.strip())
+            elif rows and rows[-1]["status"] == "FAIL" and ln.startswith("      "):
+                failures.append(ln.strip())
+            elif ln.startswith("posenc_fast verify:") and "seed" in words:
+                seed = words[words.index("seed") + 1].rstrip(",")
+            elif ln.startswith(("all backends agree", "1 mismatching")) or "mismatching op" in ln:
+                complete = True
+    return {"file": os.path.basename(path), "seed": seed, "complete": complete,
+            "passed": sum(r["status"] == "PASS" for r in rows),
+            "failed": sum(r["status"] == "FAIL" for r in rows),
+            "rows": rows, "failures": failures, "skipped": skipped}  # fmt: skip
 
 
 def compile_report(path: str) -> dict:
@@ -142,7 +172,7 @@ def lff(report: dict) -> dict:
             if "compile" in impls:
                 goals["vs_compile"] = _verdict(t.get("speedup_vs_compile"), TABLE_VS_COMPILE)
         elif mode == "fwd":
-            if case == "compute":
+            if case.startswith("compute"):  # compute-bound: against the matmul ceiling
                 goals["pct_mma_ceiling"] = _verdict(t.get("pct_mma_ceiling"), LFF_MMA_PCT)
             elif case != "small":  # launch-bound: no floor goal
                 goals["pct_of_floor"] = _verdict(t.get("pct_of_floor"), LFF_FWD_FLOOR_PCT)
@@ -237,6 +267,8 @@ def summarize(paths: list[str]) -> dict:
                         summary["stages"].append(rec)
         elif name.endswith(".xml") and "junit" in name:
             summary["tests"].append(junit(path))
+        elif name.startswith("verify") and name.endswith(".txt"):
+            summary["verify"] = verify(path)
         elif name.startswith("compile_report") and name.endswith(".txt"):
             summary["compile_report"] = compile_report(path)
         elif name.endswith(".json") and name not in ("summary.json",):
@@ -300,6 +332,18 @@ def markdown(s: dict) -> str:
                 f"| {r.get('stage')} | {r.get('status')} | "
                 f"{secs if secs is not None else '-'} | {r.get('note', '')} |"
             )
+        out.append("")
+    v = s.get("verify")
+    if v:
+        backends = sorted({(r["op"], r["backend"]) for r in v["rows"]})
+        out.append(
+            f"**verify** (every op x dtype x backend against float64, seed {v['seed']}): "
+            f"{v['passed']} passed, {v['failed']} failed"
+            + ("" if v["complete"] else " (cut before the end)")
+            + f"; op/backend pairs checked: {', '.join(f'{o}/{b}' for o, b in backends)}"
+        )
+        out += [f"- {f}" for f in v["failures"][:20]]
+        out += [f"- {sk}" for sk in v["skipped"]]
         out.append("")
     for t in s["tests"]:
         if "unreadable" in t:

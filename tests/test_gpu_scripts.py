@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -219,6 +220,7 @@ def test_gpu_validate_arguments(tmp_path):
     proc = _run(["--list"], tmp_path)
     assert proc.returncode == 0
     assert "preset call2: build ceilings floater summary" in proc.stdout
+    assert "preset proof: build verify tests ceilings lff floater rotary summary" in proc.stdout
     assert "--dry-run" in _run(["--help"], tmp_path).stdout
     # something missing: said before any stage starts
     proc = _run(["--dry-run", "build"], tmp_path, PYTHON="false")
@@ -268,3 +270,67 @@ def test_gpu_validate_dry_run_every_stage(tmp_path):
     assert summary["rotary"]["dry_run"] and {r["impl"] for r in rotary_rows} >= {"eager", "torch"}
     assert all(r["max_abs_err"] < 1e-5 for r in rotary_rows), rotary_rows
     assert "Rotary LFF" in (tmp_path / "summary.md").read_text()
+
+
+# The files the proof brings back: a device call returns at most 8.
+PROOF_FILES = {
+    "gpu_validate.log", "tests_junit.xml", "ceilings.json", "lff_gpu.json", "floater_gpu.json",
+    "rotary_gpu.json", "summary.json", "summary.md",
+}  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_validate_dry_run_proof(tmp_path):
+    """Issue 18's one command in its CPU form: every stage of the proof in order, its own
+    480 s deadline, at most 8 files in OUT (stage records and verify output in the scratch
+    folder, carried home by summary.json), and the test selection still finding every kind
+    of test it names."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = _run(["--dry-run", "proof"], out, timeout=400, GPU_VALIDATE_WORK=str(work))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    assert "deadline 480 s" in log
+    files = {p.name for p in out.iterdir()}
+    assert files == PROOF_FILES, files
+    stages = [json.loads(ln) for ln in (work / "stages.jsonl").read_text().splitlines()]
+    assert [r["stage"] for r in stages] == [
+        "build", "verify", "tests", "ceilings", "lff", "floater", "rotary", "summary",
+    ]  # fmt: skip
+    assert all(r["status"] == "ok" and r["dry_run"] for r in stages), stages
+    limits = {r["stage"]: r["limit_s"] for r in stages}
+    assert limits["verify"] <= 70 and limits["lff"] <= 130 and limits["tests"] <= 80
+    for term in ("gradcheck", "determinis", "2_31", "compile_fullgraph", "export"):
+        count = re.search(rf"proof tests '-k {term}': (\d+) tests", log)
+        assert count and int(count.group(1)) > 0, term
+    summary = json.loads((out / "summary.json").read_text())
+    # the stage records made it into the summary (all but the summary's own)
+    assert [r["stage"] for r in summary["stages"]][:7] == [r["stage"] for r in stages][:7]
+    verify = summary["verify"]
+    assert verify["complete"] and verify["passed"] > 0 and verify["failed"] == 0, verify
+    assert {r["op"] for r in verify["rows"]} == {"floater"}
+    lff_cases = {r["case"] for r in summary["lff"]["rows"]}
+    assert {"compute", "compute-fp32", "sinusoidal-add", "dft-add"} <= lff_cases, lff_cases
+    assert "**verify**" in (out / "summary.md").read_text()
+
+
+def test_summarize_reads_verify_output(tmp_path):
+    """verify's PASS / FAIL / SKIP lines become summary["verify"], failures with their detail."""
+    (tmp_path / "verify.txt").write_text(
+        "posenc_fast verify: device cuda, seed 123 (replay with --seed 123)\n"
+        "PASS  lff       triton  float32  6 cases  max fwd err 1.0e-06  (1.0 s)\n"
+        "FAIL  floater   cuda    float32  3 cases  max fwd err 1.0e-01  (1.0 s)\n"
+        "      case 2: max abs err 0.1 > atol\n"
+        "SKIP  lff       cpp     unavailable: the C++ extension is not built\n"
+        "1 mismatching op/backend/dtype combination(s); seed 123\n"
+    )  # fmt: skip
+    summarize = _module("summarize_gpu")
+    s = summarize.summarize([str(tmp_path)])
+    v = s["verify"]
+    assert (v["passed"], v["failed"], v["seed"], v["complete"]) == (1, 1, "123", True)
+    assert v["failures"] == [
+        "FAIL  floater   cuda    float32  3 cases  max fwd err 1.0e-01  (1.0 s)",
+        "case 2: max abs err 0.1 > atol",
+    ]  # fmt: skip
+    assert len(v["skipped"]) == 1
+    md = summarize.markdown(s)
+    assert "1 passed, 1 failed" in md and "floater/cuda" in md

@@ -125,8 +125,18 @@ def cases():
             w2 = _leaf(gen, (H + 1, d), dtype, 0.3)
             b2 = _leaf(gen, (d,), dtype, 0.1)
             times = torch.linspace(0.0, 1.5, 7, dtype=torch.float64).to(dtype)
-            out = pf.floater(p0, w1, b1, w2, b2, times, substeps=3, method=method,
-                             activation=activation, backend=backend)
+            out = pf.floater(
+                p0,
+                w1,
+                b1,
+                w2,
+                b2,
+                times,
+                substeps=3,
+                method=method,
+                activation=activation,
+                backend=backend,
+            )
             return _grads(out, [p0, w1, b1, w2, b2])
 
         return run
@@ -188,10 +198,14 @@ def main(argv=None) -> int:
         print(f"saved {len(snap)} entries ({ran} ran, {len(snap) - ran} refused) to {args.path}")
         return 0
     old = torch.load(args.path, weights_only=False)
-    diffs = [k for k in sorted(set(old) | set(snap)) if k not in old or k not in snap
-             or not _same(old[k], snap[k])]
+    diffs = [
+        k
+        for k in sorted(set(old) | set(snap))
+        if k not in old or k not in snap or not _same(old[k], snap[k])
+    ]
     for k in diffs:
-        print(f"DIFFERENT: {k}\n  before: {str(old.get(k))[:200]}\n  after:  {str(snap.get(k))[:200]}")
+        print(f"DIFFERENT: {k}")
+        print(f"  before: {str(old.get(k))[:200]}\n  after:  {str(snap.get(k))[:200]}")
     print(f"{len(snap)} entries ({ran} ran), {len(diffs)} different")
     return 1 if diffs else 0
 
