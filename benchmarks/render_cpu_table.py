@@ -9,12 +9,12 @@ every implementation's median ms, its speed-up against eager and against torch.c
 its % of the floor measured in that setting; the largest error of each implementation
 against the float64 spec; issue 12's goals, each met or missed with the figure that
 decides it; and, when the run has FLOATER rows, their median ms with cpp's speed-up over
-every other implementation (the README's FLOATER table comes from
+every other implementation (the README's FLOATER cases, L = 512, d = H in {64, 512}:
 
     python -m posenc_fast bench --ops floater --floater-sizes 512x64,512x512 \
         --threads 2,1 --json floater_cpu.json
 
-and this script). Every number comes from the JSON: nothing is estimated.
+then this script). Every number comes from the JSON: nothing is estimated.
 """
 
 from __future__ import annotations
