@@ -7,8 +7,14 @@
 Prints markdown: one table per setting (threads, with or without the busy process) with
 every implementation's median ms, its speed-up against eager and against torch.compile and
 its % of the floor measured in that setting; the largest error of each implementation
-against the float64 spec; and issue 12's goals, each met or missed with the figure that
-decides it. Every number comes from the JSON: nothing is estimated.
+against the float64 spec; issue 12's goals, each met or missed with the figure that
+decides it; and, when the run has FLOATER rows, their median ms with cpp's speed-up over
+every other implementation (the README's FLOATER cases, L = 512, d = H in {64, 512}:
+
+    python -m posenc_fast bench --ops floater --floater-sizes 512x64,512x512 \
+        --threads 2,1 --json floater_cpu.json
+
+then this script). Every number comes from the JSON: nothing is estimated.
 """
 
 from __future__ import annotations
@@ -120,6 +126,30 @@ def accuracy_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def floater_table(report: dict) -> str:
+    """FLOATER per setting, case and mode: every implementation's median ms and cpp's
+    speed-up over each of the others (the README's FLOATER table, e.g. from
+    ``bench --ops floater --floater-sizes 512x64,512x512 --threads 2,1``); '' without
+    FLOATER rows."""
+    rows = [r for r in report["results"] if r["op"] == "floater"]
+    if not rows:
+        return ""
+    seen = dict.fromkeys(r["impl"] for r in rows)
+    impls = [i for i in (*BASELINES, *OURS) if i in seen]
+    others = [i for i in impls if i != "cpp"] if "cpp" in seen else []
+    head = ["threads", "case", "mode", *impls, *(f"cpp vs {i}" for i in others)]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for (threads, contention), groups in _groups(rows).items():
+        for (_, case, mode), by_impl in groups.items():
+            ok = {i: r["ms"] for i, r in by_impl.items() if not r.get("error") and r["ms"] > 0}
+            cells = [f"{ok[i]:.3g}" if i in ok else "-" for i in impls]
+            cpp = ok.get("cpp")
+            cells += [_x(ok[i] / cpp) if cpp and i in ok else "-" for i in others]
+            where = f"{threads}" + (", busy" if contention else "")
+            lines.append(f"| {where} | {case} | {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _goal(rows, what, impl, key, target, pick=min):
     """(what, verdict text) for the rows that have ``impl``; pick: the deciding figure."""
     vals = [(r[key], r) for r in rows if r["impl"] == impl and r.get(key) is not None]
@@ -198,15 +228,19 @@ def render(report: dict) -> str:
         f"git {env.get('git_sha', '?')[:12]}; median ms (speed-up vs eager / vs torch.compile; "
         "% of the measured floor)."
     )
-    return "\n\n".join(
-        [
-            head,
-            setting_tables(report),
-            "Largest |error| of the forward output against the float64 spec:\n\n"
-            + accuracy_table(report),
-            goals(report),
-        ]
-    )
+    parts = [
+        head,
+        setting_tables(report),
+        "Largest |error| of the forward output against the float64 spec:\n\n"
+        + accuracy_table(report),
+        goals(report),
+    ]
+    floater = floater_table(report)
+    if floater:
+        parts.append(
+            "FLOATER, median ms, and cpp's speed-up over each implementation:\n\n" + floater
+        )
+    return "\n\n".join(parts)
 
 
 def main(argv=None) -> int:

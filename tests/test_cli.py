@@ -237,6 +237,7 @@ def test_bench_cli_end_to_end_with_compile_baseline(tmp_path, monkeypatch):
         quick=True,
         ops="dft",
         modes="fwd",
+        floater_sizes=None,
         json=str(path),
         plot=None,
         no_compile=False,

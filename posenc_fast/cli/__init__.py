@@ -45,6 +45,13 @@ def _parser() -> argparse.ArgumentParser:
         "--modes", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd"
     )
     bench.add_argument(
+        "--floater-sizes",
+        metavar="LxD,...",
+        default=None,
+        help="FLOATER cases as (sample times L) x (d = H) pairs, replacing the default set, "
+        "e.g. 512x64,512x512 (the README's FLOATER table)",
+    )
+    bench.add_argument(
         "--json", metavar="PATH", help="save the results (with machine, versions, git SHA)"
     )
     bench.add_argument(

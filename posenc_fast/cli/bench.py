@@ -11,7 +11,8 @@ and against torch.compile, % of the floor measured in the same run (_floors: ban
 and GEMM rate), the largest error of its forward output against the float64 spec and
 its largest difference from posenc_fast's own output (the first backend), and peak
 memory. Runs repeat per thread count (``--threads 1,2``) and, with ``--contention``,
-with a busy process pinned to one core (_contention). --json saves everything with the
+with a busy process pinned to one core (_contention); ``--floater-sizes 512x64,512x512``
+replaces FLOATER's (L, d = H) cases (floater_suite). --json saves everything with the
 machine, versions and git SHA; benchmarks/render_cpu_table.py turns it into the README's
 table. Timings are reported, never asserted.
 """
@@ -354,12 +355,26 @@ def plot(results: list[dict], path: str) -> None:
     print(f"plot written to {path}", file=sys.stderr)
 
 
-def _floater_cases(quick: bool, device: str) -> list:
+def _floater_cases(quick: bool, device: str, sizes=None) -> list:
     try:
         from .floater_suite import bench_cases
     except ImportError:
         return []
-    return bench_cases(quick, device)
+    return bench_cases(quick, device, sizes)
+
+
+def floater_sizes_from(text: str | None) -> list[tuple[int, int]] | None:
+    """``--floater-sizes 512x64,512x512`` -> [(512, 64), (512, 512)]: (L sample times,
+    d = H) pairs replacing FLOATER's default cases; None without the option."""
+    if not text:
+        return None
+    out = []
+    for item in text.split(","):
+        L, sep, d = item.strip().partition("x")
+        if not (sep and L.isdigit() and d.isdigit() and int(L) > 0 and int(d) > 0):
+            raise ValueError(f"--floater-sizes takes LxD pairs such as 512x64, got {item!r}")
+        out.append((int(L), int(d)))
+    return out
 
 
 def settings_from(threads: str | None, contention: bool) -> list[Setting]:
@@ -389,8 +404,12 @@ def run(args) -> int:
         return 2
     try:
         settings = settings_from(args.threads, args.contention)
+        floater_sizes = floater_sizes_from(args.floater_sizes)
     except ValueError as exc:
         print(exc, file=sys.stderr)
+        return 2
+    if floater_sizes and "floater" not in ops:
+        print("--floater-sizes needs floater among --ops", file=sys.stderr)
         return 2
     if args.contention and (device != "cpu" or len(_contention.cpus()) < 2):
         print("--contention needs --device cpu and at least 2 CPUs", file=sys.stderr)
@@ -401,7 +420,7 @@ def run(args) -> int:
         compile_modes += ("compile-max",)
     cases = _cases.cases(args.quick, device, ops)
     if "floater" in ops:
-        cases += _floater_cases(args.quick, device)
+        cases += _floater_cases(args.quick, device, floater_sizes)
     env = describe()
     _progress(
         f"posenc_fast bench: {len(cases)} cases on {device}, modes {modes}, "

@@ -128,7 +128,7 @@ class _TorchdiffeqDynamics(torch.nn.Module):
 
 def _torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
     """torchdiffeq's odeint and odeint_adjoint on our step grid: name -> closure returning
-    [L, S, d] (benchmarks/floater_cpu.py and floater_gpu.py call them too)."""
+    [L, S, d] (benchmarks/floater_gpu.py calls them too)."""
     try:
         from torchdiffeq import odeint, odeint_adjoint
     except ImportError:
@@ -160,9 +160,9 @@ def _torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
 
 
 def bench_inputs(S: int, d: int, L: int, dtype, device: str, seed: int):
-    """(p0, w1, b1, w2, b2, times) of the FLOATER benchmarks (this module's ``bench``,
-    benchmarks/floater_cpu.py and benchmarks/floater_gpu.py): H = d, ``_testing``'s random
-    states and weights with w1 scaled by 0.5 and w2 by 0.3, times i * BENCH_DELTA_T."""
+    """(p0, w1, b1, w2, b2, times) of the FLOATER benchmarks (this module's ``bench`` and
+    benchmarks/floater_gpu.py): H = d, ``_testing``'s random states and weights with w1
+    scaled by 0.5 and w2 by 0.3, times i * BENCH_DELTA_T."""
     case = _testing.FloaterCase(S, d, d, L)
     p0, w1, b1, w2, b2, _ = _testing.floater_inputs(case, dtype, device, seed)
     # Weights of the default initialisation's scale for w1 and a moderate w2: the states
@@ -213,12 +213,16 @@ def floater_case(
     )
 
 
-def bench_cases(quick: bool, device: str) -> list[BenchCase]:
-    # quick: one small case. The many-op baselines (torchdiffeq, the plain loop) make the
-    # bench's profiler-based peak-memory pass slow, tens of seconds per case on 2 cores.
-    sizes = [(64, 16)] if quick else [(64, 16), (64, 128), (512, 16), (512, 128)]
-    if device == "cuda" and not quick:
-        sizes.append((1024, 512))  # PERFORMANCE.md's FLOATER case
+def bench_cases(quick: bool, device: str, sizes=None) -> list[BenchCase]:
+    """The FLOATER cases of ``bench``; ``sizes``: (L, d) pairs replacing the default set
+    (``bench --floater-sizes``, e.g. the README's L = 512, d = H in {64, 512})."""
+    if sizes is None:
+        # quick: one small case. The many-op baselines (torchdiffeq, the plain loop) make
+        # the bench's profiler-based peak-memory pass slow, tens of seconds per case on 2
+        # cores.
+        sizes = [(64, 16)] if quick else [(64, 16), (64, 128), (512, 16), (512, 128)]
+        if device == "cuda" and not quick:
+            sizes.append((1024, 512))  # PERFORMANCE.md's FLOATER case
     return [floater_case(L, d, device) for L, d in sizes]
 
 
