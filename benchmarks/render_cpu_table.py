@@ -8,11 +8,13 @@ Prints markdown: one table per setting (threads, with or without the busy proces
 every implementation's median ms, its speed-up against eager and against torch.compile and
 its % of the floor measured in that setting; the largest error of each implementation
 against the float64 spec; issue 12's goals, each met or missed with the figure that
-decides it; and, when the run has FLOATER rows, their median ms with cpp's speed-up over
-every other implementation (the README's FLOATER cases, L = 512, d = H in {64, 512}:
+decides it; and, when the run has FLOATER or rotary rows, their median ms with cpp's
+speed-up over every other implementation (the README's FLOATER cases, L = 512, d = H in
+{64, 512}, and its rotary cases, LightGlue's and a ViT's sizes in float32 and bfloat16:
 
     python -m posenc_fast bench --ops floater --floater-sizes 512x64,512x512 \
         --threads 2,1 --json floater_cpu.json
+    python -m posenc_fast bench --ops rotary --threads 1 --json rotary_cpu.json
 
 then this script). Every number comes from the JSON: nothing is estimated.
 """
@@ -26,6 +28,7 @@ import sys
 BASELINES = (
     "eager",
     "eager-cached",
+    "eager-rotate",
     "compile",
     "compile-max",
     "torchdiffeq",
@@ -39,7 +42,11 @@ OP_NAMES = {
     "sinusoidal_add": "SinusoidalPE add",
     "dft_add": "DFTPE add",
     "floater": "FLOATER",
+    "rotary": "rotary",
 }
+# ops with a table of their own (speed-up of cpp over every other implementation), and
+# outside issue 12's goals, which are the LFF and table ops'
+OWN_TABLES = {"floater": "FLOATER", "rotary": "Rotary LFF (LightGlue)"}
 
 
 def _setting_name(threads: int, contention: bool) -> str:
@@ -126,12 +133,12 @@ def accuracy_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def floater_table(report: dict) -> str:
-    """FLOATER per setting, case and mode: every implementation's median ms and cpp's
-    speed-up over each of the others (the README's FLOATER table, e.g. from
-    ``bench --ops floater --floater-sizes 512x64,512x512 --threads 2,1``); '' without
-    FLOATER rows."""
-    rows = [r for r in report["results"] if r["op"] == "floater"]
+def op_table(report: dict, op: str) -> str:
+    """One op per setting, case and mode: every implementation's median ms and cpp's
+    speed-up over each of the others (the README's FLOATER table, e.g. from ``bench --ops
+    floater --floater-sizes 512x64,512x512 --threads 2,1``, and its rotary table, from
+    ``bench --ops rotary --threads 1``); '' without rows of ``op``."""
+    rows = [r for r in report["results"] if r["op"] == op]
     if not rows:
         return ""
     seen = dict.fromkeys(r["impl"] for r in rows)
@@ -172,8 +179,8 @@ def goals(report: dict) -> str:
     lff = [r for r in quiet if r["op"] == "lff" and r["sizes"].get("N") in (196, 4096, 16384)]
     tables = [r for r in quiet if r["op"] in ("sinusoidal", "dft")]
     adds = [r for r in quiet if r["op"].endswith("_add")]
-    busy = [r for r in res if r["contention"] and r["threads"] == 2 and r["op"] != "floater"]
-    ours_all = [r for r in quiet if r["op"] != "floater"]
+    busy = [r for r in res if r["contention"] and r["threads"] == 2 and r["op"] not in OWN_TABLES]
+    ours_all = [r for r in quiet if r["op"] not in OWN_TABLES]
     eager_peak = {
         (r["case"], r["mode"], r["threads"]): r["peak_bytes"] for r in lff if r["impl"] == "eager"
     }
@@ -235,11 +242,12 @@ def render(report: dict) -> str:
         + accuracy_table(report),
         goals(report),
     ]
-    floater = floater_table(report)
-    if floater:
-        parts.append(
-            "FLOATER, median ms, and cpp's speed-up over each implementation:\n\n" + floater
-        )
+    for op, title in OWN_TABLES.items():
+        table = op_table(report, op)
+        if table:
+            parts.append(
+                f"{title}, median ms, and cpp's speed-up over each implementation:\n\n{table}"
+            )
     return "\n\n".join(parts)
 
 

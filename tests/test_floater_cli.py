@@ -96,11 +96,11 @@ def test_bench_floater_sizes_option(tmp_path):
     spec = importlib.util.spec_from_file_location("render_cpu_table", path_r)
     render = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render)
-    table = render.floater_table(data)
+    table = render.op_table(data, "floater")
     assert "| 1 | S=12 L=8 d=4 H=4 K=5 rk38 float32 | fwd |" in table
     assert ("cpp vs torch" in table) == ("cpp" in impls)
     assert "FLOATER, median ms" in render.render(data)
-    assert render.floater_table({"results": [r for r in rows if r["op"] != "floater"]}) == ""
+    assert render.op_table({"results": [r for r in rows if r["op"] != "floater"]}, "floater") == ""
 
 
 def test_bench_floater_sizes_needs_floater(capsys):

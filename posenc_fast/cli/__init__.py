@@ -39,7 +39,10 @@ def _parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help="small size set (about a minute on 2 CPU cores)"
     )
     bench.add_argument(
-        "--ops", default="all", help="comma-separated subset: lff,sinusoidal,dft,floater"
+        "--ops",
+        default="all",
+        help="comma-separated subset of lff,sinusoidal,dft,floater,rotary; 'all' (the "
+        "default) is every op but rotary, which runs only when named",
     )
     bench.add_argument(
         "--modes", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd"

@@ -14,6 +14,13 @@ spec; ``bench`` only compares outputs against it):
 - adds: ``x + table`` with the table computed in ``forward`` ("eager"), and with the table
   computed once at construction and sliced per call, the tutorial ``PositionalEncoding``
   ("eager-cached").
+- rotary (LightGlue): its learnable Fourier positional encoding restated, an ``nn.Linear``
+  without bias holding Wr, then cos and sin of the phases stacked and each repeated on two
+  adjacent channels (the table [2, B, 1, N, F]), then ``t * cos + rotate_half(t) * sin``
+  for q and for k ("eager"); and that rotation alone with the table computed beforehand
+  ("eager-rotate": LightGlue builds the table once per image and reuses it in each of its
+  layers, so this is its per-layer cost). benchmarks/rotary.py (the GPU run) uses the same
+  code; tests/test_rotary.py names the LightGlue commit the formulas come from.
 
 All of them compute phases in float32, so at large |phase| they carry float32 rounding
 (about |phase| * 6e-8): ``bench`` records each one's largest error against the float64
@@ -133,3 +140,39 @@ class EagerCachedAdd(nn.Module):
 
 def table_module(kind: str, dim: int, device=None) -> nn.Module:
     return EagerDFT(dim, device) if kind == "dft" else EagerSinusoidal(dim, device=device)
+
+
+def rotate_half(t: Tensor) -> Tensor:
+    """(t0, t1, t2, t3, ...) -> (-t1, t0, -t3, t2, ...): LightGlue's channel pairs."""
+    pairs = t.unflatten(-1, (-1, 2))
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def apply_cached_rotary(table: Tensor, t: Tensor) -> Tensor:
+    """t rotated by a table [2, ..., F] of cos / sin (LightGlue's per-layer rotation)."""
+    return t * table[0] + rotate_half(t) * table[1]
+
+
+class EagerRotary(nn.Module):
+    """LightGlue's rotary encoding: ``table(x)`` [2, B, 1, N, F] from positions [B, N, M];
+    ``forward(q, k, x)`` builds it and rotates q and k [B, heads, N, F] with it."""
+
+    def __init__(self, M: int, F: int):
+        super().__init__()
+        self.wr = nn.Linear(M, F // 2, bias=False)
+
+    def table(self, x: Tensor) -> Tensor:
+        phases = self.wr(x)
+        return torch.stack((phases.cos(), phases.sin())).unsqueeze(-3).repeat_interleave(2, -1)
+
+    def forward(self, q: Tensor, k: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        table = self.table(x)
+        return apply_cached_rotary(table, q), apply_cached_rotary(table, k)
+
+    @classmethod
+    def from_weights(cls, wr: Tensor) -> EagerRotary:
+        """The module holding a copy of posenc_fast's ``wr`` [F/2, M] (nn.Linear's [out, in])."""
+        m = cls(wr.shape[1], 2 * wr.shape[0]).to(device=wr.device, dtype=wr.dtype)
+        with torch.no_grad():
+            m.wr.weight.copy_(wr)
+        return m

@@ -1,10 +1,12 @@
 """Benchmark cases: one setup factory per op, shared by the speed and memory runs.
 
 A case holds the inputs once and, for every implementation, a closure computing the op's
-output from them, so every implementation runs on the very same tensors:
+output (a tensor, or a tuple such as rotary's (q', k')) from them, so every implementation
+runs on the very same tensors:
 - "eager": the op as users write it (``_baselines``: nn.Linear + nn.GELU + torch.cat for
   LFF, the div_term table, ``x + table``); "eager-cached" for the adds: ``x + pe[:L]``
-  with a table computed at construction; torchdiffeq for FLOATER,
+  with a table computed at construction; torchdiffeq for FLOATER; LightGlue's table and
+  rotation for rotary, with "eager-rotate" (the rotation with its table computed once),
 - "compile": torch.compile of the eager form (and "compile-max" with --max-autotune),
 - one entry per usable posenc_fast backend ("torch", "triton", "cpp", "cuda").
 The float64 reference is the specification: it is not timed; ``spec()`` gives its forward
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+
+import posenc_fast as _pf
 
 from .. import _testing
 from .. import backends as _backends
@@ -42,7 +46,7 @@ class Impl:
 
 @dataclass
 class BenchCase:
-    op: str  # "lff", "sinusoidal", "sinusoidal_add", "dft", "dft_add", "floater"
+    op: str  # "lff", "sinusoidal", "sinusoidal_add", "dft", "dft_add", "floater", "rotary"
     label: str  # the sizes, readable
     size: int  # the x axis of plots (positions N, or sequence length L)
     sizes: dict  # every size parameter, for the JSON
@@ -181,6 +185,78 @@ def encoding_add_case(
     )
 
 
+# rotary: name -> (B, N, heads, head_dim), positions [B, N, ROTARY_M] (also
+# benchmarks/rotary.py's cases on the GPU)
+ROTARY_SIZES = {
+    "lightglue-512": (1, 512, 4, 64),  # LightGlue's self-attention: 4 heads of 64
+    "lightglue-2048": (1, 2048, 4, 64),
+    "vit-1024": (8, 1024, 12, 64),  # a ViT-like batch: 12 heads of 64
+}
+ROTARY_M = 2
+
+
+def rotary_inputs(B: int, N: int, H: int, D: int, dtype, device, seed: int = 0):
+    """(q, k, x, wr) as in LightGlue's self-attention: q and k [B, H, N, D] sliced from one
+    fused qkv tensor (channel stride 3), keypoints x [B, N, 2] in (-1, 1) and wr [D/2, 2]
+    of standard deviation 1 (LightGlue's gamma = 1) in float32; q and k in ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(B, N, H, D, 3, generator=g).to(device=device, dtype=dtype).transpose(1, 2)
+    q, k = qkv[..., 0], qkv[..., 1]
+    x = (torch.rand(B, N, ROTARY_M, generator=g) * 2 - 1).to(device)
+    wr = torch.randn(D // 2, ROTARY_M, generator=g).to(device)
+    return q, k, x, wr
+
+
+def rotary_case(name: str, device, dtype=torch.float32, sizes=None) -> BenchCase:
+    """q and k rotated by positions (``apply_lff_rotary``); gradients to q, k and wr (as in
+    training; the keypoints need none). ``sizes``: (B, N, heads, head_dim), by default
+    ROTARY_SIZES[name]. With bfloat16 q and k the baselines' table is float32 (x and wr
+    are), so their outputs are float32 as LightGlue's; ours are q's dtype."""
+    B, N, H, D = sizes or ROTARY_SIZES[name]
+    q, k, x, wr = rotary_inputs(B, N, H, D, dtype, device)
+    # q and k are views of qkv: leaves of their own here, for their gradients
+    for t in (q, k, wr):
+        t.requires_grad_(True)
+    eager = _baselines.EagerRotary.from_weights(wr.detach())
+    # LightGlue's per-layer cost: the table built once beforehand; in fwd+bwd the gradient
+    # goes to q, k and the table (which a training step then carries back to wr once)
+    table = eager.table(x).detach().requires_grad_(True)
+
+    def spec():
+        args = (t.detach().double() for t in (q, k, x, wr))
+        return torch.stack(_pf.apply_lff_rotary(*args, backend="reference"))
+
+    backends = {
+        name: Impl(lambda name=name: _pf.apply_lff_rotary(q, k, x, wr, backend=name), [q, k, wr])
+        for name in _available("apply_lff_rotary", device, dtype)
+    }
+    qk = 2 * q.numel() * _elt(dtype)  # q and k (or q' and k', dq', dk', dq, dk)
+    return BenchCase(
+        "rotary",
+        f"{name} B={B} N={N} heads={H} head_dim={D} {str(dtype)[6:]}",
+        B * N,
+        {"B": B, "N": N, "heads": H, "head_dim": D, "M": ROTARY_M, "dtype": str(dtype)[6:]},
+        eager,
+        (q, k, x),
+        [q, k, eager.wr.weight],
+        spec,
+        backends,
+        baselines={
+            "eager-rotate": Impl(
+                lambda: tuple(_baselines.apply_cached_rotary(table, t) for t in (q, k)),
+                [q, k, table],
+            )
+        },
+        # elements only: q and k read from the fused qkv tensor also pull v's channels
+        # through the caches, so the floor is lower than any strided reader can reach
+        work={
+            "fwd": Work(2 * qk + x.numel() * x.element_size()),
+            # backward: read dq', dk' and x again (cos / sin recomputed), write dq and dk
+            "fwd+bwd": Work(4 * qk + 2 * x.numel() * x.element_size()),
+        },
+    )
+
+
 def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
     out: list[BenchCase] = []
     cuda = device == "cuda"
@@ -222,4 +298,10 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
             out += [encoding_add_case(kind, 8, 1024, 768, device)]
             if not quick:
                 out += [encoding_add_case(kind, 8, 4096, 768, device)]
+    if "rotary" in ops:
+        # quick: LightGlue's sizes in float32; else also the ViT-like batch, and bfloat16
+        # q and k (the README's rotary table: every size in float32 and bfloat16)
+        names = ("lightglue-512", "lightglue-2048") if quick else tuple(ROTARY_SIZES)
+        dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
+        out += [rotary_case(n, device, dt) for dt in dtypes for n in names]
     return out

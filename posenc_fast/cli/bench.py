@@ -1,7 +1,8 @@
 """``python -m posenc_fast bench``: every implementation side by side on the same inputs.
 
 For each op and size: the op as users write it in eager PyTorch ("eager", see _baselines;
-plus "eager-cached" for the adds and torchdiffeq for FLOATER), torch.compile of that
+plus "eager-cached" for the adds, torchdiffeq for FLOATER and LightGlue's rotation with its
+table computed beforehand, "eager-rotate", for rotary), torch.compile of that
 ("compile", default mode; "compile-max" = mode="max-autotune" with --max-autotune, each
 compilation time-boxed) and every usable posenc_fast backend; forward ("fwd", under
 no_grad) and forward+backward ("fwd+bwd": torch.autograd.grad of the output).
@@ -12,9 +13,10 @@ and GEMM rate), the largest error of its forward output against the float64 spec
 its largest difference from posenc_fast's own output (the first backend), and peak
 memory. Runs repeat per thread count (``--threads 1,2``) and, with ``--contention``,
 with a busy process pinned to one core (_contention); ``--floater-sizes 512x64,512x512``
-replaces FLOATER's (L, d = H) cases (floater_suite). --json saves everything with the
-machine, versions and git SHA; benchmarks/render_cpu_table.py turns it into the README's
-table. Timings are reported, never asserted.
+replaces FLOATER's (L, d = H) cases (floater_suite). Rotary (``apply_lff_rotary`` at
+LightGlue's and a ViT's sizes) runs only when named: ``--ops rotary``. --json saves
+everything with the machine, versions and git SHA; benchmarks/render_cpu_table.py turns it
+into the README's tables. Timings are reported, never asserted.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ from ._cases import Impl
 from ._environment import describe
 
 MODES = ("fwd", "fwd+bwd")
+KNOWN_OPS = ("lff", "sinusoidal", "dft", "floater", "rotary")
+# "--ops all": rotary runs only when named (--ops rotary): its torch.compile baselines
+# would add about a minute to --quick on 2 cores, and the default run stays as it was
+DEFAULT_OPS = ("lff", "sinusoidal", "dft", "floater")
 COMPILE_MODES = {"compile": None, "compile-max": "max-autotune"}
 DEFAULT_COMPILE_TIMEOUT = 300.0
 
@@ -102,8 +108,12 @@ def _runner(case, impl: Impl, mode: str):
         with case.context():
             out = impl.fn()
         g = grad.get("g")
-        if g is None:
-            g = grad["g"] = torch.randn_like(out)
+        if g is None:  # one incoming gradient per output (rotary's: q' and k')
+            g = grad["g"] = (
+                tuple(torch.randn_like(o) for o in out)
+                if isinstance(out, tuple)
+                else torch.randn_like(out)
+            )
         # autograd.grad, not backward: nothing accumulates into .grad between runs
         return torch.autograd.grad(out, impl.leaves, g)
 
@@ -120,10 +130,17 @@ def _impls(case, compile_modes=("compile",)) -> dict[str, Impl]:
     return impls
 
 
+def _joined(out) -> torch.Tensor:
+    """An output as one float64 tensor: a tuple's members (rotary's q', k') stacked."""
+    if isinstance(out, tuple):
+        return torch.stack([o.detach().to(torch.float64) for o in out])
+    return out.detach().to(torch.float64)
+
+
 def _forward(case, impl: Impl) -> torch.Tensor:
     with torch.no_grad(), case.context():
         out = impl.fn()
-    return (impl.layout(out) if impl.layout else out).detach().to(torch.float64)
+    return _joined(impl.layout(out) if impl.layout else out)
 
 
 def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -136,7 +153,7 @@ class _Accuracy:
 
     def __init__(self, case):
         self.case = case
-        self.spec = case.spec().detach().to(torch.float64)
+        self.spec = _joined(case.spec())
         ranked = [n for n in AUTO_ORDER if n in case.backends]
         self.name = ranked[0] if ranked else None
         self.ours = _forward(case, case.backends[self.name]) if self.name else None
@@ -395,12 +412,13 @@ def run(args) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("bench --device cuda: no CUDA device is visible to torch", file=sys.stderr)
         return 2
-    known = ["lff", "sinusoidal", "dft", "floater"]
-    ops = known if args.ops == "all" else [o.strip() for o in args.ops.split(",")]
-    bad = [o for o in ops if o not in known]
+    ops = list(DEFAULT_OPS) if args.ops == "all" else [o.strip() for o in args.ops.split(",")]
+    bad = [o for o in ops if o not in KNOWN_OPS]
     modes = [m.strip() for m in args.modes.split(",")]
     if bad or any(m not in MODES for m in modes):
-        print(f"choose --ops from {known} and --modes from {list(MODES)}", file=sys.stderr)
+        print(
+            f"choose --ops from {list(KNOWN_OPS)} and --modes from {list(MODES)}", file=sys.stderr
+        )
         return 2
     try:
         settings = settings_from(args.threads, args.contention)
