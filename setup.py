@@ -1,7 +1,7 @@
 """Build script for posenc_fast (metadata lives in pyproject.toml).
 
 The pure-Python package (reference, torch and Triton backends) needs nothing compiled.
-The optional extension (csrc/: the FLOATER integrator in C++ for the CPU and in CUDA) is
+The optional extension (csrc/: every op in C++ for the CPU, the FLOATER integrator in CUDA) is
 built ahead of time when torch is importable during the build, that is with
 ``pip install --no-build-isolation .`` (or ``-e .``): an isolated build has no torch, and
 torch is deliberately not a build requirement (it would replace the user's own).
@@ -61,8 +61,8 @@ Compiler flags (and why)
 | -ffp-contract=fast | host  | -std=c++17 turns GCC's FMA contraction off; the kernels   |
 |                    |       | want fused multiply-adds (one rounding, half the work)    |
 | -Wno-psabi         | host  | notes on vector-argument ABIs: vectors never cross calls  |
-| (no -march=native) | host  | instruction sets are chosen at run time (target attributes|
-|                    |       | in csrc/floater/floater_cpu.cpp): a wheel runs anywhere   |
+| (no -march=native) | host  | instruction sets are chosen at run time (csrc/cpu/isa.h;  |
+|                    |       | per-set code by target attributes): a wheel runs anywhere |
 | (no fast math)     | nvcc  | approximate exp/erf/tanh would break the accuracy goals   |
 | -lineinfo          | nvcc  | source lines in profiles, no runtime cost                 |
 

@@ -1,13 +1,16 @@
 // The Python module posenc_fast._C, the CPU part of the extension: importing it defines the
-// posenc_fast::floater_integrate* ops and registers their CPU and Meta kernels (static
-// registrations in floater_ops.cpp). The CUDA kernels are a separate module,
+// low-level ops of every op folder and registers their CPU and Meta kernels (static
+// registrations in floater/floater_ops.cpp, lff/lff_ops.cpp, encodings/encodings_ops.cpp,
+// rotary/rotary_ops.cpp). The CUDA kernels are a separate module,
 // posenc_fast._C_cuda (module_cuda.cpp), built and loaded on its own, so that a failed CUDA
-// build never costs the CPU part. The pybind11 functions here only describe the build.
+// build never costs the CPU part. The pybind11 functions here describe the build and give
+// tests the CPU runtime's instruction-set override (cpu/isa.h) and FLOATER's backward budget.
 #include <torch/extension.h>
 #include <torch/version.h>
 
 #include <string>
 
+#include "cpu/isa.h"
 #include "floater/floater_cpu.h"
 
 namespace posenc_fast {
@@ -23,8 +26,8 @@ pybind11::dict build_info() {
 #elif defined(__GNUC__)
   info["compiler"] = std::string("gcc ") + __VERSION__;
 #endif
-  info["cpu_isa_best"] = floater::cpu::best_isa_name();
-  info["cpu_isa"] = floater::cpu::isa();
+  info["cpu_isa_best"] = cpu::best_isa_name();
+  info["cpu_isa"] = cpu::isa();
   return info;
 }
 
@@ -32,11 +35,11 @@ pybind11::dict build_info() {
 }  // namespace posenc_fast
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "posenc_fast compiled kernels (FLOATER integrator, LFF, encodings); ops live in torch.ops.posenc_fast";
+  m.doc() = "posenc_fast compiled kernels (FLOATER integrator, LFF, encodings, rotary); ops live in torch.ops.posenc_fast";
   m.def("build_info", &posenc_fast::build_info, "How this extension was built");
-  m.def("cpu_isa", &posenc_fast::floater::cpu::isa, "Instruction set of the CPU kernels");
-  m.def("set_cpu_isa", &posenc_fast::floater::cpu::set_isa, pybind11::arg("name"),
+  m.def("cpu_isa", &posenc_fast::cpu::isa, "Instruction set of the CPU kernels");
+  m.def("set_cpu_isa", &posenc_fast::cpu::set_isa, pybind11::arg("name"),
         "Force the CPU kernels' instruction set ('generic', 'avx2', 'avx512', or 'auto'); for tests");
-  m.def("set_backward_keep_budget", &posenc_fast::floater::cpu::set_backward_keep_budget, pybind11::arg("bytes"),
+  m.def("set_backward_keep_budget", &posenc_fast::floater::set_backward_keep_budget, pybind11::arg("bytes"),
         "Memory (bytes) the CPU backward may use to keep an interval's stage values; for tests");
 }

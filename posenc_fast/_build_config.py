@@ -31,14 +31,18 @@ import sysconfig
 
 # Relative to the source root (the directory that holds csrc/ and setup.py).
 # The CPU module posenc_fast._C: every C++ CPU kernel and op registration goes here.
+# One folder per op (its ops.cpp registration, cpu.cpp driver, kernels), the CPU runtime in
+# csrc/cpu/ (headers only). Base names are unique: the JIT build names objects after them.
 CPU_SOURCES = (
     "csrc/module.cpp",
     "csrc/floater/floater_ops.cpp",
     "csrc/floater/floater_cpu.cpp",
-    "csrc/fourier/fourier_ops.cpp",
-    "csrc/fourier/lff_cpu.cpp",
-    "csrc/fourier/encoding_cpu.cpp",
-    "csrc/fourier/rotary_cpu.cpp",
+    "csrc/lff/lff_ops.cpp",
+    "csrc/lff/lff_cpu.cpp",
+    "csrc/encodings/encodings_ops.cpp",
+    "csrc/encodings/encodings_cpu.cpp",
+    "csrc/rotary/rotary_ops.cpp",
+    "csrc/rotary/rotary_cpu.cpp",
 )
 # The CUDA module posenc_fast._C_cuda (registers CUDA kernels of ops that _C defines).
 CUDA_SOURCES = (

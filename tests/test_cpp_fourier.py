@@ -1,8 +1,8 @@
-"""The C++ LFF and encoding kernels (csrc/fourier) beyond the shared matrix, which already
-runs their "cpp" rows (tests/test_lff.py, test_encodings.py, ...): every instruction set
-and every thread count computes the same bits, the numbers are the Triton kernels' (to
-float32 rounding; bitwise where no matrix product is involved), phases up to 1e5 stay
-within 1e-6 on every instruction set, gradients are the derivatives of the forward
+"""The C++ LFF and encoding kernels (csrc/lff, csrc/encodings) beyond the shared matrix,
+which already runs their "cpp" rows (tests/test_lff.py, test_encodings.py, ...): every
+instruction set and every thread count computes the same bits, the numbers are the Triton
+kernels' (to float32 rounding; bitwise where no matrix product is involved), phases up to
+1e5 stay within 1e-6 on every instruction set, gradients are the derivatives of the forward
 (gradcheck at float32 precision), the low-level ops check their arguments and pass
 opcheck, and outputs past 2^31 elements are indexed correctly.
 """
@@ -55,7 +55,7 @@ def cpu_isa(name: str):
 @contextlib.contextmanager
 def threads(n: int):
     """n threads, used even if a busy machine would make the kernels fall back to one
-    (fourier_common.h: a late-starting team thread)."""
+    (csrc/cpu/parallel.h: a late-starting team thread)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     os.environ["POSENC_FAST_CPU_ALWAYS_TEAM"] = "1"
@@ -121,7 +121,7 @@ def assert_every_isa_agrees(run) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_every_instruction_set_gives_the_same_bits(dtype):
     """AVX-512, AVX2 and the baseline code: explicit FMAs, no compiler contraction and
-    width-independent sums (csrc/fourier/per_isa.h, simd.h) make them bitwise equal."""
+    width-independent sums (csrc/cpu/per_isa.h, simd.h) make them bitwise equal."""
     assert_every_isa_agrees(lambda: _lff_all(dtype) + _encodings_all(dtype))
 
 

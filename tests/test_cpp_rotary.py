@@ -1,4 +1,4 @@
-"""The C++ rotary kernels (csrc/fourier/rotary_cpu.cpp) beyond the shared matrix of
+"""The C++ rotary kernels (csrc/rotary/rotary_cpu.cpp) beyond the shared matrix of
 tests/test_rotary.py, which already runs their "cpp" rows: every instruction set and every
 thread count computes the same bits, the numbers are the Triton kernels' (bitwise for the
 rotations and tables, float32 rounding apart for dx / dwr), phases up to 1e5 stay within
@@ -180,7 +180,7 @@ def test_kernel_checks_options_and_gradients():
         ops().apply_lff_rotary_kernel_backward(oq, ok, *args, "bhnd", [True])
     with pytest.raises(ValueError, match="gk must have k's shape"):
         ops().apply_lff_rotary_kernel_backward(oq, oq, *args, "bhnd", [True] * 4)
-    with pytest.raises(TypeError, match="gq and gk must have q's dtype"):
+    with pytest.raises(TypeError, match="gq must have q's dtype"):
         ops().apply_lff_rotary_kernel_backward(oq.half(), ok, *args, "bhnd", [True] * 4)
     x, wr = args[2], args[3]
     with pytest.raises(TypeError, match="out_dtype must be float32"):
@@ -188,6 +188,19 @@ def test_kernel_checks_options_and_gradients():
     t = ops().lff_rotary_kernel(x, wr, torch.float32)
     with pytest.raises(ValueError, match="grad must have the table's shape"):
         ops().lff_rotary_kernel_backward(t[:1], x, wr, True, True)
+
+
+def test_apply_kernel_checks_devices():
+    """k and the gradients must be on q's device. (A call that mixes CPU and Meta tensors
+    dispatches to the Meta kernel, which checks its arguments like the CPU one.)"""
+    q, k, x, wr = _apply_args()
+    with pytest.raises(RuntimeError, match="k must be on q's device"):
+        ops().apply_lff_rotary_kernel(q, k.to("meta"), x, wr, "bhnd")
+    oq, ok = ops().apply_lff_rotary_kernel(q, k, x, wr, "bhnd")
+    with pytest.raises(RuntimeError, match="k must be on q's device"):
+        ops().apply_lff_rotary_kernel_backward(oq, ok, q, k.to("meta"), x, wr, "bhnd", [True] * 4)
+    with pytest.raises(RuntimeError, match="gk must be on q's device"):
+        ops().apply_lff_rotary_kernel_backward(oq, ok.to("meta"), q, k, x, wr, "bhnd", [True] * 4)
 
 
 def test_opcheck_low_level_ops():

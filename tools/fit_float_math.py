@@ -1,6 +1,6 @@
 """Fit the polynomial coefficients of the float32 tanh / erf used by the C++ CPU kernels.
 
-csrc/floater/cpu_math.h evaluates tanh and erf in float32 with polynomials (vectorisable,
+csrc/cpu/vec.h (F32Math) evaluates tanh and erf in float32 with polynomials (vectorisable,
 no libm calls), because glibc's scalar tanhf/erff cost more than the two small matvecs of
 a stage at d = 64. This script reproduces the coefficients (weighted least squares at
 Chebyshev nodes, float64 truth from scipy) and reports the float32 error of the C++-style

@@ -34,9 +34,8 @@ inline Activation parse_activation(const std::string& a) {
 }
 
 struct Problem {
-  int64_t S, d, H, L, substeps;
-  Method method;
-  Activation act;
+  int64_t S, d, H, L;
+  Options opt;
 };
 
 inline void check_tensor(const char* name, const at::Tensor& t, const at::Tensor& p0, int64_t dim) {
@@ -68,7 +67,6 @@ inline Problem check_forward(const at::Tensor& p0, const at::Tensor& w1, const a
   pr.d = p0.size(1);
   pr.H = w1.size(1);
   pr.L = times.size(0);
-  pr.substeps = substeps;
   TORCH_CHECK_VALUE(w1.size(0) == pr.d + 1, "floater: w1 must have shape [d+1, H] = [", pr.d + 1,
                     ", H], got ", w1.sizes());
   TORCH_CHECK_VALUE(b1.size(0) == pr.H, "floater: b1 must have shape [H] = [", pr.H, "], got ", b1.sizes());
@@ -76,8 +74,7 @@ inline Problem check_forward(const at::Tensor& p0, const at::Tensor& w1, const a
                     pr.H + 1, ", ", pr.d, "], got ", w2.sizes());
   TORCH_CHECK_VALUE(b2.size(0) == pr.d, "floater: b2 must have shape [d] = [", pr.d, "], got ", b2.sizes());
   TORCH_CHECK_VALUE(substeps >= 1, "floater: substeps must be >= 1, got ", substeps);
-  pr.method = parse_method(method);
-  pr.act = parse_activation(activation);
+  pr.opt = Options{substeps, parse_method(method), parse_activation(activation)};
   return pr;
 }
 

@@ -30,6 +30,13 @@ enum class Activation : int { ReLU = 0, Tanh = 1, GELU = 2, Identity = 3 };
 
 constexpr int kMaxStages = 4;
 
+// The options of one integration: the op's (substeps, method, activation), parsed.
+struct Options {
+  int64_t substeps;  // equal steps per interval
+  Method method;
+  Activation act;
+};
+
 // Explicit Runge-Kutta tableau: stage i is evaluated at t + c[i] h on
 // p + h * sum_{j<i} a[i][j] k_j; the step is p + h * sum_i b[i] k_i.
 struct Tableau {

@@ -10,9 +10,10 @@
 //     layer 1: Z = Y @ w1[:d] + (b1 + tau w1[d]), A = act(Z)          (over columns of H)
 //     layer 2: K = A @ w2[:H] + (b2 + tau w2[H]), then the RK combination (over columns of d)
 //   Register tiles of up to 12 states x 2 vectors read each weight row once per tile.
-// - Parallelism. Small dynamics (weights within a core's L2): chunks of up to 8 states run
-//   in parallel (at::parallel_for over chunks), each chunk serially. Large dynamics: one
-//   chunk holds every state and a team of threads (one OpenMP parallel region for the whole
+// - Parallelism (the CPU runtime's parallel region, cpu/parallel.h, with its contention
+//   fallback). Small dynamics (weights within a core's L2): chunks of up to 8 states run
+//   in parallel, handed out to the threads in order, each chunk serially. Large dynamics:
+//   one chunk holds every state and a team of threads (one parallel region for the whole
 //   integration, barriers between the regions) splits every region over its output
 //   columns, so that each core reads only its share of the weights.
 // - Weight panels (large dynamics). Each member's columns of a weight matrix are copied
@@ -35,14 +36,13 @@
 //   steps are differentiated in reverse, stage by stage (reverse order); the weight
 //   gradients of the whole interval are then one product per weight.
 // - Instruction sets: the region kernels are compiled three times (AVX-512, AVX2+FMA,
-//   baseline) through target attributes and the best one the CPU supports is picked at
-//   first use (POSENC_FAST_CPU_ISA=avx2|generic lowers it, e.g. to test every path).
+//   baseline) through target attributes, with the build's contraction (products may be
+//   fused: the sets agree within rounding, not bitwise as the LFF kernels do), and the runtime's
+//   choice picks one at each call (cpu/isa.h: POSENC_FAST_CPU_ISA=avx2|generic lowers it,
+//   e.g. to test every path).
 #include "floater_cpu.h"
 
 #include <ATen/Parallel.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -50,16 +50,18 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
-#include "cpu_vec.h"
+#include "cpu/isa.h"
+#include "cpu/parallel.h"
+#include "cpu/vec.h"
 
 namespace posenc_fast {
 namespace floater {
-namespace cpu {
 
 namespace {
+
+using namespace ::posenc_fast::cpu;
 
 constexpr int kTile = 4;  // states per register tile of the 16-register instruction sets
 
@@ -237,7 +239,7 @@ PF_INLINE void mm_nn_acc(const T* x, int64_t K, int64_t R, const T* w, int64_t l
     mm_nn_rows<T, B, true>(x + k0, K, std::min(kKBlock, K - k0), R, w + k0 * ldw, ldw, nullptr, c0, c1, out, ldo);
 }
 
-// Activations over a contiguous row segment. float32: vectorised polynomials (cpu_vec.h);
+// Activations over a contiguous row segment. float32: vectorised polynomials (cpu/vec.h);
 // float64: libm (exact to the last bits, speed is secondary there).
 template <typename T, int B>
 struct Act;
@@ -490,49 +492,13 @@ PF_ISA_WRAPPERS(generic, , 16)
 PF_ISA_WRAPPERS(generic, , 16)
 #endif
 
-std::atomic<int> g_isa_override{-1};  // -1: unset; else index into isa_names()
 // Memory the backward may use to keep an interval's stage values (see backward_chunk).
 std::atomic<int64_t> g_keep_budget{int64_t{64} << 20};
-
-const char* const kIsaNames[] = {"generic", "avx2", "avx512"};
-
-int detect_isa() {
-#if defined(PF_HAVE_X86_ISAS)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
-    return 2;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
-#endif
-  return 0;
-}
-
-int best_isa() {
-  static const int best = detect_isa();
-  return best;
-}
-
-int isa_from_name(const std::string& name) {
-  for (int i = 0; i < 3; ++i)
-    if (name == kIsaNames[i]) return i;
-  return -1;
-}
-
-int active_isa() {
-  const int o = g_isa_override.load();
-  const int best = best_isa();
-  if (o >= 0) return std::min(o, best);
-  static const int from_env = [] {
-    const char* e = std::getenv("POSENC_FAST_CPU_ISA");
-    return e ? isa_from_name(e) : -1;
-  }();
-  return from_env >= 0 ? std::min(from_env, best) : best;
-}
 
 template <typename T>
 Kernels<T> kernels() {
 #if defined(PF_HAVE_X86_ISAS)
-  switch (active_isa()) {
+  switch (isa_level()) {
     case 2:
       return kernels_avx512<T>();
     case 1:
@@ -575,21 +541,17 @@ struct Chunk {
   int64_t r0 = 0, rows = 0, R = 0;  // first state, real states, padded rows
 };
 
-// The threads that integrate one chunk together. A team of more than one thread is an
-// OpenMP parallel region around the whole integration: every member runs the same loops
-// on its own columns, and barrier() separates a region from the next one that reads what
-// the other members wrote. What the team buys is a fixed assignment of columns to threads
-// for the whole integration, so that each core's packed panels stay in its own L2
-// (at::parallel_for promises no such mapping). Synchronisation is cheap either way on two
+// The threads that integrate one chunk together. A team of more than one thread is one
+// parallel region (cpu/parallel.h) around the whole integration: every member runs the same
+// loops on its own columns, and barrier() separates a region from the next one that reads
+// what the other members wrote. What the team buys is a fixed assignment of columns to
+// threads for the whole integration, so that each core's packed panels stay in its own L2
+// (a work queue promises no such mapping). Synchronisation is cheap either way on two
 // cores: ~0.3 us a barrier, ~1 us a fork/join, against ~25 us a region at d = 512.
 struct Team {
   int rank = 0, size = 1;
   void barrier() const {
-#ifdef _OPENMP
-    if (size > 1) {
-#pragma omp barrier
-    }
-#endif
+    if (size > 1) region_barrier();
   }
 };
 
@@ -597,20 +559,14 @@ struct Team {
 // team's actual size, and the results do not depend on it).
 template <typename F>
 void run_team(int size, const F& body) {
-#ifdef _OPENMP
-  if (size > 1) {
-#pragma omp parallel num_threads(size)
-    body(Team{omp_get_thread_num(), omp_get_num_threads()});
-    return;
-  }
-#endif
-  body(Team{});
+  parallel_region(size, [&](int rank, int n) { body(Team{rank, n}); });
 }
 
 // Team members in a region: at least ~64k multiply-adds each per region (a member with less
-// would wait at the barriers longer than it computes), at most the threads ATen may use.
+// would wait at the barriers longer than it computes), at most the threads ATen may use;
+// one inside another parallel region or while the machine looks contended (cpu/parallel.h).
 inline int team_size(int64_t R, int64_t d, int64_t H, int64_t block) {
-  if (at::in_parallel_region()) return 1;
+  if (at::in_parallel_region() || contended()) return 1;
   const int64_t nb = std::min((d + block - 1) / block, (H + block - 1) / block);
   const int64_t per_block = std::max<int64_t>(1, R * std::min(d, H) * block);
   const int64_t blocks_each = std::max<int64_t>(1, (int64_t{1} << 16) / per_block);
@@ -705,9 +661,9 @@ struct Share {
 template <typename T>
 class Integrator {
  public:
-  Integrator(const Dyn<T>& dyn, const Layers<T>& lay, const Tableau& tab, const T* times, int64_t L,
-             int64_t substeps, const Kernels<T>& kern)
-      : dyn_(dyn), lay_(lay), tab_(tab), times_(times), L_(L), n_(substeps), kern_(kern) {}
+  Integrator(const Dyn<T>& dyn, const Layers<T>& lay, const Options& opt, const T* times, int64_t L,
+             const Kernels<T>& kern)
+      : dyn_(dyn), lay_(lay), tab_(tableau(opt.method)), times_(times), L_(L), n_(opt.substeps), kern_(kern) {}
 
   Share share(const Team& tm) const {
     return Share{tm, member_cols(dyn_.d, kern_.block, tm), member_cols(dyn_.H, kern_.block, tm)};
@@ -1107,29 +1063,37 @@ Layers<T> make_layers(const Dyn<T>& dyn, bool team, LayerCopies<T>& cp, bool bac
   return lay;
 }
 
+// Threads for the chunks of a plan without a team (a chunk's cost: its multiply-adds,
+// two products per stage for every state, step and interval). Their region obeys the
+// contention fallback without judging by its end (few chunks, of unequal sizes).
+inline int chunk_threads(const Plan& plan, int64_t L, int64_t d, int64_t H, const Options& opt) {
+  const double stages = tableau(opt.method).stages;
+  return team_threads(plan.nchunks, 2.0 * plan.chunk * L * opt.substeps * stages * d * H);
+}
+
 template <typename T>
-void forward_impl(const T* p0, const Dyn<T>& dyn, const T* times, int64_t S, int64_t L,
-                  int64_t substeps, Method method, T* out) {
+void forward_impl(const T* p0, const Dyn<T>& dyn, const T* times, int64_t S, int64_t L, const Options& opt,
+                  T* out) {
   const int64_t d = dyn.d, H = dyn.H;
   if (S == 0 || L == 0 || d == 0) return;
   const Plan plan = make_plan<T>(S, d, H);
   const Kernels<T> kern = kernels<T>();
   LayerCopies<T> cp;
-  const Integrator<T> integ(dyn, make_layers(dyn, plan.team, cp, false), tableau(method), times, L, substeps, kern);
+  const Integrator<T> integ(dyn, make_layers(dyn, plan.team, cp, false), opt, times, L, kern);
   if (plan.team) {
     const Chunk ch = chunk_of(plan, S, 0);
     integ.forward_chunk(p0, out, ch, team_size(ch.R, d, H, kern.block), &cp);
     return;
   }
-  at::parallel_for(0, plan.nchunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) integ.forward_chunk(p0, out, chunk_of(plan, S, c), 1, nullptr);
-  });
+  for_each_item(
+      chunk_threads(plan, L, d, H, opt), plan.nchunks,
+      [&](int, int64_t c) { integ.forward_chunk(p0, out, chunk_of(plan, S, c), 1, nullptr); }, false);
 }
 
 template <typename T>
-void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, const T* times,
-                   int64_t S, int64_t L, int64_t substeps, Method method, T* dp0, T* dw1, T* db1,
-                   T* dw2, T* db2, T* dtimes) {
+void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, const T* times, int64_t S,
+                   int64_t L, const Options& opt, T* const* grads) {
+  T *dp0 = grads[0], *dw1 = grads[1], *db1 = grads[2], *dw2 = grads[3], *db2 = grads[4], *dtimes = grads[5];
   const int64_t d = dyn.d, H = dyn.H;
   if (S == 0 || L == 0 || d == 0) return;  // outputs are zero-initialised by the caller
   const Plan plan = make_plan<T>(S, d, H);
@@ -1138,8 +1102,7 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   Dyn<T> dynb = dyn;
   dynb.zeros = zeros.data();
   LayerCopies<T> cp;
-  const Integrator<T> integ(dynb, make_layers(dyn, plan.team, cp, true), tableau(method), times, L, substeps,
-                            kern);
+  const Integrator<T> integ(dynb, make_layers(dyn, plan.team, cp, true), opt, times, L, kern);
   // The weight and time gradients a chunk accumulates into (nullptr: not needed): chunk 0
   // into the outputs, chunk c > 0 into its own partial (the needed arrays one after
   // another), added to the outputs in chunk order at the end.
@@ -1169,9 +1132,8 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   if (plan.team) {
     run(0, team_size(chunk_of(plan, S, 0).R, d, H, kern.block), &cp);
   } else {
-    at::parallel_for(0, plan.nchunks, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) run(c, 1, nullptr);
-    });
+    for_each_item(chunk_threads(plan, L, d, H, opt), plan.nchunks, [&](int, int64_t c) { run(c, 1, nullptr); },
+                  false);
   }
   // fixed-order reduction of the partials
   for (int64_t c = 1; c < plan.nchunks; ++c) {
@@ -1189,54 +1151,33 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
 // Entry points (floater_cpu.h)
 // ------------------------------------------------------------------------------------
 
-void forward(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-             const at::Tensor& b2, const at::Tensor& times, int64_t substeps, Method method,
-             Activation act, at::Tensor& out) {
-  const int64_t S = p0.size(0), d = p0.size(1), H = w1.size(1), L = times.size(0);
-  AT_DISPATCH_FLOATING_TYPES(p0.scalar_type(), "floater_integrate_cpu", [&] {
-    const Dyn<scalar_t> dyn{w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
-                            b2.data_ptr<scalar_t>(), d, H, act};
-    forward_impl<scalar_t>(p0.data_ptr<scalar_t>(), dyn, times.data_ptr<scalar_t>(), S, L, substeps,
-                           method, out.data_ptr<scalar_t>());
+void forward_cpu(const Inputs& in, const Options& opt, at::Tensor& out) {
+  const int64_t S = in.p0.size(0), d = in.p0.size(1), H = in.w1.size(1), L = in.times.size(0);
+  AT_DISPATCH_FLOATING_TYPES(in.p0.scalar_type(), "floater_integrate_cpu", [&] {
+    const Dyn<scalar_t> dyn{in.w1.data_ptr<scalar_t>(), in.b1.data_ptr<scalar_t>(), in.w2.data_ptr<scalar_t>(),
+                            in.b2.data_ptr<scalar_t>(), d, H, opt.act};
+    forward_impl<scalar_t>(in.p0.data_ptr<scalar_t>(), dyn, in.times.data_ptr<scalar_t>(), S, L, opt,
+                           out.data_ptr<scalar_t>());
   });
 }
 
-void backward(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p0, const at::Tensor& w1,
-              const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2, const at::Tensor& times,
-              int64_t substeps, Method method, Activation act, at::Tensor& dp0, at::Tensor& dw1,
-              at::Tensor& db1, at::Tensor& dw2, at::Tensor& db2, at::Tensor& dtimes) {
-  const int64_t S = p0.size(0), d = p0.size(1), H = w1.size(1), L = times.size(0);
-  AT_DISPATCH_FLOATING_TYPES(p0.scalar_type(), "floater_integrate_backward_cpu", [&] {
-    auto ptr = [](at::Tensor& t) { return t.defined() ? t.data_ptr<scalar_t>() : nullptr; };
-    const Dyn<scalar_t> dyn{w1.data_ptr<scalar_t>(), b1.data_ptr<scalar_t>(), w2.data_ptr<scalar_t>(),
-                            b2.data_ptr<scalar_t>(), d, H, act};
-    backward_impl<scalar_t>(grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), p0.data_ptr<scalar_t>(),
-                            dyn, times.data_ptr<scalar_t>(), S, L, substeps, method, ptr(dp0), ptr(dw1),
-                            ptr(db1), ptr(dw2), ptr(db2), ptr(dtimes));
+void backward_cpu(const at::Tensor& grad, const at::Tensor& out, const Inputs& in, const Options& opt,
+                  std::array<at::Tensor, 6>& grads) {
+  const int64_t S = in.p0.size(0), d = in.p0.size(1), H = in.w1.size(1), L = in.times.size(0);
+  AT_DISPATCH_FLOATING_TYPES(in.p0.scalar_type(), "floater_integrate_backward_cpu", [&] {
+    scalar_t* g[6];
+    for (int i = 0; i < 6; ++i) g[i] = grads[i].defined() ? grads[i].data_ptr<scalar_t>() : nullptr;
+    const Dyn<scalar_t> dyn{in.w1.data_ptr<scalar_t>(), in.b1.data_ptr<scalar_t>(), in.w2.data_ptr<scalar_t>(),
+                            in.b2.data_ptr<scalar_t>(), d, H, opt.act};
+    backward_impl<scalar_t>(grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), in.p0.data_ptr<scalar_t>(), dyn,
+                            in.times.data_ptr<scalar_t>(), S, L, opt, g);
   });
 }
-
-std::string isa() { return kIsaNames[active_isa()]; }
-
-int isa_level() { return active_isa(); }
 
 int64_t set_backward_keep_budget(int64_t bytes) {
   TORCH_CHECK_VALUE(bytes >= 0, "backward keep budget must be >= 0, got ", bytes);
   return g_keep_budget.exchange(bytes);
 }
 
-std::string best_isa_name() { return kIsaNames[best_isa()]; }
-
-void set_isa(const std::string& name) {
-  if (name.empty() || name == "auto") {
-    g_isa_override.store(-1);
-    return;
-  }
-  const int i = isa_from_name(name);
-  TORCH_CHECK_VALUE(i >= 0, "cpu isa must be one of 'auto', 'generic', 'avx2', 'avx512'; got '", name, "'");
-  g_isa_override.store(i);
-}
-
-}  // namespace cpu
 }  // namespace floater
 }  // namespace posenc_fast

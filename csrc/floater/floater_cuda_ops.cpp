@@ -38,9 +38,9 @@ Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backwa
   cp.d = pr.d;
   cp.H = pr.H;
   cp.L = pr.L;
-  cp.substeps = pr.substeps;
-  cp.method = static_cast<int>(pr.method);
-  cp.activation = static_cast<int>(pr.act);
+  cp.substeps = pr.opt.substeps;
+  cp.method = static_cast<int>(pr.opt.method);
+  cp.activation = static_cast<int>(pr.opt.act);
   cp.dtype_size = p0.scalar_type() == at::kDouble ? 8 : 4;
   cp.backward = backward;
   for (size_t i = 0; i < 6; ++i) cp.needs[i] = needs[i];

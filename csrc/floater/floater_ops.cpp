@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <array>
 #include <vector>
 
 #include "floater_checks.h"
@@ -20,6 +21,11 @@ namespace floater {
 
 namespace {
 
+Inputs contiguous_inputs(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                         const at::Tensor& b2, const at::Tensor& times) {
+  return Inputs{p0.contiguous(), w1.contiguous(), b1.contiguous(), w2.contiguous(), b2.contiguous(), times.contiguous()};
+}
+
 at::Tensor integrate_cpu(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                          const at::Tensor& b2, const at::Tensor& times, int64_t substeps, c10::string_view method,
                          c10::string_view activation) {
@@ -28,8 +34,7 @@ at::Tensor integrate_cpu(const at::Tensor& p0, const at::Tensor& w1, const at::T
   // Never write into the caller's storage: inputs are read through contiguous views or
   // copies, the output is a fresh tensor.
   at::Tensor out = at::empty({pr.S, pr.L, pr.d}, p0.options());
-  cpu::forward(p0.contiguous(), w1.contiguous(), b1.contiguous(), w2.contiguous(), b2.contiguous(),
-               times.contiguous(), substeps, pr.method, pr.act, out);
+  forward_cpu(contiguous_inputs(p0, w1, b1, w2, b2, times), pr.opt, out);
   return out;
 }
 
@@ -40,16 +45,13 @@ std::vector<at::Tensor> integrate_backward_cpu(const at::Tensor& grad, const at:
                                                const c10::List<bool>& needs_list) {
   const BackwardProblem bp = check_backward(grad, out, p0, w1, b1, w2, b2, times, substeps, std::string(method),
                                             std::string(activation), needs_list, c10::DeviceType::CPU);
-  const Problem& pr = bp.pr;
   std::vector<at::Tensor> res =
       grad_outputs(bp.needs, {p0.sizes(), w1.sizes(), b1.sizes(), w2.sizes(), b2.sizes(), times.sizes()},
                    p0.options());
   // The kernels write into the needed outputs; an undefined tensor skips that gradient.
-  at::Tensor g[6];
+  std::array<at::Tensor, 6> g;
   for (size_t i = 0; i < 6; ++i) g[i] = bp.needs[i] ? res[i] : at::Tensor();
-  cpu::backward(grad.contiguous(), out.contiguous(), p0.contiguous(), w1.contiguous(), b1.contiguous(),
-                w2.contiguous(), b2.contiguous(), times.contiguous(), substeps, pr.method, pr.act, g[0], g[1], g[2],
-                g[3], g[4], g[5]);
+  backward_cpu(grad.contiguous(), out.contiguous(), contiguous_inputs(p0, w1, b1, w2, b2, times), bp.pr.opt, g);
   return res;
 }
 

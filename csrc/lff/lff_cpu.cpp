@@ -21,23 +21,27 @@
 //   dwr^T) accumulated into the partial sums of the tile's block.
 // - Determinism: blocks are runs of rows fixed by R alone (never by the thread count);
 //   a block's tiles add into its partial in row order, and the partials are added in block
-//   order at the end. Every element of every output is one fixed chain of float32
-//   operations: the same bits for any thread count, run after run, and on every
-//   instruction set (per_isa.h: explicit FMAs, no compiler contraction).
-// - Parallelism: one OpenMP region per call. Threads take tiles (forward) or blocks
-//   (backward) from a shared counter, so a thread whose core is busy with another process
-//   takes fewer; the backward's partials are then summed by all threads after a barrier.
+//   order at the end (cpu/parallel.h: run_blocks). Every element of every output is one
+//   fixed chain of float32 operations: the same bits for any thread count, run after run,
+//   and on every instruction set (cpu/per_isa.h: explicit FMAs, no compiler contraction).
+// - Parallelism: one OpenMP region per call (cpu/parallel.h). Threads take tiles (forward)
+//   or blocks (backward) from a shared counter, so a thread whose core is busy with another
+//   process takes fewer; the backward's partials are then summed by all threads after a
+//   barrier.
+#include "lff/lff_cpu.h"
+
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "fourier_common.h"
-#include "fourier_cpu.h"
+#include "cpu/runtime.h"
 
 namespace posenc_fast {
-namespace fourier {
+namespace lff {
 namespace {
 
-using Act = LffActivation;
+using namespace ::posenc_fast::cpu;
+using Act = Activation;
 
 // Rows per tile: a multiple of every register tile's row count (12, 6, 4, 2); the scratch of
 // a tile stays within a core's L2 next to the weights (~0.7 MB in all at F=256, H=32, D=768).
@@ -48,8 +52,7 @@ struct LffDims {
   bool mlp;
   Act act;
   // padded leading dimensions (multiples of kPad floats)
-  int64_t ldt;  // turn tables [M, ldt], F2 frequencies
-  int64_t ldk;  // phase gradient [rows, ldk]
+  int64_t ldk;  // F2 frequencies: turn tables [M, ldk], phase gradient [rows, ldk]
   int64_t Fp;   // F padded
   int64_t ldf;  // features / feature gradient [rows, ldf] >= F + 1 (column F: ones)
   int64_t Hp;   // H padded: a, h, ga columns computed
@@ -61,7 +64,7 @@ struct LffDims {
 
 // float32 copies of the weights in the layouts the kernels read, zero-padded.
 struct LffWeights {
-  const float *thi, *tlo;  // [M, ldt] wr^T / (2 pi), float32 pair
+  const float *thi, *tlo;  // [M, ldk] wr^T / (2 pi), float32 pair
   const float* wr;         // [F2, ldm]
   const float *w1, *b1;    // [F, Hp], [Hp]
   const float *w2, *b2;    // [H, Dp], [Dp]
@@ -76,7 +79,7 @@ struct LffIO {
   void* out;  // forward [R, D or F], row stride ldo
   DT odt;
   int64_t ldo;
-  bool stream;  // whole output vectors by streaming stores (fourier_common.h: use_streaming)
+  bool stream;  // whole output vectors by streaming stores (cpu/tensors.h: use_streaming)
   const void* grad;  // backward [R, D or F], row stride ldg
   DT gdt;
   int64_t ldg;
@@ -116,26 +119,24 @@ struct LffKernels {
 
 }  // namespace
 
-#define PF_ISA_KERNELS "lff_kernels.h"
-#include "per_isa.h"
+#define PF_ISA_KERNELS "lff/lff_kernels.h"
+#include "cpu/per_isa.h"
 #undef PF_ISA_KERNELS
 
 namespace {
 
 const LffKernels& lff_kernels() { return PF_ISA_TABLE(kLffKernels); }
 
-LffDims make_dims(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& w2,
-                  Act act) {
+LffDims make_dims(const at::Tensor& rows, const at::Tensor& wr, const Mlp& mlp, Act act) {
   LffDims d{};
   d.R = rows.size(0);
   d.M = rows.size(1);
   d.F2 = wr.size(0);
   d.F = 2 * d.F2;
-  d.mlp = w1.defined();
-  d.H = d.mlp ? w1.size(1) : 0;
-  d.D = d.mlp ? w2.size(1) : 0;
+  d.mlp = mlp.w1.defined();
+  d.H = d.mlp ? mlp.w1.size(1) : 0;
+  d.D = d.mlp ? mlp.w2.size(1) : 0;
   d.act = act;
-  d.ldt = round_up(d.F2);
   d.ldk = round_up(d.F2);
   d.Fp = round_up(d.F);
   d.ldf = round_up(d.F + 1);
@@ -148,11 +149,10 @@ LffDims make_dims(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor
 }
 
 // The float32 weights of one call; storage is owned by `store` (zero-padded).
-LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& b1,
-                           const at::Tensor& w2, const at::Tensor& b2, bool backward, const LffKernels& kern,
-                           at::Tensor& store) {
+LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const Mlp& mlp, bool backward,
+                           const LffKernels& kern, at::Tensor& store) {
   const int64_t sizes[] = {
-      2 * d.M * d.ldt, d.F2 * d.ldm, d.F * d.Hp, d.Hp, d.H * d.Dp, d.Dp,
+      2 * d.M * d.ldk, d.F2 * d.ldm, d.F * d.Hp, d.Hp, d.H * d.Dp, d.Dp,
       backward ? d.H * d.Fp : 0, backward ? d.D * d.Hp : 0,
   };
   int64_t total = 0;
@@ -165,20 +165,20 @@ LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const at::Ten
     base += sizes[i];
   }
   copy_f32(wr, ptr[1], d.ldm, false);
-  kern.prepare_turns(ptr[1], d.F2, d.M, d.ldm, d.ldt, ptr[0], ptr[0] + d.M * d.ldt);
+  kern.prepare_turns(ptr[1], d.F2, d.M, d.ldm, d.ldk, ptr[0], ptr[0] + d.M * d.ldk);
   if (d.mlp) {
-    copy_f32(w1, ptr[2], d.Hp, false);
-    copy_f32(b1, ptr[3], 0, false);
-    copy_f32(w2, ptr[4], d.Dp, false);
-    copy_f32(b2, ptr[5], 0, false);
+    copy_f32(mlp.w1, ptr[2], d.Hp, false);
+    copy_f32(mlp.b1, ptr[3], 0, false);
+    copy_f32(mlp.w2, ptr[4], d.Dp, false);
+    copy_f32(mlp.b2, ptr[5], 0, false);
     if (backward) {
-      copy_f32(w1, ptr[6], d.Fp, true);
-      copy_f32(w2, ptr[7], d.Hp, true);
+      copy_f32(mlp.w1, ptr[6], d.Fp, true);
+      copy_f32(mlp.w2, ptr[7], d.Hp, true);
     }
   }
   LffWeights w{};
   w.thi = ptr[0];
-  w.tlo = ptr[0] + d.M * d.ldt;
+  w.tlo = ptr[0] + d.M * d.ldk;
   w.wr = ptr[1];
   w.w1 = ptr[2];
   w.b1 = ptr[3];
@@ -243,45 +243,33 @@ double row_cost(const LffDims& d) { return static_cast<double>(d.F2) * (24 + 2 *
 
 }  // namespace
 
-namespace cpu {
-
-at::Tensor lff_forward(const at::Tensor& rows, const at::Tensor& wr, const at::Tensor& w1, const at::Tensor& b1,
-                       const at::Tensor& w2, const at::Tensor& b2, LffActivation act, at::ScalarType out_dtype) {
-  const LffDims d = make_dims(rows, wr, w1, w2, act);
+at::Tensor forward_cpu(const at::Tensor& rows, const at::Tensor& wr, const Mlp& mlp, Activation act,
+                       at::ScalarType out_dtype) {
+  const LffDims d = make_dims(rows, wr, mlp, act);
   at::Tensor out = new_output({d.R, d.mlp ? d.D : d.F}, rows.options().dtype(out_dtype));
   if (d.R == 0 || out.numel() == 0) return out;
   const LffKernels& kern = lff_kernels();
   at::Tensor wstore;
-  LffCall c{d, prepare_weights(d, wr, w1, b1, w2, b2, false, kern, wstore), rows_io(rows), LffNeeds{}};
+  LffCall c{d, prepare_weights(d, wr, mlp, false, kern, wstore), rows_io(rows), LffNeeds{}};
   c.io.out = out.data_ptr();
   c.io.odt = dt_of(out_dtype);
   c.io.ldo = out.stride(0);
   c.io.stream = use_streaming(out);
-  // Tiles: kTileRows rows, or fewer when that leaves a thread idle (the tiling does not
-  // change the results: every row is computed on its own).
-  int64_t tile = kTileRows;
-  int threads = team_threads((d.R + tile - 1) / tile, row_cost(d) * tile);
-  if (threads > 1 && (d.R + tile - 1) / tile < 4 * threads)
-    tile = std::max<int64_t>(12, round_up((d.R + 4 * threads - 1) / (4 * threads), 12));
-  const int64_t ntiles = (d.R + tile - 1) / tile;
-  threads = std::min<int>(threads, static_cast<int>(ntiles));
-  const ScratchArena arena(d, tile, false, threads);
-  WorkQueue queue(ntiles);
-  parallel_region(threads, [&](int rank, int) {
-    const LffScratch s = arena.of(rank);
-    int64_t t;
-    while (queue.take(t)) kern.forward_tile(c, t * tile, std::min(tile, d.R - t * tile), s);
+  // Tiles of kTileRows rows, or fewer (multiples of 12) when that leaves a thread idle.
+  const WorkSplit w = split_work(d.R, kTileRows, 12, row_cost(d));
+  const ScratchArena arena(d, w.size, false, w.threads);
+  for_each_item(w.threads, w.items, [&](int rank, int64_t t) {
+    kern.forward_tile(c, t * w.size, std::min(w.size, d.R - t * w.size), arena.of(rank));
   });
   return out;
 }
 
-std::vector<at::Tensor> lff_backward(const at::Tensor& grad, const at::Tensor& rows, const at::Tensor& wr,
-                                     const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                                     const at::Tensor& b2, LffActivation act, const std::array<bool, 6>& needs) {
-  const LffDims d = make_dims(rows, wr, w1, w2, act);
+std::vector<at::Tensor> backward_cpu(const at::Tensor& grad, const at::Tensor& rows, const at::Tensor& wr,
+                                     const Mlp& mlp, Activation act, const std::array<bool, 6>& needs) {
+  const LffDims d = make_dims(rows, wr, mlp, act);
   LffNeeds nd{needs[0], needs[1], d.mlp && needs[2], d.mlp && needs[3], d.mlp && needs[4], d.mlp && needs[5]};
   std::vector<at::Tensor> res(6);
-  const at::Tensor* refs[6] = {&rows, &wr, &w1, &b1, &w2, &b2};
+  const at::Tensor* refs[6] = {&rows, &wr, &mlp.w1, &mlp.b1, &mlp.w2, &mlp.b2};
   const bool want[6] = {nd.x, nd.wr, nd.w1, nd.b1, nd.w2, nd.b2};
   for (int i = 0; i < 6; ++i)
     if (want[i]) res[i] = d.R == 0 && i > 0 ? at::zeros_like(*refs[i]) : at::empty(refs[i]->sizes(), refs[i]->options());
@@ -289,7 +277,7 @@ std::vector<at::Tensor> lff_backward(const at::Tensor& grad, const at::Tensor& r
 
   const LffKernels& kern = lff_kernels();
   at::Tensor wstore;
-  LffCall c{d, prepare_weights(d, wr, w1, b1, w2, b2, true, kern, wstore), rows_io(rows), nd};
+  LffCall c{d, prepare_weights(d, wr, mlp, true, kern, wstore), rows_io(rows), nd};
   c.io.grad = grad.data_ptr();
   c.io.gdt = dt_of(grad.scalar_type());
   c.io.ldg = grad.stride(0);
@@ -303,49 +291,33 @@ std::vector<at::Tensor> lff_backward(const at::Tensor& grad, const at::Tensor& r
   const int64_t off_w1 = d.M * d.ldk, off_w2 = off_w1 + (d.F + 1) * d.Hp;
   const int64_t per = off_w2 + (d.H + 1) * d.Dp;
   const int64_t max_blocks = std::max<int64_t>(1, std::min<int64_t>(16, (int64_t{64} << 20) / (4 * per)));
-  int64_t block_rows = std::max<int64_t>(96, (d.R + max_blocks - 1) / max_blocks);
+  const int64_t block_rows = std::max<int64_t>(96, (d.R + max_blocks - 1) / max_blocks);
   const int64_t nblocks = (d.R + block_rows - 1) / block_rows;
-  at::Tensor parts = at::empty({nblocks * per}, at::kFloat);
-  float* pbase = parts.data_ptr<float>();
-
   const int threads = team_threads(nblocks, 3.0 * row_cost(d) * block_rows);
   const ScratchArena arena(d, kTileRows, true, threads);
-  WorkQueue queue(nblocks);
 
-  // The needed gradients as (partial offset, rows, cols, ld, output, dst strides).
-  struct Sum {
-    int64_t off, rows, cols, ld;
-    at::Tensor* out;
-    int64_t ds_row, ds_col;
+  // The needed weight gradients in a block's partial: dwr^T [M, ldk] (written transposed),
+  // [dw1; db1] [F + 1, Hp], [dw2; db2] [H + 1, Dp].
+  std::vector<PartialSum> sums;
+  auto sum = [&](int64_t off, int64_t rows_, int64_t cols, int64_t ld, int i, int64_t ds_row, int64_t ds_col) {
+    sums.push_back({off, rows_, cols, ld, res[i].data_ptr(), dt_of(res[i].scalar_type()), ds_row, ds_col});
   };
-  std::vector<Sum> sums;
-  if (nd.wr) sums.push_back({0, d.M, d.F2, d.ldk, &res[1], 1, d.M});
-  if (nd.w1) sums.push_back({off_w1, d.F, d.H, d.Hp, &res[2], d.H, 1});
-  if (nd.b1) sums.push_back({off_w1 + d.F * d.Hp, 1, d.H, d.Hp, &res[3], d.H, 1});
-  if (nd.w2) sums.push_back({off_w2, d.H, d.D, d.Dp, &res[4], d.D, 1});
-  if (nd.b2) sums.push_back({off_w2 + d.H * d.Dp, 1, d.D, d.Dp, &res[5], d.D, 1});
+  if (nd.wr) sum(0, d.M, d.F2, d.ldk, 1, 1, d.M);
+  if (nd.w1) sum(off_w1, d.F, d.H, d.Hp, 2, d.H, 1);
+  if (nd.b1) sum(off_w1 + d.F * d.Hp, 1, d.H, d.Hp, 3, d.H, 1);
+  if (nd.w2) sum(off_w2, d.H, d.D, d.Dp, 4, d.D, 1);
+  if (nd.b2) sum(off_w2 + d.H * d.Dp, 1, d.D, d.Dp, 5, d.D, 1);
 
-  parallel_region(threads, [&](int rank, int size) {
+  run_blocks(threads, nblocks, per, sums, kern.sum_partials, [&](int rank, int64_t b, float* pb) {
     const LffScratch s = arena.of(rank);
-    int64_t b;
-    while (queue.take(b)) {
-      float* pb = pbase + b * per;
-      const int64_t r_end = std::min(d.R, (b + 1) * block_rows);
-      for (int64_t r0 = b * block_rows; r0 < r_end; r0 += kTileRows) {
-        const LffPartials p{pb, pb + off_w1, pb + off_w2, r0 == b * block_rows};
-        kern.backward_tile(c, r0, std::min(kTileRows, r_end - r0), s, p);
-      }
-    }
-    region_barrier();  // every block's partial is complete
-    for (const Sum& q : sums) {
-      const int64_t row0 = q.rows * rank / size, row1 = q.rows * (rank + 1) / size;
-      kern.sum_partials(pbase + q.off, nblocks, per, q.rows, q.cols, q.ld, row0, row1, q.out->data_ptr(),
-                        dt_of(q.out->scalar_type()), q.ds_row, q.ds_col);
+    const int64_t r_end = std::min(d.R, (b + 1) * block_rows);
+    for (int64_t r0 = b * block_rows; r0 < r_end; r0 += kTileRows) {
+      const LffPartials p{pb, pb + off_w1, pb + off_w2, r0 == b * block_rows};
+      kern.backward_tile(c, r0, std::min(kTileRows, r_end - r0), s, p);
     }
   });
   return res;
 }
 
-}  // namespace cpu
-}  // namespace fourier
+}  // namespace lff
 }  // namespace posenc_fast

@@ -10,24 +10,29 @@
 // Design
 // - Work items are runs of kRun positions of one batch row of x (rotary_kernels.h): the
 //   run's cos / sin are computed once (float32, the error-free reduction of
-//   triton_kernels/_phase.py via simd.h's position_sincos) into the thread's scratch, then
+//   triton_kernels/_phase.py via cpu/phase.h's position_sincos) into the thread's scratch, then
 //   every head of q and k (of every batch row, for shared positions) is rotated position by
 //   position, read once and written once: the [B, N, F] table never exists in memory.
 // - Backward: the same runs recompute cos / sin, write dq / dk, and sum the phase gradient
 //   over the heads (and batch rows) in the scratch; dx = dphase wr per position, dwr^T =
 //   x^T dphase accumulated per block of items. Blocks are fixed by the item count alone (at
 //   most 16), a block's items add in item order, blocks are summed in block order after a
-//   barrier: the same bits for any thread count, and on every instruction set (per_isa.h).
+//   barrier (cpu/parallel.h: run_blocks): the same bits for any thread count, and on every
+//   instruction set (cpu/per_isa.h).
 // - One OpenMP region per call, items (or blocks) handed out by a shared counter
-//   (fourier_common.h); float32 arithmetic for float32 / bfloat16 / float16 storage.
+//   (cpu/parallel.h); float32 arithmetic for float32 / bfloat16 / float16 storage.
+#include "rotary/rotary_cpu.h"
+
+#include <algorithm>
 #include <vector>
 
-#include "fourier_common.h"
-#include "fourier_cpu.h"
+#include "cpu/runtime.h"
 
 namespace posenc_fast {
-namespace fourier {
+namespace rotary {
 namespace {
+
+using namespace ::posenc_fast::cpu;
 
 // Positions per work item: 16 KB of one head's float32 q rows at head_dim 64 ("bhnd"),
 // long enough for the hardware prefetcher; the scratch is then ~40 KB at F = 64.
@@ -42,7 +47,7 @@ struct T4 {
 
 struct RotCall {
   int64_t B, Bx, N, M, F2, ldk, D, Hq, Hk;
-  int64_t run, runs;  // positions per item; items per batch row of x
+  int64_t runs;       // items (runs of kRun positions) per batch row of x
   const void* x;      // positions: (b, n, m) at x + b sxb + n sxn + m sxm
   DT xdt;
   int64_t sxb, sxn, sxm;
@@ -69,8 +74,8 @@ struct RotKernels {
 
 }  // namespace
 
-#define PF_ISA_KERNELS "rotary_kernels.h"
-#include "per_isa.h"
+#define PF_ISA_KERNELS "rotary/rotary_kernels.h"
+#include "cpu/per_isa.h"
 #undef PF_ISA_KERNELS
 
 namespace {
@@ -91,7 +96,6 @@ RotCall make_call(const at::Tensor& x3, const at::Tensor& wr, int64_t B, at::Ten
   c.M = x3.size(2);
   c.F2 = wr.size(0);
   c.ldk = round_up(c.F2);
-  c.run = kRun;
   c.runs = (c.N + kRun - 1) / kRun;
   c.x = x3.data_ptr();
   c.xdt = dt_of(x3.scalar_type());
@@ -111,51 +115,38 @@ RotCall make_call(const at::Tensor& x3, const at::Tensor& wr, int64_t B, at::Ten
   return c;
 }
 
-// make_call for q [B, Hq, N, D] and k [B, Hk, N, D] (heads-first views).
-RotCall apply_call(const at::Tensor& x3, const at::Tensor& wr, const at::Tensor& q, const at::Tensor& k,
-                   at::Tensor& store) {
-  RotCall c = make_call(x3, wr, q.size(0), store);
-  c.D = q.size(3);
-  c.Hq = q.size(1);
-  c.Hk = k.size(1);
-  c.dt = dt_of(q.scalar_type());
-  c.q = view4(q), c.k = view4(k);
+// make_call for the fused application: q [B, Hq, N, D] and k [B, Hk, N, D] (heads-first).
+RotCall apply_call(const Apply& in, at::Tensor& store) {
+  RotCall c = make_call(in.x3, in.wr, in.q.size(0), store);
+  c.D = in.q.size(3);
+  c.Hq = in.q.size(1);
+  c.Hk = in.k.size(1);
+  c.dt = dt_of(in.q.scalar_type());
+  c.q = view4(in.q), c.k = view4(in.k);
   return c;
 }
 
 // Runs fn over the call's Bx * runs items on one parallel region. With dwr defined, the
 // items form at most 16 blocks (fixed by the item count) with a dwr^T partial each, summed
-// in block order into dwr at the end.
+// in block order into dwr at the end (cpu/parallel.h: run_blocks).
 void run_items(const RotCall& c, ItemFn fn, double item_cost, at::Tensor* dwr) {
   const int64_t items = c.Bx * c.runs;
-  const int64_t per = c.M * c.ldk;
   const int64_t per_scratch = round_up(kRun * c.M) + 5 * kRun * c.ldk;
-  const bool blocks = dwr != nullptr;
-  const int64_t nblocks0 = std::min<int64_t>(16, items);
-  const int64_t block_items = blocks ? (items + nblocks0 - 1) / nblocks0 : 1;
+  const int64_t block_items = dwr ? (items + std::min<int64_t>(16, items) - 1) / std::min<int64_t>(16, items) : 1;
   const int64_t nblocks = (items + block_items - 1) / block_items;
   const int threads = team_threads(nblocks, item_cost * static_cast<double>(block_items));
   const at::Tensor scratch = zeroed_floats(threads * per_scratch);
-  const at::Tensor parts = at::empty({blocks ? nblocks * per : 1}, at::kFloat);
-  float* pbase = parts.data_ptr<float>();
   const RotKernels& kern = rot_kernels();
-  WorkQueue queue(nblocks);
-  parallel_region(threads, [&](int rank, int size) {
+  std::vector<PartialSum> sums;
+  if (dwr) sums.push_back({0, c.M, c.F2, c.ldk, dwr->data_ptr(), dt_of(dwr->scalar_type()), 1, c.M});
+  run_blocks(threads, nblocks, c.M * c.ldk, sums, kern.sum_partials, [&](int rank, int64_t b, float* part) {
     float* base = scratch.data_ptr<float>() + rank * per_scratch;
     const int64_t rows = kRun * c.ldk;
     float* xs = base;
     base += round_up(kRun * c.M);
     const RotScratch s{xs, base, base + rows, base + 2 * rows, base + 3 * rows, base + 4 * rows};
-    int64_t b;
-    while (queue.take(b)) {
-      const int64_t i1 = std::min(items, (b + 1) * block_items);
-      for (int64_t i = b * block_items; i < i1; ++i) fn(c, i, s, pbase + b * per, i == b * block_items);
-    }
-    if (!blocks) return;
-    region_barrier();  // every block's partial is complete
-    const int64_t m0 = c.M * rank / size, m1 = c.M * (rank + 1) / size;
-    kern.sum_partials(pbase, nblocks, per, c.M, c.F2, c.ldk, m0, m1, dwr->data_ptr(), dt_of(dwr->scalar_type()), 1,
-                      c.M);
+    const int64_t i1 = std::min(items, (b + 1) * block_items);
+    for (int64_t i = b * block_items; i < i1; ++i) fn(c, i, s, part, i == b * block_items);
   });
 }
 
@@ -166,41 +157,34 @@ double position_cost(const RotCall& c, int64_t rows) {
 
 }  // namespace
 
-namespace cpu {
-
-void rotary_apply_forward(const at::Tensor& x3, const at::Tensor& wr, const at::Tensor& q, const at::Tensor& k,
-                          at::Tensor& oq, at::Tensor& ok) {
-  if (q.size(0) * q.size(2) == 0) return;
+void apply_forward_cpu(const Apply& in, at::Tensor& oq, at::Tensor& ok) {
+  if (in.q.size(0) * in.q.size(2) == 0) return;
   at::Tensor store;
-  RotCall c = apply_call(x3, wr, q, k, store);
+  RotCall c = apply_call(in, store);
   c.oq = view4(oq), c.ok = view4(ok);
-  const int64_t B = c.B;
-  const int64_t rows = (c.Bx == 1 ? B : 1) * (c.Hq + c.Hk);
+  const int64_t rows = (c.Bx == 1 ? c.B : 1) * (c.Hq + c.Hk);
   run_items(c, rot_kernels().apply_forward, kRun * position_cost(c, rows), nullptr);
 }
 
-void rotary_apply_backward(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& q, const at::Tensor& k,
-                           const at::Tensor& x3, const at::Tensor& wr, at::Tensor& dq, at::Tensor& dk, at::Tensor& dx,
-                           at::Tensor& dwr) {
-  if (q.size(0) * q.size(2) == 0) {
-    if (dx.defined()) dx.zero_();
-    if (dwr.defined()) dwr.zero_();
+void apply_backward_cpu(const at::Tensor& gq, const at::Tensor& gk, const Apply& in, ApplyGrads& g) {
+  if (in.q.size(0) * in.q.size(2) == 0) {
+    if (g.dx.defined()) g.dx.zero_();
+    if (g.dwr.defined()) g.dwr.zero_();
     return;
   }
   at::Tensor store;
-  RotCall c = apply_call(x3, wr, q, k, store);
-  c.gq = view4(gq), c.gk = view4(gk), c.dq = view4(dq), c.dk = view4(dk);
-  const int64_t B = c.B;
-  c.need_q = dq.defined(), c.need_k = dk.defined(), c.need_x = dx.defined(), c.need_wr = dwr.defined();
+  RotCall c = apply_call(in, store);
+  c.gq = view4(gq), c.gk = view4(gk), c.dq = view4(g.dq), c.dk = view4(g.dk);
+  c.need_q = g.dq.defined(), c.need_k = g.dk.defined(), c.need_x = g.dx.defined(), c.need_wr = g.dwr.defined();
   if (c.need_x) {
-    c.dx = dx.data_ptr();
-    c.dxdt = dt_of(dx.scalar_type());
+    c.dx = g.dx.data_ptr();
+    c.dxdt = dt_of(g.dx.scalar_type());
   }
-  const int64_t rows = (c.Bx == 1 ? B : 1) * (c.Hq + c.Hk) * 2;
-  run_items(c, rot_kernels().apply_backward, kRun * position_cost(c, rows), c.need_wr ? &dwr : nullptr);
+  const int64_t rows = (c.Bx == 1 ? c.B : 1) * (c.Hq + c.Hk) * 2;
+  run_items(c, rot_kernels().apply_backward, kRun * position_cost(c, rows), c.need_wr ? &g.dwr : nullptr);
 }
 
-void rotary_table_forward(const at::Tensor& rows, const at::Tensor& wr, at::Tensor& out) {
+void table_forward_cpu(const at::Tensor& rows, const at::Tensor& wr, at::Tensor& out) {
   if (rows.size(0) == 0) return;
   at::Tensor store;
   const at::Tensor x3 = rows.unsqueeze(0);
@@ -211,8 +195,8 @@ void rotary_table_forward(const at::Tensor& rows, const at::Tensor& wr, at::Tens
   run_items(c, rot_kernels().table_forward, kRun * position_cost(c, 1), nullptr);
 }
 
-void rotary_table_backward(const at::Tensor& grad, const at::Tensor& rows, const at::Tensor& wr, at::Tensor& dx,
-                           at::Tensor& dwr) {
+void table_backward_cpu(const at::Tensor& grad, const at::Tensor& rows, const at::Tensor& wr, at::Tensor& dx,
+                        at::Tensor& dwr) {
   if (rows.size(0) == 0) {
     if (dwr.defined()) dwr.zero_();
     return;
@@ -231,6 +215,5 @@ void rotary_table_backward(const at::Tensor& grad, const at::Tensor& rows, const
   run_items(c, rot_kernels().table_backward, kRun * position_cost(c, 2), c.need_wr ? &dwr : nullptr);
 }
 
-}  // namespace cpu
-}  // namespace fourier
+}  // namespace rotary
 }  // namespace posenc_fast

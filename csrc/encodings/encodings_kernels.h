@@ -1,8 +1,8 @@
 // Sinusoidal and DFT encodings, the fused add and the gradient to the positions: the
-// kernels of a run of positions, for one instruction set (compiled per set by per_isa.h
-// from encoding_cpu.cpp, whose types they use).
+// kernels of a run of positions, for one instruction set (compiled per set by
+// cpu/per_isa.h from encodings_cpu.cpp, whose types they use).
 //
-// Both encodings are sinusoids of the position at K frequencies (encoding_cpu.cpp):
+// Both encodings are sinusoids of the position at K frequencies (encodings_cpu.cpp):
 //   sinusoidal: frequency i -> sin at column 2i, cos at 2i + 1 (interleaved)
 //   dft:        frequency k = 1..K -> a cos at column k, a sin at K + k; column 0 is the
 //               constant a0, column dim-1 cos(pi p) / sqrt(dim)
@@ -10,7 +10,8 @@
 // float32 pair (nu_hi, nu_lo) (integer positions split into hi + lo), sincos_turns, times
 // the amplitude, + the block term, + x, rounded once.
 
-#include "simd.h"
+#include "cpu/simd.h"
+#include "cpu/phase.h"
 
 // The position of index l as hi + lo (float32, exact for integers below 2^53).
 PF_INLINE void position(const EncCall& c, int64_t l, float& hi, float& lo) {
@@ -49,11 +50,19 @@ PF_INLINE void position(const EncCall& c, int64_t l, float& hi, float& lo) {
   lo = static_cast<float>(static_cast<double>(v) - static_cast<double>(hi));
 }
 
-PF_INLINE void sincos_at(const EncCall& c, float hi, float lo, const float* nu_hi, const float* nu_lo, V& cs, V& sn) {
-  const Phase t{vload(nu_hi), vload(nu_lo)};
+// cos and sin of the position hi + lo at the frequencies t (turns per unit position).
+PF_INLINE void sincos_at(const EncCall& c, float hi, float lo, const Phase& t, V& cs, V& sn) {
   Phase ph = phase_term(splat(hi), t);
   if (c.io.pos_int) ph = accumulate_phase(ph, splat(lo), t);
   sincos_turns(ph, cs, sn);
+}
+// ... at the frequencies j .. j + W - 1 of the spectrum
+PF_INLINE void sincos_at(const EncCall& c, float hi, float lo, int64_t j, V& cs, V& sn) {
+  sincos_at(c, hi, lo, Phase{vload(c.t.nu_hi + j), vload(c.t.nu_lo + j)}, cs, sn);
+}
+// ... at half a turn (dft: the last column, cos(pi p) / sqrt(dim))
+PF_INLINE void sincos_half_turn(const EncCall& c, float hi, float lo, V& cs, V& sn) {
+  sincos_at(c, hi, lo, Phase{splat(0.5f), splat(0.0f)}, cs, sn);
 }
 
 // row[0, dim) = encoding of the position (float32), + the block term.
@@ -63,7 +72,7 @@ PF_INLINE void encode_row(const EncCall& c, float hi, float lo, float* row) {
   V cs, sn;
   if (!c.dft) {
     for (int64_t j = 0; j < K; j += W) {
-      sincos_at(c, hi, lo, t.nu_hi + j, t.nu_lo + j, cs, sn);
+      sincos_at(c, hi, lo, j, cs, sn);
       V lo_v, hi_v;  // (sin, cos) pairs; the amplitudes are 1
       interleave(sn, cs, lo_v, hi_v);
       vstore(row + 2 * j, lo_v);  // rows are padded: whole vectors may be stored
@@ -72,16 +81,12 @@ PF_INLINE void encode_row(const EncCall& c, float hi, float lo, float* row) {
   } else {
     for (int64_t j = 0; j < K; j += W) {
       const int n = static_cast<int>(K - j < W ? K - j : W);
-      sincos_at(c, hi, lo, t.nu_hi + j, t.nu_lo + j, cs, sn);
-      store_n(row + 1 + j, cs * vload(t.amp + j), n);  // partial: sines follow the cosines
-      store_n(row + 1 + K + j, sn * vload(t.amp + j), n);
+      sincos_at(c, hi, lo, j, cs, sn);
+      store_n(row + 1 + j, cs * t.amp, n);  // partial: sines follow the cosines
+      store_n(row + 1 + K + j, sn * t.amp, n);
     }
     row[0] = t.a0;
-    // cos(pi p) / sqrt(dim): frequency 1/2 turn
-    const V half = splat(0.5f);
-    Phase ph = phase_term(splat(hi), Phase{half, splat(0.0f)});
-    if (c.io.pos_int) ph = accumulate_phase(ph, splat(lo), Phase{half, splat(0.0f)});
-    sincos_turns(ph, cs, sn);
+    sincos_half_turn(c, hi, lo, cs, sn);  // cos(pi p) / sqrt(dim)
     row[c.dim - 1] = cs[0] * t.a0;
   }
   if (t.bias)
@@ -110,66 +115,61 @@ void forward_positions(const EncCall& c, int64_t l0, int64_t l1, float* buf) {
           const int64_t r = b * c.L + l;
           void* orow = static_cast<char*>(c.io.out) + r * c.io.ldo * oes;
           const void* xrow = c.io.x ? static_cast<const char*>(c.io.x) + r * c.io.ldx * xes : nullptr;
-          for (int64_t j = 0; j < dim; j += W) {
-            const int n = static_cast<int>(dim - j < W ? dim - j : W);
-            const V v = xrow ? vload(row + j) + load_as<xdt>(xrow, j, n) : vload(row + j);
-            if (c.io.stream && n == W)
-              stream_as<odt>(orow, j, v);
-            else
-              store_as<odt>(orow, j, v, n);
-          }
+          write_row<odt>(orow, dim, c.io.stream, [&](int64_t j, int n) {
+            return xrow ? vload(row + j) + load_as<xdt>(xrow, j, n) : vload(row + j);
+          });
         }
     });
   });
   stream_fence();
 }
 
-// dp[l] = sum over frequencies of g_sin * cos * dsin - g_cos * sin * dcos for l in [l0, l1)
-// (dsin = 2 pi nu amp = d(amp sin)/d(phase) * d(phase)/dp); summed in 16 virtual lanes.
+// dp[l] = sum over frequencies of (g_sin * cos - g_cos * sin) * dphase for l in [l0, l1)
+// (dphase = 2 pi nu amp = d(amp sin)/d(phase) * d(phase)/dp); summed in 16 virtual lanes.
 void backward_positions(const EncCall& c, int64_t l0, int64_t l1) {
   const EncTables& t = c.t;
   const int64_t K = c.K;
-  with_dt(c.io.gdt, [&](auto tag) {
-    constexpr DT gdt = decltype(tag)::value;
+  with_dt(c.io.gdt, [&](auto gtag) {
+    constexpr DT gdt = decltype(gtag)::value;
     const int64_t ges = gdt == DT::F32 ? 4 : 2;
-    for (int64_t l = l0; l < l1; ++l) {
-      float hi, lo;
-      position(c, l, hi, lo);
-      const void* g = static_cast<const char*>(c.io.grad) + l * c.io.ldg * ges;
-      Red acc;
-      for (int i = 0; i < kRedVecs; ++i) acc.v[i] = splat(0.0f);
-      for (int64_t j = 0; j < K; j += W) {
-        V cs, sn, g_sin, g_cos;
-        sincos_at(c, hi, lo, t.nu_hi + j, t.nu_lo + j, cs, sn);
-        if (!c.dft) {
-          const int64_t left = 2 * (K - j);
-          const V a = load_as<gdt>(g, 2 * j, static_cast<int>(left < W ? left : W));
-          const V b = load_as<gdt>(g, 2 * j + W, static_cast<int>(left - W < 0 ? 0 : (left - W < W ? left - W : W)));
-          deinterleave(a, b, g_sin, g_cos);
-        } else {
-          const int n = static_cast<int>(K - j < W ? K - j : W);
-          g_cos = load_as<gdt>(g, 1 + j, n);
-          g_sin = load_as<gdt>(g, 1 + K + j, n);
+    with_dt(c.io.dpdt, [&](auto ptag) {
+      for (int64_t l = l0; l < l1; ++l) {
+        float hi, lo;
+        position(c, l, hi, lo);
+        const void* g = static_cast<const char*>(c.io.grad) + l * c.io.ldg * ges;
+        Red acc;
+        for (int i = 0; i < kRedVecs; ++i) acc.v[i] = splat(0.0f);
+        for (int64_t j = 0; j < K; j += W) {
+          V cs, sn, g_sin, g_cos;
+          sincos_at(c, hi, lo, j, cs, sn);
+          if (!c.dft) {
+            const int64_t left = 2 * (K - j);
+            const V a = load_as<gdt>(g, 2 * j, static_cast<int>(left < W ? left : W));
+            const V b = load_as<gdt>(g, 2 * j + W, static_cast<int>(left - W < 0 ? 0 : (left - W < W ? left - W : W)));
+            deinterleave(a, b, g_sin, g_cos);
+          } else {
+            const int n = static_cast<int>(K - j < W ? K - j : W);
+            g_cos = load_as<gdt>(g, 1 + j, n);
+            g_sin = load_as<gdt>(g, 1 + K + j, n);
+          }
+          const V dphase = vload(t.dphase + j);
+          const V term = g_sin * cs * dphase - g_cos * sn * dphase;
+          V& a = acc.v[(j / W) % kRedVecs];
+          a = a + term;
         }
-        const V term = g_sin * cs * vload(t.dsin + j) - g_cos * sn * vload(t.dcos + j);
-        V& a = acc.v[(j / W) % kRedVecs];
-        a = a + term;
+        float dp = red_total(acc);
+        if (c.dft) {  // the last column, cos(pi p) / sqrt(dim): d/dp = -pi sin(pi p) / sqrt(dim)
+          V cs, sn;
+          sincos_half_turn(c, hi, lo, cs, sn);
+          V gl{};
+          gl[0] = load_as<gdt>(g, c.dim - 1, 1)[0];
+          dp = dp - (gl * sn * t.half_dcos)[0];
+        }
+        V out{};
+        out[0] = dp;
+        store_as<decltype(ptag)::value>(c.io.dp, l, out, 1);
       }
-      float dp = red_total(acc);
-      if (c.dft) {  // the last column, cos(pi p) / sqrt(dim): d/dp = -pi sin(pi p) / sqrt(dim)
-        V cs, sn;
-        const V half = splat(0.5f);
-        Phase ph = phase_term(splat(hi), Phase{half, splat(0.0f)});
-        if (c.io.pos_int) ph = accumulate_phase(ph, splat(lo), Phase{half, splat(0.0f)});
-        sincos_turns(ph, cs, sn);
-        V gl{};
-        gl[0] = load_as<gdt>(g, c.dim - 1, 1)[0];
-        dp = dp - (gl * sn * t.half_dcos)[0];
-      }
-      V out{};
-      out[0] = dp;
-      with_dt(c.io.dpdt, [&](auto ptag) { store_as<decltype(ptag)::value>(c.io.dp, l, out, 1); });
-    }
+    });
   });
 }
 

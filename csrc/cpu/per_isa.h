@@ -3,6 +3,8 @@
 // (vector registers) defined, and the whole copy compiled for that target: intrinsics can
 // then be used in every helper, not only in target-attributed entry points (GCC refuses to
 // inline a target-specific always_inline function into a helper without that target).
+// Used by the LFF, encoding and rotary drivers; FLOATER's kernels are compiled per set by
+// target attributes instead (floater_cpu.cpp: they keep the build's contraction, below).
 //
 // Floating-point contraction is off inside these regions (the build's -ffp-contract=fast
 // stays on for the FLOATER kernels): every fused multiply-add here is an explicit vfma().
@@ -10,11 +12,13 @@
 // FMA instruction), so the instruction sets would round differently, and the error-free
 // phase reduction needs its products rounded exactly where the Triton kernels round them
 // (triton_kernels/_phase.py, launched with enable_fp_fusion=False). With explicit vfma()s
-// every instruction set computes bitwise the same numbers (tests/test_fourier_cpu.py).
+// every instruction set computes bitwise the same numbers (tests/test_cpp_fourier.py).
 //
-// Included once by each .cpp that defines PF_ISA_KERNELS (no include guard), after every
-// other #include (fourier_common.h brings what the kernels need): the kernel headers must
-// not include system headers themselves. PF_ISA_TABLE(name) then picks a kernel table.
+// Included once by each driver .cpp that defines PF_ISA_KERNELS (no include guard), inside
+// the driver's namespace, after the driver's types: the kernel headers (and cpu/simd.h,
+// cpu/phase.h, which they include) include no system header; cpu/runtime.h, included at
+// the top of the driver, brings all they need. PF_ISA_TABLE(name) then picks a kernel
+// table (cpu/isa.h's choice).
 #if !defined(PF_ISA_KERNELS)
 #error "define PF_ISA_KERNELS (the kernel header to compile per instruction set) first"
 #endif
@@ -79,10 +83,11 @@ _Pragma("GCC pop_options")
 #undef PF_ISA_END
 #undef PF_ISA_STR
 
-// The kernel table NAME compiled for the instruction set in use (isa_level()).
+// The kernel table NAME compiled for the instruction set in use (cpu/isa.h).
 #if defined(PF_X86)
-#define PF_ISA_TABLE(NAME) \
-  (isa_level() == 2 ? isa_avx512::NAME : (isa_level() == 1 ? isa_avx2::NAME : isa_generic::NAME))
+#define PF_ISA_TABLE(NAME)                                                            \
+  (::posenc_fast::cpu::isa_level() == 2 ? isa_avx512::NAME                            \
+                                        : (::posenc_fast::cpu::isa_level() == 1 ? isa_avx2::NAME : isa_generic::NAME))
 #else
 #define PF_ISA_TABLE(NAME) (isa_generic::NAME)
 #endif

@@ -7,30 +7,35 @@
 //
 // Design: the spectrum (frequencies in turns, amplitudes, the block term) is built here in
 // float64 from the same formulas as triton_kernels/encodings.py and split into float32
-// pairs; encoding_kernels.h computes each position's row once (phases with the error-free
+// pairs; encodings_kernels.h computes each position's row once (phases with the error-free
 // reduction, one sincos per frequency) into a row buffer in L1 and writes it to its B
 // output rows (adding x's rows): a broadcast position is encoded once, not once per row,
 // and x and the output stream through memory once. One parallel region per call; threads
-// take runs of positions from a shared counter. The gradient sums over frequencies in 16
-// virtual lanes (simd.h): the same bits on every instruction set and thread count.
+// take runs of positions from a shared counter (cpu/parallel.h). The gradient sums over
+// frequencies in 16 virtual lanes (cpu/simd.h): the same bits on every instruction set and
+// thread count.
+#include "encodings/encodings_cpu.h"
+
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "fourier_common.h"
-#include "fourier_cpu.h"
+#include "cpu/runtime.h"
 
 namespace posenc_fast {
-namespace fourier {
+namespace encodings {
 namespace {
+
+using namespace ::posenc_fast::cpu;
 
 enum class PT { F32, BF16, F16, I8, U8, I16, I32, I64 };  // position dtypes
 
 // The spectrum as float32 rows the kernels read (zero beyond K), and the constants.
 struct EncTables {
   const float *nu_hi, *nu_lo;  // [K] frequency in turns per unit position: hi + lo
-  const float* amp;            // [K] amplitude of cos and sin (1 for sinusoidal)
-  const float *dcos, *dsin;    // [K] 2 pi nu amp: d(amp cos)/dp = -dcos sin, d(amp sin)/dp = dsin cos
+  const float* dphase;         // [K] 2 pi nu amp: d(amp cos)/dp = -dphase sin, d(amp sin)/dp = dphase cos
   const float* bias;           // [dim] the block term (FLOATER Eq. 7) or nullptr
+  float amp;                   // amplitude of every cos and sin (1 for sinusoidal)
   float a0;                    // dft: column 0 and the amplitude of column dim-1
   float half_dcos;             // dft: pi a0, the derivative factor of column dim-1
 };
@@ -46,7 +51,7 @@ struct EncIO {
   void* out;  // [R, dim] row stride ldo
   DT odt;
   int64_t ldo;
-  bool stream;  // whole output vectors by streaming stores (fourier_common.h: use_streaming)
+  bool stream;  // whole output vectors by streaming stores (cpu/tensors.h: use_streaming)
   const void* grad;  // backward [L, dim] row stride ldg
   DT gdt;
   int64_t ldg;
@@ -72,8 +77,8 @@ struct EncKernels {
 
 }  // namespace
 
-#define PF_ISA_KERNELS "encoding_kernels.h"
-#include "per_isa.h"
+#define PF_ISA_KERNELS "encodings/encodings_kernels.h"
+#include "cpu/per_isa.h"
 #undef PF_ISA_KERNELS
 
 namespace {
@@ -109,9 +114,9 @@ struct Spectrum {
   std::vector<double> nu;
   double amp;
 };
-Spectrum spectrum(EncodingKind kind, int64_t dim, double base) {
+Spectrum spectrum(Kind kind, int64_t dim, double base) {
   Spectrum s;
-  if (kind == EncodingKind::Sinusoidal) {
+  if (kind == Kind::Sinusoidal) {
     s.amp = 1.0;
     for (int64_t i = 0; i < dim / 2; ++i) s.nu.push_back(std::pow(base, -2.0 * static_cast<double>(i) / dim) / kTwoPi);
   } else {
@@ -123,29 +128,30 @@ Spectrum spectrum(EncodingKind kind, int64_t dim, double base) {
 
 // The float32 tables in `store` (zero-padded), and the block term: the encoding of position
 // `block` in float64 with the phase reduced before the trig, rounded to float32.
-EncTables make_tables(EncodingKind kind, int64_t dim, double base, c10::optional<double> block, at::Tensor& store) {
-  const Spectrum s = spectrum(kind, dim, base);
+EncTables make_tables(const Spec& spec, at::Tensor& store) {
+  const int64_t dim = spec.dim;
+  const Spectrum s = spectrum(spec.kind, dim, spec.base);
   const int64_t K = static_cast<int64_t>(s.nu.size()), ldk = round_up(std::max<int64_t>(K, 1));
   const int64_t ldb = round_up(dim) + kPad;
-  store = zeroed_floats(5 * ldk + ldb);
+  store = zeroed_floats(3 * ldk + ldb);
   float* base_ptr = store.data_ptr<float>();
-  float *hi = base_ptr, *lo = hi + ldk, *amp = lo + ldk, *dcos = amp + ldk, *dsin = dcos + ldk, *bias = dsin + ldk;
+  float *hi = base_ptr, *lo = hi + ldk, *dphase = lo + ldk, *bias = dphase + ldk;
   for (int64_t k = 0; k < K; ++k) {
     hi[k] = static_cast<float>(s.nu[k]);
     lo[k] = static_cast<float>(s.nu[k] - static_cast<double>(hi[k]));
-    amp[k] = static_cast<float>(s.amp);
-    dcos[k] = dsin[k] = static_cast<float>(kTwoPi * s.nu[k] * s.amp);
+    dphase[k] = static_cast<float>(kTwoPi * s.nu[k] * s.amp);
   }
   const double a0 = 1.0 / std::sqrt(static_cast<double>(dim));
-  EncTables t{hi, lo, amp, dcos, dsin, nullptr, static_cast<float>(a0), static_cast<float>(M_PI * a0)};
-  if (block) {
+  EncTables t{hi, lo, dphase, nullptr, static_cast<float>(s.amp), static_cast<float>(a0),
+              static_cast<float>(M_PI * a0)};
+  if (spec.block) {
     auto angle = [&](double nu) {
-      const double turns = nu * *block;
+      const double turns = nu * *spec.block;
       return kTwoPi * (turns - std::nearbyint(turns));
     };
     for (int64_t k = 0; k < K; ++k) {
       const double a = angle(s.nu[k]);
-      if (kind == EncodingKind::Sinusoidal) {
+      if (spec.kind == Kind::Sinusoidal) {
         bias[2 * k] = static_cast<float>(std::sin(a));
         bias[2 * k + 1] = static_cast<float>(std::cos(a));
       } else {
@@ -153,7 +159,7 @@ EncTables make_tables(EncodingKind kind, int64_t dim, double base, c10::optional
         bias[1 + K + k] = static_cast<float>(std::sin(a) * s.amp);
       }
     }
-    if (kind == EncodingKind::DFT) {
+    if (spec.kind == Kind::DFT) {
       bias[0] = static_cast<float>(a0);
       bias[dim - 1] = static_cast<float>(std::cos(angle(0.5)) * a0);
     }
@@ -162,13 +168,12 @@ EncTables make_tables(EncodingKind kind, int64_t dim, double base, c10::optional
   return t;
 }
 
-EncCall make_call(const at::Tensor& p, int64_t dim, EncodingKind kind, double base, c10::optional<double> block,
-                  at::Tensor& store) {
+EncCall make_call(const at::Tensor& p, const Spec& spec, at::Tensor& store) {
   EncCall c{};
-  c.dim = dim;
-  c.dft = kind == EncodingKind::DFT;
-  c.t = make_tables(kind, dim, base, block, store);
-  c.K = c.dft ? dim / 2 - 1 : dim / 2;
+  c.dim = spec.dim;
+  c.dft = spec.kind == Kind::DFT;
+  c.t = make_tables(spec, store);
+  c.K = c.dft ? spec.dim / 2 - 1 : spec.dim / 2;
   c.io.p = p.data_ptr();
   c.io.pt = pt_of(p.scalar_type());
   c.io.pos_int = !at::isFloatingType(p.scalar_type());
@@ -178,15 +183,13 @@ EncCall make_call(const at::Tensor& p, int64_t dim, EncodingKind kind, double ba
 
 }  // namespace
 
-namespace cpu {
-
-at::Tensor encoding_forward(const at::Tensor& p, int64_t period, const at::Tensor& x, int64_t dim, EncodingKind kind,
-                            double base, c10::optional<double> block, at::ScalarType out_dtype) {
-  const int64_t R = x.defined() ? x.size(0) : p.size(0);
+at::Tensor forward_cpu(const at::Tensor& p, int64_t period, const at::Tensor& x, const Spec& spec,
+                       at::ScalarType out_dtype) {
+  const int64_t R = x.defined() ? x.size(0) : p.size(0), dim = spec.dim;
   at::Tensor out = new_output({R, dim}, p.options().dtype(out_dtype));
   if (R == 0 || dim == 0) return out;
   at::Tensor store;
-  EncCall c = make_call(p, dim, kind, base, block, store);
+  EncCall c = make_call(p, spec, store);
   c.L = period > 0 ? period : R;
   c.B = R / c.L;
   if (x.defined()) {
@@ -198,34 +201,25 @@ at::Tensor encoding_forward(const at::Tensor& p, int64_t period, const at::Tenso
   c.io.odt = dt_of(out_dtype);
   c.io.ldo = out.stride(0);
   c.io.stream = use_streaming(out);
-  // Runs of kRunPositions positions (fewer when that leaves a thread idle: the runs do
-  // not change the numbers, every row is computed on its own).
-  const double row_cost = 30.0 * c.K + c.B * dim;
-  int64_t run = kRunPositions;
-  const int threads = team_threads((c.L + run - 1) / run, static_cast<double>(run) * row_cost);
-  if (threads > 1) run = std::max<int64_t>(1, std::min(run, (c.L + 4 * threads - 1) / (4 * threads)));
-  const int64_t runs = (c.L + run - 1) / run;
+  // Runs of kRunPositions positions, or fewer when that leaves a thread idle.
+  const WorkSplit w = split_work(c.L, kRunPositions, 1, 30.0 * c.K + c.B * dim);
   c.ldrow = round_up(dim) + 2 * kPad;
-  const at::Tensor bufs = at::empty({threads * kRunPositions * c.ldrow}, at::kFloat);
+  const at::Tensor bufs = at::empty({w.threads * kRunPositions * c.ldrow}, at::kFloat);
   const EncKernels& kern = enc_kernels();
-  WorkQueue queue(runs);
-  parallel_region(threads, [&](int rank, int) {
-    float* buf = bufs.data_ptr<float>() + rank * kRunPositions * c.ldrow;
-    int64_t q;
-    while (queue.take(q)) kern.forward(c, q * run, std::min(c.L, (q + 1) * run), buf);
+  for_each_item(w.threads, w.items, [&](int rank, int64_t q) {
+    kern.forward(c, q * w.size, std::min(c.L, (q + 1) * w.size), bufs.data_ptr<float>() + rank * kRunPositions * c.ldrow);
   });
   return out;
 }
 
-at::Tensor encoding_backward(const at::Tensor& grad, const at::Tensor& p, int64_t dim, EncodingKind kind,
-                             double base) {
+at::Tensor backward_cpu(const at::Tensor& grad, const at::Tensor& p, const Spec& spec) {
   const int64_t L = p.size(0);
   // the positions' dtype; float32 for integer positions
   const bool fp = at::isFloatingType(p.scalar_type());
   at::Tensor dp = at::empty({L}, p.options().dtype(fp ? p.scalar_type() : at::kFloat));
   if (L == 0) return dp;
   at::Tensor store;
-  EncCall c = make_call(p, dim, kind, base, c10::nullopt, store);
+  EncCall c = make_call(p, Spec{spec.dim, spec.kind, spec.base, c10::nullopt}, store);
   c.L = L;
   c.B = 1;
   c.io.grad = grad.data_ptr();
@@ -237,14 +231,9 @@ at::Tensor encoding_backward(const at::Tensor& grad, const at::Tensor& p, int64_
   const int64_t runs = (L + run - 1) / run;
   const int threads = team_threads(runs, run * 35.0 * c.K);
   const EncKernels& kern = enc_kernels();
-  WorkQueue queue(runs);
-  parallel_region(threads, [&](int, int) {
-    int64_t q;
-    while (queue.take(q)) kern.backward(c, q * run, std::min(L, (q + 1) * run));
-  });
+  for_each_item(threads, runs, [&](int, int64_t q) { kern.backward(c, q * run, std::min(L, (q + 1) * run)); });
   return dp;
 }
 
-}  // namespace cpu
-}  // namespace fourier
+}  // namespace encodings
 }  // namespace posenc_fast

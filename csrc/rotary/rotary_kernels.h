@@ -1,5 +1,5 @@
 // Learnable Fourier rotary embeddings (LightGlue's layout): the kernels of one work item, for
-// one instruction set (compiled per set by per_isa.h from rotary_cpu.cpp, whose types they
+// one instruction set (compiled per set by cpu/per_isa.h from rotary_cpu.cpp, whose types they
 // use). An item is a run of positions n0..n1 of one batch row of x [Bx, N, M] (every batch
 // row of q and k when the positions are shared by the batch):
 //
@@ -14,9 +14,10 @@
 //             dphase = (gs_2k + gs_2k+1) cos - (gc_2k + gc_2k+1) sin
 //
 // Every product is rounded where triton_kernels/rotary.py rounds it (no contraction, see
-// per_isa.h): forward outputs, tables and dq / dk equal the Triton interpreter's bitwise.
+// cpu/per_isa.h): forward outputs, tables and dq / dk equal the Triton interpreter's bitwise.
 
-#include "simd.h"
+#include "cpu/simd.h"
+#include "cpu/phase.h"
 
 // Row (b, h, n) of a [B, H, N, D] view of element size es.
 PF_INLINE const void* row_of(const T4& t, int64_t b, int64_t h, int64_t n, int64_t es) {
@@ -39,7 +40,7 @@ PF_INLINE V load_channels(const void* row, int64_t sd, int64_t c0, int n) {
   }
   VH h{};  // 16-bit lanes gathered, converted as one vector
   for (int i = 0; i < n; ++i) h[i] = static_cast<const uint16_t*>(row)[(c0 + i) * sd];
-  return dt == DT::F16 ? f16_to_f32(h) : bitcast<V>(__builtin_convertvector(h, VU) << 16);
+  return widen<dt>(h);
 }
 
 // Lanes of the channel pairs of frequencies k0..k0+W-1 (F = 2 F2 channels in all).
@@ -115,8 +116,8 @@ struct ItemRange {
 PF_INLINE ItemRange item_range(const RotCall& c, int64_t item) {
   ItemRange r;
   r.bx = item / c.runs;
-  r.n0 = (item % c.runs) * c.run;
-  r.n1 = r.n0 + c.run < c.N ? r.n0 + c.run : c.N;
+  r.n0 = (item % c.runs) * kRun;
+  r.n1 = r.n0 + kRun < c.N ? r.n0 + kRun : c.N;
   r.b0 = c.Bx == 1 ? 0 : r.bx;
   r.b1 = c.Bx == 1 ? c.B : r.bx + 1;
   return r;
@@ -126,36 +127,39 @@ PF_INLINE ItemRange item_range(const RotCall& c, int64_t item) {
 // dx[m] summed over frequencies in 16 virtual lanes, the partial in position order.
 PF_INLINE void phase_grads(const RotCall& c, const ItemRange& r, const RotScratch& s, float* part, bool first) {
   const int64_t ldk = c.ldk;
-  for (int64_t i = 0; i < r.n1 - r.n0; ++i) {
-    const float* g = s.dphi + i * ldk;
-    const float* x = s.xs + i * c.M;
-    if (c.need_x) {
-      const int64_t es = c.dxdt == DT::F32 ? 4 : 2;
-      void* dx = static_cast<char*>(c.dx) + (r.bx * c.N + r.n0 + i) * c.M * es;
-      for (int64_t m = 0; m < c.M; ++m) {
-        Red acc;
-        for (int v = 0; v < kRedVecs; ++v) acc.v[v] = splat(0.0f);
-        for (int64_t k0 = 0; k0 < ldk; k0 += W) {
-          V& a = acc.v[(k0 / W) % kRedVecs];
-          a = a + vload(g + k0) * vload(c.wrt + m * ldk + k0);
+  with_dt(c.need_x ? c.dxdt : DT::F32, [&](auto tag) {
+    constexpr DT dxdt = decltype(tag)::value;
+    for (int64_t i = 0; i < r.n1 - r.n0; ++i) {
+      const float* g = s.dphi + i * ldk;
+      const float* x = s.xs + i * c.M;
+      if (c.need_x) {
+        const int64_t es = dxdt == DT::F32 ? 4 : 2;
+        void* dx = static_cast<char*>(c.dx) + (r.bx * c.N + r.n0 + i) * c.M * es;
+        for (int64_t m = 0; m < c.M; ++m) {
+          Red acc;
+          for (int v = 0; v < kRedVecs; ++v) acc.v[v] = splat(0.0f);
+          for (int64_t k0 = 0; k0 < ldk; k0 += W) {
+            V& a = acc.v[(k0 / W) % kRedVecs];
+            a = a + vload(g + k0) * vload(c.wrt + m * ldk + k0);
+          }
+          V one{};
+          one[0] = red_total(acc);
+          store_as<dxdt>(dx, m, one, 1);
         }
-        V one{};
-        one[0] = red_total(acc);
-        with_dt(c.dxdt, [&](auto tag) { store_as<decltype(tag)::value>(dx, m, one, 1); });
+      }
+      if (c.need_wr) {
+        const bool start = first && i == 0;
+        for (int64_t m = 0; m < c.M; ++m) {
+          float* p = part + m * ldk;
+          const V xm = splat(x[m]);
+          if (start)
+            for (int64_t k0 = 0; k0 < ldk; k0 += W) vstore(p + k0, xm * vload(g + k0));
+          else
+            for (int64_t k0 = 0; k0 < ldk; k0 += W) vstore(p + k0, vload(p + k0) + xm * vload(g + k0));
+        }
       }
     }
-    if (c.need_wr) {
-      const bool start = first && i == 0;
-      for (int64_t m = 0; m < c.M; ++m) {
-        float* p = part + m * ldk;
-        const V xm = splat(x[m]);
-        if (start)
-          for (int64_t k0 = 0; k0 < ldk; k0 += W) vstore(p + k0, xm * vload(g + k0));
-        else
-          for (int64_t k0 = 0; k0 < ldk; k0 += W) vstore(p + k0, vload(p + k0) + xm * vload(g + k0));
-      }
-    }
-  }
+  });
 }
 
 void apply_forward_item(const RotCall& c, int64_t item, const RotScratch& s, float*, bool) {

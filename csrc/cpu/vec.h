@@ -1,9 +1,12 @@
-// Portable SIMD for the CPU kernels: GNU vector extensions (GCC, Clang), compiled once per
-// instruction set by giving the callers a target attribute (see floater_cpu.cpp), so
-// one binary runs the AVX-512, AVX2 or baseline code that the machine supports.
+// Portable SIMD of the CPU runtime: GNU vector extensions (GCC, Clang), width-generic
+// (VecT<T, B> is B bytes of T), and the float32 transcendental functions (F32Math) of the
+// activations. Compiled once per instruction set inside the callers: FLOATER's kernels
+// through target attributes (floater_cpu.cpp), the LFF / encoding / rotary kernels through
+// cpu/per_isa.h (whose simd.h builds on these helpers), so one binary runs the AVX-512,
+// AVX2 or baseline code that the machine supports (cpu/isa.h).
 //
-// Vec<T, B> is B bytes of T. Every helper is always_inline: it must be compiled inside
-// the target-specific caller, never as a baseline out-of-line copy.
+// Every helper is always_inline: it must be compiled inside the target-specific caller,
+// never as a baseline out-of-line copy.
 #pragma once
 
 #include <cmath>
@@ -18,7 +21,6 @@
 #define PF_INLINE inline __attribute__((always_inline))
 
 namespace posenc_fast {
-namespace floater {
 namespace cpu {
 
 template <typename T, int B>
@@ -195,5 +197,4 @@ struct F32Math {
 };
 
 }  // namespace cpu
-}  // namespace floater
 }  // namespace posenc_fast

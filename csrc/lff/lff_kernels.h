@@ -1,5 +1,5 @@
 // Learnable Fourier features + MLP: the kernels of one tile of rows, for one instruction
-// set (compiled per set by per_isa.h from lff_cpu.cpp, whose types they use).
+// set (compiled per set by cpu/per_isa.h from lff_cpu.cpp, whose types they use).
 //
 // A tile is nr <= kTileRows rows (row = one group of one position: M coordinates). Its
 // features, hidden layer and activation live in the calling thread's scratch (L1/L2);
@@ -8,8 +8,9 @@
 //   a, h [nr, ldh]: pre-activation, activation | 1 (backward)    dy [nr, ldd] float32
 //   ga [nr, ldh]   gr [nr, ldf]: dLoss/dfeats   gph [nr, ldk]: dLoss/dphase   dxs [nr, ldm]
 
-#include "simd.h"
-#include "gemm.h"
+#include "cpu/simd.h"
+#include "cpu/phase.h"
+#include "lff/lff_gemm.h"
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluTanhC = 0.044715f;
@@ -53,7 +54,7 @@ PF_INLINE void features(const LffCall& c, const float* xs, int64_t nr, float* fe
     for (int64_t k0 = 0; k0 < d.F2; k0 += W) {
       const int n = static_cast<int>(d.F2 - k0 < W ? d.F2 - k0 : W);
       V cs, sn;
-      position_sincos(x, d.M, c.w.thi, c.w.tlo, d.ldt, k0, cs, sn);
+      position_sincos(x, d.M, c.w.thi, c.w.tlo, d.ldk, k0, cs, sn);
       // the cosine's tail lanes must not overwrite the first sines: partial stores
       store_n(f + k0, cs * c.w.inv_sqrt_f, n);
       store_n(f + d.F2 + k0, sn * c.w.inv_sqrt_f, n);
@@ -86,18 +87,9 @@ void forward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s)
   void* out = static_cast<char*>(c.io.out) + r0 * c.io.ldo * esize;
   if (!d.mlp) {
     with_dt(c.io.odt, [&](auto tag) {
-      constexpr DT dt = decltype(tag)::value;
-      for (int64_t r = 0; r < nr; ++r) {
-        void* orow = static_cast<char*>(out) + r * c.io.ldo * esize;
-        for (int64_t j = 0; j < d.F; j += W) {
-          const int n = static_cast<int>(d.F - j < W ? d.F - j : W);
-          const V v = vload(s.feats + r * d.ldf + j);
-          if (c.io.stream && n == W)
-            stream_as<dt>(orow, j, v);
-          else
-            store_as<dt>(orow, j, v, n);
-        }
-      }
+      for (int64_t r = 0; r < nr; ++r)
+        write_row<decltype(tag)::value>(static_cast<char*>(out) + r * c.io.ldo * esize, d.F, c.io.stream,
+                                        [&](int64_t j, int) { return vload(s.feats + r * d.ldf + j); });
     });
     stream_fence();
     return;

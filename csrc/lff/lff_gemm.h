@@ -1,5 +1,5 @@
-// Register-blocked float32 matrix product for the fused MLP, for one instruction set
-// (included per set by a kernel header; no include guard, no system headers):
+// Register-blocked float32 matrix product of the fused LFF MLP, for one instruction set
+// (included per set by lff_kernels.h after cpu/simd.h; no include guard, no system headers):
 //
 //   C[i, j] = (acc ? C[i, j] : init[j]) + sum_{k < K} A(i, k) * B[k, j],  i < m, j < n
 //
@@ -23,7 +23,7 @@ struct Gemm {
   void* c;
   int64_t ldc;         // C [m, n]
   int64_t m, n, K;
-  bool stream = false;  // whole vectors of C by streaming stores (C aligned: stream_as)
+  bool stream = false;  // whole vectors of C by streaming stores (C aligned: simd.h's put)
 };
 
 // Rows per register tile for CV vectors of columns: ~24 accumulators where there are 32
@@ -65,10 +65,7 @@ PF_INLINE void gemm_tile(const Gemm& g, int64_t i0, int64_t j0, int nn) {
   }
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < CV; ++c) {
-      if (g.stream && nv[c] == W)
-        stream_as<dt>(crow + r * crow_bytes, j0 + c * W, acc[r][c]);
-      else
-        store_as<dt>(crow + r * crow_bytes, j0 + c * W, acc[r][c], nv[c]);
+      put<dt>(crow + r * crow_bytes, j0 + c * W, acc[r][c], nv[c], g.stream);
     }
 }
 
