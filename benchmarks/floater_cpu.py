@@ -48,7 +48,7 @@ ACTIVATION = "relu"  # floater_suite's torchdiffeq dynamics are the ReLU ones
 
 
 def implementations(leaves, times):
-    from posenc_fast.floater_encoding import floater
+    from posenc_fast.ops.floater import floater
 
     impls = {}
     for name in ("cpp", "torch"):
@@ -63,7 +63,7 @@ def implementations(leaves, times):
 
 
 def reference(leaves, times):
-    from posenc_fast.reference import floater as ref
+    from posenc_fast.ops.floater import reference as ref
 
     with torch.no_grad():
         return ref.floater(

@@ -93,7 +93,7 @@ def lff_case(N: int, repeats: int, compile_: bool):
     import posenc_fast as pf
     from posenc_fast import _testing
     from posenc_fast.cli._timing import peak_bytes_cpu
-    from posenc_fast.reference import fourier_features as ref
+    from posenc_fast.ops.lff import reference as ref
 
     case = _testing.LffCase((N,), 1, M, F, H, D)
     x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, torch.float32, "cpu", seed=N)
@@ -143,7 +143,7 @@ def lff_case(N: int, repeats: int, compile_: bool):
 def table_case(kind: str, N: int, dim: int, repeats: int, compile_: bool):
     import posenc_fast as pf
     from posenc_fast import _testing
-    from posenc_fast.reference import encodings as ref
+    from posenc_fast.ops.encodings import reference as ref
 
     p = _testing.rand((N,), _testing.generator(N + dim), 0.0, float(N))
     formula = (
@@ -174,7 +174,7 @@ def table_case(kind: str, N: int, dim: int, repeats: int, compile_: bool):
 
 def add_case(kind: str, B: int, L: int, dim: int, repeats: int, compile_: bool):
     import posenc_fast as pf
-    from posenc_fast.reference import encodings as ref
+    from posenc_fast.ops.encodings import reference as ref
 
     x = torch.randn(B, L, dim)
     pos = torch.arange(L)

@@ -182,7 +182,7 @@ os.environ.setdefault("POSENC_FAST_CUDA_UNVALIDATED", "1")
 want = sys.argv[1]
 try:
     import posenc_fast
-    from posenc_fast import _extension, backends
+    from posenc_fast import _dispatch, _extension
 
     if want == "cuda":
         import posenc_fast.triton_kernels  # noqa: F401  (the installed package mapping)
@@ -194,7 +194,7 @@ if os.path.dirname(os.path.realpath(posenc_fast.__file__)) != tree:
     print(f"   not ready: posenc_fast imports from {posenc_fast.__file__}, not this tree")
     sys.exit(1)
 name = "cuda" if want == "cuda" else "cpp"
-reasons = backends.get(name).environment_reasons()
+reasons = _dispatch.BACKENDS[name].environment_reasons()
 if reasons:
     print(f"   not ready: backend {name}: {'; '.join(reasons)}")
     sys.exit(1)

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import posenc_fast as pf  # noqa: E402
-from posenc_fast.reference import rotary as ref  # noqa: E402
+from posenc_fast.ops.rotary import reference as ref  # noqa: E402
 
 # (name, B, N, heads, head_dim)
 CASES = {

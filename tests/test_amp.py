@@ -11,7 +11,7 @@ from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
 from posenc_fast import _testing
-from posenc_fast.reference import fourier_features as ref
+from posenc_fast.ops.lff import reference as ref
 from posenc_fast.tolerances import assert_close
 
 AMP_DTYPES = [torch.bfloat16, torch.float16]
@@ -79,7 +79,7 @@ def test_encodings_keep_their_dtype_under_autocast(backend, device):
         pe = pf.sinusoidal(p, 16, backend=backend)
         y = pf.DFTPE(16, backend=backend)(x, p)
     assert pe.dtype == torch.float32 and y.dtype == torch.float32
-    from posenc_fast.reference import encodings as eref
+    from posenc_fast.ops.encodings import reference as eref
 
     assert_close(pe, eref.sinusoidal(p, 16), torch.float32, "encoding")
     assert_close(y, x.double() + eref.dft(p, 16), torch.float32, "encoding")
@@ -136,7 +136,7 @@ def test_floater_ignores_autocast(backend, amp_dtype, device):
 def test_floater_in_half_precision_would_drift():
     """Why the policy: the same integration with a bfloat16 state is off by far more than
     the float32 result (which meets the library's float32 tolerance)."""
-    from posenc_fast.reference import floater as fref
+    from posenc_fast.ops.floater import reference as fref
 
     case = _testing.FloaterCase(4, 16, 16, 64, 5, "rk4", "tanh")
     p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, torch.float32, "cpu", 7)

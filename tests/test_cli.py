@@ -14,8 +14,8 @@ import torch
 
 from posenc_fast import _testing
 from posenc_fast.cli import _baselines, _cases, _contention, bench, verify
-from posenc_fast.reference import encodings as enc_ref
-from posenc_fast.reference import fourier_features as lff_ref
+from posenc_fast.ops.encodings import reference as enc_ref
+from posenc_fast.ops.lff import reference as lff_ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 
@@ -51,16 +51,14 @@ def test_verify_passes_and_prints_seed(capsys):
 
 
 def test_verify_fails_on_a_wrong_backend(monkeypatch, capsys):
-    from posenc_fast.backends import torch_backend
+    from posenc_fast.ops.encodings.registry import ENCODING
 
-    orig = torch_backend.TorchBackend.encoding_forward
+    orig = ENCODING["torch"].forward
 
     def off_by_a_little(*args, **kwargs):
         return orig(*args, **kwargs) + 1e-3
 
-    monkeypatch.setattr(
-        torch_backend.TorchBackend, "encoding_forward", staticmethod(off_by_a_little)
-    )
+    monkeypatch.setattr(ENCODING["torch"], "forward", off_by_a_little)
     code = verify.run(Namespace(device="cpu", seed=5, ops="encoding"))
     out = capsys.readouterr().out
     assert code == 1
@@ -70,12 +68,12 @@ def test_verify_fails_on_a_wrong_backend(monkeypatch, capsys):
 def test_verify_reports_a_raising_backend_and_goes_on(monkeypatch, capsys):
     """A backend that raises (e.g. an interpreter bug) is a FAIL line with the error, exit
     status 1, and every other backend / dtype is still checked."""
-    from posenc_fast.backends import torch_backend
+    from posenc_fast.ops.encodings.registry import ENCODING
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated kernel failure\nits last line")
 
-    monkeypatch.setattr(torch_backend.TorchBackend, "encoding_forward", staticmethod(broken))
+    monkeypatch.setattr(ENCODING["torch"], "forward", broken)
     code = verify.run(Namespace(device="cpu", seed=5, ops="encoding"))
     out = capsys.readouterr().out
     assert code == 1, out
@@ -90,14 +88,14 @@ def test_verify_checks_sine_nd_and_catches_a_wrong_add(monkeypatch, capsys):
     assert code == 0, out
     assert "PASS  encoding_nd torch   float32" in out
 
-    from posenc_fast.backends import torch_backend
+    from posenc_fast.ops.encodings.registry import ENCODING_ND
 
-    orig = torch_backend.TorchBackend.encoding_nd_add
+    orig = ENCODING_ND["torch"].nd_add
 
-    def swapped_axes(self, x, coords, kind, base):  # axis 0 and 1 exchanged
-        return orig(self, x, coords.flip(-1), kind, base)
+    def swapped_axes(x, coords, kind, base):  # axis 0 and 1 exchanged
+        return orig(x, coords.flip(-1), kind, base)
 
-    monkeypatch.setattr(torch_backend.TorchBackend, "encoding_nd_add", swapped_axes)
+    monkeypatch.setattr(ENCODING_ND["torch"], "nd_add", swapped_axes)
     code = verify.run(Namespace(device="cpu", seed=7, ops="encoding_nd"))
     out = capsys.readouterr().out
     assert code == 1, out

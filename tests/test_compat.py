@@ -19,14 +19,15 @@ from typing import List, Optional  # noqa: UP035 (torch 2.5's accepted spellings
 
 import pytest
 import torch
+from posenc_fast.triton_kernels import _env as triton_env
 from torch import Tensor
 
 import posenc_fast as pf
-from posenc_fast import _extension, _testing, backends
-from posenc_fast.backends import triton_backend
-from posenc_fast.ops import encodings as enc_ops
-from posenc_fast.ops import floater as floater_ops
-from posenc_fast.ops import fourier_features as lff_ops
+from posenc_fast import _extension, _testing
+from posenc_fast._dispatch import Problem
+from posenc_fast.ops.encodings import op as enc_ops
+from posenc_fast.ops.floater import op as floater_ops
+from posenc_fast.ops.lff import op as lff_ops
 
 # What torch 2.5's torch._library.infer_schema accepts (its error message lists them),
 # restricted to the kinds this package uses.
@@ -54,13 +55,13 @@ _T25_PARAMS = {
 _T25_RETURNS = {Tensor, List[Tensor], int, float, bool}  # noqa: UP006
 
 _OPS = [
-    enc_ops.encoding_op,
-    enc_ops.encoding_add_op,
-    enc_ops.encoding_backward_op,
-    floater_ops.floater_op,
-    floater_ops.floater_backward_op,
-    lff_ops.lff_op,
-    lff_ops.lff_backward_op,
+    enc_ops.ENCODING_OP.op,
+    enc_ops.ENCODING_ADD.op,
+    enc_ops.ENCODING_BACKWARD.op,
+    floater_ops.FLOATER_OP.op,
+    floater_ops.FLOATER_BACKWARD.op,
+    lff_ops.LFF_OP.op,
+    lff_ops.LFF_BACKWARD.op,
 ]
 
 
@@ -89,7 +90,7 @@ def test_custom_op_signatures_are_accepted_by_torch_2_5(op):
     ],
 )
 def test_interpreter_needs_triton_3_9(triton_version, numpy_version, expected):
-    reason = triton_backend.interpreter_reason(triton_version, numpy_version)
+    reason = triton_env.interpreter_reason(triton_version, numpy_version)
     if expected is None:
         assert reason == ""
     else:
@@ -103,17 +104,17 @@ def test_old_interpreter_makes_triton_unavailable_with_its_reason(monkeypatch):
     the backend says why in info and in the dispatcher's refusal, and the tests of the
     shared matrix skip it with that reason instead of reporting its wrong numbers."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    if triton_backend._import_error():
-        pytest.skip(f"triton is not importable here: {triton_backend._import_error()}")
-    reason = triton_backend.interpreter_reason("3.6.0", "2.4.6")
-    monkeypatch.setattr(triton_backend, "_interpreter_reason", lambda: reason)
+    if triton_env.import_error():
+        pytest.skip(f"triton is not importable here: {triton_env.import_error()}")
+    reason = triton_env.interpreter_reason("3.6.0", "2.4.6")
+    monkeypatch.setattr(triton_env, "installed_interpreter_reason", lambda: reason)
     assert pf.available_backends(verbose=True)["triton"] == [reason]
-    problem = backends.Problem(
+    problem = Problem(
         "encoding", "cpu", torch.float32, {"dim": 8}, {"kind": "sinusoidal"},
         {"positions": torch.float32},
     )  # fmt: skip
     with pytest.raises(pf.BackendError, match="needs triton>=3.9"):
-        backends.choose(problem, "triton")
+        _testing.chosen(problem, "triton")
     skipped = {p.values[0]: p.marks for p in _conftest().backend_params("encoding")}
     assert skipped.get("triton"), "triton is not a skipped param"
     assert reason in skipped["triton"][0].kwargs["reason"]
@@ -145,7 +146,7 @@ def test_unreadable_device_capability_is_a_reason(monkeypatch):
     status = pf.available_backends(verbose=True)
     expected = "cannot read the CUDA device's compute capability (RuntimeError: Found no"
     assert any(expected in r for r in status["cuda"]), status["cuda"]
-    if not triton_backend._import_error():
+    if not triton_env.import_error():
         assert any(expected in r for r in status["triton"]), status["triton"]
 
 
@@ -202,10 +203,10 @@ def test_blackwell_needs_triton_3_3(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
     monkeypatch.setattr(_configs, "TRITON", (3, 2))
-    reasons = backends.get("triton").environment_reasons()
+    reasons = _testing.environment_reasons("triton")
     assert reasons == [_configs.target_reason(100, (3, 2))], reasons
     monkeypatch.setattr(_configs, "TRITON", (3, 3))
-    assert backends.get("triton").environment_reasons() == []
+    assert _testing.environment_reasons("triton") == []
 
 
 def test_shared_memory_limits_per_architecture():

@@ -19,9 +19,9 @@ from conftest import DEVICE
 from test_lff import BAD_SHAPES
 
 import posenc_fast as pf
-from posenc_fast import _extension, _testing, backends
-from posenc_fast.reference import encodings as ref_enc
-from posenc_fast.reference import fourier_features as ref_lff
+from posenc_fast import _extension, _testing
+from posenc_fast.ops.encodings import reference as ref_enc
+from posenc_fast.ops.lff import reference as ref_lff
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 EXT = _extension.load()
@@ -156,10 +156,10 @@ def test_concurrent_calls_from_python_threads():
 
 @pytest.fixture
 def triton_interpreter():
-    reasons = backends.get("triton").environment_reasons()
+    reasons = _testing.environment_reasons("triton")
     if reasons:
         pytest.skip("; ".join(reasons))
-    if not backends.get("triton").implements("lff", "cpu"):
+    if not _testing.support("triton", "lff").implements("cpu"):
         pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")
 
 

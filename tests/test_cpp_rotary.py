@@ -21,7 +21,7 @@ from test_cpp_fourier import (  # noqa: F401  (triton_interpreter: a fixture)
 import posenc_fast as pf
 from posenc_fast import _testing
 from posenc_fast._testing import RotaryCase, rotary_inputs, rotary_table_inputs
-from posenc_fast.reference import rotary as ref
+from posenc_fast.ops.rotary import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL
 
 # test_cpp_fourier's pytestmark (extension built, CPU device) applies here too.

@@ -6,7 +6,7 @@ this one is untouched:
 - the extension built for another torch: a copy whose build metadata names another torch
   (beside a file that is not a loadable binary: loading it would fail loudly);
 - a GPU older than the kernels support: torch.cuda reports a compute capability 7.0 device
-  (the triton backend asks posenc_fast.backends._base.device_capability).
+  (the triton backend asks posenc_fast._dispatch.device_capability).
 
 For each: ``import posenc_fast`` works, ``python -m posenc_fast info`` explains, "auto" falls
 back to the torch backend with exactly one warning, and naming the backend raises a
@@ -36,8 +36,8 @@ CHECKS = r"""
 import json, sys, warnings
 import torch
 import posenc_fast as pf
-from posenc_fast import backends
-from posenc_fast.backends import Problem
+from posenc_fast import _testing
+from posenc_fast._dispatch import Problem
 
 case = sys.argv[1]
 out = {"package": pf.__file__, "reasons": pf.available_backends(verbose=True)}
@@ -65,7 +65,7 @@ p = torch.rand(5, generator=g) * 30
 # CPU calls of the LFF and the encodings never depend on what is missing here: "auto"
 # runs the C++ kernels where the extension loads, else the torch backend.
 (y, y2), w = record(lambda: (pf.lff(x, wr), pf.sinusoidal(p, 8)))
-cpu = "torch" if backends.get("cpp").environment_reasons() else "cpp"
+cpu = "torch" if _testing.environment_reasons("cpp") else "cpp"
 out["cpu_lff_ok"] = torch.equal(y, pf.lff(x, wr, backend=cpu))
 out["cpu_enc_ok"] = torch.equal(y2, pf.sinusoidal(p, 8, backend=cpu))
 out["cpu_lff_warnings"] = w
@@ -94,10 +94,10 @@ else:
                   {"activation": "gelu"}, {"x": torch.float32})
     enc = Problem("encoding", "cuda", torch.float16, {"dim": 64}, {"kind": "dft"},
                   {"positions": torch.float32})
-    choices, w = record(lambda: [backends.choose(q, "auto") for q in (lff, enc, lff, enc)])
+    choices, w = record(lambda: [_testing.chosen(q, "auto") for q in (lff, enc, lff, enc)])
     out["auto_choices"] = choices
     out["auto_warnings"] = w
-    out["explicit"] = explicit(lambda: backends.choose(lff, "triton"))
+    out["explicit"] = explicit(lambda: _testing.chosen(lff, "triton"))
 print(json.dumps(out))
 """
 

@@ -73,7 +73,7 @@ def test_chunking_does_not_change_the_numbers(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
 def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
-    from posenc_fast.reference import encodings as enc_ref
+    from posenc_fast.ops.encodings import reference as enc_ref
 
     monkeypatch.setenv("POSENC_FAST_CHUNK_BYTES", "4096")  # ~3 positions per chunk
     p = _testing.rand((101,), _testing.generator(7), -300.0, 300.0).requires_grad_()
@@ -91,7 +91,7 @@ def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
 def test_chunk_budget_follows_the_thread_count(monkeypatch):
     """One thread: cache-sized chunks; more threads or a GPU: few large chunks (one
     parallel region per op and chunk); POSENC_FAST_CHUNK_BYTES overrides both."""
-    from posenc_fast.torch_impl import _common
+    from posenc_fast.ops import _torch_common as _common
 
     monkeypatch.delenv("POSENC_FAST_CHUNK_BYTES", raising=False)
     before = torch.get_num_threads()

@@ -10,7 +10,7 @@ from torch.library import opcheck
 
 import posenc_fast as pf
 from posenc_fast import _testing
-from posenc_fast.reference import encodings as ref
+from posenc_fast.ops.encodings import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -271,23 +271,26 @@ def test_nd_fused_add_gradcheck_and_opcheck(backend, device):
             )
 
 
-def test_nd_fused_add_compiles_and_backends_without_it_refuse(device):
+def test_nd_fused_add_compiles_and_backends_without_it_refuse(device, monkeypatch):
     module = pf.SinusoidalNdPE(8, 2)
     compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
     x = torch.randn(2, 6, 8, device=device, requires_grad=True)
     c = torch.rand(6, 2, device=device) * 10
     torch.testing.assert_close(compiled(x, c), module(x, c))
 
-    from posenc_fast.backends import Backend, Problem
+    from posenc_fast import _dispatch, _testing
+    from posenc_fast._dispatch import Backend, Problem
+    from posenc_fast.ops.encodings.registry import ENCODING_ND
 
-    class EncodingsOnly(Backend):  # a backend that has the 1-D add but not the n-d one
-        name, summary = "encodings-only", "test"
-        SUPPORT = {"encoding": pf.backends.get("torch").SUPPORT["encoding"]}
-
+    # A backend that has the 1-D add but not the n-d one: no entry in the n-d registry.
+    only = Backend("encodings-only", "test")
+    monkeypatch.setitem(_dispatch.BACKENDS, "encodings-only", only)
     problem = Problem("encoding_nd", device, torch.float32, {"dim": 4, "axes": 2})
-    assert EncodingsOnly().reasons(problem) == ["does not implement encoding_nd"]
-    assert not EncodingsOnly().auto_eligible("encoding_nd", device)
-    assert pf.backends.get("cpp").reasons(problem), "cpp declares no n-d add today"
+    reasons = _dispatch.reasons("encodings-only", ENCODING_ND, problem)
+    assert reasons == ["does not implement encoding_nd"]
+    assert not _dispatch.auto_eligible("encodings-only", ENCODING_ND, device)
+    monkeypatch.delitem(_dispatch.BACKENDS, "encodings-only")
+    assert _testing.reasons("cpp", problem), "cpp declares no n-d add today"
     with pytest.raises(pf.BackendError, match="cpp"):
         pf.SinusoidalNdPE(8, 2, backend="cpp")(x, c)
 

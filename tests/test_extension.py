@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_fast import _extension, backends
+from posenc_fast import _dispatch, _extension
 from posenc_fast._testing import FloaterCase, floater_inputs
-from posenc_fast.backends import extension_backends as eb
-from posenc_fast.reference import floater as ref
+from posenc_fast.ops.floater import FloaterOptions
+from posenc_fast.ops.floater import reference as ref
+from posenc_fast.ops.floater.registry import FLOATER
 from posenc_fast.tolerances import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,12 +67,12 @@ def cpu_isa(request):
 )
 def test_extension_required_is_available():
     assert EXT is not None, "; ".join(_extension.reasons())
-    assert "cpp" in backends.available_backends()
+    assert "cpp" in _dispatch.available_backends()
 
 
 def test_import_does_not_load_or_build_the_extension():
     code = (
-        "import sys, posenc_fast, posenc_fast.floater_encoding\n"
+        "import sys, posenc_fast, posenc_fast.ops.floater\n"
         "assert 'posenc_fast._C' not in sys.modules, 'imported eagerly'\n"
         "assert 'posenc_fast._C_cuda' not in sys.modules, 'imported eagerly'\n"
         "print('ok')\n"
@@ -139,8 +140,8 @@ def extension_unavailable(monkeypatch):
     saved = {part: dict(state) for part, state in _extension._state.items()}
     for state in _extension._state.values():
         state.update(tried=True, module=None, reasons=["test: extension hidden"], origin=None)
-    monkeypatch.setattr(backends, "_warned", set())
-    monkeypatch.delenv(backends.ENV_VAR, raising=False)
+    monkeypatch.setattr(_dispatch, "_warned", set())
+    monkeypatch.delenv(_dispatch.ENV_VAR, raising=False)
     yield
     for part, state in saved.items():
         _extension._state[part].clear()
@@ -148,7 +149,7 @@ def extension_unavailable(monkeypatch):
 
 
 def test_auto_falls_back_with_one_warning(extension_unavailable):
-    from posenc_fast.floater_encoding import floater
+    from posenc_fast.ops.floater import floater
 
     args = floater_inputs(FloaterCase(2, 3, 4, 3), torch.float32, "cpu", seed=1)
     with warnings.catch_warnings(record=True) as caught:
@@ -164,11 +165,12 @@ def test_auto_falls_back_with_one_warning(extension_unavailable):
 
 
 def test_unavailable_backend_explains(extension_unavailable):
-    assert eb.CppBackend().environment_reasons() == ["test: extension hidden"]
-    assert eb.CudaBackend().environment_reasons() == ["test: extension hidden"]
+    assert _dispatch.BACKENDS["cpp"].environment_reasons() == ["test: extension hidden"]
+    assert _dispatch.BACKENDS["cuda"].environment_reasons() == ["test: extension hidden"]
     with pytest.raises(RuntimeError, match="test: extension hidden"):
-        eb.CppBackend().floater_forward(
-            *floater_inputs(FloaterCase(1, 2, 2, 1), torch.float32, "cpu", 0), 1, "rk4", "relu"
+        FLOATER["cpp"].forward(
+            *floater_inputs(FloaterCase(1, 2, 2, 1), torch.float32, "cpu", 0),
+            FloaterOptions(1, "rk4", "relu"),
         )
 
 
@@ -251,7 +253,7 @@ def test_pure_python_wheel_builds_without_the_extension(tmp_path):
 
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "posenc_fast/floater_encoding.py" in names or "posenc_fast/__init__.py" in names
+    assert "posenc_fast/ops/floater/api.py" in names or "posenc_fast/__init__.py" in names
     assert not [n for n in names if n.endswith((".so", ".pyd"))], names
     assert "py3-none-any" in wheel.name
 
@@ -401,7 +403,7 @@ def test_needs_selects_outputs():
     grad = torch.randn_like(out)
     full = ops().floater_integrate_backward(grad, out, *args, 2, "rk4", "relu", [True] * 6)
     needs = [False, True, False, False, True, True]
-    part = eb.CppBackend().floater_backward(grad, out, *args, 2, "rk4", "relu", needs)
+    part = FLOATER["cpp"].backward(grad, out, *args, FloaterOptions(2, "rk4", "relu"), needs)
     for n, p, f in zip(needs, part, full):
         if n:
             torch.testing.assert_close(p, f, rtol=0, atol=0)
@@ -575,18 +577,18 @@ def test_opcheck_low_level_ops():
 
 @needs_ext
 def test_backend_declaration():
-    sup = eb.CppBackend.SUPPORT["floater"]
+    sup = FLOATER["cpp"].support
     assert sup.devices == ("cpu",)
     assert set(sup.options["method"]) == set(METHODS)
     assert set(sup.options["activation"]) == set(ACTIVATIONS)
-    assert eb.CppBackend().environment_reasons() == []
-    assert "cpp" in backends.available_backends()
+    assert _dispatch.BACKENDS["cpp"].environment_reasons() == []
+    assert "cpp" in _dispatch.available_backends()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_backend_reasons_on_a_gpu_machine():
-    reasons = eb.CudaBackend().environment_reasons()
-    if EXT is not None and _extension.has_cuda() and os.environ.get(eb.CUDA_GATE_ENV):
+    reasons = _dispatch.BACKENDS["cuda"].environment_reasons()
+    if EXT is not None and _extension.has_cuda() and os.environ.get(_dispatch.CUDA_GATE_ENV):
         assert reasons == []
     else:
         assert reasons

@@ -27,7 +27,7 @@ import torch
 
 from posenc_fast import _build_config as cfg
 from posenc_fast import _extension
-from posenc_fast.backends import extension_backends as eb
+from posenc_fast._dispatch import BACKENDS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -275,12 +275,12 @@ def parts_state(monkeypatch):
 def test_cuda_backend_refusal_names_the_cuda_part(parts_state):
     parts_state("cpu", object(), [])
     parts_state("cuda", None, ["building the CUDA part failed at install time (why)"])
-    assert eb.CppBackend().environment_reasons() == []
-    assert eb.CudaBackend().environment_reasons() == [
+    assert BACKENDS["cpp"].environment_reasons() == []
+    assert BACKENDS["cuda"].environment_reasons() == [
         "building the CUDA part failed at install time (why)"
     ]
     parts_state("cpu", None, ["cpu reason"])
-    assert eb.CudaBackend().environment_reasons() == ["cpu reason"]  # the ops live there
+    assert BACKENDS["cuda"].environment_reasons() == ["cpu reason"]  # the ops live there
 
 
 def test_cuda_part_needs_the_cpu_part(monkeypatch, tmp_path, parts_state):

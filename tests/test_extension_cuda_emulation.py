@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from posenc_fast._testing import FloaterCase, floater_inputs
-from posenc_fast.reference import floater as ref
+from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent

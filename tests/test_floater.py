@@ -16,7 +16,7 @@ from torch.library import opcheck
 import posenc_fast as pf
 from posenc_fast import _testing
 from posenc_fast.cli import floater_suite
-from posenc_fast.reference import floater as ref
+from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
 
 DTYPES = [torch.float32, torch.float64]

@@ -18,15 +18,15 @@ def test_verify_check_passes(backend, dtype, device):
 
 def test_verify_check_catches_a_wrong_backend(monkeypatch, device):
     """The check must be able to fail: a backend integrating with one substep too few."""
-    from posenc_fast import backends
+    from posenc_fast.ops.floater.registry import FLOATER
 
-    torch_backend = backends.get("torch")
-    forward = torch_backend.floater_forward
+    forward = FLOATER["torch"].forward
 
-    def wrong(p0, w1, b1, w2, b2, times, substeps, method, activation):
-        return forward(p0, w1, b1, w2, b2, times, max(1, substeps - 1), method, activation)
+    def wrong(p0, w1, b1, w2, b2, times, options):
+        fewer = options._replace(substeps=max(1, options.substeps - 1))
+        return forward(p0, w1, b1, w2, b2, times, fewer)
 
-    monkeypatch.setattr(torch_backend, "floater_forward", wrong)
+    monkeypatch.setattr(FLOATER["torch"], "forward", wrong)
     res = floater_suite.check_floater("torch", torch.float64, device, seed=3)
     assert res.failures
 

@@ -22,10 +22,10 @@ import torch
 from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing, backends
-from posenc_fast.reference import encodings as ref_enc
-from posenc_fast.reference import floater as ref_fl
-from posenc_fast.reference import fourier_features as ref_lff
+from posenc_fast import _testing
+from posenc_fast.ops.encodings import reference as ref_enc
+from posenc_fast.ops.floater import reference as ref_fl
+from posenc_fast.ops.lff import reference as ref_lff
 from posenc_fast.tolerances import assert_close
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -52,7 +52,7 @@ MAX_PHASE = 1e5
 
 
 def _dtypes(backend: str, op: str):
-    declared = backends.get(backend).SUPPORT[op].dtypes
+    declared = _testing.support(backend, op).dtypes
     return [d for d in FLOATS if declared is None or d in declared]
 
 
@@ -100,7 +100,7 @@ def test_lff_matches_reference(backend):
         what = f"lff[{backend}] {case.id} {str(dtype)[6:]} x={x_kind} wr*{wr_scale} seed={seed}"
         note(what)
         inputs = _lff_inputs(case, dtype, x_kind, wr_scale, seed)
-        sup = backends.get(backend).SUPPORT["lff"].input_dtypes.get("x")
+        sup = _testing.support(backend, "lff").input_dtypes.get("x")
         x_dtype = inputs[0].dtype if inputs[0].is_floating_point() else torch.float32
         if sup is not None and x_dtype not in sup:
             with pytest.raises(pf.BackendError, match="x dtype must be one of"):
@@ -163,7 +163,7 @@ def _positions(shape, dtype, integer, scale, g):
 def test_encodings_match_reference(backend, op):
     """sinusoidal (with base and block), dft, sinusoidal_nd, dft_inverse, and the fused
     adds of SinusoidalPE / DFTPE (positions [L] broadcast, or one per row)."""
-    sup = backends.get(backend).SUPPORT["encoding"]
+    sup = _testing.support(backend, "encoding")
 
     @fuzz(25)
     @given(encoding_problems(_dtypes(backend, "encoding"), op))

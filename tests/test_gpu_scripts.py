@@ -116,8 +116,8 @@ def test_graphed_loop_matches_the_reference():
     problem: the float64 reference on the same inputs."""
     import torch
 
-    from posenc_fast.reference import floater as ref
-    from posenc_fast.torch_impl.floater import TABLEAUX
+    from posenc_fast.ops.floater import reference as ref
+    from posenc_fast.ops.floater.torch_impl import TABLEAUX
 
     fg = _module("floater_gpu")
     g = torch.Generator().manual_seed(0)

@@ -19,9 +19,9 @@ import torch
 from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing, backends
-from posenc_fast.reference import encodings as ref_enc
-from posenc_fast.reference import fourier_features as ref_lff
+from posenc_fast import _testing
+from posenc_fast.ops.encodings import reference as ref_enc
+from posenc_fast.ops.lff import reference as ref_lff
 from posenc_fast.tolerances import assert_close
 
 BIG = 2**31
@@ -33,7 +33,7 @@ def _gpu_reason():
     free, _ = torch.cuda.mem_get_info()
     if free < 40e9:
         return f"needs ~40 GB of free GPU memory, {free / 1e9:.0f} GB free"
-    reasons = backends.get("triton").environment_reasons()
+    reasons = _testing.environment_reasons("triton")
     if reasons:
         return f"the triton backend is unavailable: {'; '.join(reasons)}"
     return ""

@@ -15,7 +15,7 @@ from torch.library import opcheck
 
 import posenc_fast as pf
 from posenc_fast import _testing
-from posenc_fast.reference import fourier_features as ref
+from posenc_fast.ops.lff import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -373,23 +373,25 @@ def test_unavailable_backend_explains_every_backend():
 def test_auto_picks_cpp_then_torch_on_cpu():
     """The C++ kernels where the extension loads, else the torch backend; float64 always
     on the torch backend (the C++ kernels compute in float32)."""
-    from posenc_fast import backends
-    from posenc_fast.backends import Problem
+    from posenc_fast import _testing
+    from posenc_fast._dispatch import Problem
 
     def problem(dtype):
         sizes = {"fourier_dim": 16}
         return Problem("lff", "cpu", dtype, sizes, {"activation": "gelu"}, {"x": dtype})
 
-    cpp = not backends.get("cpp").environment_reasons()
-    assert backends.choose(problem(torch.float32), "auto") == ("cpp" if cpp else "torch")
-    assert backends.choose(problem(torch.float64), "auto") == "torch"
+    cpp = not _testing.environment_reasons("cpp")
+    assert _testing.chosen(problem(torch.float32), "auto") == ("cpp" if cpp else "torch")
+    assert _testing.chosen(problem(torch.float64), "auto") == "torch"
 
 
 def test_env_var_forces_backend(monkeypatch):
     args = _good()
     monkeypatch.setenv("POSENC_FAST_BACKEND", "reference")
+    from posenc_fast.ops.lff.registry import LFF
+
     calls = []
-    orig = ref.lff
-    monkeypatch.setattr(ref, "lff", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    orig = LFF["reference"].forward
+    monkeypatch.setattr(LFF["reference"], "forward", lambda *a: calls.append(1) or orig(*a))
     pf.lff(*args)
     assert calls, "POSENC_FAST_BACKEND=reference must route auto calls to the reference"

@@ -7,8 +7,8 @@ import torch
 from conftest import backend_params
 
 import posenc_fast as pf
-from posenc_fast.fourier_features import INIT_OUTPUT_STD, activation_moments
-from posenc_fast.reference import fourier_features as ref
+from posenc_fast.ops.lff import INIT_OUTPUT_STD, activation_moments
+from posenc_fast.ops.lff import reference as ref
 from posenc_fast.tolerances import assert_close
 
 

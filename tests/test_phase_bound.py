@@ -15,10 +15,10 @@ import torch
 
 import posenc_fast as pf
 from posenc_fast import _testing
-from posenc_fast.reference import fourier_features as lff_ref
+from posenc_fast.ops import _torch_common as _common
+from posenc_fast.ops.lff import reference as lff_ref
+from posenc_fast.ops.lff import torch_impl as torch_lff
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
-from posenc_fast.torch_impl import _common
-from posenc_fast.torch_impl import fourier_features as torch_lff
 
 U = 2.0**-24
 

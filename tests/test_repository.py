@@ -75,7 +75,7 @@ def test_readme_python_examples_run():
 
 def test_public_functions_do_not_shadow_modules():
     """`pf.floater` is the function; the module behind it has its own name, so
-    `import posenc_fast.floater_encoding` and mock.patch strings work."""
+    `import posenc_fast.ops.floater` and mock.patch strings work."""
     import importlib
 
     import posenc_fast as pf
@@ -87,4 +87,4 @@ def test_public_functions_do_not_shadow_modules():
         except ModuleNotFoundError:
             continue
         raise AssertionError(f"posenc_fast.{name} is both a module and a public function")
-    assert importlib.import_module("posenc_fast.floater_encoding").Floater is pf.Floater
+    assert importlib.import_module("posenc_fast.ops.floater").Floater is pf.Floater

@@ -18,14 +18,14 @@ from torch import nn
 from torch.library import opcheck
 
 import posenc_fast as pf
-from posenc_fast import _testing, backends
+from posenc_fast import _testing
 from posenc_fast._testing import (
     ROTARY_CASES,
     RotaryCase,
     rotary_inputs,
     rotary_table_inputs,
 )
-from posenc_fast.reference import rotary as ref
+from posenc_fast.ops.rotary import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -501,7 +501,7 @@ def test_unavailable_backend_explains_every_backend():
         pf.apply_lff_rotary(q, k, x, wr, backend="cpp")
     msg = str(info.value)
     assert "cpp: " in msg
-    if not backends.get("cpp").environment_reasons():
+    if not _testing.environment_reasons("cpp"):
         assert "supports dtypes float32, bfloat16, float16, got float64" in msg
     for name in ("reference", "torch", "triton", "cuda", "cpp"):
         assert f"  {name}:" in msg
@@ -510,11 +510,12 @@ def test_unavailable_backend_explains_every_backend():
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU dispatch choice")
 def test_auto_picks_cpp_then_torch_on_cpu(monkeypatch):
     """On the CPU, "auto" picks the C++ kernels when the extension is usable, else torch."""
-    name = "torch" if backends.get("cpp").environment_reasons() else "cpp"
-    backend = backends.get(name)
+    from posenc_fast.ops.rotary.registry import APPLY
+
+    name = "torch" if _testing.environment_reasons("cpp") else "cpp"
     calls = []
-    orig = backend.apply_lff_rotary_forward
-    monkeypatch.setattr(backend, "apply_lff_rotary_forward", lambda *a: calls.append(1) or orig(*a))
+    orig = APPLY[name].forward
+    monkeypatch.setattr(APPLY[name], "forward", lambda *a: calls.append(1) or orig(*a))
     pf.apply_lff_rotary(*_good_apply())
     assert calls == [1]
 
@@ -561,21 +562,19 @@ def test_triton_gpu_block_sizes_in_the_interpreter(monkeypatch, device):
 
 def test_verify_checks_rotary(monkeypatch, device):
     """``python -m posenc_fast verify`` checks both rotary ops and catches a wrong backend."""
-    from posenc_fast.backends import torch_backend
     from posenc_fast.cli import verify
+    from posenc_fast.ops.rotary.registry import APPLY
 
     table = verify.check_lff_rotary("torch", torch.float32, device, 3)
     assert table.cases == len(_testing.ROTARY_TABLE_SHAPES) and not table.failures
     res = verify.check_apply_lff_rotary("torch", torch.float32, device, 3)
     assert res.cases == len(ROTARY_CASES) and not res.failures, res.failures
-    orig = torch_backend.TorchBackend.apply_lff_rotary_forward
+    orig = APPLY["torch"].forward
 
     def off_by_a_little(*args):
         oq, ok = orig(*args)
         return oq + 1e-4, ok
 
-    monkeypatch.setattr(
-        torch_backend.TorchBackend, "apply_lff_rotary_forward", staticmethod(off_by_a_little)
-    )
+    monkeypatch.setattr(APPLY["torch"], "forward", off_by_a_little)
     res = verify.check_apply_lff_rotary("torch", torch.float32, device, 3)
     assert res.failures and all("q'" in f for f in res.failures), res.failures

@@ -48,9 +48,9 @@ def test_state_dict_round_trip_with_weights_only_load(name):
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32, include_reference=True))
 def test_state_dict_loads_onto_another_backend_and_dtype(backend, device):
-    from posenc_fast import backends
+    from posenc_fast import _testing
 
-    dtypes = backends.get(backend).SUPPORT["lff"].dtypes
+    dtypes = _testing.support(backend, "lff").dtypes
     other = torch.float64 if dtypes is None or torch.float64 in dtypes else torch.float16
     a = _lff(backend="torch")
     b = _lff(backend=backend, device=device, dtype=other)

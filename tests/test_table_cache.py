@@ -5,9 +5,9 @@ import torch
 
 import posenc_fast as pf
 from posenc_fast import _testing
-from posenc_fast.reference import encodings as enc_ref
+from posenc_fast.ops.encodings import reference as enc_ref
+from posenc_fast.ops.encodings import torch_impl as torch_enc
 from posenc_fast.tolerances import assert_close
-from posenc_fast.torch_impl import encodings as torch_enc
 
 
 @pytest.fixture

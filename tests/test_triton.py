@@ -14,20 +14,22 @@ import torch
 from conftest import DEVICE
 
 import posenc_fast as pf
-from posenc_fast import _testing, backends
-from posenc_fast.backends import BackendError, Problem
-from posenc_fast.reference import encodings as ref_enc
-from posenc_fast.reference import fourier_features as ref
+from posenc_fast import _testing
+from posenc_fast._dispatch import BackendError, Problem
+from posenc_fast.ops.encodings import reference as ref_enc
+from posenc_fast.ops.encodings.registry import ENCODING
+from posenc_fast.ops.lff import reference as ref
+from posenc_fast.ops.lff.registry import LFF
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from posenc_fast.triton_kernels._round import round_to  # noqa: E402
 
-TRITON = backends.get("triton")
+TRITON_REASONS = _testing.environment_reasons("triton")
 pytestmark = pytest.mark.skipif(
-    bool(TRITON.environment_reasons()) or DEVICE not in TRITON.SUPPORT["lff"].devices,
-    reason=f"triton backend unavailable on {DEVICE}: {TRITON.environment_reasons()}",
+    bool(TRITON_REASONS) or DEVICE not in LFF["triton"].support.devices,
+    reason=f"triton backend unavailable on {DEVICE}: {TRITON_REASONS}",
 )
 INTERPRET = DEVICE == "cpu"
 NAMES = ("x", "wr", "w1", "b1", "w2", "b2")
@@ -137,8 +139,8 @@ def test_strided_inputs_and_gradient():
     assert_close(y, ref.lff(x, wr, w1, b1, w2, b2), torch.float32, "lff")
     g = _testing.randn((y.shape[1], y.shape[0]), _testing.generator(10), device=DEVICE).T
     assert not g.is_contiguous()
-    got = TRITON.lff_backward(g, x_strided, wr, w1_t, b1, w2, b2, "gelu", [True] * 6)
-    want = TRITON.lff_backward(g.contiguous(), x, wr, w1, b1, w2, b2, "gelu", [True] * 6)
+    got = LFF["triton"].backward(g, x_strided, wr, w1_t, b1, w2, b2, "gelu", [True] * 6)
+    want = LFF["triton"].backward(g.contiguous(), x, wr, w1, b1, w2, b2, "gelu", [True] * 6)
     for name, a, b in zip(NAMES, got, want):
         assert torch.equal(a, b), f"d{name} depends on the strides"
 
@@ -164,7 +166,7 @@ def test_partial_sums_independent_of_program_count(monkeypatch):
     results = []
     for programs in (1, 2, 5):
         monkeypatch.setattr(lff_backward, "max_programs", lambda device, n=programs: n)
-        results.append(TRITON.lff_backward(g, *args, "gelu", [True] * 6))
+        results.append(LFF["triton"].backward(g, *args, "gelu", [True] * 6))
     for other in results[1:]:
         for name, a, b in zip(NAMES, results[0], other):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"d{name}")
@@ -179,16 +181,16 @@ def test_only_needed_gradients_are_computed(mlp):
     width = 12 if mlp else 16
     g = _testing.randn((100, width), _testing.generator(48), torch.float32, DEVICE)
     n = 6 if mlp else 2
-    everything = TRITON.lff_backward(g, *args, "relu", [True] * n + [False] * (6 - n))
+    everything = LFF["triton"].backward(g, *args, "relu", [True] * n + [False] * (6 - n))
     for i in range(n):
         needs = [j == i for j in range(6)]
-        got = TRITON.lff_backward(g, *args, "relu", needs)
+        got = LFF["triton"].backward(g, *args, "relu", needs)
         assert [t is not None for t in got] == needs, f"only d{NAMES[i]} was asked for"
         if INTERPRET:  # same operations in the same order
             assert torch.equal(got[i], everything[i]), f"d{NAMES[i]} alone differs"
         else:  # compiled separately: reductions may use other register layouts
             torch.testing.assert_close(got[i], everything[i], msg=f"d{NAMES[i]} alone")
-    assert TRITON.lff_backward(g, *args, "relu", [False] * 6) == [None] * 6
+    assert LFF["triton"].backward(g, *args, "relu", [False] * 6) == [None] * 6
 
 
 def test_relu_gradient_signs_with_half_precision_mlp():
@@ -260,8 +262,8 @@ def test_encoding_backward_deterministic_and_accurate(kind):
     g = _testing.generator(11)
     p = _testing.rand((130,), g, -1e3, 1e3, torch.float32, DEVICE)
     grad = _testing.randn((130, 34), g, torch.float32, DEVICE)
-    first = TRITON.encoding_backward(grad, p, 34, kind, 10000.0)
-    assert torch.equal(first, TRITON.encoding_backward(grad, p, 34, kind, 10000.0))
+    first = ENCODING["triton"].backward(grad, p, 34, kind, 10000.0)
+    assert torch.equal(first, ENCODING["triton"].backward(grad, p, 34, kind, 10000.0))
     p64 = p.double().requires_grad_()
     out = ref_enc.dft(p64, 34) if kind == "dft" else ref_enc.sinusoidal(p64, 34)
     out.backward(grad.double())
@@ -278,18 +280,18 @@ def _lff_problem(device="cuda", dtype=torch.bfloat16, x_dtype=torch.float32, **s
 
 
 def test_auto_prefers_triton_for_cuda_tensors():
-    assert backends.choose(_lff_problem(), "auto") == "triton"
+    assert _testing.chosen(_lff_problem(), "auto") == "triton"
     enc = Problem("encoding", "cuda", torch.bfloat16, {"dim": 768}, {"kind": "dft"})
-    assert backends.choose(enc, "auto") == "triton"
+    assert _testing.chosen(enc, "auto") == "triton"
 
 
 def test_auto_never_picks_the_interpreter_for_cpu_tensors():
-    cpu = "torch" if backends.get("cpp").environment_reasons() else "cpp"
-    assert backends.choose(_lff_problem("cpu", torch.float32), "auto") == cpu
+    cpu = "torch" if _testing.environment_reasons("cpp") else "cpp"
+    assert _testing.chosen(_lff_problem("cpu", torch.float32), "auto") == cpu
     enc = Problem("encoding", "cpu", torch.float32, {"dim": 8}, {"kind": "sinusoidal"})
-    assert backends.choose(enc, "auto") == cpu
+    assert _testing.chosen(enc, "auto") == cpu
     if INTERPRET:  # named explicitly, the interpreter runs it
-        assert backends.choose(_lff_problem("cpu", torch.float32), "triton") == "triton"
+        assert _testing.chosen(_lff_problem("cpu", torch.float32), "triton") == "triton"
 
 
 @pytest.mark.parametrize(
@@ -310,10 +312,12 @@ def test_auto_never_picks_the_interpreter_for_cpu_tensors():
     ids=["hidden", "fourier", "out", "pos_dim", "float64", "x-float64", "positions-float64"],
 )  # fmt: skip
 def test_refusals_fall_back_to_torch_with_reasons(problem, reason):
-    assert any(reason in r for r in TRITON.reasons(problem)), TRITON.reasons(problem)
-    assert backends.choose(problem, "auto") == "torch"
+    assert any(reason in r for r in _testing.reasons("triton", problem)), _testing.reasons(
+        "triton", problem
+    )
+    assert _testing.chosen(problem, "auto") == "torch"
     with pytest.raises(BackendError, match="triton: .*" + reason.split(" ")[0]):
-        backends.choose(problem, "triton")
+        _testing.chosen(problem, "triton")
 
 
 def test_layer_norm_and_dropout_run_unfused_after_triton_features():
@@ -370,7 +374,7 @@ def test_more_than_2_31_output_elements():
     assert y.numel() > 2**31
     assert_close(y[-3:], ref.lff(x[-3:], *w), torch.bfloat16, "lff")
     g = torch.ones_like(y)
-    dx = TRITON.lff_backward(g, x, *w, "gelu", [True] + [False] * 5)[0]
+    dx = LFF["triton"].backward(g, x, *w, "gelu", [True] + [False] * 5)[0]
     x_tail = x[-3:].double().requires_grad_()
     ref.lff(x_tail, *w).backward(torch.ones(3, 1024, dtype=torch.float64, device=DEVICE))
     assert_close(dx[-3:], x_tail.grad, torch.float32, "grad")

@@ -40,10 +40,10 @@ import torch
 from conftest import DEVICE
 
 import posenc_fast as pf
-from posenc_fast import _testing, backends
-from posenc_fast.reference import encodings as ref_enc
-from posenc_fast.reference import floater as ref_fl
-from posenc_fast.reference import fourier_features as ref_lff
+from posenc_fast import _testing
+from posenc_fast.ops.encodings import reference as ref_enc
+from posenc_fast.ops.floater import reference as ref_fl
+from posenc_fast.ops.lff import reference as ref_lff
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 F32 = torch.float32
@@ -473,7 +473,7 @@ def test_everything_on_meta(op, backend):
     spec = SPECS[op]
     a = {k: v.to("meta") for k, v in spec.make(4).items()}
     expected = spec.reference({k: torch.empty_like(v, device="cpu") for k, v in a.items()})
-    sup = backends.get(backend).SUPPORT[spec.family]
+    sup = _testing.support(backend, spec.family)
     if sup.devices is not None and "meta" not in sup.devices:
         msg = _call(spec, a, backend, pf.BackendError, f"backend '{backend}' cannot run")
         assert f"{backend}: runs on" in msg and "got meta" in msg, msg
@@ -578,7 +578,7 @@ def test_positions_in_another_float_dtype(op, backend, dtype):
     spec = SPECS[op]
     a = spec.make(9)
     a[spec.position] = a[spec.position].to(dtype)
-    sup = backends.get(backend).SUPPORT[spec.family]
+    sup = _testing.support(backend, spec.family)
     allowed = sup.input_dtypes.get(spec.position)
     if allowed is not None and dtype not in allowed:
         msg = _call(spec, a, backend, pf.BackendError, f"backend '{backend}' cannot run")
@@ -595,7 +595,7 @@ def test_positions_in_another_float_dtype(op, backend, dtype):
 def _unsupported_dtype_params():
     for op, spec in SPECS.items():
         for b in _backends(spec):
-            declared = backends.get(b).SUPPORT[spec.family].dtypes
+            declared = _testing.support(b, spec.family).dtypes
             for dt in (torch.float16, torch.bfloat16, torch.float64):
                 if spec.family == "floater" and dt in (torch.float16, torch.bfloat16):
                     # integrated in float32: no backend sees them (test_floater.py, half

@@ -33,7 +33,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from ..backends.triton_backend import interpreter_enabled  # (does not import triton)
+from ._env import interpreter_enabled  # (does not import triton)
 
 if interpreter_enabled():
     raise SystemExit("compile_report: unset TRITON_INTERPRET (it replaces the compiler)")

@@ -37,11 +37,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ..torch_impl.rotary import batch_positions, heads_first
 from ._launch import INTERPRET, device_guard, pow2, rows_view
 from ._round import round_to
 from .lff_backward import _sum_partials_kernel, max_programs, phase_chain_rule
 from .lff_forward import cos_sin_tile
+
+
+def heads_first(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """q or k as a [B, heads, N, D] view: "bhnd" as it is, "bnhd" transposed."""
+    return t if layout == "bhnd" else t.transpose(1, 2)
+
+
+def batch_positions(x: torch.Tensor) -> torch.Tensor:
+    """x [B, N, M] as it is, [N, M] (shared by the batch) as a [1, N, M] view."""
+    return x if x.dim() == 3 else x.unsqueeze(0)
 
 
 @triton.jit

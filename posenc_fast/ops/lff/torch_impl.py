@@ -26,8 +26,8 @@ from typing import Optional
 
 import torch
 
-from .. import _activations
-from ._common import (
+from ... import _activations
+from .._torch_common import (
     TWO_PI,
     feature_dtype,
     float32_phases_suffice,

@@ -1,10 +1,11 @@
 """Fixed encodings: sinusoidal (Vaswani et al.; FLOATER Eq. 7) and DFT (Idé et al.).
 
-Path of a call: public function (checks) -> ``backends.choose`` -> the custom op
-``posenc_fast::encoding`` / ``encoding_add`` / ``encoding_nd_add`` (ops/encodings.py) ->
-the backend's kernel. The modules ``SinusoidalPE``, ``DFTPE`` and ``SinusoidalNdPE`` add
-the encoding to their input in the same pass: the input is read once and the sum written
-once.
+Path of a call: public function (checks) -> the dispatcher picks an implementation from
+the registry (registry.py) -> the custom op ``posenc_fast::encoding`` / ``encoding_add`` /
+``encoding_nd_add`` (op.py) -> the implementation's kernel (torch_impl.py,
+triton_kernels/encodings.py, csrc/fourier/). The modules ``SinusoidalPE``, ``DFTPE`` and
+``SinusoidalNdPE`` add the encoding to their input in the same pass: the input is read
+once and the sum written once.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import _checks, backends
-from .backends import Problem
-from .ops import encodings as _ops  # noqa: F401  (registers the ops)
-from .reference import encodings as _reference
-from .torch_impl._common import device_constant
+from ... import _checks, _dispatch
+from ..._dispatch import Implementation, Problem
+from .op import ENCODING_ADD, ENCODING_ND_ADD, ENCODING_OP
+from .registry import ENCODING, ENCODING_ND
 
 KINDS = ("sinusoidal", "dft")
 
@@ -38,21 +38,21 @@ def _choose(
     dim: int,
     positions: Tensor,
     backend: str,
-    op: str = "encoding",
+    nd: bool = False,
     axes: int = 1,
-) -> str:
-    """The backend for an encoding of ``positions`` (op "encoding"), or for the fused add
-    of the encodings of ``axes`` coordinates per row (op "encoding_nd", dim per axis)."""
-    nd = op == "encoding_nd"
+) -> Implementation:
+    """The implementation for an encoding of ``positions`` (op "encoding"), or for the
+    fused add of the encodings of ``axes`` coordinates per row (op "encoding_nd", dim per
+    axis)."""
     problem = Problem(
-        op=op,
+        op="encoding_nd" if nd else "encoding",
         device=device.type,
         dtype=dtype,
         sizes={"dim": dim, "axes": axes} if nd else {"dim": dim},
         options={"kind": kind},
         input_dtypes={"coords" if nd else "positions": positions.dtype},
     )
-    return backends.choose(problem, backend)
+    return _dispatch.choose(ENCODING_ND if nd else ENCODING, problem, backend)
 
 
 def _check_dim(kind: str, dim) -> int:
@@ -71,12 +71,8 @@ def _encode(kind: str, positions, dim, base: float, block, backend: str, dtype=N
     if block is not None:
         block = _checks.finite_float("block", block)
     out_dtype = _encoding_dtype(positions, dtype)
-    name = _choose(kind, positions.device, out_dtype, dim, positions, backend)
-    if name == "reference":
-        if kind == "dft":
-            return _reference.dft(positions, dim, out_dtype)
-        return _reference.sinusoidal(positions, dim, base, block, out_dtype)
-    return torch.ops.posenc_fast.encoding(positions, dim, kind, base, block, out_dtype, name)
+    impl = _choose(kind, positions.device, out_dtype, dim, positions, backend)
+    return ENCODING_OP.run(impl, positions, dim, kind, base, block, out_dtype)
 
 
 def sinusoidal(
@@ -150,22 +146,7 @@ def dft_inverse(encoding: Tensor, backend: str = "auto") -> Tensor:
         raise ValueError(
             f"encoding must have shape [..., dim], got {list(encoding.shape)}: dim must be {need}"
         )
-    name = _choose("dft", encoding.device, encoding.dtype, dim, encoding, backend)
-    if name == "reference":
-        return _reference.dft_inverse(encoding, encoding.dtype)
-    basis = _lattice_basis(dim, encoding.device, encoding.dtype)  # [l, t] = phi_l(t)
-    return encoding @ basis
-
-
-def _lattice_basis(dim: int, device, dtype) -> Tensor:
-    """[l, t] = phi_l(t) on the lattice t = 0..dim-1, cached per device (shared: never
-    modified)."""
-
-    def make(dev: torch.device) -> Tensor:
-        lattice = torch.arange(dim, dtype=torch.float64)
-        return _reference.dft_basis(dim, lattice).T.contiguous().to(device=dev, dtype=dtype)
-
-    return device_constant(("dft_basis", dim, dtype), make, device)
+    return _choose("dft", encoding.device, encoding.dtype, dim, encoding, backend).inverse(encoding)
 
 
 def _add_encoding(kind: str, x, positions, dim: int, base: float, backend: str) -> Tensor:
@@ -188,15 +169,8 @@ def _add_encoding(kind: str, x, positions, dim: int, base: float, backend: str) 
                 f"positions must broadcast to x.shape[:-1] = {list(x.shape[:-1])}, "
                 f"got {list(positions.shape)}"
             )
-    name = _choose(kind, x.device, x.dtype, dim, positions, backend)
-    if name == "reference":
-        ref = (
-            _reference.dft(positions, dim)
-            if kind == "dft"
-            else _reference.sinusoidal(positions, dim, base)
-        )
-        return (x.to(torch.float64) + ref).to(x.dtype)
-    return torch.ops.posenc_fast.encoding_add(x, positions, kind, base, None, name)
+    impl = _choose(kind, x.device, x.dtype, dim, positions, backend)
+    return ENCODING_ADD.run(impl, x, positions, kind, base, None)
 
 
 class SinusoidalPE(nn.Module):
@@ -210,7 +184,7 @@ class SinusoidalPE(nn.Module):
         super().__init__()
         self.dim = _checks.even_positive_int("dim", dim)
         self.base = _checks.positive_float("base", base)
-        self.backend = backends.validate_name(backend)
+        self.backend = _dispatch.validate_name(backend)
 
     def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
         return _add_encoding("sinusoidal", x, positions, self.dim, self.base, self.backend)
@@ -242,11 +216,8 @@ def _add_encoding_nd(x, coords, dim: int, axes: int, base: float, backend: str) 
             f"x.shape[:-1] = {list(x.shape[:-1])}, got {list(coords.shape)}"
         )
     per_axis = dim // axes
-    name = _choose("sinusoidal", x.device, x.dtype, per_axis, coords, backend, "encoding_nd", axes)
-    if name == "reference":
-        ref = _reference.sinusoidal_nd(coords, per_axis, base)
-        return (x.to(torch.float64) + ref).to(x.dtype)
-    return torch.ops.posenc_fast.encoding_nd_add(x, coords, "sinusoidal", base, name)
+    impl = _choose("sinusoidal", x.device, x.dtype, per_axis, coords, backend, True, axes)
+    return ENCODING_ND_ADD.run(impl, x, coords, "sinusoidal", base)
 
 
 class SinusoidalNdPE(nn.Module):
@@ -275,7 +246,7 @@ class SinusoidalNdPE(nn.Module):
             )
         self.dim = dim
         self.base = _checks.positive_float("base", base)
-        self.backend = backends.validate_name(backend)
+        self.backend = _dispatch.validate_name(backend)
 
     def forward(self, x: Tensor, coords: Tensor) -> Tensor:
         return _add_encoding_nd(x, coords, self.dim, self.axes, self.base, self.backend)
@@ -293,7 +264,7 @@ class DFTPE(nn.Module):
     def __init__(self, dim: int, backend: str = "auto"):
         super().__init__()
         self.dim = _check_dim("dft", dim)
-        self.backend = backends.validate_name(backend)
+        self.backend = _dispatch.validate_name(backend)
 
     def forward(self, x: Tensor, positions: Optional[Tensor] = None) -> Tensor:
         return _add_encoding("dft", x, positions, self.dim, 1.0, self.backend)

@@ -3,13 +3,14 @@
 
 LightGlue (Lindenberger et al. 2023) encodes keypoints x with learnable Fourier features
 and uses their cosines and sines as a rotary embedding of every attention head: channel
-pair (2i, 2i+1) of q and k is rotated by the angle x . wr_i. posenc_fast/reference/
-rotary.py states the formulas; this module checks arguments and dispatches.
+pair (2i, 2i+1) of q and k is rotated by the angle x . wr_i. reference.py states the
+formulas; this module checks arguments and dispatches.
 
-Path of a call: ``apply_lff_rotary`` -> ``backends.choose`` -> the custom op
-``posenc_fast::apply_lff_rotary`` (ops/rotary.py) -> the backend's kernel
-(torch_impl/rotary.py, triton_kernels/rotary.py, csrc/fourier/rotary_cpu.cpp) -> backward
-``posenc_fast::apply_lff_rotary_backward``, recomputing the cos / sin from x.
+Path of a call: ``apply_lff_rotary`` -> the dispatcher picks an implementation from the
+registry (registry.py) -> the custom op ``posenc_fast::apply_lff_rotary`` (op.py) -> the
+implementation's kernel (torch_impl.py, triton_kernels/rotary.py,
+csrc/fourier/rotary_cpu.cpp) -> backward ``posenc_fast::apply_lff_rotary_backward``,
+recomputing the cos / sin from x.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import _checks, backends
-from .backends import Problem
-from .ops import rotary as _ops  # noqa: F401  (registers the ops)
-from .ops._autocast import autocast_dtype
-from .reference import rotary as _reference
+from ... import _checks, _dispatch
+from ..._dispatch import Problem
+from .._common import autocast_dtype
+from . import reference as _reference
+from .op import APPLY_LFF_ROTARY, LFF_ROTARY
+from .registry import APPLY, TABLE
 
 LAYOUTS = _reference.LAYOUTS
 
@@ -81,10 +83,8 @@ def lff_rotary(x: Tensor, wr: Tensor, backend: str = "auto") -> Tensor:
         sizes={"pos_dim": x.shape[-1], "rotary_dim": F},
         input_dtypes={"x": x.dtype, "wr": wr.dtype},
     )
-    name = backends.choose(problem, backend)
-    if name == "reference":
-        return _reference.rotary_table(x, wr, out_dtype)
-    return torch.ops.posenc_fast.lff_rotary(x, wr, out_dtype, name).unsqueeze(-3)
+    impl = _dispatch.choose(TABLE, problem, backend)
+    return LFF_ROTARY.run(impl, x, wr, out_dtype).unsqueeze(-3)
 
 
 def _check_apply_args(q, k, x, wr, layout) -> tuple[Tensor, int]:
@@ -158,10 +158,8 @@ def apply_lff_rotary(
         sizes={"pos_dim": x.shape[-1], "rotary_dim": F},
         input_dtypes={"x": x.dtype, "wr": wr.dtype},
     )
-    name = backends.choose(problem, backend)
-    if name == "reference":
-        return _reference.apply_rotary(q, k, x, wr, layout)
-    return torch.ops.posenc_fast.apply_lff_rotary(q, k, x, wr, layout, name)
+    impl = _dispatch.choose(APPLY, problem, backend)
+    return APPLY_LFF_ROTARY.run(impl, q, k, x, wr, layout)
 
 
 class LearnableFourierRotary(nn.Module):
@@ -202,7 +200,7 @@ class LearnableFourierRotary(nn.Module):
         self.pos_dim, self.head_dim, self.rotary_dim = pos_dim, head_dim, rotary_dim
         self.gamma = _checks.positive_float("gamma", gamma)
         self.layout = _checks.choice("layout", layout, LAYOUTS)
-        self.backend = backends.validate_name(backend)
+        self.backend = _dispatch.validate_name(backend)
         self.wr = nn.Parameter(torch.empty(rotary_dim // 2, pos_dim, device=device, dtype=dtype))
         self.reset_parameters()
 

@@ -93,3 +93,33 @@ def dft_inverse(encoding: torch.Tensor, out_dtype: Optional[torch.dtype] = None)
     phi = dft_basis(dim, lattice)  # [t, l] = phi_l(t)
     out = encoding.to(torch.float64) @ phi.T
     return out if out_dtype is None else out.to(out_dtype)
+
+
+# -- the implementation interface of the registry (registry.py) --------------------------
+
+
+def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dtype):
+    if kind == "dft":
+        return dft(positions, dim, out_dtype)
+    return sinusoidal(positions, dim, base, block, out_dtype)
+
+
+def encoding_add(x, positions, kind: str, base: float, block):
+    """x + the encoding, summed in float64 and rounded once to x's dtype."""
+    ref = (
+        dft(positions, x.shape[-1])
+        if kind == "dft"
+        else sinusoidal(positions, x.shape[-1], base, block)
+    )
+    return (x.to(torch.float64) + ref).to(x.dtype)
+
+
+def encoding_nd_add(x, coords, kind: str, base: float):
+    """x [..., M * n] + sinusoidal_nd(coords [..., M], n), in float64, rounded once."""
+    ref = sinusoidal_nd(coords, x.shape[-1] // coords.shape[-1], base)
+    return (x.to(torch.float64) + ref).to(x.dtype)
+
+
+def lattice_inverse(encoding):
+    """dft_inverse in the encoding's dtype."""
+    return dft_inverse(encoding, encoding.dtype)

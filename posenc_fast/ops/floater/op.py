@@ -8,10 +8,12 @@
     posenc_fast::floater_cached(p0, w1, b1, w2, b2, times, substeps, method, activation,
                                 backend, cache_id, mode) -> out [S, L, d]
         floater(...) served from the cache of the Floater module with this id: what a
-        compiled eval-mode Floater calls (posenc_fast/_floater_cache.py)
+        compiled eval-mode Floater calls (cache.py)
 
-``backend`` names the implementation, chosen by the dispatcher before the call (or "auto"
-in calls traced by torch.compile, resolved by the op when it runs). The
+The schemas take the options' three scalars; the Python side passes one
+:class:`FloaterOptions`. ``backend`` names the implementation, chosen by the dispatcher
+before the call, or "auto" in calls traced by torch.compile, resolved by
+:func:`implementation` when the op runs (the same function the public API calls). The
 autograd registration saves the inputs and the output: the states at the sample times are
 all the backward (the discrete adjoint) needs, since it recomputes each interval's
 substeps from its starting state. When a double backward is requested (grad mode on
@@ -22,21 +24,21 @@ integrator run in the inputs' dtype, so gradgradcheck works.
 from __future__ import annotations
 
 import contextlib
-from typing import List  # noqa: UP035 (torch 2.5, see ops/__init__.py)
+from typing import List  # noqa: UP035 (torch 2.5: see ops/_common.CustomOp)
 
 import torch
 from torch import Tensor
 
-from .. import _floater_cache, backends
-from ..backends import Problem
-from ..reference import floater as _reference
-from ._autocast import autocast_disabled
-from ._common import differentiable_grads
+from ... import _dispatch
+from ..._dispatch import Implementation, Problem
+from .._common import CustomOp, autocast_disabled, differentiable_grads
+from . import cache as _cache
+from . import reference
+from .reference import FloaterOptions
+from .registry import FLOATER
 
 
-def problem(
-    p0: Tensor, w1: Tensor, times: Tensor, substeps: int, method: str, activation: str
-) -> Problem:
+def problem(p0: Tensor, w1: Tensor, times: Tensor, options: FloaterOptions) -> Problem:
     """What the dispatcher decides a FLOATER call on."""
     return Problem(
         op="floater",
@@ -47,22 +49,28 @@ def problem(
             "dim": p0.shape[1],
             "hidden_dim": w1.shape[1],
             "length": times.shape[0],
-            "substeps": substeps,
+            "substeps": options.substeps,
         },
-        options={"method": method, "activation": activation},
+        options={"method": options.method, "activation": options.activation},
     )
 
 
-def _backend(name: str, p0, w1, times, substeps, method, activation):
-    """The backend object; "auto" (passed by calls traced by torch.compile) is resolved
-    here, where the tensors are real."""
-    if name == "auto":
-        name = backends.choose(problem(p0, w1, times, substeps, method, activation), "auto")
-    return backends.get(name)
+def implementation(
+    backend: str, p0: Tensor, w1: Tensor, times: Tensor, options: FloaterOptions
+) -> Implementation:
+    """The implementation that runs a FLOATER call with ``backend`` ("auto" or a name)."""
+    return _dispatch.choose(FLOATER, problem(p0, w1, times, options), backend)
 
 
-@torch.library.custom_op("posenc_fast::floater", mutates_args=())
-def floater_op(
+def _in_op(backend: str, p0, w1, times, options) -> Implementation:
+    """Inside an op's body: the named implementation, or "auto" (passed by calls traced by
+    torch.compile) resolved here, where the tensors are real."""
+    if backend == "auto":
+        return implementation(backend, p0, w1, times, options)
+    return FLOATER[backend]
+
+
+def _floater(
     p0: Tensor,
     w1: Tensor,
     b1: Tensor,
@@ -74,9 +82,10 @@ def floater_op(
     activation: str,
     backend: str,
 ) -> Tensor:
+    options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
-        impl = _backend(backend, p0, w1, times, substeps, method, activation)
-        return impl.floater_forward(p0, w1, b1, w2, b2, times, substeps, method, activation)
+        impl = _in_op(backend, p0, w1, times, options)
+        return impl.forward(p0, w1, b1, w2, b2, times, options)
 
 
 def _states_like(p0: Tensor, times: Tensor) -> Tensor:
@@ -84,13 +93,11 @@ def _states_like(p0: Tensor, times: Tensor) -> Tensor:
     return p0.new_empty((p0.shape[0], times.shape[0], p0.shape[1]))
 
 
-@floater_op.register_fake
-def _(p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
+def _floater_fake(p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
     return _states_like(p0, times)
 
 
-@torch.library.custom_op("posenc_fast::floater_backward", mutates_args=())
-def floater_backward_op(
+def _backward_body(
     grad: Tensor,
     out: Tensor,
     p0: Tensor,
@@ -105,22 +112,25 @@ def floater_backward_op(
     backend: str,
     needs: List[bool],  # noqa: UP006
 ) -> List[Tensor]:  # noqa: UP006
+    options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
-        impl = _backend(backend, p0, w1, times, substeps, method, activation)
-        grads = impl.floater_backward(
-            grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, needs
-        )
+        impl = _in_op(backend, p0, w1, times, options)
+        grads = impl.backward(grad, out, p0, w1, b1, w2, b2, times, options, needs)
     return [g if g is not None else grad.new_empty(0) for g in grads]
 
 
-@floater_backward_op.register_fake
-def _(grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, needs):
+def _backward_fake(
+    grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, needs
+):
     refs = (p0, w1, b1, w2, b2, times)
     return [torch.empty_like(t) if need else grad.new_empty(0) for need, t in zip(needs, refs)]
 
 
-def gradients(grad, out, inputs, substeps, method, activation, backend, needs) -> list:
-    """(dp0, dw1, db1, dw2, db2, dtimes) of ``out`` = floater(*inputs, ...), None where
+FLOATER_BACKWARD = CustomOp("posenc_fast::floater_backward", _backward_body, _backward_fake)
+
+
+def gradients(grad, out, inputs, options: FloaterOptions, backend: str, needs) -> list:
+    """(dp0, dw1, db1, dw2, db2, dtimes) of ``out`` = floater(*inputs, options), None where
     ``needs`` is False. Used by the op's autograd registration and by the module's cache,
     which attaches this backward to stored states."""
     if not any(needs):
@@ -129,54 +139,55 @@ def gradients(grad, out, inputs, substeps, method, activation, backend, needs) -
         # The reference integrated in the inputs' dtype: differentiable by autograd, and
         # its L = 0 result still has a graph to every input.
         return differentiable_grads(
-            lambda: _reference.floater(
-                *inputs, substeps, method, activation, None, inputs[0].dtype
-            ),
+            lambda: reference.floater(*inputs, *options, None, inputs[0].dtype),
             inputs,
             needs,
             grad,
             zero_fill=True,
         )
-    grads = torch.ops.posenc_fast.floater_backward(
-        grad, out, *inputs, substeps, method, activation, backend, needs
-    )
+    grads = FLOATER_BACKWARD(grad, out, *inputs, *options, backend, needs)
     return [g if n else None for g, n in zip(grads, needs)]
 
 
 def _setup_context(ctx, inputs, output):
     p0, w1, b1, w2, b2, times, substeps, method, activation, backend = inputs
     ctx.save_for_backward(p0, w1, b1, w2, b2, times, output)
-    ctx.substeps, ctx.method, ctx.activation, ctx.backend = substeps, method, activation, backend
+    ctx.options, ctx.backend = FloaterOptions(substeps, method, activation), backend
 
 
 def _backward(ctx, grad):
     *inputs, out = ctx.saved_tensors
     needs = [bool(n) for n in ctx.needs_input_grad[:6]]
-    grads = gradients(
-        grad, out, inputs, ctx.substeps, ctx.method, ctx.activation, ctx.backend, needs
-    )
+    grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs)
     return (*grads, None, None, None, None)
 
 
-floater_op.register_autograd(_backward, setup_context=_setup_context)
+FLOATER_OP = CustomOp(
+    "posenc_fast::floater",
+    _floater,
+    _floater_fake,
+    backward=_backward,
+    setup_context=_setup_context,
+    op_function="forward",
+    impl_args=lambda p0, w1, b1, w2, b2, times, *options: (
+        (p0, w1, b1, w2, b2, times, FloaterOptions(*options))
+    ),
+)
 
 
-def _integrator(substeps: int, method: str, activation: str) -> _floater_cache.Integrate:
+def integrator(options: FloaterOptions) -> _cache.Integrate:
+    """``integrate(inputs, times, backend) -> (states, name of the implementation)``, what
+    the cache calls: the implementation's forward itself (no graph: the cache attaches
+    the backward)."""
+
     def integrate(inputs, times, backend):
-        impl = _backend(backend, inputs[0], inputs[1], times, substeps, method, activation)
-        return impl.floater_forward(*inputs, times, substeps, method, activation), impl.name
+        impl = _in_op(backend, inputs[0], inputs[1], times, options)
+        return impl.forward(*inputs, times, options), impl.name
 
     return integrate
 
 
-# The op reads its cache's state on the host (value comparisons), which a captured CUDA
-# graph would skip on replay: where torch has the tag, compiled code never graphs it.
-_UNSAFE_IN_CUDA_GRAPHS = getattr(torch.Tag, "cudagraph_unsafe", None)
-_TAGS = {"tags": (_UNSAFE_IN_CUDA_GRAPHS,)} if _UNSAFE_IN_CUDA_GRAPHS is not None else {}
-
-
-@torch.library.custom_op("posenc_fast::floater_cached", mutates_args=(), **_TAGS)
-def floater_cached_op(
+def _floater_cached(
     p0: Tensor,
     w1: Tensor,
     b1: Tensor,
@@ -191,13 +202,14 @@ def floater_cached_op(
     mode: str,
 ) -> Tensor:
     inputs = (p0, w1, b1, w2, b2)
-    integrate = _integrator(substeps, method, activation)
-    cache = _floater_cache.find(cache_id)
+    options = FloaterOptions(substeps, method, activation)
+    integrate = integrator(options)
+    cache = _cache.find(cache_id)
     with autocast_disabled(p0.device.type), _outside_inference_mode():
         if cache is None:  # the module is gone: nothing to keep the result for
             return integrate(inputs, times, backend)[0]
-        config_key = _floater_cache.key(inputs, substeps, method, activation, backend)
-        values, _ = _floater_cache.cached_states(cache, mode, inputs, times, config_key, integrate)
+        config_key = _cache.key(inputs, options, backend)
+        values, _ = _cache.cached_states(cache, mode, inputs, times, config_key, integrate)
         # A copy: compiled code may write into an op's output buffer once it is dead, and
         # the stored states must stay as they are.
         return values.clone()
@@ -211,8 +223,9 @@ def _outside_inference_mode():
     return contextlib.nullcontext()
 
 
-@floater_cached_op.register_fake
-def _(p0, w1, b1, w2, b2, times, substeps, method, activation, backend, cache_id, mode):
+def _floater_cached_fake(
+    p0, w1, b1, w2, b2, times, substeps, method, activation, backend, cache_id, mode
+):
     return _states_like(p0, times)
 
 
@@ -224,4 +237,15 @@ def _setup_cached(ctx, inputs, output):
     _setup_context(ctx, inputs[:10], output)
 
 
-floater_cached_op.register_autograd(_backward_cached, setup_context=_setup_cached)
+# The op reads its cache's state on the host (value comparisons), which a captured CUDA
+# graph would skip on replay: where torch has the tag, compiled code never graphs it.
+_UNSAFE_IN_CUDA_GRAPHS = getattr(torch.Tag, "cudagraph_unsafe", None)
+
+FLOATER_CACHED = CustomOp(
+    "posenc_fast::floater_cached",
+    _floater_cached,
+    _floater_cached_fake,
+    backward=_backward_cached,
+    setup_context=_setup_cached,
+    tags=(_UNSAFE_IN_CUDA_GRAPHS,) if _UNSAFE_IN_CUDA_GRAPHS is not None else (),
+)

@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import torch
 
-from ._common import (
+from .._torch_common import (
     TWO_PI,
     device_constant,
     feature_dtype,
@@ -26,6 +26,7 @@ from ._common import (
     reduced_angle_,
     row_chunks,
 )
+from . import reference
 
 
 def _make_turns(kind: str, dim: int, base: float) -> torch.Tensor:
@@ -182,3 +183,21 @@ def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torc
             half = _half_angle(p[sl], fdt)
             out[sl] -= gs[:, dim - 1] * torch.sin(half) * (math.pi / math.sqrt(dim))
     return out.to(positions.dtype).reshape(positions.shape)
+
+
+def _lattice_basis(dim: int, device, dtype) -> torch.Tensor:
+    """[l, t] = phi_l(t) on the lattice t = 0..dim-1, cached per device (shared: never
+    modified)."""
+
+    def make(dev: torch.device) -> torch.Tensor:
+        lattice = torch.arange(dim, dtype=torch.float64)
+        return reference.dft_basis(dim, lattice).T.contiguous().to(device=dev, dtype=dtype)
+
+    return device_constant(("dft_basis", dim, dtype), make, device)
+
+
+def lattice_inverse(encoding: torch.Tensor) -> torch.Tensor:
+    """The inverse DFT over the lattice (Eq. 13): one matmul with the constant orthonormal
+    basis, a plain (autograd-differentiable) matmul on every backend but the reference."""
+    dim = encoding.shape[-1]
+    return encoding @ _lattice_basis(dim, encoding.device, encoding.dtype)

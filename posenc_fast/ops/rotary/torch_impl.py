@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ._common import feature_dtype, phase_turns, reduced_angle, reduced_angle_, row_chunks
+from .._torch_common import feature_dtype, phase_turns, reduced_angle, reduced_angle_, row_chunks
 
 
 def heads_first(t: torch.Tensor, layout: str) -> torch.Tensor:

@@ -32,13 +32,24 @@ adjoint that the backends implement by hand.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 METHODS = ("rk4", "rk38", "midpoint", "euler")
 ACTIVATIONS = ("relu", "tanh", "gelu", "identity")
+
+
+class FloaterOptions(NamedTuple):
+    """How the ODE is integrated: ``substeps`` equal steps of ``method`` per interval, with
+    the dynamics' ``activation``. One object on the Python side; the custom ops' schemas
+    take the three scalars (``*options``)."""
+
+    substeps: int = 5
+    method: str = "rk4"
+    activation: str = "relu"
+
 
 Dynamics = Callable[[Tensor, Tensor], Tensor]  # h(t, y): (0-d time, [S, d]) -> [S, d]
 
@@ -138,3 +149,9 @@ def floater(
         anchor = sum(t.sum() for t in (w1, b1, w2, b2, T)) * 0.0
         out = y.new_empty((y.shape[0], 0, y.shape[1])) + y[:, None, :0].sum() + anchor
     return out if out_dtype is None else out.to(out_dtype)
+
+
+def forward(p0, w1, b1, w2, b2, times, options: FloaterOptions) -> Tensor:
+    """The registry's interface (registry.py): :func:`floater` in float64, returned in
+    p0's dtype."""
+    return floater(p0, w1, b1, w2, b2, times, *options, p0.dtype)

@@ -6,7 +6,7 @@ positions from the last stored state, and any change of the parameters' values o
 configuration recomputes. Eagerly, Floater.forward consults the cache directly. Under
 torch.compile that bookkeeping (dict lookups, value comparisons, version counters) cannot
 be traced, so the compiled graph calls the custom op ``posenc_fast::floater_cached``
-(ops/floater.py) instead, which consults the same cache when it runs: the cache is found
+(op.py) instead, which consults the same cache when it runs: the cache is found
 through a process-wide registry by an integer id, the only handle a graph can carry.
 
 Everything here works on the integration's inputs ``(p0, w1, b1, w2, b2)`` in the dtype
@@ -24,6 +24,8 @@ from typing import Callable, Optional
 
 import torch
 from torch import Tensor
+
+from .reference import FloaterOptions
 
 Integrate = Callable[[Sequence[Tensor], Tensor, str], "tuple[Tensor, str]"]
 
@@ -73,9 +75,9 @@ def find(cache_id: int) -> Optional[FloaterCache]:
     return _registry.get(cache_id)
 
 
-def key(inputs: Sequence[Tensor], substeps: int, method: str, activation: str, backend: str):
+def key(inputs: Sequence[Tensor], options: FloaterOptions, backend: str):
     """The configuration a result depends on besides the values of inputs and times."""
-    return (inputs[0].dtype, inputs[0].device, substeps, method, activation, backend)
+    return (inputs[0].dtype, inputs[0].device, *options, backend)
 
 
 def valid(entry: Optional[Entry], inputs: Sequence[Tensor], config_key: tuple) -> bool:

@@ -1,8 +1,9 @@
 """Learnable Fourier features (Li et al. 2021): functional ``lff`` and the nn.Module.
 
-Path of a call: ``lff`` (checks, dtype policy) -> ``backends.choose`` -> the custom op
-``posenc_fast::lff`` (ops/fourier_features.py) -> the backend's kernel (torch_impl/ or
-triton_kernels/) -> backward: ``posenc_fast::lff_backward``, recomputing from x.
+Path of a call: ``lff`` (checks, dtype policy) -> the dispatcher picks an implementation
+from the registry (registry.py) -> the custom op ``posenc_fast::lff`` (op.py) -> the
+implementation's kernel (torch_impl.py, triton_kernels/lff_forward.py, csrc/fourier/) ->
+backward: ``posenc_fast::lff_backward``, recomputing from x.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import _checks, backends
-from ._activations import ACTIVATIONS
-from .backends import Problem
-from .ops import fourier_features as _ops  # registers the ops
-from .ops._autocast import autocast_dtype
-from .reference import fourier_features as _reference
+from ... import _checks, _dispatch
+from ..._activations import ACTIVATIONS
+from ..._dispatch import Problem
+from .._common import autocast_dtype
+from . import reference as _reference
+from .op import LFF_OP
+from .registry import LFF
 
 
 def _output_dtype(x: Tensor, wr: Tensor) -> torch.dtype:
@@ -114,10 +116,8 @@ def lff(
         options={"activation": activation},
         input_dtypes={"x": x.dtype},
     )
-    name = backends.choose(problem, backend)
-    if name == "reference":
-        return _reference.lff(x, wr, w1, b1, w2, b2, activation, out_dtype)
-    return _ops.lff(x, wr, w1, b1, w2, b2, activation, out_dtype, name)
+    impl = _dispatch.choose(LFF, problem, backend)
+    return LFF_OP.run(impl, x, wr, w1, b1, w2, b2, activation, out_dtype)
 
 
 # The scale of the initial output across positions: that of a learned position table at
@@ -233,7 +233,7 @@ class LearnableFourierFeatures(nn.Module):
         self.out_dim, self.groups, self.gamma = out_dim, groups, float(gamma)
         self.learnable, self.mlp, self.activation = learnable, mlp, activation
         self.layer_norm, self.dropout, self.kl = layer_norm, float(dropout), kl
-        self.backend = backends.validate_name(backend)
+        self.backend = _dispatch.validate_name(backend)
 
         factory = {"device": device, "dtype": dtype}
         wr = torch.empty(fourier_dim // 2, pos_dim, **factory)
@@ -283,7 +283,7 @@ class LearnableFourierFeatures(nn.Module):
         """Load a checkpoint of a public LFF module ("guimont", "jhlew", "lightglue",
         "tpe") with its gamma convention and weight layout: see :mod:`posenc_fast.convert`
         (``convert.to_state_dict`` is the reverse)."""
-        from . import convert  # convert imports this module
+        from ... import convert  # convert imports this module
 
         return convert.from_state_dict(state_dict, source, **kwargs)
 

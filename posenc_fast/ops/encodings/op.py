@@ -8,6 +8,8 @@ posenc_fast::encoding_nd_add(x, coords, kind, base, backend) -> x + pe_nd
     [m n, (m + 1) n) get the encoding of coords[..., m] (Sine-2D for M = 2); one pass
 posenc_fast::encoding_backward(grad, positions, dim, kind, base, backend) -> d positions
     grad already summed over the broadcast dimensions: [*positions.shape, dim]
+
+``backend`` names the implementation, looked up in the registry (registry.py) by the body.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import backends
-from ._autocast import autocast_disabled
+from .._common import CustomOp, autocast_disabled
+from . import torch_impl
+from .registry import ENCODING, ENCODING_ND
 
 
-@torch.library.custom_op("posenc_fast::encoding", mutates_args=())
-def encoding_op(
+def _encoding(
     positions: Tensor,
     dim: int,
     kind: str,
@@ -32,16 +34,14 @@ def encoding_op(
     backend: str,
 ) -> Tensor:
     with autocast_disabled(positions.device.type):
-        return backends.get(backend).encoding_forward(positions, dim, kind, base, block, out_dtype)
+        return ENCODING[backend].forward(positions, dim, kind, base, block, out_dtype)
 
 
-@encoding_op.register_fake
-def _(positions, dim, kind, base, block, out_dtype, backend):
+def _encoding_fake(positions, dim, kind, base, block, out_dtype, backend):
     return positions.new_empty((*positions.shape, dim), dtype=out_dtype)
 
 
-@torch.library.custom_op("posenc_fast::encoding_add", mutates_args=())
-def encoding_add_op(
+def _add(
     x: Tensor,
     positions: Tensor,
     kind: str,
@@ -50,47 +50,41 @@ def encoding_add_op(
     backend: str,
 ) -> Tensor:
     with autocast_disabled(x.device.type):
-        return backends.get(backend).encoding_add(x, positions, kind, base, block)
+        return ENCODING[backend].add(x, positions, kind, base, block)
 
 
-@encoding_add_op.register_fake
-def _(x, positions, kind, base, block, backend):
+def _add_fake(x, positions, kind, base, block, backend):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("posenc_fast::encoding_nd_add", mutates_args=())
-def encoding_nd_add_op(x: Tensor, coords: Tensor, kind: str, base: float, backend: str) -> Tensor:
+def _nd_add(x: Tensor, coords: Tensor, kind: str, base: float, backend: str) -> Tensor:
     with autocast_disabled(x.device.type):
-        return backends.get(backend).encoding_nd_add(x, coords, kind, base)
+        return ENCODING_ND[backend].nd_add(x, coords, kind, base)
 
 
-@encoding_nd_add_op.register_fake
-def _(x, coords, kind, base, backend):
+def _nd_add_fake(x, coords, kind, base, backend):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("posenc_fast::encoding_backward", mutates_args=())
-def encoding_backward_op(
+def _backward_body(
     grad: Tensor, positions: Tensor, dim: int, kind: str, base: float, backend: str
 ) -> Tensor:
     with autocast_disabled(positions.device.type):
-        return backends.get(backend).encoding_backward(grad, positions, dim, kind, base)
+        return ENCODING[backend].backward(grad, positions, dim, kind, base)
 
 
-@encoding_backward_op.register_fake
-def _(grad, positions, dim, kind, base, backend):
+def _backward_fake(grad, positions, dim, kind, base, backend):
     return torch.empty_like(positions)
+
+
+ENCODING_BACKWARD = CustomOp("posenc_fast::encoding_backward", _backward_body, _backward_fake)
 
 
 def _positions_grad(ctx, grad_pe: Tensor, positions: Tensor) -> Tensor:
     if torch.is_grad_enabled():
         # Double backward: differentiate the torch recomputation instead.
-        from ..torch_impl.encodings import encoding_backward
-
-        return encoding_backward(grad_pe, positions, ctx.dim, ctx.kind, ctx.base)
-    return torch.ops.posenc_fast.encoding_backward(
-        grad_pe, positions, ctx.dim, ctx.kind, ctx.base, ctx.backend
-    )
+        return torch_impl.encoding_backward(grad_pe, positions, ctx.dim, ctx.kind, ctx.base)
+    return ENCODING_BACKWARD(grad_pe, positions, ctx.dim, ctx.kind, ctx.base, ctx.backend)
 
 
 def _setup_encoding(ctx, inputs, output):
@@ -139,6 +133,27 @@ def _backward_nd_add(ctx, grad):
     return gx, gcoords, None, None, None
 
 
-encoding_op.register_autograd(_backward_encoding, setup_context=_setup_encoding)
-encoding_add_op.register_autograd(_backward_add, setup_context=_setup_add)
-encoding_nd_add_op.register_autograd(_backward_nd_add, setup_context=_setup_nd_add)
+ENCODING_OP = CustomOp(
+    "posenc_fast::encoding",
+    _encoding,
+    _encoding_fake,
+    backward=_backward_encoding,
+    setup_context=_setup_encoding,
+    op_function="forward",
+)
+ENCODING_ADD = CustomOp(
+    "posenc_fast::encoding_add",
+    _add,
+    _add_fake,
+    backward=_backward_add,
+    setup_context=_setup_add,
+    op_function="add",
+)
+ENCODING_ND_ADD = CustomOp(
+    "posenc_fast::encoding_nd_add",
+    _nd_add,
+    _nd_add_fake,
+    backward=_backward_nd_add,
+    setup_context=_setup_nd_add,
+    op_function="nd_add",
+)

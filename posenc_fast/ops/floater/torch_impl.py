@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import chunk_bytes, device_constant
+from .._torch_common import chunk_bytes, device_constant
+from .reference import FloaterOptions
 
 _INV_SQRT_2 = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
@@ -202,10 +203,9 @@ def _per_interval_bytes(K: int, s: int, H: int, d: int, itemsize: int) -> int:
     return K * s * (H + d + 1) * itemsize + 8 * s * itemsize
 
 
-def floater_forward(
-    p0, w1, b1, w2, b2, times, substeps: int, method: str, activation: str
-) -> Tensor:
-    """States at the sample times, [S, L, d] (semantics: reference/floater.py)."""
+def floater_forward(p0, w1, b1, w2, b2, times, options: FloaterOptions) -> Tensor:
+    """States at the sample times, [S, L, d] (semantics: reference.py)."""
+    substeps, method, activation = options
     S, d = p0.shape
     H = w1.shape[1]
     L = times.shape[0]
@@ -227,7 +227,7 @@ def floater_forward(
 
 
 def floater_backward(
-    grad, out, p0, w1, b1, w2, b2, times, substeps: int, method: str, activation: str, needs
+    grad, out, p0, w1, b1, w2, b2, times, options: FloaterOptions, needs
 ) -> list[Optional[Tensor]]:
     """Exact gradients of the discretised solution: (dp0, dw1, db1, dw2, db2, dtimes),
     None where ``needs`` is False.
@@ -241,6 +241,7 @@ def floater_backward(
     and dLoss/dh = sum_i <u_i, k_i> + sum_i tbar_i (k + c_i), because stage i of step k sits
     at t_prev + (k + c_i) h, with h = (times[j] - t_prev) / K.
     """
+    substeps, method, activation = options
     need_p0, need_w1, need_b1, need_w2, need_b2, need_t = (bool(n) for n in needs)
     if not any((need_p0, need_w1, need_b1, need_w2, need_b2, need_t)):
         return [None] * 6

@@ -1,10 +1,11 @@
 """FLOATER (Liu et al. 2020): position encodings as the solution of an ODE.
 
-Path of a call: ``floater`` (checks) -> ``backends.choose`` -> the custom op
-``posenc_fast::floater`` (ops/floater.py) -> the backend's integrator (torch_impl/floater.py,
-or the C++/CUDA extension) -> backward: ``posenc_fast::floater_backward``, the discrete
-adjoint, recomputing each interval from the states saved at the sample times.
-The semantics are written out in posenc_fast/reference/floater.py.
+Path of a call: ``floater`` (checks) -> the dispatcher picks an implementation from the
+registry (registry.py) -> the custom op ``posenc_fast::floater`` (op.py) -> the
+implementation's integrator (torch_impl.py, or the C++/CUDA extension: csrc/floater/) ->
+backward: ``posenc_fast::floater_backward``, the discrete adjoint, recomputing each
+interval from the states saved at the sample times. The semantics are written out in
+reference.py; the module's result cache is cache.py.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import _checks, _floater_cache, backends
-from .ops import floater as _ops
-from .reference import floater as _reference
+from ... import _checks, _dispatch
+from . import cache as _floater_cache
+from . import reference as _reference
+from .op import FLOATER_CACHED, FLOATER_OP, gradients, implementation
+from .reference import FloaterOptions
+from .registry import FLOATER
 
 METHODS = _reference.METHODS
 ACTIVATIONS = _reference.ACTIVATIONS
@@ -75,7 +79,7 @@ def _check_times(times, dtype: torch.dtype) -> Tensor:
 
 
 def _check_floater_args(
-    p0, w1, b1, w2, b2, times, substeps, method, activation, check_values=True
+    p0, w1, b1, w2, b2, times, options: FloaterOptions, check_values=True
 ) -> Tensor:
     _checks.float_tensor("p0", p0)
     if p0.dim() != 2:
@@ -91,39 +95,38 @@ def _check_floater_args(
     _checks.tensor("times", times)
     _checks.same_device("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2, times=times)
     _checks.same_dtype("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2)
-    _checks.positive_int("substeps", substeps)
-    _checks.choice("method", method, METHODS)
-    _checks.choice("activation", activation, ACTIVATIONS)
+    _checks.positive_int("substeps", options.substeps)
+    _checks.choice("method", options.method, METHODS)
+    _checks.choice("activation", options.activation, ACTIVATIONS)
     if not check_values:  # times built by the module: valid by construction
         return times.to(state_dtype(p0.dtype))
     return _check_times(times, state_dtype(p0.dtype))
 
 
-def _run(p0, w1, b1, w2, b2, times, substeps, method, activation, backend, check_values=True):
-    """(out in :func:`state_dtype` of p0's dtype, name of the backend that ran it)."""
-    times = _check_floater_args(
-        p0, w1, b1, w2, b2, times, substeps, method, activation, check_values
-    )
+def integrate(
+    p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str, check_values=True
+) -> tuple[Tensor, str]:
+    """(out in :func:`state_dtype` of p0's dtype, name of the backend that ran it): what
+    :func:`floater` and the modules compute, for the integrations (attention biases)."""
+    times = _check_floater_args(p0, w1, b1, w2, b2, times, options, check_values)
     # Half-precision weights: integrate in float32 (differentiable casts, so gradients
     # reach the half-precision tensors).
     p0, w1, b1, w2, b2 = (t.to(times.dtype) for t in (p0, w1, b1, w2, b2))
-    if backend == "reference" or not _is_compiling():
-        name = backends.choose(_ops.problem(p0, w1, times, substeps, method, activation), backend)
-    else:
+    if _is_compiling() and not _without_op(backend):
         # The dispatcher asks each backend whether it can run here, which may load the C++
         # extension under a lock: dynamo cannot trace that. The op resolves "auto" when it
-        # runs instead (same dispatcher, same answer), unless POSENC_FAST_BACKEND names
-        # the reference, which has no op.
-        name = backends.validate_name(backend)
-        if backends.resolve_env(name) == "reference":
-            name = "reference"
-    if name == "reference":
-        out = _reference.floater(p0, w1, b1, w2, b2, times, substeps, method, activation, p0.dtype)
-    else:
-        out = torch.ops.posenc_fast.floater(
-            p0, w1, b1, w2, b2, times, substeps, method, activation, name
-        )
-    return out, name
+        # runs instead (op.implementation, the same function: same answer).
+        _dispatch.validate_name(backend)
+        return FLOATER_OP(p0, w1, b1, w2, b2, times, *options, backend), backend
+    impl = implementation(backend, p0, w1, times, options)
+    return FLOATER_OP.run(impl, p0, w1, b1, w2, b2, times, *options), impl.name
+
+
+def _without_op(backend: str) -> bool:
+    """Whether ``backend`` (after POSENC_FAST_BACKEND) names an implementation that runs
+    without the op (the reference: autograd differentiates it, nothing to cache or trace)."""
+    impl = FLOATER.get(_dispatch.resolve_env(backend))
+    return impl is not None and impl.differentiable
 
 
 def floater(
@@ -162,8 +165,8 @@ def floater(
         steps), with memory O(S*L*d). Autocast does not apply: the dtype follows p0 under
         torch.autocast too, and the same holds for the modules.
     """
-    out = _run(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)[0]
-    return out.to(p0.dtype)
+    options = FloaterOptions(substeps, method, activation)
+    return integrate(p0, w1, b1, w2, b2, times, options, backend)[0].to(p0.dtype)
 
 
 class _StoredStates(torch.autograd.Function):
@@ -172,17 +175,17 @@ class _StoredStates(torch.autograd.Function):
     and every returned tensor has a graph of its own (so each can be backpropagated)."""
 
     @staticmethod
-    def forward(ctx, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
+    def forward(ctx, out, p0, w1, b1, w2, b2, times, options, backend):
         ctx.save_for_backward(p0, w1, b1, w2, b2, times, out)
-        ctx.config = (substeps, method, activation, backend)
+        ctx.options, ctx.backend = options, backend
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad):
         *inputs, out = ctx.saved_tensors
         needs = [bool(n) for n in ctx.needs_input_grad[1:7]]
-        grads = _ops.gradients(grad, out, inputs, *ctx.config, needs)
-        return (None, *grads, None, None, None, None)
+        grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs)
+        return (None, *grads, None, None)
 
 
 class Floater(nn.Module):
@@ -254,7 +257,7 @@ class Floater(nn.Module):
         self.substeps = _checks.positive_int("substeps", substeps)
         self.method = _checks.choice("method", method, METHODS)
         self.activation = _checks.choice("activation", activation, ACTIVATIONS)
-        self.backend = backends.validate_name(backend)
+        self.backend = _dispatch.validate_name(backend)
         self.refresh_every = _checks.positive_int("refresh_every", refresh_every)
         self.dim, self.num_states, self.hidden_dim = dim, num_states, hidden_dim
         factory = {"device": device, "dtype": dtype}
@@ -298,16 +301,20 @@ class Floater(nn.Module):
         t = torch.arange(length, dtype=torch.float64, device=self.p0.device) * self.delta_t
         return t.to(self._state_dtype())
 
+    @property
+    def options(self) -> FloaterOptions:
+        """(substeps, method, activation): how the ODE is integrated."""
+        return FloaterOptions(self.substeps, self.method, self.activation)
+
     def _integrate(self, inputs, times: Tensor, backend: str) -> tuple[Tensor, str]:
         """(states at ``times``, backend name); forward() has validated ``times``."""
-        config = (self.substeps, self.method, self.activation)
-        return _run(*inputs, times, *config, backend, check_values=False)
+        return integrate(*inputs, times, self.options, backend, check_values=False)
 
     def _compute(self, times: Tensor) -> Tensor:
         return self._integrate(self._inputs(), times, self.backend)[0]
 
     def _config_key(self, inputs) -> tuple:
-        return _floater_cache.key(inputs, self.substeps, self.method, self.activation, self.backend)
+        return _floater_cache.key(inputs, self.options, self.backend)
 
     def forward(self, length: Optional[int] = None, times: Optional[Tensor] = None) -> Tensor:
         """length: int >= 0 (times i * delta_t), or times: [L] -> [num_states, L, dim].
@@ -349,13 +356,9 @@ class Floater(nn.Module):
         (refresh_every included: whether a call refreshes decides whether its result has a
         graph, which one compiled graph cannot vary), torch.export (an exported program
         must be a pure function of its inputs) and the reference backend (no op)."""
-        reference = backends.resolve_env(self.backend) == "reference"
-        if training_step or _is_exporting() or reference:
+        if training_step or _is_exporting() or _without_op(self.backend):
             return self._compute(t)
-        config = (self.substeps, self.method, self.activation, self.backend)
-        return torch.ops.posenc_fast.floater_cached(
-            *self._inputs(), t, *config, self._cache.id, mode
-        )
+        return FLOATER_CACHED(*self._inputs(), t, *self.options, self.backend, self._cache.id, mode)
 
     def _refresh_step(self, mode: str, t: Tensor) -> Tensor:
         cache = self._cache
@@ -381,11 +384,9 @@ class Floater(nn.Module):
         )
         if not wants_grad:
             return values
-        if backend == "reference":  # no hand-written backward to attach: recompute
+        if FLOATER[backend].differentiable:  # no hand-written backward to attach: recompute
             return self._compute(t)
-        return _StoredStates.apply(
-            values, *inputs, t, self.substeps, self.method, self.activation, backend
-        )
+        return _StoredStates.apply(values, *inputs, t, self.options, backend)
 
     def extra_repr(self) -> str:
         s = f"dim={self.dim}, num_states={self.num_states}, hidden_dim={self.hidden_dim}"
