@@ -47,7 +47,7 @@
 # LFF_ARGS, ROTARY_ARGS, BENCH_ARGS, COMPILE_ARGS (extra arguments of each stage), BUILD_VERBOSE=1.
 #
 # --dry-run runs every stage in a tiny CPU form (no build, no GPU), so that this script
-# and the programs it calls can be tested anywhere (tests/test_gpu_scripts.py).
+# and the programs it calls can be tested anywhere (tests/common/test_gpu_scripts.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -280,11 +280,11 @@ stage_build() {
 stage_tests() {
   local args=(-q -rfE -p no:cacheprovider --junitxml "$OUT_DIR/tests_junit.xml")
   if ((DRY)); then
-    run_limited "$PYTHON" -m pytest "${args[@]}" tests/test_repository.py -k pins_torch
+    run_limited "$PYTHON" -m pytest "${args[@]}" tests/common/test_repository.py -k pins_torch
     return
   fi
-  args+=(--durations=25 --ignore tests/test_large_gpu.py)
-  args+=(--deselect tests/test_triton.py::test_more_than_2_31_output_elements)
+  args+=(--durations=25 --ignore tests/common/test_large_gpu.py)
+  args+=(--deselect tests/common/test_triton.py::test_more_than_2_31_output_elements)
   local workers="${PYTEST_WORKERS:-8}"
   if ((workers > 1)) && "$PYTHON" -c "import xdist" >/dev/null 2>&1; then
     args+=(-n "$workers" --dist loadfile)
@@ -300,11 +300,11 @@ stage_tests() {
 stage_tests_large() {
   local args=(-q -rfEs -p no:cacheprovider --junitxml "$OUT_DIR/tests_large_junit.xml")
   if ((DRY)); then
-    run_limited "$PYTHON" -m pytest "${args[@]}" tests/test_large_gpu.py -k small_size
+    run_limited "$PYTHON" -m pytest "${args[@]}" tests/common/test_large_gpu.py -k small_size
     return
   fi
   POSENC_FAST_TEST_DEVICE=cuda POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m pytest \
-    "${args[@]}" tests/test_large_gpu.py tests/test_triton.py::test_more_than_2_31_output_elements
+    "${args[@]}" tests/common/test_large_gpu.py tests/common/test_triton.py::test_more_than_2_31_output_elements
 }
 
 stage_verify() {

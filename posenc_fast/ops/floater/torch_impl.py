@@ -2,7 +2,7 @@
 
 Shapes: p0 [S, d], w1 [d+1, H], b1 [H], w2 [H+1, d], b2 [d], times [L] -> out [S, L, d].
 The semantics (intervals, substeps, Runge-Kutta tableaux) are those of the reference,
-posenc_fast/reference/floater.py; read it first.
+reference.py; read it first.
 
 The loop runs thousands of tiny dependent steps, so its cost is the number of PyTorch ops
 per stage (each a few microseconds of dispatch on the CPU, a launch on the GPU). How the

@@ -11,7 +11,7 @@ against: float64, unfused, differentiable by autograd.
     sin table S[..., 2i] = S[..., 2i+1] = sin(phase_i)      neighbouring channels
     table = stack([C, S]) with a broadcast heads axis:      [2, ..., 1, N, F]
 
-Unlike the features of Li et al. (``fourier_features.py``) the cosines and sines are not
+Unlike the features of Li et al. (``ops/lff``) the cosines and sines are not
 scaled by 1/sqrt(F) and not concatenated: they are the rotation of channel pair
 (2i, 2i+1) of every query and key by the angle phase_i,
 

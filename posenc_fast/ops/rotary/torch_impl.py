@@ -1,6 +1,6 @@
 """Learnable Fourier rotary embeddings in pure PyTorch (the CPU and GPU fallback).
 
-Shapes (see posenc_fast/reference/rotary.py for the formulas):
+Shapes (see reference.py for the formulas):
     x [Bx, N, M] positions (Bx = B, or 1 for positions shared by the batch), wr [F/2, M]
     q [B, Hq, N, D], k [B, Hk, N, D] in "heads first" view (``heads_first``), F <= D
     table: [2, *x.shape[:-1], F], cos then sin, each frequency on channels 2i and 2i+1

@@ -1,4 +1,4 @@
-"""The torch backend's float32 phases (torch_impl/_common.py): taken only where the bound
+"""The torch backend's float32 phases (ops/_torch_common.py): taken only where the bound
 B = max_k sum_m |wr_km| max_r |x_rm| proves every cos/sin within 1e-6 of float64 math.
 
 Adversarial inputs: every |x| at its column's maximum and every row of wr with

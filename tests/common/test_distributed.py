@@ -1,6 +1,6 @@
 """Distributed training on the CPU: two processes, gloo over loopback.
 
-The tests launch this file as a script (``python tests/test_distributed.py --worker RANK
+The tests launch this file as a script (``python tests/common/test_distributed.py --worker RANK
 DIR SCENARIO...``) in two processes that rendezvous through a FileStore in DIR and run
 every scenario in turn. Each rank writes a scenario's results to DIR before the next one
 starts (or the traceback, and stops); the tests judge those files, never the exit code,

@@ -219,7 +219,7 @@ def test_readme_integration_example_gives_distinct_neighbours():
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("## Integrations", 1)[1].split("\n## ", 1)[0]
     block = re.findall(r"```python\n(.*?)\n```", section, flags=re.S)[0]
     namespace: dict = {}

@@ -146,7 +146,7 @@ def test_bench_machinery_table_json_plot(tmp_path):
 
 
 def _render_module():
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "render_cpu_table.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "render_cpu_table.py")
     spec = importlib.util.spec_from_file_location("render_cpu_table", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

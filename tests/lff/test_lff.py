@@ -306,7 +306,7 @@ def _good(device="cpu"):
 
 
 # Wrong shapes and a partial MLP: the same errors from pf.lff and from the C++ op's own
-# checks (tests/test_cpp_fourier.py), which name the argument the same way.
+# checks (tests/lff/test_cpp_fourier.py), which name the argument the same way.
 BAD_SHAPES = [
     pytest.param(lambda a: a.__setitem__(0, a[0][0, 0]), ValueError,
                  r"x must have shape \[\.\.\., G, M\]", id="x-rank"),

@@ -9,7 +9,7 @@ import torch
 import posenc_fast as pf
 from posenc_fast._testing import neighbour_similarity
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 
 def _load(name):

@@ -22,7 +22,7 @@ from posenc_fast._testing import FloaterCase, floater_inputs
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CXX = shutil.which("g++") or shutil.which("clang++")
 pytestmark = [
     pytest.mark.slow,

@@ -50,7 +50,7 @@ def test_kernels_compile_for_sm80_and_sm90_without_approximate_trig(tmp_path):
 def test_gpu_benchmark_script_dry_run(tmp_path):
     """benchmarks/lff_gpu.py must run unchanged on the H200: its CPU dry run (interpreter,
     tiny sizes) exercises every code path but the CUDA-only timing and ceilings."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "dry.json"
     proc = subprocess.run(
         [sys.executable, os.path.join(root, "benchmarks", "lff_gpu.py"), "--dry-run",

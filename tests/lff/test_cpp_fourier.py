@@ -1,5 +1,5 @@
 """The C++ LFF and encoding kernels (csrc/fourier) beyond the shared matrix, which already
-runs their "cpp" rows (tests/test_lff.py, test_encodings.py, ...): every instruction set
+runs their "cpp" rows (tests/lff/test_lff.py, test_encodings.py, ...): every instruction set
 and every thread count computes the same bits, the numbers are the Triton kernels' (to
 float32 rounding; bitwise where no matrix product is involved), phases up to 1e5 stay
 within 1e-6 on every instruction set, gradients are the derivatives of the forward
@@ -9,61 +9,28 @@ opcheck, and outputs past 2^31 elements are indexed correctly.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 
 import pytest
 import torch
-from conftest import DEVICE
+from _cpu_kernels import (
+    ISAS,
+    assert_every_isa_agrees,
+    cpu_isa,
+    isas_here,
+    threads,
+)
 from test_lff import BAD_SHAPES
 
 import posenc_fast as pf
-from posenc_fast import _extension, _testing
+from posenc_fast import _testing
 from posenc_fast.ops.encodings import reference as ref_enc
 from posenc_fast.ops.lff import reference as ref_lff
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
-EXT = _extension.load()
-pytestmark = [
-    pytest.mark.skipif(
-        EXT is None, reason="; ".join(_extension.reasons()) or "the extension is missing"
-    ),
-    pytest.mark.skipif(DEVICE != "cpu", reason="CPU kernels"),
-]
-ISAS = ("generic", "avx2", "avx512")
-
 
 def ops():
     return torch.ops.posenc_fast
-
-
-def isas_here() -> list[str]:
-    best = EXT.build_info()["cpu_isa_best"]
-    return list(ISAS[: ISAS.index(best) + 1])
-
-
-@contextlib.contextmanager
-def cpu_isa(name: str):
-    EXT.set_cpu_isa(name)
-    try:
-        yield
-    finally:
-        EXT.set_cpu_isa("auto")
-
-
-@contextlib.contextmanager
-def threads(n: int):
-    """n threads, used even if a busy machine would make the kernels fall back to one
-    (fourier_common.h: a late-starting team thread)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    os.environ["POSENC_FAST_CPU_ALWAYS_TEAM"] = "1"
-    try:
-        yield
-    finally:
-        del os.environ["POSENC_FAST_CPU_ALWAYS_TEAM"]
-        torch.set_num_threads(before)
 
 
 # Odd sizes (vector tails everywhere: F/2 = 37, H = 19, Dg = 45, M = 3), two groups, and
@@ -101,23 +68,6 @@ def _encodings_all(dtype):
     return out
 
 
-def assert_every_isa_agrees(run) -> None:
-    """run() (a list of tensors) on every instruction set of this CPU: the same bits."""
-    here = isas_here()
-    if len(here) < 2:
-        pytest.skip(f"this CPU runs only {here}")
-    results = {}
-    for isa in here:
-        with cpu_isa(isa):
-            assert EXT.cpu_isa() == isa
-            results[isa] = run()
-    first = results[here[-1]]
-    for isa in here[:-1]:
-        for i, (a, b) in enumerate(zip(first, results[isa])):
-            assert torch.isfinite(a).all()
-            assert torch.equal(a, b), f"output {i}: {isa} differs from {here[-1]}"
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_every_instruction_set_gives_the_same_bits(dtype):
     """AVX-512, AVX2 and the baseline code: explicit FMAs, no compiler contraction and
@@ -152,15 +102,6 @@ def test_concurrent_calls_from_python_threads():
 
 
 # ---------------------------------------------------------------- the Triton kernels' numbers
-
-
-@pytest.fixture
-def triton_interpreter():
-    reasons = _testing.environment_reasons("triton")
-    if reasons:
-        pytest.skip("; ".join(reasons))
-    if not _testing.support("triton", "lff").implements("cpu"):
-        pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")
 
 
 def test_features_and_encodings_equal_the_triton_kernels_bitwise(triton_interpreter):

@@ -1,4 +1,4 @@
-"""The torch backend's table cache for x + encoding(0..L-1) (torch_impl/encodings.py)."""
+"""The torch backend's table cache for x + encoding(0..L-1) (ops/encodings/torch_impl.py)."""
 
 import pytest
 import torch

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "benchmarks")
 SCRIPT = os.path.join(BENCH, "gpu_validate.sh")
 GATE = "POSENC_FAST_CUDA_UNVALIDATED"

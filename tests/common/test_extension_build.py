@@ -29,7 +29,7 @@ from posenc_fast import _build_config as cfg
 from posenc_fast import _extension
 from posenc_fast._dispatch import BACKENDS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script(path: Path, body: str) -> Path:

@@ -1,5 +1,5 @@
 """The C++ rotary kernels (csrc/fourier/rotary_cpu.cpp) beyond the shared matrix of
-tests/test_rotary.py, which already runs their "cpp" rows: every instruction set and every
+tests/rotary/test_rotary.py, which already runs their "cpp" rows: every instruction set and every
 thread count computes the same bits, the numbers are the Triton kernels' (bitwise for the
 rotations and tables, float32 rounding apart for dx / dwr), phases up to 1e5 stay within
 1e-6 on every instruction set, the gradients are the derivatives of the forward (gradcheck
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_cpp_fourier import (  # noqa: F401  (triton_interpreter: a fixture)
+from _cpu_kernels import (
     assert_every_isa_agrees,
     cpu_isa,
     isas_here,
     threads,
-    triton_interpreter,
 )
 
 import posenc_fast as pf
@@ -24,8 +23,8 @@ from posenc_fast._testing import RotaryCase, rotary_inputs, rotary_table_inputs
 from posenc_fast.ops.rotary import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL
 
-# test_cpp_fourier's pytestmark (extension built, CPU device) applies here too.
-from test_cpp_fourier import pytestmark  # noqa: F401  isort: skip
+# The C++ kernels' skip marks (extension built, CPU device) apply here too.
+from _cpu_kernels import pytestmark  # noqa: F401  isort: skip
 
 # Strided q (fused qkv), fewer key heads, rotary_dim < head_dim with vector tails (F/2 = 19),
 # shared positions, and enough positions for several backward blocks of several items
@@ -80,7 +79,7 @@ def test_results_do_not_depend_on_the_thread_count():
             assert torch.equal(a, b), f"output {i} differs between 1 and {n} threads"
 
 
-def test_rotations_and_tables_equal_the_triton_kernels(triton_interpreter):  # noqa: F811
+def test_rotations_and_tables_equal_the_triton_kernels(triton_interpreter):
     """Same phases and the same products, rounded at the same places: q', k', dq, dk and
     the table are the Triton interpreter's bits; dx and dwr are sums in another order."""
     for case in [CASES[0], RotaryCase(2, 2, 1, 37, 84, 80, 2)]:

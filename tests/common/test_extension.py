@@ -1,8 +1,8 @@
 """The compiled extension (csrc/): loader behaviour, the C++ CPU FLOATER kernels against the
-float64 reference loop (posenc_fast/reference/floater.py), determinism, bad inputs to the
+float64 reference loop (posenc_fast/ops/floater/reference.py), determinism, bad inputs to the
 low-level ops.
 
-The shared FLOATER matrix (tests/test_floater*.py) covers the "cpp" backend through the
+The shared FLOATER matrix (tests/floater/test_floater*.py) covers the "cpp" backend through the
 public API once the extension is built; this file tests the extension itself and runs
 without it too (the kernel tests are then skipped, the loader tests still run).
 """
@@ -28,7 +28,7 @@ from posenc_fast.ops.floater import reference as ref
 from posenc_fast.ops.floater.registry import FLOATER
 from posenc_fast.tolerances import assert_close
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXT = _extension.load()
 needs_ext = pytest.mark.skipif(
     EXT is None, reason="; ".join(_extension.reasons()) or "extension missing"

@@ -11,7 +11,7 @@ import torch
 import posenc_fast as pf
 from posenc_fast._testing import neighbour_similarity
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 LFF_BOUND = 0.93  # features: exp(-1/8) = 0.88 at gamma = 2 patches, +- ~0.02 (256 features)
 SINE_BOUND = 0.9  # Sine-2D: 0.89 for 2 x cell index, base 64 (deterministic)
 
