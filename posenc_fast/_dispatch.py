@@ -71,6 +71,13 @@ class OpSupport:
         return self.devices is ANY or device in self.devices
 
 
+# The dtype sets the SUPPORT tables name.
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)  # the compiled kernels'
+INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+ANYWHERE = OpSupport(devices=ANY, dtypes=FLOATS)  # the reference's and torch's, mostly
+
+
 class Implementation:
     """One backend's implementation of one op: ``name`` (the backend), ``support`` (its
     SUPPORT table for the op) and the op's functions as keyword attributes (``forward``,

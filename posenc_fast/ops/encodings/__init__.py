@@ -10,24 +10,5 @@
 Kernels: triton_kernels/encodings.py; csrc/fourier/.
 """
 
-from .api import (
-    DFTPE,
-    KINDS,
-    SinusoidalNdPE,
-    SinusoidalPE,
-    dft,
-    dft_inverse,
-    sinusoidal,
-    sinusoidal_nd,
-)
-
-__all__ = [
-    "DFTPE",
-    "KINDS",
-    "SinusoidalNdPE",
-    "SinusoidalPE",
-    "dft",
-    "dft_inverse",
-    "sinusoidal",
-    "sinusoidal_nd",
-]
+from .api import *  # noqa: F403  (the public names: api.__all__)
+from .api import __all__  # noqa: F401

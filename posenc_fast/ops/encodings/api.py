@@ -20,6 +20,17 @@ from ..._dispatch import Implementation, Problem
 from .op import ENCODING_ADD, ENCODING_ND_ADD, ENCODING_OP
 from .registry import ENCODING, ENCODING_ND
 
+__all__ = [
+    "DFTPE",
+    "KINDS",
+    "SinusoidalNdPE",
+    "SinusoidalPE",
+    "dft",
+    "dft_inverse",
+    "sinusoidal",
+    "sinusoidal_nd",
+]
+
 KINDS = ("sinusoidal", "dft")
 
 

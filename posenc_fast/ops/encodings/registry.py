@@ -12,22 +12,10 @@
 
 from __future__ import annotations
 
-import torch
-
-from ..._dispatch import (
-    ANY,
-    Implementation,
-    OpSupport,
-    extension_ops,
-    lazy,
-    register,
-    triton_devices,
-)
+from ... import _dispatch
+from ..._dispatch import ANYWHERE, HALF_AND_SINGLE, INTEGERS, Implementation, OpSupport, register
 from . import reference, torch_impl
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)
-_INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _KINDS = ("sinusoidal", "dft")
 
 
@@ -48,39 +36,41 @@ def _block(block):
 
 
 def _cpp_forward(positions, dim, kind, base, block, out_dtype):
-    return extension_ops("cpp").encoding_kernel(
+    return _dispatch.extension_ops("cpp").encoding_kernel(
         positions, int(dim), str(kind), float(base), _block(block), out_dtype
     )
 
 
 def _cpp_add(x, positions, kind, base, block):
-    return extension_ops("cpp").encoding_add_kernel(
+    return _dispatch.extension_ops("cpp").encoding_add_kernel(
         x, positions, str(kind), float(base), _block(block)
     )
 
 
 def _cpp_backward(grad, positions, dim, kind, base):
-    return extension_ops("cpp").encoding_kernel_backward(
+    return _dispatch.extension_ops("cpp").encoding_kernel_backward(
         grad, positions, int(dim), str(kind), float(base)
     )
 
 
-def _triton_support(positions: str) -> OpSupport:
+def _compiled(devices: tuple, positions: str) -> OpSupport:
+    """The compiled kernels' table (Triton and C++ alike): float32 phases, so float64
+    positions would lose their precision (the torch backend takes those)."""
     return OpSupport(
-        devices=triton_devices(),
-        dtypes=_HALF_AND_SINGLE,
+        devices=devices,
+        dtypes=HALF_AND_SINGLE,
         options={"kind": _KINDS},
-        input_dtypes={positions: _HALF_AND_SINGLE + _INTEGERS},
+        input_dtypes={positions: HALF_AND_SINGLE + INTEGERS},
     )
 
 
-_triton_add = lazy("triton_kernels.encodings", "encoding_add_fwd")
+_triton_add = _dispatch.lazy("triton_kernels.encodings", "encoding_add_fwd")
 
 ENCODING = register(
     "encoding",
     Implementation(
         "reference",
-        OpSupport(devices=ANY, dtypes=_FLOATS),
+        ANYWHERE,
         differentiable=True,
         forward=reference.encoding_forward,
         add=reference.encoding_add,
@@ -88,7 +78,7 @@ ENCODING = register(
     ),
     Implementation(
         "torch",
-        OpSupport(devices=ANY, dtypes=_FLOATS),
+        ANYWHERE,
         forward=torch_impl.encoding_forward,
         add=torch_impl.encoding_add,
         backward=torch_impl.encoding_backward,
@@ -96,20 +86,15 @@ ENCODING = register(
     ),
     Implementation(
         "triton",
-        _triton_support("positions"),
-        forward=lazy("triton_kernels.encodings", "encoding_fwd"),
+        _compiled(_dispatch.triton_devices(), "positions"),
+        forward=_dispatch.lazy("triton_kernels.encodings", "encoding_fwd"),
         add=_triton_add,
-        backward=lazy("triton_kernels.encodings", "encoding_bwd"),
+        backward=_dispatch.lazy("triton_kernels.encodings", "encoding_bwd"),
         inverse=torch_impl.lattice_inverse,
     ),
     Implementation(
         "cpp",
-        OpSupport(
-            devices=("cpu",),
-            dtypes=_HALF_AND_SINGLE,
-            options={"kind": _KINDS},
-            input_dtypes={"positions": _HALF_AND_SINGLE + _INTEGERS},
-        ),
+        _compiled(("cpu",), "positions"),
         forward=_cpp_forward,
         add=_cpp_add,
         backward=_cpp_backward,
@@ -119,14 +104,9 @@ ENCODING = register(
 
 ENCODING_ND = register(
     "encoding_nd",
+    Implementation("reference", ANYWHERE, differentiable=True, nd_add=reference.encoding_nd_add),
+    Implementation("torch", ANYWHERE, nd_add=per_axis(torch_impl.encoding_add)),
     Implementation(
-        "reference",
-        OpSupport(devices=ANY, dtypes=_FLOATS),
-        differentiable=True,
-        nd_add=reference.encoding_nd_add,
+        "triton", _compiled(_dispatch.triton_devices(), "coords"), nd_add=per_axis(_triton_add)
     ),
-    Implementation(
-        "torch", OpSupport(devices=ANY, dtypes=_FLOATS), nd_add=per_axis(torch_impl.encoding_add)
-    ),
-    Implementation("triton", _triton_support("coords"), nd_add=per_axis(_triton_add)),
 )

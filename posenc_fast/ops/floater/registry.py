@@ -24,6 +24,7 @@ from . import reference, torch_impl
 from .reference import ACTIVATIONS, METHODS, FloaterOptions
 
 _STATE_DTYPES = (torch.float32, torch.float64)
+_ANY_DEVICE = OpSupport(devices=ANY, dtypes=_STATE_DTYPES)
 # The CUDA kernels hold the dynamics in shared memory split across thread blocks (and
 # stream them from L2 beyond that); d and H up to this limit.
 CUDA_MAX_DIM = 4096
@@ -57,15 +58,10 @@ _OPTIONS = {"method": METHODS, "activation": ACTIVATIONS}
 
 FLOATER = register(
     "floater",
-    Implementation(
-        "reference",
-        OpSupport(devices=ANY, dtypes=_STATE_DTYPES),
-        differentiable=True,
-        forward=reference.forward,
-    ),
+    Implementation("reference", _ANY_DEVICE, differentiable=True, forward=reference.forward),
     Implementation(
         "torch",
-        OpSupport(devices=ANY, dtypes=_STATE_DTYPES),
+        _ANY_DEVICE,
         forward=torch_impl.floater_forward,
         backward=torch_impl.floater_backward,
     ),

@@ -15,7 +15,8 @@ from typing import Optional
 import torch
 
 from ..._dispatch import (
-    ANY,
+    ANYWHERE,
+    HALF_AND_SINGLE,
     Implementation,
     OpSupport,
     extension_ops,
@@ -25,8 +26,6 @@ from ..._dispatch import (
 )
 from . import reference, torch_impl
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)
 _ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 
 
@@ -47,17 +46,9 @@ def _cpp_backward(
 
 LFF = register(
     "lff",
+    Implementation("reference", ANYWHERE, differentiable=True, forward=reference.lff),
     Implementation(
-        "reference",
-        OpSupport(devices=ANY, dtypes=_FLOATS),
-        differentiable=True,
-        forward=reference.lff,
-    ),
-    Implementation(
-        "torch",
-        OpSupport(devices=ANY, dtypes=_FLOATS),
-        forward=torch_impl.lff_forward,
-        backward=torch_impl.lff_backward,
+        "torch", ANYWHERE, forward=torch_impl.lff_forward, backward=torch_impl.lff_backward
     ),
     # Fused features -> w1 -> act -> w2 in one pass; one recomputing backward pass with
     # deterministic weight-gradient sums. The [rows, H] tiles live in registers: the size
@@ -66,7 +57,7 @@ LFF = register(
         "triton",
         OpSupport(
             devices=triton_devices(),
-            dtypes=_HALF_AND_SINGLE,
+            dtypes=HALF_AND_SINGLE,
             max_sizes={
                 "pos_dim": 16,
                 "fourier_dim": 1024,
@@ -74,7 +65,7 @@ LFF = register(
                 "group_out_dim": 1024,
             },
             options={"activation": _ACTIVATIONS},
-            input_dtypes={"x": _HALF_AND_SINGLE},
+            input_dtypes={"x": HALF_AND_SINGLE},
         ),
         forward=lazy("triton_kernels.lff_forward", "lff_fwd"),
         backward=lazy("triton_kernels.lff_backward", "lff_bwd"),
@@ -84,9 +75,9 @@ LFF = register(
         "cpp",
         OpSupport(
             devices=("cpu",),
-            dtypes=_HALF_AND_SINGLE,
+            dtypes=HALF_AND_SINGLE,
             options={"activation": _ACTIVATIONS},
-            input_dtypes={"x": _HALF_AND_SINGLE},
+            input_dtypes={"x": HALF_AND_SINGLE},
         ),
         forward=_cpp_forward,
         backward=_cpp_backward,

@@ -13,22 +13,9 @@
 
 from __future__ import annotations
 
-import torch
-
-from ..._dispatch import (
-    ANY,
-    Implementation,
-    OpSupport,
-    extension_ops,
-    lazy,
-    register,
-    triton_devices,
-)
+from ... import _dispatch
+from ..._dispatch import ANYWHERE, HALF_AND_SINGLE, Implementation, OpSupport, register
 from . import reference, torch_impl
-
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)
-_ANYWHERE = OpSupport(devices=ANY, dtypes=_FLOATS)
 
 
 def _compiled(devices: tuple, max_sizes: dict) -> OpSupport:
@@ -37,9 +24,9 @@ def _compiled(devices: tuple, max_sizes: dict) -> OpSupport:
     torch backend takes those)."""
     return OpSupport(
         devices=devices,
-        dtypes=_HALF_AND_SINGLE,
+        dtypes=HALF_AND_SINGLE,
         max_sizes=max_sizes,
-        input_dtypes={"x": _HALF_AND_SINGLE, "wr": _HALF_AND_SINGLE},
+        input_dtypes={"x": HALF_AND_SINGLE, "wr": HALF_AND_SINGLE},
     )
 
 
@@ -49,58 +36,57 @@ def _reference_table(x, wr, out_dtype):
 
 
 def _cpp_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
-    dx, dwr = extension_ops("cpp").lff_rotary_kernel_backward(
+    dx, dwr = _dispatch.extension_ops("cpp").lff_rotary_kernel_backward(
         grad, x, wr, bool(need_x), bool(need_wr)
     )
     return (dx if need_x else None), (dwr if need_wr else None)
 
 
 def _cpp_apply(q, k, x, wr, layout: str):
-    oq, ok = extension_ops("cpp").apply_lff_rotary_kernel(q, k, x, wr, str(layout))
+    oq, ok = _dispatch.extension_ops("cpp").apply_lff_rotary_kernel(q, k, x, wr, str(layout))
     return oq, ok
 
 
 def _cpp_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
     needs = [bool(n) for n in needs]
-    grads = extension_ops("cpp").apply_lff_rotary_kernel_backward(
+    grads = _dispatch.extension_ops("cpp").apply_lff_rotary_kernel_backward(
         gq, gk, q, k, x, wr, str(layout), needs
     )
     return [g if n else None for g, n in zip(grads, needs)]
 
 
 def _cpp_table(x, wr, out_dtype):
-    return extension_ops("cpp").lff_rotary_kernel(x, wr, out_dtype)
+    return _dispatch.extension_ops("cpp").lff_rotary_kernel(x, wr, out_dtype)
 
 
-_TRITON = _compiled(triton_devices(), {"pos_dim": 16})  # M unrolled in the kernels
+_TRITON = _compiled(_dispatch.triton_devices(), {"pos_dim": 16})  # M unrolled in the kernels
 _CPP = _compiled(("cpu",), {})
 
-TABLE = register(
-    "lff_rotary",
-    Implementation("reference", _ANYWHERE, differentiable=True, forward=_reference_table),
-    Implementation(
-        "torch", _ANYWHERE, forward=torch_impl.table_forward, backward=torch_impl.table_backward
-    ),
-    Implementation(
-        "triton",
-        _TRITON,
-        forward=lazy("triton_kernels.rotary", "rotary_table_fwd"),
-        backward=lazy("triton_kernels.rotary", "rotary_table_bwd"),
-    ),
-    Implementation("cpp", _CPP, forward=_cpp_table, backward=_cpp_table_backward),
-)
 
-APPLY = register(
+def _rotary(op: str, reference_forward, torch_functions, triton_kernels, cpp_functions):
+    """The registry of one of the two ops: each backend's forward and backward."""
+    names = ("forward", "backward")
+    triton = [_dispatch.lazy("triton_kernels.rotary", k) for k in triton_kernels]
+    return register(
+        op,
+        Implementation("reference", ANYWHERE, differentiable=True, forward=reference_forward),
+        Implementation("torch", ANYWHERE, **dict(zip(names, torch_functions))),
+        Implementation("triton", _TRITON, **dict(zip(names, triton))),
+        Implementation("cpp", _CPP, **dict(zip(names, cpp_functions))),
+    )
+
+
+TABLE = _rotary(
+    "lff_rotary",
+    _reference_table,
+    (torch_impl.table_forward, torch_impl.table_backward),
+    ("rotary_table_fwd", "rotary_table_bwd"),
+    (_cpp_table, _cpp_table_backward),
+)
+APPLY = _rotary(
     "apply_lff_rotary",
-    Implementation("reference", _ANYWHERE, differentiable=True, forward=reference.apply_rotary),
-    Implementation(
-        "torch", _ANYWHERE, forward=torch_impl.apply_forward, backward=torch_impl.apply_backward
-    ),
-    Implementation(
-        "triton",
-        _TRITON,
-        forward=lazy("triton_kernels.rotary", "rotary_apply_fwd"),
-        backward=lazy("triton_kernels.rotary", "rotary_apply_bwd"),
-    ),
-    Implementation("cpp", _CPP, forward=_cpp_apply, backward=_cpp_apply_backward),
+    reference.apply_rotary,
+    (torch_impl.apply_forward, torch_impl.apply_backward),
+    ("rotary_apply_fwd", "rotary_apply_bwd"),
+    (_cpp_apply, _cpp_apply_backward),
 )
