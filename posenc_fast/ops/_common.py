@@ -70,13 +70,17 @@ def direct_call_ok(*args) -> bool:
     CPU (issue 12: a third of a small LFF call); everything that must see the op —
     torch.compile / export (dynamo), jit tracing, fake or functional tensors and other
     subclasses, dispatch and function modes (make_fx, FlopCounter, ``with
-    torch.device(...)``), vmap / grad transforms — still goes through it. Private torch
-    APIs are looked up defensively: where one is missing the op is used."""
+    torch.device(...)``), vmap / grad transforms, a running torch.profiler (whose
+    trace names the op: examples/floater_attention.py counts integrations by it) — still
+    goes through it. Private torch APIs are looked up defensively: where one is missing
+    the op is used."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     C = torch._C
     try:
         if C._len_torch_dispatch_stack() or C._is_torch_function_mode_enabled():
+            return False
+        if C._autograd._profiler_enabled():
             return False
         if C._functorch.peek_interpreter_stack() is not None:
             return False
