@@ -294,7 +294,7 @@ class Case:
 
     def _call(self, impl: str, method: str, times) -> Callable:
         from posenc_fast.cli import floater_suite
-        from posenc_fast.floater_encoding import floater
+        from posenc_fast.ops.floater import floater
 
         if impl in ("torchdiffeq", "adjoint"):
             baselines = floater_suite._torchdiffeq_baselines(*self.leaves, times, SUBSTEPS)
@@ -306,7 +306,7 @@ class Case:
         return lambda: floater(*self.leaves, times, SUBSTEPS, method, ACTIVATION, backend=backend)
 
     def _prepare_graph(self, mode: str, n: int, g) -> Prepared:
-        from posenc_fast.torch_impl.floater import TABLEAUX
+        from posenc_fast.ops.floater.torch_impl import TABLEAUX
 
         ctx, tab = self.ctx, TABLEAUX[BASELINE_METHOD]
         stage_t, steps = stage_schedule(self.times_host[:n], SUBSTEPS, tab)
@@ -434,8 +434,8 @@ def check_prefix(case: Case, method: str) -> dict:
     """The subject's forward and gradients on the first sample times against autograd
     through the float64 reference loop (the exact discrete adjoint)."""
     from posenc_fast.cli.verify import Result
-    from posenc_fast.floater_encoding import floater
-    from posenc_fast.reference import floater as ref
+    from posenc_fast.ops.floater import floater
+    from posenc_fast.ops.floater import reference as ref
 
     n = min(case.L, CHECK_LENGTH)
     leaves = [t.detach().clone().requires_grad_(True) for t in case.leaves]
@@ -680,8 +680,8 @@ def goals_line(case_name: str, g: dict) -> str:
 
 
 def environment(ctx: Context) -> dict:
+    from posenc_fast import _dispatch as ext
     from posenc_fast import _extension
-    from posenc_fast.backends import extension_backends as ext
 
     env = _gpu_common.environment()
     env["extension"] = {part: _extension.extension_build_metadata(part) for part in ("cpu", "cuda")}
@@ -695,12 +695,12 @@ def environment(ctx: Context) -> dict:
 
 
 def pick_subject(ctx: Context) -> tuple[str, list[str]]:
-    from posenc_fast import backends
+    from posenc_fast._dispatch import BACKENDS
 
     if ctx.cuda:
-        return "cuda", backends.get("cuda").environment_reasons()
+        return "cuda", BACKENDS["cuda"].environment_reasons()
     # dry run: the C++ backend, or (pure-Python install) the float64-exact reference loop
-    return ("cpp" if not backends.get("cpp").environment_reasons() else "reference"), []
+    return ("cpp" if not BACKENDS["cpp"].environment_reasons() else "reference"), []
 
 
 def main(argv=None) -> int:
@@ -712,7 +712,7 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    from posenc_fast.backends import extension_backends as ext
+    from posenc_fast import _dispatch as ext
 
     os.environ.setdefault(ext.CUDA_GATE_ENV, "1")  # this run is part of the validation
     ctx.subject, why = pick_subject(ctx)

@@ -69,7 +69,7 @@
 # LFF_ARGS, ROTARY_ARGS, BENCH_ARGS, COMPILE_ARGS (extra arguments of each stage), BUILD_VERBOSE=1.
 #
 # --dry-run runs every stage in a tiny CPU form (no build, no GPU), so that this script
-# and the programs it calls can be tested anywhere (tests/test_gpu_scripts.py).
+# and the programs it calls can be tested anywhere (tests/common/test_gpu_scripts.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -236,7 +236,7 @@ os.environ.setdefault("POSENC_FAST_CUDA_UNVALIDATED", "1")
 want = sys.argv[1]
 try:
     import posenc_fast
-    from posenc_fast import _extension, backends
+    from posenc_fast import _dispatch, _extension
 
     if want == "cuda":
         import posenc_fast.triton_kernels  # noqa: F401  (the installed package mapping)
@@ -248,7 +248,7 @@ if os.path.dirname(os.path.realpath(posenc_fast.__file__)) != tree:
     print(f"   not ready: posenc_fast imports from {posenc_fast.__file__}, not this tree")
     sys.exit(1)
 name = "cuda" if want == "cuda" else "cpp"
-reasons = backends.get(name).environment_reasons()
+reasons = _dispatch.BACKENDS[name].environment_reasons()
 if reasons:
     print(f"   not ready: backend {name}: {'; '.join(reasons)}")
     sys.exit(1)
@@ -380,7 +380,7 @@ stage_tests() {
     echo "   proof tests in all: $n of $(wc -l <<<"$ids") (-k \"$(proof_tests_k)\")"
   fi
   if ((DRY)); then
-    run_limited "$PYTHON" -m pytest "${args[@]}" tests/test_repository.py -k pins_torch
+    run_limited "$PYTHON" -m pytest "${args[@]}" tests/common/test_repository.py -k pins_torch
     return
   fi
   args+=(--durations=25)
@@ -389,8 +389,8 @@ stage_tests() {
     # go to one worker each: --dist loadfile)
     args+=(-k "$(proof_tests_k)")
   else
-    args+=(--ignore tests/test_large_gpu.py)
-    args+=(--deselect tests/test_triton.py::test_more_than_2_31_output_elements)
+    args+=(--ignore tests/common/test_large_gpu.py)
+    args+=(--deselect tests/common/test_triton.py::test_more_than_2_31_output_elements)
   fi
   local workers="${PYTEST_WORKERS:-8}"
   if ((workers > 1)) && "$PYTHON" -c "import xdist" >/dev/null 2>&1; then
@@ -407,11 +407,11 @@ stage_tests() {
 stage_tests_large() {
   local args=(-q -rfEs -p no:cacheprovider --junitxml "$OUT_DIR/tests_large_junit.xml")
   if ((DRY)); then
-    run_limited "$PYTHON" -m pytest "${args[@]}" tests/test_large_gpu.py -k small_size
+    run_limited "$PYTHON" -m pytest "${args[@]}" tests/common/test_large_gpu.py -k small_size
     return
   fi
   POSENC_FAST_TEST_DEVICE=cuda POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m pytest \
-    "${args[@]}" tests/test_large_gpu.py tests/test_triton.py::test_more_than_2_31_output_elements
+    "${args[@]}" tests/common/test_large_gpu.py tests/common/test_triton.py::test_more_than_2_31_output_elements
 }
 
 stage_verify() {

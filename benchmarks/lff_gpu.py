@@ -108,7 +108,7 @@ import torch  # noqa: E402
 
 import posenc_fast as pf  # noqa: E402
 from posenc_fast import _testing  # noqa: E402
-from posenc_fast.reference import fourier_features as lff_ref  # noqa: E402
+from posenc_fast.ops.lff import reference as lff_ref  # noqa: E402
 from posenc_fast.tolerances import mismatch  # noqa: E402
 
 DEVICE = "cpu" if ARGS.dry_run else "cuda"

@@ -12,7 +12,7 @@ positions [B, N, 2] in (-1, 1), q and k sliced from a fused qkv projection as Li
 does, channel stride 3) and a ViT-like one (B = 8, N = 1024, 12 heads of 64). Modes: fwd
 (no autograd) and fwd+bwd (gradients to q, k and wr, as in training; positions need
 none). Implementations, on the same inputs:
-    eager          LightGlue's formulas restated (tests/test_rotary.py names the commit):
+    eager          LightGlue's formulas restated (tests/rotary/test_rotary.py names the commit):
                    nn.Linear phases -> cos, sin -> stack -> repeat_interleave -> the
                    table, then t * cos + rotate_half(t) * sin for q and for k
     eager-rotate   the rotation alone with the table already computed (LightGlue builds

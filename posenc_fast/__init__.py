@@ -16,9 +16,10 @@ Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "ref
 `python -m posenc_fast info` shows which are usable here and why the others are not.
 """
 
+from ._dispatch import BackendError, available_backends
 from ._version import __version__
-from .backends import BackendError, available_backends
-from .encodings import (
+from .grid import grid_positions
+from .ops.encodings import (
     DFTPE,
     SinusoidalNdPE,
     SinusoidalPE,
@@ -27,10 +28,9 @@ from .encodings import (
     sinusoidal,
     sinusoidal_nd,
 )
-from .floater_encoding import Floater, FloaterAttentionBias, floater
-from .fourier_features import LearnableFourierFeatures, lff
-from .grid import grid_positions
-from .rotary import LearnableFourierRotary, apply_lff_rotary, lff_rotary
+from .ops.floater import Floater, FloaterAttentionBias, floater
+from .ops.lff import LearnableFourierFeatures, lff
+from .ops.rotary import LearnableFourierRotary, apply_lff_rotary, lff_rotary
 
 __all__ = [
     "DFTPE",

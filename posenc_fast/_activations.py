@@ -1,6 +1,6 @@
 """Activations of the LFF MLP and their derivatives, for the torch backend.
 
-The reference writes the formulas out literally (posenc_fast/reference); here the same
+The reference writes the formulas out literally (posenc_fast/ops/lff/reference.py); here the same
 functions come as single ATen ops with their derivatives (aten::gelu_backward,
 threshold_backward), so the backward can recompute them chunk by chunk without autograd.
 ``apply`` stays composed of differentiable ops: the double backward differentiates it.

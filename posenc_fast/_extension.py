@@ -220,13 +220,10 @@ def _part_info(part: str) -> dict:
 def extension_info() -> dict:
     """What ``python -m posenc_fast info`` shows about the compiled extension: each part's
     status, reasons and build record, and what the "cpp"/"cuda" backends make of it."""
-    from .backends import extension_backends as eb
+    from ._dispatch import BACKENDS  # (the dispatcher imports this module)
 
     out: dict[str, Any] = {part: _part_info(part) for part in PARTS}
-    out["backends"] = {
-        "cpp": eb.CppBackend().environment_reasons(),
-        "cuda": eb.CudaBackend().environment_reasons(),
-    }
+    out["backends"] = {name: BACKENDS[name].environment_reasons() for name in ("cpp", "cuda")}
     return out
 
 

@@ -14,7 +14,10 @@ from typing import Optional
 
 import torch
 
-from . import backends
+from . import _dispatch
+from .ops.floater.registry import FLOATER
+from .ops.lff import lff
+from .ops.lff import reference as lff_reference
 
 
 def seed_of(text: str) -> int:
@@ -120,16 +123,13 @@ def check_lff_backward(case: LffCase, inputs, backend: str, grad_seed: int, what
     """pf.lff's backward on ``inputs`` (as from :func:`lff_inputs`, in the dtype of the
     weights) for a random grad_output drawn from ``grad_seed``, against float64 autograd
     through the reference (:func:`assert_grads_close`)."""
-    from .fourier_features import lff
-    from .reference import fourier_features as ref
-
     dtype = inputs[1].dtype
     leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in inputs]
     y = lff(*leaves, activation=case.activation, backend=backend)
     g = randn(y.shape, generator(grad_seed), dtype, y.device)
     y.backward(g)
     leaves64 = [t.detach().double().requires_grad_(True) if t is not None else None for t in inputs]
-    ref.lff(*leaves64, case.activation).backward(g.double())
+    lff_reference.lff(*leaves64, case.activation).backward(g.double())
     assert_grads_close(LFF_NAMES, leaves, leaves64, dtype, f"{what} {backend} {case.id}")
 
 
@@ -186,14 +186,16 @@ ENCODING_CASES: Sequence[EncodingCase] = tuple(
 
 
 def _implementing(op: str, device: str, dtype: Optional[torch.dtype], include_reference: bool):
-    """(name, backend) of every backend that implements ``op`` on ``device`` in ``dtype``."""
-    for name in backends.BACKEND_NAMES:
-        if name == "reference" and not include_reference:
+    """(name, backend) of every backend that implements ``op`` on ``device`` in ``dtype``,
+    in the dispatcher's order."""
+    registry = _dispatch.REGISTRIES[op]
+    for name, b in _dispatch.BACKENDS.items():
+        impl = registry.get(name)
+        if impl is None or (impl.differentiable and not include_reference):
             continue
-        b = backends.get(name)
-        if not b.implements(op, device):
+        sup = impl.support
+        if not sup.implements(device):
             continue
-        sup = b.SUPPORT[op]
         if dtype is not None and sup.dtypes is not None and dtype not in sup.dtypes:
             continue
         yield name, b
@@ -285,22 +287,21 @@ def count_floater_integrations():
     its number of sample times to ``seen`` (cache hits append nothing)."""
     seen: list = []
     patched = []
-    for name in backends.BACKEND_NAMES:
-        b = backends.get(name)
-        forward = getattr(b, "floater_forward", None)
-        if forward is None:
+    for impl in FLOATER.values():
+        if impl.differentiable:  # the reference integrates without the op: not counted
             continue
+        forward = impl.forward
 
         def counting(*args, _forward=forward, **kwargs):
             seen.append(args[5].shape[0])  # times [L]
             return _forward(*args, **kwargs)
 
-        b.floater_forward = counting  # an instance attribute shadows the class's method
-        patched.append(b)
+        impl.forward = counting
+        patched.append((impl, forward))
 
     def restore():
-        for b in patched:
-            del b.floater_forward
+        for impl, forward in patched:
+            impl.forward = forward
 
     return seen, restore
 
@@ -377,3 +378,25 @@ def rotary_table_inputs(shape, dtype, device, seed):
     x = randn(shape[:-1], g, pdt, device, 3.0)
     wr = randn((shape[-1] // 2, shape[-2]), g, dtype, device)
     return x, wr
+
+
+# -- the dispatcher, as the tests ask it ---------------------------------------------------
+
+
+def chosen(problem, requested: str = "auto") -> str:
+    """Name of the backend the dispatcher picks for ``problem`` (its op's registry)."""
+    return _dispatch.choose(_dispatch.REGISTRIES[problem.op], problem, requested).name
+
+
+def support(backend: str, op: str):
+    """``backend``'s SUPPORT table for ``op`` (KeyError where it does not implement it)."""
+    return _dispatch.REGISTRIES[op][backend].support
+
+
+def environment_reasons(backend: str) -> list[str]:
+    return _dispatch.BACKENDS[backend].environment_reasons()
+
+
+def reasons(backend: str, problem) -> list[str]:
+    """Why ``backend`` refuses ``problem`` ([] if it can run it)."""
+    return _dispatch.reasons(backend, _dispatch.REGISTRIES[problem.op], problem)

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from . import _checks
-from .fourier_features import LearnableFourierFeatures
+from .ops.lff import LearnableFourierFeatures
 
 SOURCES = ("guimont", "jhlew", "lightglue", "tpe")
 

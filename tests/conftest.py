@@ -64,3 +64,13 @@ def pytest_report_header(config):
     for name, reasons in usable.items():
         lines.append(f"  backend {name}: " + ("usable" if not reasons else "; ".join(reasons)))
     return lines
+
+
+@pytest.fixture
+def triton_interpreter():
+    """Skips unless the Triton kernels run on CPU tensors here (TRITON_INTERPRET=1)."""
+    reasons = _testing.environment_reasons("triton")
+    if reasons:
+        pytest.skip("; ".join(reasons))
+    if not _testing.support("triton", "lff").implements("cpu"):
+        pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")

@@ -32,7 +32,7 @@ from typing import Callable, Optional
 import triton
 import triton.language as tl
 
-from ..backends.triton_backend import parse_version
+from ._env import parse_version
 
 # Architectures the compile report covers: A100, A10/A40/RTX 30, L4/L40/RTX 40, H100/H200,
 # B200, RTX 50.

@@ -10,8 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backends.triton_backend import interpreter_enabled
 from . import _configs
+from ._env import interpreter_enabled
 
 # Decided once: Triton itself reads TRITON_INTERPRET when the kernels are defined.
 INTERPRET = interpreter_enabled()

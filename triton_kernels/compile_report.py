@@ -33,7 +33,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from ..backends.triton_backend import interpreter_enabled  # (does not import triton)
+from ._env import interpreter_enabled  # (does not import triton)
 
 if interpreter_enabled():
     raise SystemExit("compile_report: unset TRITON_INTERPRET (it replaces the compiler)")
@@ -43,7 +43,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import _configs
+from . import _common, _configs
 from . import encodings as enc
 from . import lff_backward as bwd
 from . import lff_forward as fwd
@@ -220,7 +220,7 @@ def _cases(quick: bool, arch: int):
         arch,
     )
     yield Case(
-        "lff_sum_partials", "sum_partials", bwd._sum_partials_kernel, {"OUT": "*bf16"},
+        "lff_sum_partials", "sum_partials", _common.sum_partials_kernel, {"OUT": "*bf16"},
         dict(BLOCK=1024, INTERPRET=False), dict(num_warps=4),
     )  # fmt: skip
     # (name, ADD, HAS_BIAS, INTERLEAVED, POS_INT, WRAP)

@@ -2,7 +2,7 @@
 ``encoding_add_fwd``, ``encoding_bwd``).
 
 Both encodings are sums of sinusoids of the position, described by a *spectrum*
-(``_spectrum``, from posenc_fast/reference/encodings.py's formulas): per frequency k its
+(``_spectrum``, from posenc_fast/ops/encodings/reference.py's formulas): per frequency k its
 rate in turns per unit position (float64 on the host, split into a float32 pair
 hi + lo), and the output column and amplitude of its cosine and sine:
 

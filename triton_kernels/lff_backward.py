@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from . import _configs
+from ._common import add_to, cos_sin_tile, max_programs, phase_chain_rule, sum_partials_kernel
 from ._launch import (
     INTERPRET,
     device_guard,
@@ -61,45 +62,11 @@ from ._launch import (
     interpreter_blocks,
     pow2,
     rows_view,
-    sm_count,
     tl_dtype,
 )
 from ._mlp import activation, activation_grad, mma
 from ._round import load_as, round_to
-from .lff_forward import cos_sin_tile, hidden_preactivation, split_features
-
-
-@triton.jit
-def _add_to(ptrs, value, mask, accumulate):
-    """*ptrs += value, for a workspace row owned by this program alone; *ptrs = 0 + value
-    when not ``accumulate`` (the program's first tile: the row is uninitialised). A
-    uniform branch, not a masked load: the select on the mask cost registers (a spill)."""
-    if accumulate:
-        tl.store(ptrs, tl.load(ptrs, mask=mask, other=0.0) + value, mask=mask)
-    else:
-        tl.store(ptrs, 0.0 + value, mask=mask)
-
-
-@triton.jit
-def phase_chain_rule(
-    gphase, X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, dx_acc, ms, ws_wr, accumulate,
-    M: tl.constexpr, NEED_X: tl.constexpr, NEED_WR: tl.constexpr,
-):  # fmt: skip
-    """The chain rule through phase = x . wr for one tile of d loss / d phase [BR, BK]
-    (rows ``rows`` of X [R, M], frequencies ``ks`` of WR [F2, M] contiguous): returns
-    dx_acc [BR, BLOCK_M] + gphase @ wr[ks], and adds sum_rows gphase * x[:, m] to this
-    program's workspace partials ws_wr[k * M + m] (_add_to). Padded rows and frequencies
-    must have gphase = 0. Shared by the LFF and rotary backward kernels."""
-    for m in tl.static_range(M):
-        if NEED_X:
-            w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
-            col = tl.sum(gphase * w[None, :], axis=1)
-            dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
-        if NEED_WR:
-            x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0)
-            part = tl.sum(gphase * x.to(tl.float32)[:, None], axis=0)
-            _add_to(ws_wr + ks * M + m, part, kmask, accumulate)
-    return dx_acc
+from .lff_forward import hidden_preactivation, split_features
 
 
 @triton.jit
@@ -226,14 +193,14 @@ def _lff_bwd_kernel(
                         PRECISION,
                         INTERPRET,
                     )
-                    _add_to(
+                    add_to(
                         ws + off_dw2 + hs[:, None] * width + ds[None, :],
                         part,
                         hmask[:, None] & dmask[None, :],
                         accumulate,
                     )
                 if NEED_B2:
-                    _add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask, accumulate)
+                    add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask, accumulate)
         if NEED_GA:
             ga = gh * activation_grad(a, ACT)  # [BR, BH] float32
             if NEED_B1:
@@ -253,13 +220,13 @@ def _lff_bwd_kernel(
                         zero_kh = tl.zeros([BLOCK_K, BLOCK_H], dtype=tl.float32)
                         part_c = mma(tl.trans(rc), ga_c, zero_kh, PRECISION, INTERPRET)
                         part_s = mma(tl.trans(rs), ga_c, zero_kh, PRECISION, INTERPRET)
-                        _add_to(
+                        add_to(
                             ws + off_dw1 + ks[:, None] * hidden + hs[None, :],
                             part_c,
                             wmask,
                             accumulate,
                         )
-                        _add_to(
+                        add_to(
                             ws + off_dw1 + (ks + n_freq)[:, None] * hidden + hs[None, :],
                             part_s,
                             wmask,
@@ -304,30 +271,9 @@ def _lff_bwd_kernel(
         tl.store(ws + off_db1 + hs, db1_acc, mask=hmask)
 
 
-@triton.jit
-def _sum_partials_kernel(
-    WS, OUT, n_parts, n_cols, stride_ws, BLOCK: tl.constexpr, INTERPRET: tl.constexpr
-):
-    # WS [P, stride_ws] float32 (already offset to one gradient's columns) -> OUT [NCOL]
-    # (the weight's dtype), OUT[c] = sum_p WS[p, c] added in float32 in the fixed order
-    # p = 0, 1, ..., P-1 (deterministic), rounded once. Grid: (cdiv(NCOL, BLOCK),).
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for p in range(0, n_parts):
-        acc += tl.load(WS + tl.cast(p, tl.int64) * stride_ws + cols, mask=mask, other=0.0)
-    tl.store(OUT + cols, round_to(acc, OUT.dtype.element_ty, INTERPRET), mask=mask)
-
-
 # Workspace budget: partial sums of all programs together stay below this many bytes
 # (P shrinks for large weights, e.g. F=768, H=256, Dg=1024: 1.8 MB per program).
 _WORKSPACE_BYTES = 256 * 2**20
-
-
-def max_programs(device: torch.device) -> int:
-    """Programs of the backward: two per SM (each walks its share of the row tiles);
-    2 under the interpreter. Part of the summation order, so fixed per device."""
-    return 2 * sm_count(device)
 
 
 # Launch options of the GPU configurations (see gpu_candidates).
@@ -483,7 +429,7 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
         block = 4096 if INTERPRET else 1024
         for idx, ref, off in parts:
             result = torch.empty(ref.shape, dtype=ref.dtype, device=device)
-            _sum_partials_kernel[(triton.cdiv(ref.numel(), block),)](
+            sum_partials_kernel[(triton.cdiv(ref.numel(), block),)](
                 ws[:, off:],
                 result,
                 programs,

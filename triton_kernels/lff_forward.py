@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import cos_sin_tile
 from ._launch import (
     INTERPRET,
     autotuned,
@@ -45,26 +46,7 @@ from ._launch import (
     tl_dtype,
 )
 from ._mlp import activation, mma
-from ._phase import accumulate_phase, phase_term, sincos_turns, turns_hi_lo
 from ._round import load_as, round_to
-
-
-@triton.jit
-def cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M: tl.constexpr):
-    """cos and sin of x[rows] . wr[ks]^T: X [R, M] (strided), WR [F/2, M] contiguous.
-
-    Returns two [BLOCK_R, BLOCK_K] float32 tensors. Padded rows / frequencies read 0
-    (phase 0, cos 1): callers mask them out of every store and zero their weights.
-    """
-    for m in tl.static_range(M):
-        x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0).to(tl.float32)
-        w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
-        t_hi, t_lo = turns_hi_lo(w)
-        if m == 0:
-            hi, lo = phase_term(x[:, None], t_hi[None, :], t_lo[None, :])
-        else:
-            hi, lo = accumulate_phase(hi, lo, x[:, None], t_hi[None, :], t_lo[None, :])
-    return sincos_turns(hi, lo)
 
 
 @triton.jit

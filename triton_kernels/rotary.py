@@ -1,6 +1,6 @@
 """Learnable Fourier rotary embeddings (LightGlue's layout): the cos / sin table, and its
 fused application to q and k, forward and backward (``rotary_table_fwd/bwd``,
-``rotary_apply_fwd/bwd``). Formulas: posenc_fast/reference/rotary.py.
+``rotary_apply_fwd/bwd``). Formulas: posenc_fast/ops/rotary/reference.py.
 
 One kernel per direction, with a constexpr TABLE for the table variant. A program owns
 BLOCK_N positions of one batch row b (a *tile*) and, per chunk of BLOCK_K frequencies:
@@ -37,11 +37,19 @@ import torch
 import triton
 import triton.language as tl
 
-from ..torch_impl.rotary import batch_positions, heads_first
+from ._common import cos_sin_tile, max_programs, phase_chain_rule, sum_partials_kernel
 from ._launch import INTERPRET, device_guard, pow2, rows_view
 from ._round import round_to
-from .lff_backward import _sum_partials_kernel, max_programs, phase_chain_rule
-from .lff_forward import cos_sin_tile
+
+
+def heads_first(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """q or k as a [B, heads, N, D] view: "bhnd" as it is, "bnhd" transposed."""
+    return t if layout == "bhnd" else t.transpose(1, 2)
+
+
+def batch_positions(x: torch.Tensor) -> torch.Tensor:
+    """x [B, N, M] as it is, [N, M] (shared by the batch) as a [1, N, M] view."""
+    return x if x.dim() == 3 else x.unsqueeze(0)
 
 
 @triton.jit
@@ -333,7 +341,7 @@ def _launch_bwd(x3, wr, q, k, gq, gk, dq, dk, dx, n_pos, heads, table: bool, nee
             return None
         dwr = torch.empty(wr.shape, dtype=wr.dtype, device=wr.device)
         block = 1024
-        _sum_partials_kernel[(triton.cdiv(wr.numel(), block),)](
+        sum_partials_kernel[(triton.cdiv(wr.numel(), block),)](
             ws, dwr, programs, wr.numel(), ws.stride(0), BLOCK=block, INTERPRET=INTERPRET
         )
     return dwr

@@ -24,12 +24,11 @@ import torch
 
 import posenc_fast as _pf
 
-from .. import _testing
-from .. import backends as _backends
-from .. import encodings as enc_api
-from ..fourier_features import lff
-from ..reference import encodings as enc_ref
-from ..reference import fourier_features as lff_ref
+from .. import _dispatch, _testing
+from ..ops import encodings as enc_api
+from ..ops.encodings import reference as enc_ref
+from ..ops.lff import lff
+from ..ops.lff import reference as lff_ref
 from . import _baselines
 from ._floors import Work
 
@@ -65,7 +64,7 @@ def _available(op: str, device: str, dtype) -> list[str]:
     """Usable backends that "auto" could pick here, in auto's order: e.g. not the Triton
     interpreter on the CPU (TRITON_INTERPRET=1), which is for verification, not timing."""
     names = _testing.backends_for(op, device, dtype)
-    return [n for n in names if _backends.get(n).auto_eligible(op, device)]
+    return [n for n in names if _dispatch.auto_eligible(n, _dispatch.REGISTRIES[op], device)]
 
 
 def _elt(dtype) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends import AUTO_ORDER
+from .._dispatch import AUTO_ORDER
 from . import _cases, _contention, _floors, _timing
 from ._cases import Impl
 from ._environment import describe

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from .. import _testing
-from ..floater_encoding import Floater, floater
-from ..reference import floater as ref
+from ..ops.floater import Floater, floater
+from ..ops.floater import reference as ref
 from ..tolerances import mismatch
 from ._cases import BenchCase, Impl, _available
 from .verify import Result

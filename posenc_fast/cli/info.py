@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .. import backends
+from .. import _dispatch
 from ._environment import describe
 
 
@@ -21,7 +21,7 @@ def _extension_info() -> dict:
 
 def run(args) -> int:
     env = describe()
-    status = backends.available_backends(verbose=True)
+    status = _dispatch.available_backends(verbose=True)
     ext = _extension_info()
     if getattr(args, "json", False):
         print(json.dumps({"environment": env, "backends": status, "extension": ext}, indent=2))
@@ -48,7 +48,7 @@ def run(args) -> int:
     for name, reasons in status.items():
         state = "available" if not reasons else "unavailable: " + "; ".join(reasons)
         print(f"  {name:<10} {state}")
-        print(f"  {'':<10} {backends.get(name).summary}")
+        print(f"  {'':<10} {_dispatch.BACKENDS[name].summary}")
     if ext:
         print("\nC++/CUDA extension (two modules, built and loaded independently):")
         for line in _extension_lines(ext):

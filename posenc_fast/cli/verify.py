@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import _testing, backends
-from .. import encodings as enc_api
-from ..fourier_features import lff
-from ..reference import encodings as enc_ref
-from ..reference import fourier_features as lff_ref
-from ..reference import rotary as rotary_ref
-from ..rotary import apply_lff_rotary, lff_rotary
+from .. import _dispatch, _testing
+from ..ops import encodings as enc_api
+from ..ops.encodings import reference as enc_ref
+from ..ops.lff import lff
+from ..ops.lff import reference as lff_ref
+from ..ops.rotary import apply_lff_rotary, lff_rotary
+from ..ops.rotary import reference as rotary_ref
 from ..tolerances import mismatch
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -240,17 +240,15 @@ def run(args) -> int:
     print(f"posenc_fast verify: device {device}, seed {seed} (replay with --seed {seed})")
     failed = 0
     for op in wanted:
-        for name in backends.BACKEND_NAMES:
-            if name == "reference":
-                continue
-            b = backends.get(name)
-            if not b.implements(op, device):
+        for name, b in _dispatch.BACKENDS.items():
+            impl = _dispatch.REGISTRIES[op].get(name)
+            if impl is None or impl.differentiable or not impl.support.implements(device):
                 continue
             env = b.environment_reasons()
             if env:
                 print(f"SKIP  {op:<9} {name:<7} unavailable: {'; '.join(env)}")
                 continue
-            sup = b.SUPPORT[op]
+            sup = impl.support
             for dtype in DTYPES:
                 if sup.dtypes is not None and dtype not in sup.dtypes:
                     continue

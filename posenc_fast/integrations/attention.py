@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..floater_encoding import FloaterAttentionBias, _run
+from ..ops.floater import FloaterAttentionBias, integrate
 
 
 def block_bias(source: FloaterAttentionBias, n: int, length: int) -> Tensor:
@@ -38,16 +38,14 @@ def block_bias(source: FloaterAttentionBias, n: int, length: int) -> Tensor:
     training_step = fl.training and torch.is_grad_enabled()
     if training_step or torch.compiler.is_compiling():
         P = source.num_projections
-        out, _ = _run(
+        out, _ = integrate(
             fl.p0[n * P : (n + 1) * P],
             fl.w1,
             fl.b1,
             fl.w2,
             fl.b2,
             fl.length_times(length),
-            fl.substeps,
-            fl.method,
-            fl.activation,
+            fl.options,
             fl.backend,
             check_values=False,  # times built from length: valid by construction
         )

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import _checks
-from ..encodings import sinusoidal_nd
-from ..fourier_features import LearnableFourierFeatures
 from ..grid import grid_positions
+from ..ops.encodings import sinusoidal_nd
+from ..ops.lff import LearnableFourierFeatures
 
 
 class _GridEncoding(nn.Module):

@@ -1,10 +1,9 @@
-"""Registers the posenc_fast:: custom ops (import side effect).
+"""The ops, one package each: ``lff``, ``encodings``, ``rotary``, ``floater``.
 
-Their signatures spell lists ``typing.List[...]``: torch 2.5's ``infer_schema`` accepts
-``List[bool]`` / ``List[Tensor]`` but raises on ``list[bool]`` / ``list[Tensor]`` (accepted
-from torch 2.7), and the package supports torch >= 2.5 (tests/test_compat.py checks it).
+Each holds its public API (``api.py``: functions and modules), its ``posenc_fast::``
+custom ops with autograd (``op.py``), its float64 reference (``reference.py``), its
+pure-PyTorch implementation (``torch_impl.py``) and one small registry pairing every
+implementation with its SUPPORT table (``registry.py``). Shared by them: ``_common.py``
+(custom-op helper and eager fast path, autocast, double backward) and ``_torch_common.py``
+(accurate phases, chunking, device constants); the dispatcher is ``posenc_fast._dispatch``.
 """
-
-from . import encodings, floater, fourier_features, rotary
-
-__all__ = ["encodings", "floater", "fourier_features", "rotary"]

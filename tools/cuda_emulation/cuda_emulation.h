@@ -4,7 +4,7 @@
 // waits, so the phase structure, indexing, reductions and partitioning run exactly as
 // written. What it cannot check: the GPU memory model (ld.global.cg, L1 staleness),
 // timing, occupancy, register or shared-memory limits. Used by
-// tests/test_extension_cuda_emulation.py through emulate_floater.cpp.
+// tests/floater/test_extension_cuda_emulation.py through emulate_floater.cpp.
 #pragma once
 
 #include <algorithm>

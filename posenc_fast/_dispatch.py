@@ -1,0 +1,402 @@
+"""The one dispatcher: which implementation runs a call, and why the others cannot.
+
+Backends, fastest first for what they support:
+- ``cuda``:   C++/CUDA kernels of the compiled extension (FLOATER integrator), CUDA tensors.
+- ``triton``: fused Triton kernels (LFF, encodings, rotary), CUDA tensors; CPU tensors only
+  under ``TRITON_INTERPRET=1`` (how CI verifies the kernels; never picked by "auto" there).
+- ``cpp``:    C++ CPU kernels of the compiled extension (FLOATER integrator, LFF, encodings,
+  rotary).
+- ``torch``:  pure PyTorch, chunked and memory-efficient: the fallback on every device.
+- ``reference``: the literal float64 equations; the specification, never picked by "auto".
+
+Two kinds of table decide, each written once:
+- ``BACKENDS`` (here): per backend, whether it can run at all in this process (extension
+  loaded, triton importable, interpreter version, GPU capability), its summary, and the
+  devices on which "auto" may pick it;
+- each op's registry (``ops/<op>/registry.py``, like torchdiffeq's ``SOLVERS``): backend
+  name -> :class:`Implementation`, the backend's ``SUPPORT`` table for that op (devices,
+  dtypes, size limits, options: the xformers pattern) and its functions.
+
+:func:`choose` walks ``AUTO_ORDER`` over an op's registry and returns the first
+implementation with no reasons against the call, or raises one :class:`BackendError`
+listing every backend's reasons. ``POSENC_FAST_BACKEND=<name>`` replaces "auto" by that
+backend for every call. Adding a backend for an op is one registry entry plus its kernels
+(tests/common/test_dispatch.py registers a toy one).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from . import _extension
+from .triton_kernels import _env as _triton_env
+
+ANY = None  # in a declaration: no restriction
+
+
+class BackendError(RuntimeError):
+    """No backend (or not the requested one) can run a call; the message says why."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The metadata of one call that backends decide on (never the tensors themselves)."""
+
+    op: str  # "lff" | "encoding" | "encoding_nd" | "floater" | "lff_rotary" | ...
+    device: str  # torch device type: "cpu", "cuda", "meta", ...
+    dtype: torch.dtype  # output / compute dtype
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
+    input_dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    """What one backend supports for one op. ``ANY`` (None) means unrestricted."""
+
+    devices: Optional[tuple[str, ...]] = ANY
+    dtypes: Optional[tuple[torch.dtype, ...]] = ANY
+    max_sizes: Mapping[str, int] = field(default_factory=dict)
+    options: Mapping[str, tuple] = field(default_factory=dict)
+    input_dtypes: Mapping[str, tuple[torch.dtype, ...]] = field(default_factory=dict)
+
+    def implements(self, device: str) -> bool:
+        return self.devices is ANY or device in self.devices
+
+
+# The dtype sets the SUPPORT tables name.
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+HALF_AND_SINGLE = (torch.float32, torch.bfloat16, torch.float16)  # the compiled kernels'
+INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+ANYWHERE = OpSupport(devices=ANY, dtypes=FLOATS)  # the reference's and torch's, mostly
+
+
+class Implementation:
+    """One backend's implementation of one op: ``name`` (the backend), ``support`` (its
+    SUPPORT table for the op) and the op's functions as keyword attributes (``forward``,
+    ``backward``, ...: each op's registry names them).
+
+    ``differentiable``: autograd differentiates ``forward`` itself, so the call runs it
+    directly instead of through the op's custom op (the float64 reference)."""
+
+    def __init__(self, name: str, support: OpSupport, *, differentiable: bool = False, **functions):
+        self.name = name
+        self.support = support
+        self.differentiable = differentiable
+        self.__dict__.update(functions)
+
+    def __repr__(self) -> str:
+        return f"Implementation({self.name!r})"
+
+
+Registry = dict  # backend name -> Implementation (one per op)
+
+# op -> its registry: filled by the op packages' registry modules when they are imported
+# (posenc_fast's __init__ imports them all), so tools can ask "who implements op X".
+REGISTRIES: dict[str, Registry] = {}
+
+
+def register(op: str, *implementations: Implementation) -> Registry:
+    """The registry of ``op``: its implementations by backend name."""
+    registry = {impl.name: impl for impl in implementations}
+    REGISTRIES[op] = registry
+    return registry
+
+
+def lazy(module: str, attr: str) -> Callable:
+    """``posenc_fast.<module>.<attr>``, imported on its first call: the Triton kernels
+    import triton, which is optional and slow to import, so only a call that runs one
+    loads it."""
+    loaded: list[Callable] = []
+
+    def call(*args):
+        if not loaded:
+            loaded.append(getattr(importlib.import_module(f"posenc_fast.{module}"), attr))
+        return loaded[0](*args)
+
+    call.__name__ = call.__qualname__ = attr
+    return call
+
+
+def extension_ops(backend: str):
+    """``torch.ops.posenc_fast`` with the extension's parts that ``backend`` needs loaded
+    (the csrc kernels: ``lff_kernel``, ``floater_integrate``, ...)."""
+    for part in BACKENDS[backend].parts:
+        if _extension.load(part) is None:
+            why = "; ".join(BACKENDS[backend].environment_reasons())
+            raise RuntimeError(f"posenc_fast: backend {backend!r} is unavailable: {why}")
+    return torch.ops.posenc_fast
+
+
+# ---------------------------------------------------------------------------------------
+# Backend availability: per backend, for every op
+# ---------------------------------------------------------------------------------------
+
+
+def device_capability() -> tuple[int, int]:
+    """Compute capability of the current CUDA device. The one place backends ask, so tests
+    can simulate a GPU older than the kernels support (tests/common/test_degradation.py)."""
+    major, minor = torch.cuda.get_device_capability()
+    return int(major), int(minor)
+
+
+def capability_reasons(minimum: tuple[int, int], why: str = "") -> list[str]:
+    """Why the current CUDA device cannot run a backend that needs compute capability
+    ``minimum``: too old, or torch reports a device whose capability cannot be read (no
+    driver, a CPU build of torch, a process that faked torch.cuda.is_available)."""
+    try:
+        major, minor = device_capability()
+    except Exception as exc:
+        return [f"cannot read the CUDA device's compute capability ({type(exc).__name__}: {exc})"]
+    if (major, minor) < minimum:
+        need = f"{minimum[0]}.{minimum[1]}{why}"
+        return [f"needs a GPU of compute capability >= {need}, this one is {major}.{minor}"]
+    return []
+
+
+def triton_devices() -> tuple[str, ...]:
+    """Devices the Triton kernels run on: CUDA, and CPU tensors under the interpreter."""
+    return ("cuda", "cpu") if _triton_env.interpreter_enabled() else ("cuda",)
+
+
+def _triton_reasons() -> list[str]:
+    err = _triton_env.import_error()
+    if err:
+        return [err]
+    if _triton_env.interpreter_enabled():
+        reason = _triton_env.installed_interpreter_reason()
+        return [reason] if reason else []
+    if not torch.cuda.is_available():
+        return ["no CUDA device and TRITON_INTERPRET is not set"]
+    # An environment reason (not an input-dependent one), so that "auto" warns once
+    # and `python -m posenc_fast info` shows it, instead of a silent fallback.
+    reasons = capability_reasons((8, 0), " (bf16 tensor cores)")
+    if reasons:
+        return reasons
+    # Imported here: it imports triton, importable by now, and only a GPU needs it.
+    from .triton_kernels import _configs
+
+    major, minor = device_capability()
+    reason = _configs.target_reason(10 * major + minor)
+    return [reason] if reason else []
+
+
+# The CUDA kernels compile in CI (tools/check_cuda_compile.sh) but have not yet run the
+# test matrix on a GPU. Until they have, they are used only when asked for explicitly:
+# POSENC_FAST_CUDA_UNVALIDATED=1 (e.g. the H200 validation run) lifts the gate.
+CUDA_VALIDATED = False
+CUDA_GATE_ENV = "POSENC_FAST_CUDA_UNVALIDATED"
+
+
+def _cuda_reasons() -> list[str]:
+    for part in ("cpu", "cuda"):  # the CPU module defines the ops, the CUDA one implements them
+        reasons = _extension.reasons(part)
+        if reasons:
+            return reasons
+    if not torch.cuda.is_available():
+        return ["no CUDA device available"]
+    too_old = capability_reasons((7, 0))
+    if too_old:  # an environment reason: "auto" warns and info shows it
+        return too_old
+    if not CUDA_VALIDATED and os.environ.get(CUDA_GATE_ENV, "") in ("", "0"):
+        return [
+            "the CUDA kernels have not passed the test matrix on a GPU yet; "
+            f"set {CUDA_GATE_ENV}=1 to use them"
+        ]
+    return []
+
+
+@dataclass
+class Backend:
+    """Whether a backend can run at all in this process, whatever the op."""
+
+    name: str
+    summary: str
+    environment_reasons: Callable[[], list[str]] = list
+    # Devices on which "auto" may pick this backend (None: every device it implements).
+    # The Triton interpreter runs on CPU tensors for verification, not for speed.
+    auto_devices: Optional[tuple[str, ...]] = None
+    # When "auto" skips this backend because it is unavailable here (not because of the
+    # inputs), warn once: the user probably expected it (e.g. a missing C++ extension).
+    warn_when_unavailable: bool = False
+    parts: tuple[str, ...] = ()  # the extension's modules it needs
+
+
+BACKENDS: dict[str, Backend] = {
+    "reference": Backend(
+        "reference", "literal float64 equations: the specification every backend is tested against"
+    ),
+    "torch": Backend(
+        "torch", "pure PyTorch, chunked and recomputing: the fallback on every device"
+    ),
+    "triton": Backend(
+        "triton",
+        "fused Triton kernels (CUDA; CPU tensors under TRITON_INTERPRET=1)",
+        _triton_reasons,
+        auto_devices=("cuda",),
+        # On a CUDA machine, triton missing or a GPU too old means slow fallbacks: say so.
+        warn_when_unavailable=True,
+    ),
+    "cuda": Backend(
+        "cuda",
+        "CUDA kernels of the compiled extension (FLOATER integrator, one persistent launch)",
+        _cuda_reasons,
+        warn_when_unavailable=True,
+        parts=("cpu", "cuda"),
+    ),
+    "cpp": Backend(
+        "cpp",
+        "C++ CPU kernels of the extension (FLOATER integrator, LFF, encodings, rotary)",
+        lambda: _extension.reasons(),
+        warn_when_unavailable=True,
+        parts=("cpu",),
+    ),
+}
+# Priority of "auto", fastest first. A backend only takes part in a choice for the ops and
+# devices its SUPPORT table declares, so one list serves every op.
+AUTO_ORDER = ["cuda", "triton", "cpp", "torch"]
+ENV_VAR = "POSENC_FAST_BACKEND"
+
+_warned: set[str] = set()
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(BACKENDS)
+
+
+def _names() -> str:
+    return ", ".join(map(repr, BACKENDS))
+
+
+# ---------------------------------------------------------------------------------------
+# Choosing
+# ---------------------------------------------------------------------------------------
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def support_reasons(sup: OpSupport, problem: Problem) -> list[str]:
+    """Why a backend whose SUPPORT table for ``problem.op`` is ``sup`` refuses it."""
+    out = []
+    if sup.devices is not ANY and problem.device not in sup.devices:
+        out.append(f"runs on {'/'.join(sup.devices)} tensors, got {problem.device}")
+    if sup.dtypes is not ANY and problem.dtype not in sup.dtypes:
+        names = ", ".join(_dtype_name(d) for d in sup.dtypes)
+        out.append(f"supports dtypes {names}, got {_dtype_name(problem.dtype)}")
+    for arg, dt in problem.input_dtypes.items():
+        allowed = sup.input_dtypes.get(arg, ANY)
+        if allowed is not ANY and dt not in allowed:
+            names = ", ".join(_dtype_name(d) for d in allowed)
+            out.append(f"{arg} dtype must be one of {names}, got {_dtype_name(dt)}")
+    for key, value in problem.sizes.items():
+        limit = sup.max_sizes.get(key)
+        if limit is not None and value > limit:
+            out.append(f"{key}={value} exceeds its limit {limit}")
+    for key, value in problem.options.items():
+        allowed = sup.options.get(key, ANY)
+        if allowed is not ANY and value not in allowed:
+            out.append(f"{key}={value!r} not supported (supports {', '.join(map(repr, allowed))})")
+    return out
+
+
+def reasons(name: str, registry: Registry, problem: Problem) -> list[str]:
+    """Why backend ``name`` cannot run ``problem`` ([] if it can)."""
+    env = BACKENDS[name].environment_reasons()
+    if env:
+        return env
+    impl = registry.get(name)
+    if impl is None:
+        return [f"does not implement {problem.op}"]
+    return support_reasons(impl.support, problem)
+
+
+def auto_eligible(name: str, registry: Registry, device: str) -> bool:
+    """Whether "auto" may consider backend ``name`` for the op of ``registry`` on ``device``."""
+    impl = registry.get(name)
+    auto_devices = BACKENDS[name].auto_devices
+    allowed = auto_devices is None or device in auto_devices
+    return allowed and impl is not None and impl.support.implements(device)
+
+
+def _report(registry: Registry, problem: Problem) -> str:
+    lines = []
+    for name in BACKENDS:
+        rs = reasons(name, registry, problem)
+        lines.append(f"  {name}: " + ("; ".join(rs) if rs else "ok"))
+    return "\n".join(lines)
+
+
+def choose(registry: Registry, problem: Problem, requested: str = "auto") -> Implementation:
+    """The implementation that runs ``problem``; BackendError explains a refusal."""
+    if not isinstance(requested, str):
+        raise TypeError(f"backend must be a str, got {type(requested).__name__}")
+    requested = resolve_env(requested)
+    if requested == "auto":
+        for name in AUTO_ORDER:
+            backend = BACKENDS[name]
+            if not auto_eligible(name, registry, problem.device):
+                continue
+            env = backend.environment_reasons()
+            if env:
+                if backend.warn_when_unavailable and name not in _warned:
+                    _warned.add(name)
+                    warnings.warn(
+                        f"posenc_fast: backend {name!r} is unavailable ({'; '.join(env)}); "
+                        "falling back to a slower backend. `python -m posenc_fast info` explains.",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                continue
+            if not support_reasons(registry[name].support, problem):
+                return registry[name]
+        raise BackendError(
+            f"posenc_fast: no backend can run {problem.op} on these inputs "
+            f"(device={problem.device}, dtype={problem.dtype}):\n"
+            f"{_report(registry, problem)}"
+        )
+    if requested not in BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {_names()}; got {requested!r}")
+    if reasons(requested, registry, problem):
+        raise BackendError(
+            f"posenc_fast: backend {requested!r} cannot run {problem.op} on these inputs "
+            f"(device={problem.device}, dtype={problem.dtype}). Reasons per backend:\n"
+            f"{_report(registry, problem)}"
+        )
+    return registry[requested]
+
+
+def resolve_env(backend: str) -> str:
+    """``backend``, with "auto" replaced by the name in POSENC_FAST_BACKEND when set."""
+    if backend == "auto":
+        return os.environ.get(ENV_VAR, "auto") or "auto"
+    return backend
+
+
+def validate_name(backend) -> str:
+    """Check a ``backend=`` argument early (modules store it before any call)."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {_names()}; got {backend!r}")
+    return backend
+
+
+def available_backends(verbose: bool = False) -> dict[str, list[str]] | list[str]:
+    """Backends usable in this process.
+
+    Returns the list of usable names, or with ``verbose=True`` a dict mapping every
+    backend name to the reasons it is unavailable ([] when usable).
+    """
+    info = {name: b.environment_reasons() for name, b in BACKENDS.items()}
+    if verbose:
+        return info
+    return [name for name, rs in info.items() if not rs]

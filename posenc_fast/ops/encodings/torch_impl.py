@@ -1,0 +1,203 @@
+"""Sinusoidal and DFT encodings in pure PyTorch (the CPU fallback).
+
+Both are sines and cosines of the position times a few frequencies (in turns, float64):
+    sinusoidal: nu_i = base^(-2i/dim) / (2 pi), i < dim/2:  out[2i] = sin, out[2i+1] = cos
+    dft:        nu_k = k / dim, k = 1..K = dim/2 - 1:      out[k] = a cos, out[K+k] = a sin,
+                a = sqrt(2/dim); out[0] = 1/sqrt(dim); out[dim-1] = cos(pi s)/sqrt(dim)
+Phases are reduced in float64 before a float32 (or float64) trig, as for LFF, and the
+results are written straight into their columns of the output (no scatter, no concat).
+``encoding_add`` with the positions 0..L-1 (the modules' default) keeps the table in a
+small cache (TABLE_CACHE_BYTES, oldest out first): the add is then one pass, like a module
+holding its table in a buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import torch
+
+from .._torch_common import (
+    TWO_PI,
+    device_constant,
+    feature_dtype,
+    reduced_angle,
+    reduced_angle_,
+    row_chunks,
+)
+from . import reference
+
+
+def _make_turns(kind: str, dim: int, base: float) -> torch.Tensor:
+    if kind == "sinusoidal":
+        i = torch.arange(dim // 2, dtype=torch.float64)
+        return base ** (-2.0 * i / dim) / TWO_PI
+    if kind == "dft":
+        return torch.arange(1, dim // 2, dtype=torch.float64) / dim  # k = 1..K
+    raise ValueError(f"unknown encoding kind {kind!r}")
+
+
+def _turns(kind: str, dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """The frequencies in turns, float64 [K], cached per device (shared: never modified)."""
+    base = float(base)
+    return device_constant(
+        ("turns", kind, dim, base), lambda dev: _make_turns(kind, dim, base).to(dev), device
+    )
+
+
+def _angles(p: torch.Tensor, turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2 pi frac(p * nu) for every position and frequency: [n] x [K] -> [n, K]."""
+    t = p.to(torch.float64)[:, None] * turns
+    if t.requires_grad:  # double backward differentiates this: no out= / in-place ops
+        return reduced_angle(t, dtype)
+    return reduced_angle_(t, dtype)
+
+
+def _half_angle(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """2 pi frac(p / 2) = pi p reduced, [n]: the angle of the DFT's last column, cos(pi p)."""
+    return reduced_angle(p.to(torch.float64) * 0.5, dtype)
+
+
+def _fill(out: torch.Tensor, p: torch.Tensor, kind: str, dim: int, turns: torch.Tensor) -> None:
+    """Write the encodings of positions p [n] into out [n, dim] (out's dtype >= float32)."""
+    ang = _angles(p, turns, out.dtype)
+    if kind == "sinusoidal":
+        pairs = out.view(out.shape[0], dim // 2, 2)
+        torch.sin(ang, out=pairs[:, :, 0])
+        torch.cos(ang, out=pairs[:, :, 1])
+        return
+    K = dim // 2 - 1
+    amp = math.sqrt(2.0 / dim)
+    out[:, 0] = 1.0 / math.sqrt(dim)
+    torch.cos(ang, out=out[:, 1 : K + 1]).mul_(amp)
+    torch.sin(ang, out=out[:, K + 1 : 2 * K + 1]).mul_(amp)
+    # cos(pi s) = cos(2 pi * frac(s / 2)): the last column, frequency 1/2 turn
+    torch.cos(_half_angle(p, out.dtype), out=out[:, dim - 1]).mul_(1.0 / math.sqrt(dim))
+
+
+def _block_term(kind: str, dim: int, base: float, block, dtype, device):
+    """The encoding of position ``block`` [dim], cached per device (shared: never modified)."""
+    if block is None:
+        return None
+
+    def make(dev: torch.device) -> torch.Tensor:
+        row = torch.empty((1, dim), dtype=torch.float64)
+        position = torch.tensor([float(block)], dtype=torch.float64)
+        _fill(row, position, kind, dim, _turns(kind, dim, base, "cpu"))
+        return row[0].to(device=dev, dtype=dtype)
+
+    key = ("block", kind, dim, float(base), float(block), dtype)
+    return device_constant(key, make, device)
+
+
+def _bytes_per_row(dim: int) -> int:
+    return 8 * dim + 4 * dim + 64
+
+
+def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
+    """positions [...] -> [..., dim] in out_dtype."""
+    p = positions.reshape(-1)
+    fdt = feature_dtype(out_dtype)
+    turns = _turns(kind, dim, base, positions.device)
+    extra = _block_term(kind, dim, base, block, fdt, positions.device)
+    out = torch.empty((p.shape[0], dim), dtype=out_dtype, device=positions.device)
+    for sl in row_chunks(p.shape[0], _bytes_per_row(dim), p.device.type):
+        # float32/float64 outputs are filled in place; half precision rounds once at the end
+        dst = (
+            out[sl]
+            if out_dtype == fdt
+            else torch.empty((sl.stop - sl.start, dim), dtype=fdt, device=p.device)
+        )
+        _fill(dst, p[sl], kind, dim, turns)
+        if extra is not None:
+            dst += extra
+        if out_dtype != fdt:
+            out[sl] = dst
+    return out.reshape(*positions.shape, dim)
+
+
+# Tables of the positions 0..L-1, the modules' default: x + table(arange(L)) is then one
+# add, as in a module that keeps its table in a buffer. Oldest out first, bytes bounded.
+_TABLES: OrderedDict = OrderedDict()
+TABLE_CACHE_BYTES = 64 * 2**20
+
+
+def _is_arange(positions: torch.Tensor) -> bool:
+    """Whether positions is the integer sequence 0..L-1 (one small comparison)."""
+    if positions.dim() != 1 or positions.is_floating_point() or positions.requires_grad:
+        return False
+    L = positions.shape[0]
+    seq = device_constant(("arange", L), lambda dev: torch.arange(L, device=dev), positions.device)
+    return torch.equal(positions, seq.to(positions.dtype))
+
+
+def _table(positions, dim: int, kind: str, base: float, block, dtype) -> torch.Tensor:
+    """encoding_forward(positions) in dtype, from the cache when positions is 0..L-1."""
+    L = positions.numel()
+    if L * dim * torch.finfo(dtype).bits // 8 > TABLE_CACHE_BYTES or not _is_arange(positions):
+        return encoding_forward(positions, dim, kind, base, block, dtype)
+    key = (kind, dim, float(base), block, L, dtype, positions.device)
+    table = _TABLES.get(key)
+    if table is None:
+        with torch.inference_mode(False):  # usable by later differentiable calls
+            table = encoding_forward(positions, dim, kind, base, block, dtype)
+        _TABLES[key] = table
+        while sum(t.numel() * t.element_size() for t in _TABLES.values()) > TABLE_CACHE_BYTES:
+            _TABLES.popitem(last=False)
+    return table
+
+
+def encoding_add(x, positions, kind: str, base: float, block) -> torch.Tensor:
+    """x + encoding(positions), positions broadcast against x.shape[:-1]; one rounding."""
+    dim = x.shape[-1]
+    pe = _table(positions, dim, kind, base, block, feature_dtype(x.dtype))
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    # Computed in float32 and rounded once to x's dtype, without a float32 copy of x.
+    torch.add(x, pe, out=out)
+    return out
+
+
+def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torch.Tensor:
+    """d(sum grad * encoding(positions)) / d positions; grad [*positions.shape, dim]."""
+    p = positions.reshape(-1)
+    g = grad.reshape(-1, dim)
+    fdt = feature_dtype(positions.dtype)
+    turns = _turns(kind, dim, base, positions.device)
+    rate = (TWO_PI * turns).to(fdt)  # d phase / d position, per frequency
+    out = torch.empty(p.shape, dtype=fdt, device=positions.device)
+    for sl in row_chunks(p.shape[0], _bytes_per_row(dim), p.device.type):
+        ang = _angles(p[sl], turns, fdt)
+        gs = g[sl].to(fdt)
+        if kind == "sinusoidal":
+            g_sin, g_cos = gs[:, 0::2], gs[:, 1::2]
+            amp_rate = rate
+        else:
+            K = dim // 2 - 1
+            g_cos, g_sin = gs[:, 1 : K + 1], gs[:, K + 1 : 2 * K + 1]
+            amp_rate = rate * math.sqrt(2.0 / dim)
+        # d sin/dp = rate cos, d cos/dp = -rate sin
+        per_freq = torch.mul(g_sin, torch.cos(ang)).addcmul_(g_cos, torch.sin(ang), value=-1.0)
+        out[sl] = per_freq @ amp_rate
+        if kind == "dft":  # the last column, cos(pi s) / sqrt(dim)
+            half = _half_angle(p[sl], fdt)
+            out[sl] -= gs[:, dim - 1] * torch.sin(half) * (math.pi / math.sqrt(dim))
+    return out.to(positions.dtype).reshape(positions.shape)
+
+
+def _lattice_basis(dim: int, device, dtype) -> torch.Tensor:
+    """[l, t] = phi_l(t) on the lattice t = 0..dim-1, cached per device (shared: never
+    modified)."""
+
+    def make(dev: torch.device) -> torch.Tensor:
+        lattice = torch.arange(dim, dtype=torch.float64)
+        return reference.dft_basis(dim, lattice).T.contiguous().to(device=dev, dtype=dtype)
+
+    return device_constant(("dft_basis", dim, dtype), make, device)
+
+
+def lattice_inverse(encoding: torch.Tensor) -> torch.Tensor:
+    """The inverse DFT over the lattice (Eq. 13): one matmul with the constant orthonormal
+    basis, a plain (autograd-differentiable) matmul on every backend but the reference."""
+    dim = encoding.shape[-1]
+    return encoding @ _lattice_basis(dim, encoding.device, encoding.dtype)

@@ -1,0 +1,251 @@
+"""torch.library custom ops for FLOATER.
+
+    posenc_fast::floater(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)
+        -> out [S, L, d]
+    posenc_fast::floater_backward(grad, out, p0, w1, b1, w2, b2, times, substeps, method,
+                                  activation, backend, needs)
+        -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is False)
+    posenc_fast::floater_cached(p0, w1, b1, w2, b2, times, substeps, method, activation,
+                                backend, cache_id, mode) -> out [S, L, d]
+        floater(...) served from the cache of the Floater module with this id: what a
+        compiled eval-mode Floater calls (cache.py)
+
+The schemas take the options' three scalars; the Python side passes one
+:class:`FloaterOptions`. ``backend`` names the implementation, chosen by the dispatcher
+before the call, or "auto" in calls traced by torch.compile, resolved by
+:func:`implementation` when the op runs (the same function the public API calls). The
+autograd registration saves the inputs and the output: the states at the sample times are
+all the backward (the discrete adjoint) needs, since it recomputes each interval's
+substeps from its starting state. When a double backward is requested (grad mode on
+inside backward), the gradient is instead built by differentiating the reference
+integrator run in the inputs' dtype, so gradgradcheck works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import List  # noqa: UP035 (torch 2.5: see ops/_common.CustomOp)
+
+import torch
+from torch import Tensor
+
+from ... import _dispatch
+from ..._dispatch import Implementation, Problem
+from .._common import CustomOp, autocast_disabled, differentiable_grads
+from . import cache as _cache
+from . import reference
+from .reference import FloaterOptions
+from .registry import FLOATER
+
+
+def problem(p0: Tensor, w1: Tensor, times: Tensor, options: FloaterOptions) -> Problem:
+    """What the dispatcher decides a FLOATER call on."""
+    return Problem(
+        op="floater",
+        device=p0.device.type,
+        dtype=p0.dtype,
+        sizes={
+            "num_states": p0.shape[0],
+            "dim": p0.shape[1],
+            "hidden_dim": w1.shape[1],
+            "length": times.shape[0],
+            "substeps": options.substeps,
+        },
+        options={"method": options.method, "activation": options.activation},
+    )
+
+
+def implementation(
+    backend: str, p0: Tensor, w1: Tensor, times: Tensor, options: FloaterOptions
+) -> Implementation:
+    """The implementation that runs a FLOATER call with ``backend`` ("auto" or a name)."""
+    return _dispatch.choose(FLOATER, problem(p0, w1, times, options), backend)
+
+
+def _in_op(backend: str, p0, w1, times, options) -> Implementation:
+    """Inside an op's body: the named implementation, or "auto" (passed by calls traced by
+    torch.compile) resolved here, where the tensors are real."""
+    if backend == "auto":
+        return implementation(backend, p0, w1, times, options)
+    return FLOATER[backend]
+
+
+def _floater(
+    p0: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    times: Tensor,
+    substeps: int,
+    method: str,
+    activation: str,
+    backend: str,
+) -> Tensor:
+    options = FloaterOptions(substeps, method, activation)
+    with autocast_disabled(p0.device.type):
+        impl = _in_op(backend, p0, w1, times, options)
+        return impl.forward(p0, w1, b1, w2, b2, times, options)
+
+
+def _states_like(p0: Tensor, times: Tensor) -> Tensor:
+    """An empty [S, L, d] result: the fake (shape-only) kernel of the forward ops."""
+    return p0.new_empty((p0.shape[0], times.shape[0], p0.shape[1]))
+
+
+def _floater_fake(p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
+    return _states_like(p0, times)
+
+
+def _backward_body(
+    grad: Tensor,
+    out: Tensor,
+    p0: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    times: Tensor,
+    substeps: int,
+    method: str,
+    activation: str,
+    backend: str,
+    needs: List[bool],  # noqa: UP006
+) -> List[Tensor]:  # noqa: UP006
+    options = FloaterOptions(substeps, method, activation)
+    with autocast_disabled(p0.device.type):
+        impl = _in_op(backend, p0, w1, times, options)
+        grads = impl.backward(grad, out, p0, w1, b1, w2, b2, times, options, needs)
+    return [g if g is not None else grad.new_empty(0) for g in grads]
+
+
+def _backward_fake(
+    grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, needs
+):
+    refs = (p0, w1, b1, w2, b2, times)
+    return [torch.empty_like(t) if need else grad.new_empty(0) for need, t in zip(needs, refs)]
+
+
+FLOATER_BACKWARD = CustomOp("posenc_fast::floater_backward", _backward_body, _backward_fake)
+
+
+def gradients(grad, out, inputs, options: FloaterOptions, backend: str, needs) -> list:
+    """(dp0, dw1, db1, dw2, db2, dtimes) of ``out`` = floater(*inputs, options), None where
+    ``needs`` is False. Used by the op's autograd registration and by the module's cache,
+    which attaches this backward to stored states."""
+    if not any(needs):
+        return [None] * 6
+    if torch.is_grad_enabled():
+        # The reference integrated in the inputs' dtype: differentiable by autograd, and
+        # its L = 0 result still has a graph to every input.
+        return differentiable_grads(
+            lambda: reference.floater(*inputs, *options, None, inputs[0].dtype),
+            inputs,
+            needs,
+            grad,
+            zero_fill=True,
+        )
+    grads = FLOATER_BACKWARD(grad, out, *inputs, *options, backend, needs)
+    return [g if n else None for g, n in zip(grads, needs)]
+
+
+def _setup_context(ctx, inputs, output):
+    p0, w1, b1, w2, b2, times, substeps, method, activation, backend = inputs
+    ctx.save_for_backward(p0, w1, b1, w2, b2, times, output)
+    ctx.options, ctx.backend = FloaterOptions(substeps, method, activation), backend
+
+
+def _backward(ctx, grad):
+    *inputs, out = ctx.saved_tensors
+    needs = [bool(n) for n in ctx.needs_input_grad[:6]]
+    grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs)
+    return (*grads, None, None, None, None)
+
+
+FLOATER_OP = CustomOp(
+    "posenc_fast::floater",
+    _floater,
+    _floater_fake,
+    backward=_backward,
+    setup_context=_setup_context,
+    op_function="forward",
+    impl_args=lambda p0, w1, b1, w2, b2, times, *options: (
+        (p0, w1, b1, w2, b2, times, FloaterOptions(*options))
+    ),
+)
+
+
+def integrator(options: FloaterOptions) -> _cache.Integrate:
+    """``integrate(inputs, times, backend) -> (states, name of the implementation)``, what
+    the cache calls: the implementation's forward itself (no graph: the cache attaches
+    the backward)."""
+
+    def integrate(inputs, times, backend):
+        impl = _in_op(backend, inputs[0], inputs[1], times, options)
+        return impl.forward(*inputs, times, options), impl.name
+
+    return integrate
+
+
+def _floater_cached(
+    p0: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    times: Tensor,
+    substeps: int,
+    method: str,
+    activation: str,
+    backend: str,
+    cache_id: int,
+    mode: str,
+) -> Tensor:
+    inputs = (p0, w1, b1, w2, b2)
+    options = FloaterOptions(substeps, method, activation)
+    integrate = integrator(options)
+    cache = _cache.find(cache_id)
+    with autocast_disabled(p0.device.type), _outside_inference_mode():
+        if cache is None:  # the module is gone: nothing to keep the result for
+            return integrate(inputs, times, backend)[0]
+        config_key = _cache.key(inputs, options, backend)
+        values, _ = _cache.cached_states(cache, mode, inputs, times, config_key, integrate)
+        # A copy: compiled code may write into an op's output buffer once it is dead, and
+        # the stored states must stay as they are.
+        return values.clone()
+
+
+def _outside_inference_mode():
+    # Tensors made in inference mode have no version counter, which the cache needs to
+    # notice edits of what it handed out (the eager module does the same).
+    if torch.is_inference_mode_enabled():
+        return torch.inference_mode(False)
+    return contextlib.nullcontext()
+
+
+def _floater_cached_fake(
+    p0, w1, b1, w2, b2, times, substeps, method, activation, backend, cache_id, mode
+):
+    return _states_like(p0, times)
+
+
+def _backward_cached(ctx, grad):
+    return (*_backward(ctx, grad), None, None)
+
+
+def _setup_cached(ctx, inputs, output):
+    _setup_context(ctx, inputs[:10], output)
+
+
+# The op reads its cache's state on the host (value comparisons), which a captured CUDA
+# graph would skip on replay: where torch has the tag, compiled code never graphs it.
+_UNSAFE_IN_CUDA_GRAPHS = getattr(torch.Tag, "cudagraph_unsafe", None)
+
+FLOATER_CACHED = CustomOp(
+    "posenc_fast::floater_cached",
+    _floater_cached,
+    _floater_cached_fake,
+    backward=_backward_cached,
+    setup_context=_setup_cached,
+    tags=(_UNSAFE_IN_CUDA_GRAPHS,) if _UNSAFE_IN_CUDA_GRAPHS is not None else (),
+)

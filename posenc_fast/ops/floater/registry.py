@@ -1,0 +1,83 @@
+"""Who implements FLOATER: backend name -> SUPPORT table + functions.
+
+Every implementation has
+    forward(p0, w1, b1, w2, b2, times, options) -> out [S, L, d]
+    backward(grad, out, p0, w1, b1, w2, b2, times, options, needs)
+        -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
+(the reference only ``forward``: autograd differentiates it). ``options`` is a
+:class:`~.reference.FloaterOptions` (substeps, method, activation).
+
+The extension's integrator is ``posenc_fast::floater_integrate`` /
+``floater_integrate_backward``: defined with their CPU kernels by posenc_fast._C ("cpp"
+needs only that module), with CUDA kernels registered by posenc_fast._C_cuda ("cuda"
+needs both).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..._dispatch import ANY, Implementation, OpSupport, extension_ops, register
+from . import reference, torch_impl
+from .reference import ACTIVATIONS, METHODS, FloaterOptions
+
+_STATE_DTYPES = (torch.float32, torch.float64)
+_ANY_DEVICE = OpSupport(devices=ANY, dtypes=_STATE_DTYPES)
+# The CUDA kernels hold the dynamics in shared memory split across thread blocks (and
+# stream them from L2 beyond that); d and H up to this limit.
+CUDA_MAX_DIM = 4096
+
+
+def _scalars(options: FloaterOptions) -> tuple:
+    return int(options.substeps), str(options.method), str(options.activation)
+
+
+def _extension(backend: str) -> dict:
+    """forward / backward of the extension's integrator, run by ``backend``'s parts."""
+
+    def forward(p0, w1, b1, w2, b2, times, options: FloaterOptions):
+        return extension_ops(backend).floater_integrate(
+            p0, w1, b1, w2, b2, times, *_scalars(options)
+        )
+
+    def backward(
+        grad, out, p0, w1, b1, w2, b2, times, options: FloaterOptions, needs
+    ) -> list[Optional[torch.Tensor]]:
+        needs = [bool(n) for n in needs]
+        grads = extension_ops(backend).floater_integrate_backward(
+            grad, out, p0, w1, b1, w2, b2, times, *_scalars(options), needs
+        )
+        return [g if n else None for g, n in zip(grads, needs)]
+
+    return {"forward": forward, "backward": backward}
+
+
+_OPTIONS = {"method": METHODS, "activation": ACTIVATIONS}
+
+FLOATER = register(
+    "floater",
+    Implementation("reference", _ANY_DEVICE, differentiable=True, forward=reference.forward),
+    Implementation(
+        "torch",
+        _ANY_DEVICE,
+        forward=torch_impl.floater_forward,
+        backward=torch_impl.floater_backward,
+    ),
+    Implementation(
+        "cpp",
+        OpSupport(devices=("cpu",), dtypes=_STATE_DTYPES, options=_OPTIONS),
+        **_extension("cpp"),
+    ),
+    Implementation(
+        "cuda",
+        OpSupport(
+            devices=("cuda",),
+            dtypes=_STATE_DTYPES,
+            max_sizes={"dim": CUDA_MAX_DIM, "hidden_dim": CUDA_MAX_DIM},
+            options=_OPTIONS,
+        ),
+        **_extension("cuda"),
+    ),
+)

@@ -1,0 +1,92 @@
+"""Who implements the learnable Fourier rotary embeddings: backend name -> SUPPORT table
++ functions, for the two ops "lff_rotary" (the table) and "apply_lff_rotary" (q and k).
+
+"lff_rotary":
+    forward(x, wr, out_dtype) -> [2, *x.shape[:-1], F]: cos, then sin, each frequency on
+        two neighbouring channels
+    backward(grad, x, wr, need_x, need_wr) -> (dx, dwr), None where not needed
+"apply_lff_rotary":
+    forward(q, k, x, wr, layout) -> (q', k') in q's dtype, contiguous in the layout of q, k
+    backward(gq, gk, q, k, x, wr, layout, needs) -> [dq, dk, dx, dwr], None where not needed
+(the reference only ``forward``: autograd differentiates it).
+"""
+
+from __future__ import annotations
+
+from ... import _dispatch
+from ..._dispatch import ANYWHERE, HALF_AND_SINGLE, Implementation, OpSupport, register
+from . import reference, torch_impl
+
+
+def _compiled(devices: tuple, max_sizes: dict) -> OpSupport:
+    """q / k / table in float32 or half precision, positions and frequencies converted to
+    float32 on load (float64 ones would lose their precision in the float32 phases: the
+    torch backend takes those)."""
+    return OpSupport(
+        devices=devices,
+        dtypes=HALF_AND_SINGLE,
+        max_sizes=max_sizes,
+        input_dtypes={"x": HALF_AND_SINGLE, "wr": HALF_AND_SINGLE},
+    )
+
+
+def _reference_table(x, wr, out_dtype):
+    """The reference table without its broadcast heads axis, as the op returns it."""
+    return reference.rotary_table(x, wr, out_dtype).squeeze(-3)
+
+
+def _cpp_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
+    dx, dwr = _dispatch.extension_ops("cpp").lff_rotary_kernel_backward(
+        grad, x, wr, bool(need_x), bool(need_wr)
+    )
+    return (dx if need_x else None), (dwr if need_wr else None)
+
+
+def _cpp_apply(q, k, x, wr, layout: str):
+    oq, ok = _dispatch.extension_ops("cpp").apply_lff_rotary_kernel(q, k, x, wr, str(layout))
+    return oq, ok
+
+
+def _cpp_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
+    needs = [bool(n) for n in needs]
+    grads = _dispatch.extension_ops("cpp").apply_lff_rotary_kernel_backward(
+        gq, gk, q, k, x, wr, str(layout), needs
+    )
+    return [g if n else None for g, n in zip(grads, needs)]
+
+
+def _cpp_table(x, wr, out_dtype):
+    return _dispatch.extension_ops("cpp").lff_rotary_kernel(x, wr, out_dtype)
+
+
+_TRITON = _compiled(_dispatch.triton_devices(), {"pos_dim": 16})  # M unrolled in the kernels
+_CPP = _compiled(("cpu",), {})
+
+
+def _rotary(op: str, reference_forward, torch_functions, triton_kernels, cpp_functions):
+    """The registry of one of the two ops: each backend's forward and backward."""
+    names = ("forward", "backward")
+    triton = [_dispatch.lazy("triton_kernels.rotary", k) for k in triton_kernels]
+    return register(
+        op,
+        Implementation("reference", ANYWHERE, differentiable=True, forward=reference_forward),
+        Implementation("torch", ANYWHERE, **dict(zip(names, torch_functions))),
+        Implementation("triton", _TRITON, **dict(zip(names, triton))),
+        Implementation("cpp", _CPP, **dict(zip(names, cpp_functions))),
+    )
+
+
+TABLE = _rotary(
+    "lff_rotary",
+    _reference_table,
+    (torch_impl.table_forward, torch_impl.table_backward),
+    ("rotary_table_fwd", "rotary_table_bwd"),
+    (_cpp_table, _cpp_table_backward),
+)
+APPLY = _rotary(
+    "apply_lff_rotary",
+    reference.apply_rotary,
+    (torch_impl.apply_forward, torch_impl.apply_backward),
+    ("rotary_apply_fwd", "rotary_apply_bwd"),
+    (_cpp_apply, _cpp_apply_backward),
+)

@@ -1,1 +1,0 @@
-"""Pure-PyTorch implementations behind the "torch" backend (CPU and GPU fallback)."""

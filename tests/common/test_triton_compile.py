@@ -1,0 +1,66 @@
+"""The Triton kernels compile for the A100 (sm_80) and the H100/H200 (sm_90) -- checked
+without a GPU -- and the GPU benchmark script's dry run works.
+
+The interpreter (which runs every other test in CI) executes kernels as Python and
+accepts code the compiler rejects; this runs Triton's own compiler and the ptxas bundled
+with the triton wheel on the GPU configurations (posenc_fast.triton_kernels.compile_report
+--quick), in a subprocess because the interpreter must be off there. The full report
+(every configuration, sm_80 .. sm_120) is `python -m posenc_fast.triton_kernels.compile_report`;
+CI also runs it for sm_80 and sm_90 under the oldest supported Triton and under 3.6.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+_PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(_PTXAS), reason="triton's bundled ptxas is missing")
+def test_kernels_compile_for_sm80_and_sm90_without_approximate_trig(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    report_json = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "posenc_fast.triton_kernels.compile_report", "--quick",
+         "--arch", "80,90", "--json", str(report_json)],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, report[-4000:]
+    import json
+
+    archs = json.loads(report_json.read_text())["archs"]
+    assert set(archs) == {"sm_80", "sm_90"}
+    for arch, result in archs.items():
+        # lff forward and backward (4 shapes each, plus relu's SPLIT pair), features-only
+        # pair, reduction, encodings (2 forward variants, 2 backward): 17 kernels
+        assert len(result["compiled"]) >= 17 and not result["failed"], (arch, report[-4000:])
+        assert f"{arch}: {len(result['compiled'])} compiled" in proc.stdout
+    sm90 = proc.stdout.split("== sm_90")[1]
+    assert "wgmma" in sm90, "the bf16 MLP should use Hopper's warpgroup MMA"
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_script_dry_run(tmp_path):
+    """benchmarks/lff_gpu.py must run unchanged on the H200: its CPU dry run (interpreter,
+    tiny sizes) exercises every code path but the CUDA-only timing and ceilings."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "dry.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "benchmarks", "lff_gpu.py"), "--dry-run",
+         "--cases", "canonical", "--modes", "fwd,bwd", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    import json
+
+    rows = json.loads(out.read_text())["results"]
+    triton_rows = [r for r in rows if r["impl"] == "triton"]
+    assert {r["mode"] for r in triton_rows} == {"fwd", "bwd"}
+    assert all(r["correctness"]["check"] == "ok" and "ms" in r for r in triton_rows), triton_rows
