@@ -219,12 +219,9 @@ def _part_info(part: str) -> dict:
 
 def extension_info() -> dict:
     """What ``python -m posenc_fast info`` shows about the compiled extension: each part's
-    status, reasons and build record, and what the "cpp"/"cuda" backends make of it."""
-    from ._dispatch import BACKENDS  # (the dispatcher imports this module)
-
-    out: dict[str, Any] = {part: _part_info(part) for part in PARTS}
-    out["backends"] = {name: BACKENDS[name].environment_reasons() for name in ("cpp", "cuda")}
-    return out
+    status, reasons and build record (the CLI adds what the "cpp"/"cuda" backends make of
+    it: this module sits below the dispatcher and never imports it)."""
+    return {part: _part_info(part) for part in PARTS}
 
 
 # ---------------------------------------------------------------------------------------

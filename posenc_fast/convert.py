@@ -42,102 +42,16 @@ of both modules once (the tests here do).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from . import _checks
 from .ops.lff import LearnableFourierFeatures
+from .ops.lff.checkpoint import _WR_KEY, SOURCES, gamma_from, gamma_to
 
-SOURCES = ("guimont", "jhlew", "lightglue", "tpe")
-
-# The frequency matrix's key in each format; the MLP keys are shared by the formats that
-# have an MLP.
-_WR_KEY = {"guimont": "Wr.weight", "jhlew": "Wr", "lightglue": "Wr.weight", "tpe": "wr.weight"}
-_MLP_KEYS = ("mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias")
-
-
-def _keys(source: str) -> tuple[str, ...]:
-    wr = (_WR_KEY[source],)
-    return wr if source == "lightglue" else wr + _MLP_KEYS
-
-
-def _looks_like(keys) -> list[str]:
-    """The formats whose keys are exactly ``keys`` (to say what a checkpoint probably is)."""
-    return [s for s in SOURCES if set(_keys(s)) == set(keys)]
-
-
-def gamma_from(source: str, gamma: float) -> float:
-    """posenc_fast's gamma (standard deviation 1/gamma) for a checkpoint's ``gamma`` in its
-    own convention: std gamma^-2 (guimont, lightglue) -> gamma**2; std gamma^2 (jhlew) ->
-    gamma**-2. (tpe has no gamma: see :func:`from_state_dict`.)"""
-    _checks.choice("source", source, SOURCES)
-    gamma = _checks.positive_float("gamma", gamma)
-    if source == "tpe":
-        raise ValueError("the 'tpe' module has no gamma (it initialises wr as nn.Linear does)")
-    return gamma**-2 if source == "jhlew" else gamma**2
-
-
-def gamma_to(source: str, gamma: float) -> float:
-    """The inverse of :func:`gamma_from`: the public module's gamma for ours."""
-    _checks.choice("source", source, SOURCES)
-    gamma = _checks.positive_float("gamma", gamma)
-    if source == "tpe":
-        raise ValueError("the 'tpe' module has no gamma (it initialises wr as nn.Linear does)")
-    return gamma**-0.5 if source == "jhlew" else gamma**0.5
-
-
-def _select(state_dict, source: str, prefix: str) -> dict[str, Tensor]:
-    """The entries of this format under ``prefix`` (prefix removed); missing or (without a
-    prefix) unexpected keys are named."""
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"state_dict must be a mapping of names to tensors, got {type(state_dict)}")
-    if not isinstance(prefix, str):
-        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
-    ours = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
-    expected = _keys(source)
-    missing = [prefix + k for k in expected if k not in ours]
-    # With a prefix the checkpoint may be a whole model (LightGlue's): other keys are its
-    # other layers. Without one, every key must belong to the encoder.
-    unexpected = [] if prefix else [k for k in ours if k not in expected]
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append("missing keys " + ", ".join(repr(k) for k in missing))
-        if unexpected:
-            parts.append("unexpected keys " + ", ".join(repr(k) for k in unexpected))
-        msg = f"state_dict is not a {source!r} checkpoint: " + "; ".join(parts)
-        guess = [s for s in _looks_like(ours) if s != source]
-        if guess:
-            msg += f" (its keys are those of a {' or '.join(repr(s) for s in guess)} checkpoint)"
-        elif not prefix and any("." in k for k in ours):
-            msg += " (pass prefix=... to load the encoder out of a larger model's checkpoint)"
-        raise ValueError(msg)
-    out = {k: ours[k] for k in expected}
-    for k, v in out.items():
-        _checks.float_tensor(f"state_dict[{prefix + k!r}]", v)
-    return out
-
-
-def _linear_weight(name: str, w: Tensor, in_dim: int, in_name: str) -> int:
-    """Check an nn.Linear weight [out, in] whose input size is known; returns out."""
-    if w.dim() != 2:
-        raise ValueError(f"{name} must be a matrix [out, in], got shape {list(w.shape)}")
-    if w.shape[1] != in_dim:
-        hint = ""
-        if w.shape[0] == in_dim:
-            hint = (
-                f": it looks transposed ([in, out], posenc_fast's layout); the public modules "
-                f"store nn.Linear weights as [out, in] = [*, {in_dim}]"
-            )
-        raise ValueError(
-            f"{name} must have shape [out, {in_dim}] ({in_name} = {in_dim}), "
-            f"got {list(w.shape)}{hint}"
-        )
-    return w.shape[0]
+__all__ = ["SOURCES", "from_state_dict", "gamma_from", "gamma_to", "to_state_dict"]
 
 
 def from_state_dict(
@@ -171,67 +85,10 @@ def from_state_dict(
         ValueError: naming missing or unexpected keys, a shape that does not fit (and a
         weight that looks transposed), or a missing max_pos.
     """
-    _checks.choice("source", source, SOURCES)
-    _checks.positive_int("groups", groups)
-    if source == "tpe":
-        if max_pos is None:
-            raise ValueError(
-                "max_pos is required for a 'tpe' checkpoint: its forward divides positions "
-                "by max_pos (365 + 2 * max_temporal_shift, or 10000 with GDD positions)"
-            )
-        max_pos = _checks.positive_float("max_pos", max_pos)
-        if gamma is not None:
-            raise ValueError("the 'tpe' module has no gamma; leave gamma unset")
-        if groups != 1:
-            raise ValueError(
-                f"a 'tpe' module encodes one group of 1-D positions, got groups={groups}"
-            )
-    elif max_pos is not None:
-        raise ValueError(f"max_pos applies to 'tpe' checkpoints only, not {source!r}")
-    entries = _select(state_dict, source, prefix)
-    wr = entries[_WR_KEY[source]]
-    if wr.dim() != 2:
-        raise ValueError(
-            f"state_dict[{prefix + _WR_KEY[source]!r}] must be a matrix [F/2, M], "
-            f"got shape {list(wr.shape)}"
-        )
-    half, pos_dim = wr.shape
-    F = 2 * half
-    if source == "tpe":
-        if pos_dim != 1:
-            raise ValueError(
-                f"state_dict[{prefix}'wr.weight'] must be [f/2, 1]: the 'tpe' module "
-                f"encodes scalar positions, got {list(wr.shape)}"
-            )
-        # nn.Linear(1, f/2)'s initialisation U(-1, 1) has std 1/sqrt(3); positions / max_pos.
-        our_gamma = math.sqrt(3.0) * max_pos
-        wr = wr / max_pos
-    else:
-        our_gamma = 1.0 if gamma is None else gamma_from(source, gamma)
-    factory = {"device": wr.device, "dtype": wr.dtype}
-    if source == "lightglue":
-        # hidden_dim is unused without the MLP
-        m = LearnableFourierFeatures(
-            pos_dim, F, 0, groups * F, groups, our_gamma, mlp=False, backend=backend, **factory
-        )
-        with torch.no_grad():
-            m.wr.copy_(wr)
-        return m
-    w1, b1, w2, b2 = (entries[k] for k in _MLP_KEYS)
-    H = _linear_weight(f"state_dict[{prefix}'mlp.0.weight']", w1, F, "F = 2 * Wr rows")
-    _checks.shape(f"state_dict[{prefix}'mlp.0.bias']", b1, (H,), f"[H], H = {H}")
-    Dg = _linear_weight(f"state_dict[{prefix}'mlp.2.weight']", w2, H, "H")
-    _checks.shape(f"state_dict[{prefix}'mlp.2.bias']", b2, (Dg,), f"[D/G], D/G = {Dg}")
-    m = LearnableFourierFeatures(
-        pos_dim, F, H, groups * Dg, groups=groups, gamma=our_gamma, backend=backend, **factory
-    )
-    with torch.no_grad():
-        m.wr.copy_(wr)
-        m.w1.copy_(w1.T)  # [H, F] -> [F, H]
-        m.b1.copy_(b1)
-        m.w2.copy_(w2.T)  # [D/G, H] -> [H, D/G]
-        m.b2.copy_(b2)
-    return m
+    return LearnableFourierFeatures.from_state_dict(
+        state_dict, source, gamma=gamma, groups=groups, max_pos=max_pos, prefix=prefix,
+        backend=backend,
+    )  # fmt: skip
 
 
 def to_state_dict(

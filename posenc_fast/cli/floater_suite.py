@@ -1,9 +1,6 @@
-"""FLOATER in ``python -m posenc_fast verify`` and ``bench``.
+"""FLOATER in ``python -m posenc_fast bench`` (its check in ``verify`` is
+``verify.check_floater``).
 
-- verify (:func:`check_floater`): every case of ``_testing.FLOATER_CASES`` (fresh random
-  states, weights and times) through the backend, forward and the gradients to p0, the
-  weights and the times, against autograd through the float64 reference loop (the exact
-  discrete adjoint); plus the module's cache extension against a fresh computation.
 - bench (:func:`bench_cases`): S = 12 states, H = d, times i * 0.01, five steps of the
   3/8 rule per interval ("rk38", i.e. torchdiffeq's "rk4"), ReLU: L in {64, 512}, d in
   {16, 128}. Besides the plain loop as users write it ("eager", working dtype; and
@@ -19,56 +16,14 @@ from __future__ import annotations
 import torch
 
 from .. import _testing
-from ..ops.floater import Floater, floater
+from ..ops.floater import floater
 from ..ops.floater import reference as ref
 from ..tolerances import mismatch
 from ._cases import BenchCase, Impl, _available
-from .verify import Result
 
 BENCH_STATES = 12
 BENCH_DELTA_T = 0.01
 BENCH_SUBSTEPS = 5
-
-
-def verify_cases():
-    """The FLOATER cases ``verify`` runs (the same list as the test suite)."""
-    return list(_testing.FLOATER_CASES)
-
-
-def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
-    res = Result()
-    for i, case in enumerate(verify_cases()):
-        inputs = _testing.floater_inputs(case, dtype, device, seed + i)
-        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
-        args = (case.substeps, case.method, case.activation)
-        out = floater(*leaves, *args, backend=backend)
-        leaves64 = [t.detach().double().requires_grad_(True) for t in inputs]
-        expected = ref.floater(*leaves64, *args)
-        res.add(out, expected, dtype, "floater", f"{case.id} forward")
-        if out.numel():
-            g = _testing.randn(out.shape, _testing.generator(seed + 400 + i), dtype, device)
-            out.backward(g)
-            expected.backward(g.double())
-            for name, a, b in zip(("p0", "w1", "b1", "w2", "b2", "times"), leaves, leaves64):
-                res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
-        res.cases += 1
-    res.cases += _check_extension(backend, dtype, device, seed, res)
-    return res
-
-
-def _check_extension(backend, dtype, device, seed, res: Result) -> int:
-    """Eval-mode cache: a longer length continues from the cached last state; it must
-    equal the reference on all sample times."""
-    fl = Floater(7, 3, hidden_dim=5, delta_t=0.05, substeps=2, activation="gelu",
-                 backend=backend, device=device, dtype=dtype)  # fmt: skip
-    _testing.randomize_parameters(fl, seed + 500, 0.5)
-    fl.eval()
-    with torch.no_grad():
-        fl(length=9)
-        out = fl(length=20)
-    expected = ref.floater(fl.p0, fl.w1, fl.b1, fl.w2, fl.b2, fl.length_times(20), 2, "rk4", "gelu")
-    res.add(out, expected, dtype, "floater", "module cache extension 9 -> 20")
-    return 1
 
 
 # -- bench ---------------------------------------------------------------------------------

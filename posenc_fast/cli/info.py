@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 
-from .. import _dispatch
+from .. import _dispatch, _extension
 from ._environment import describe
 
 
 def _extension_info() -> dict:
+    """The extension's parts (``_extension.extension_info``) and what the "cpp" and "cuda"
+    backends make of them."""
     try:
-        from .._extension import extension_info
-    except ImportError:
-        return {}
-    try:
-        return extension_info()
+        out = _extension.extension_info()
+        out["backends"] = {
+            name: _dispatch.BACKENDS[name].environment_reasons() for name in ("cpp", "cuda")
+        }
+        return out
     except Exception as exc:  # info must never crash
         return {"error": f"{type(exc).__name__}: {exc}"}
 

@@ -16,6 +16,8 @@ import torch
 from .. import _dispatch, _testing
 from ..ops import encodings as enc_api
 from ..ops.encodings import reference as enc_ref
+from ..ops.floater import Floater, floater
+from ..ops.floater import reference as floater_ref
 from ..ops.lff import lff
 from ..ops.lff import reference as lff_ref
 from ..ops.rotary import apply_lff_rotary, lff_rotary
@@ -202,12 +204,54 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
     return res
 
 
+def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
+    """Every case of ``_testing.FLOATER_CASES`` (fresh random states, weights and times),
+    forward and the gradients to p0, the weights and the times, against autograd through
+    the float64 reference loop (the exact discrete adjoint); plus the module's cache
+    extension against a fresh computation."""
+    res = Result()
+    for i, case in enumerate(_testing.FLOATER_CASES):
+        inputs = _testing.floater_inputs(case, dtype, device, seed + i)
+        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+        args = (case.substeps, case.method, case.activation)
+        out = floater(*leaves, *args, backend=backend)
+        leaves64 = [t.detach().double().requires_grad_(True) for t in inputs]
+        expected = floater_ref.floater(*leaves64, *args)
+        res.add(out, expected, dtype, "floater", f"{case.id} forward")
+        if out.numel():
+            g = _testing.randn(out.shape, _testing.generator(seed + 400 + i), dtype, device)
+            out.backward(g)
+            expected.backward(g.double())
+            for name, a, b in zip(("p0", "w1", "b1", "w2", "b2", "times"), leaves, leaves64):
+                res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
+        res.cases += 1
+    res.cases += _check_extension(backend, dtype, device, seed, res)
+    return res
+
+
+def _check_extension(backend, dtype, device, seed, res: Result) -> int:
+    """Eval-mode cache: a longer length continues from the cached last state; it must
+    equal the reference on all sample times."""
+    fl = Floater(7, 3, hidden_dim=5, delta_t=0.05, substeps=2, activation="gelu",
+                 backend=backend, device=device, dtype=dtype)  # fmt: skip
+    _testing.randomize_parameters(fl, seed + 500, 0.5)
+    fl.eval()
+    with torch.no_grad():
+        fl(length=9)
+        out = fl(length=20)
+    weights = (fl.p0, fl.w1, fl.b1, fl.w2, fl.b2)
+    expected = floater_ref.floater(*weights, fl.length_times(20), 2, "rk4", "gelu")
+    res.add(out, expected, dtype, "floater", "module cache extension 9 -> 20")
+    return 1
+
+
 CHECKS = {
     "lff": check_lff,
     "encoding": check_encoding,
     "encoding_nd": check_encoding_nd,
     "lff_rotary": check_lff_rotary,
     "apply_lff_rotary": check_apply_lff_rotary,
+    "floater": check_floater,
 }
 
 
@@ -217,21 +261,10 @@ def _last_line(exc: Exception) -> str:
     return (text[-1] if text else "")[-300:]
 
 
-def _floater_check():
-    try:
-        from .floater_suite import check_floater
-    except ImportError:
-        return None
-    return check_floater
-
-
 def run(args) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     device = args.device
-    checks = dict(CHECKS)
-    fl = _floater_check()
-    if fl is not None:
-        checks["floater"] = fl
+    checks = CHECKS
     wanted = list(checks) if args.ops == "all" else [o.strip() for o in args.ops.split(",")]
     unknown = [o for o in wanted if o not in checks]
     if unknown:

@@ -1,4 +1,5 @@
-"""FLOATER's part of ``python -m posenc_fast verify`` and ``bench`` (cli/floater_suite.py)."""
+"""FLOATER's part of ``python -m posenc_fast verify`` (cli/verify.py) and ``bench``
+(cli/floater_suite.py)."""
 
 import importlib.util
 import json
@@ -9,14 +10,15 @@ import pytest
 import torch
 from conftest import backend_params
 
-from posenc_fast.cli import bench, floater_suite
+from posenc_fast import _testing
+from posenc_fast.cli import bench, floater_suite, verify
 
 
 @pytest.mark.parametrize("backend", backend_params("floater"))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 def test_verify_check_passes(backend, dtype, device):
-    res = floater_suite.check_floater(backend, dtype, device, seed=17)
-    assert res.cases == len(floater_suite.verify_cases()) + 1
+    res = verify.check_floater(backend, dtype, device, seed=17)
+    assert res.cases == len(_testing.FLOATER_CASES) + 1
     assert not res.failures, res.failures[:3]
     assert 0 < res.fwd_err < 1e-4 and 0 < res.grad_err < 1e-4
 
@@ -32,7 +34,7 @@ def test_verify_check_catches_a_wrong_backend(monkeypatch, device):
         return forward(p0, w1, b1, w2, b2, times, fewer)
 
     monkeypatch.setattr(FLOATER["torch"], "forward", wrong)
-    res = floater_suite.check_floater("torch", torch.float64, device, seed=3)
+    res = verify.check_floater("torch", torch.float64, device, seed=3)
     assert res.failures
 
 

@@ -19,6 +19,7 @@ from ... import _checks, _dispatch
 from ..._activations import ACTIVATIONS
 from ..._dispatch import Problem
 from .._common import autocast_dtype
+from . import checkpoint
 from . import reference as _reference
 from .op import LFF_OP
 from .registry import LFF
@@ -283,9 +284,12 @@ class LearnableFourierFeatures(nn.Module):
         """Load a checkpoint of a public LFF module ("guimont", "jhlew", "lightglue",
         "tpe") with its gamma convention and weight layout: see :mod:`posenc_fast.convert`
         (``convert.to_state_dict`` is the reverse)."""
-        from ... import convert  # convert imports this module
-
-        return convert.from_state_dict(state_dict, source, **kwargs)
+        args, kw, weights = checkpoint.parse(state_dict, source, **kwargs)
+        m = cls(*args, **kw)
+        with torch.no_grad():
+            for name, w in weights.items():
+                getattr(m, name).copy_(w)
+        return m
 
     @property
     def target_var(self) -> Tensor:
