@@ -19,6 +19,14 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def autotune_enabled() -> bool:
+    """False when POSENC_FAST_TRITON_AUTOTUNE=0: each autotuned launcher then offers only
+    its first allowed configuration, so a new shape compiles one kernel instead of every
+    configuration (a correctness run on a fresh GPU machine, e.g. the GPU proof's verify and
+    tests stages, spends its minutes checking, not compiling). Read at every new shape."""
+    return os.environ.get("POSENC_FAST_TRITON_AUTOTUNE", "1") != "0"
+
+
 def parse_version(text: str) -> tuple[int, int]:
     """(major, minor) of a version string such as "3.1.0" or "3.6.0+git1234"."""
     major, minor = (int(v) for v in re.findall(r"\d+", text)[:2])

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _configs
+from . import _configs, _env
 from ._env import interpreter_enabled
 
 # Decided once: Triton itself reads TRITON_INTERPRET when the kernels are defined.
@@ -122,7 +122,8 @@ def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Auto
     on the device of the call (its Triton-version defects and shared memory limit), after
     ``select(configs, meta)``, the kernel's own choice for the call's constexprs; and
     guarded, so that a configuration whose compilation raises is dropped, not fatal.
-    ``name`` is the kernel's name in _configs' rules."""
+    ``name`` is the kernel's name in _configs' rules. With POSENC_FAST_TRITON_AUTOTUNE=0
+    (``_env.autotune_enabled``) only the first allowed configuration is offered."""
 
     def early_prune(candidates, named_args, **kwargs):
         meta = {**named_args, **kwargs}
@@ -135,7 +136,7 @@ def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Auto
                 f"posenc_fast: no {name} configuration can be compiled for sm_{arch} with "
                 f"Triton {triton.__version__}: " + "; ".join(why)
             )
-        return kept
+        return kept if _env.autotune_enabled() else kept[:1]
 
     def build():
         tuner = triton.autotune(

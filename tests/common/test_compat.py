@@ -262,6 +262,23 @@ def test_every_hidden_size_keeps_a_configuration(triton_version, arch, monkeypat
             assert _configs.refusal("lff_bwd", {**bmeta, **blocks}, **options, arch=arch) is None
 
 
+def test_autotune_off_offers_one_configuration(monkeypatch):
+    """POSENC_FAST_TRITON_AUTOTUNE=0 (the GPU proof's correctness stages): the autotuner
+    is offered only the first configuration the rules allow, so one kernel is compiled per
+    shape instead of every configuration."""
+    monkeypatch.setattr(_configs, "device_arch", lambda device: 90)
+    try:
+        tuner = fwd._lff_fwd_tuned.tuner
+    except RuntimeError as exc:  # as above: Triton 3.3 asks the driver
+        pytest.skip(f"cannot create an autotuner without a GPU ({exc})")
+    meta = dict(BF16, BLOCK_H=32, M=2)
+    every = tuner.early_config_prune(tuner.configs, {"X": torch.empty(1)}, **meta)
+    assert len(every) > 1
+    monkeypatch.setenv("POSENC_FAST_TRITON_AUTOTUNE", "0")
+    one = tuner.early_config_prune(tuner.configs, {"X": torch.empty(1)}, **meta)
+    assert one == every[:1]
+
+
 def test_backward_falls_back_to_32_rows_where_64_are_refused(monkeypatch):
     monkeypatch.setattr(bwd, "INTERPRET", False)
     meta = dict(BF16, BLOCK_H=128, BLOCK_M=2)
