@@ -94,7 +94,9 @@ def test_bench_floater_sizes_option(tmp_path):
     assert {"eager", "torch"} <= impls and "compile" not in impls
     assert all(r["error"] or r["max_err_vs_spec"] < 1e-4 for r in rows)
     # the renderer of the README's tables (benchmarks/render_cpu_table.py)
-    path_r = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "render_cpu_table.py")
+    path_r = os.path.join(
+        os.path.dirname(__file__), "..", "..", "benchmarks", "render_cpu_table.py"
+    )
     spec = importlib.util.spec_from_file_location("render_cpu_table", path_r)
     render = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render)
