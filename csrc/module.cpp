@@ -12,15 +12,13 @@
 
 #include "cpu/isa.h"
 #include "floater/floater_cpu.h"
+#include "module_info.h"
 
 namespace posenc_fast {
 namespace {
 
 pybind11::dict build_info() {
-  pybind11::dict info;
-  info["ops_version"] = 3;  // bump when the op schemas change
-  info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-                          std::to_string(TORCH_VERSION_PATCH);
+  pybind11::dict info = common_build_info();
 #if defined(__clang__)
   info["compiler"] = std::string("clang ") + __clang_version__;
 #elif defined(__GNUC__)

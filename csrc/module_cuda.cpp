@@ -10,6 +10,7 @@
 #include <string>
 
 #include "floater/floater_cuda.h"
+#include "module_info.h"
 
 #ifndef POSENC_FAST_CUDA_ARCHS
 #define POSENC_FAST_CUDA_ARCHS ""
@@ -19,10 +20,7 @@ namespace posenc_fast {
 namespace {
 
 pybind11::dict build_info() {
-  pybind11::dict info;
-  info["ops_version"] = 3;  // bump with module.cpp's when the op schemas change
-  info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-                          std::to_string(TORCH_VERSION_PATCH);
+  pybind11::dict info = common_build_info();
   info["cuda_compiled_version"] = floater::cuda::compiled_version();
   info["cuda_archs"] = std::string(POSENC_FAST_CUDA_ARCHS);
   return info;

@@ -7,6 +7,9 @@
 //       -> x + encoding, in x's dtype
 //   encoding_kernel_backward(grad [*positions.shape, dim], positions, dim, kind, base)
 //       -> d positions (float32 for integer positions)
+//
+// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
+// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -14,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/checks.h"
+#include "cpu/ops.h"
 #include "encodings/encodings_cpu.h"
 
 namespace posenc_fast {
@@ -48,6 +51,8 @@ std::vector<int64_t> with_dim(const at::Tensor& positions, int64_t dim) {
   return shape;
 }
 
+constexpr char kEncodingSchema[] =
+    "encoding_kernel(Tensor positions, int dim, str kind, float base, float? block, ScalarType out_dtype) -> Tensor";
 at::Tensor encoding_cpu(const at::Tensor& positions, int64_t dim, c10::string_view kind, double base,
                         c10::optional<double> block, at::ScalarType out_dtype) {
   const char* op = "encoding_kernel";
@@ -57,6 +62,15 @@ at::Tensor encoding_cpu(const at::Tensor& positions, int64_t dim, c10::string_vi
   return forward_cpu(positions.reshape({-1}), 0, at::Tensor(), spec, out_dtype).view(with_dim(positions, dim));
 }
 
+at::Tensor encoding_meta(const at::Tensor& positions, int64_t dim, c10::string_view kind, double base,
+                         c10::optional<double> block, at::ScalarType out_dtype) {
+  return at::empty(with_dim(positions, dim), positions.options().dtype(out_dtype));
+}
+
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) { cpu::define(m, kEncodingSchema, &encoding_cpu, &encoding_meta); }
+
+constexpr char kEncodingAddSchema[] =
+    "encoding_add_kernel(Tensor x, Tensor positions, str kind, float base, float? block) -> Tensor";
 at::Tensor encoding_add_cpu(const at::Tensor& x, const at::Tensor& positions, c10::string_view kind, double base,
                             c10::optional<double> block) {
   const char* op = "encoding_add_kernel";
@@ -88,6 +102,15 @@ at::Tensor encoding_add_cpu(const at::Tensor& x, const at::Tensor& positions, c1
   return forward_cpu(p, period, rows, spec, x.scalar_type()).view(x.sizes());
 }
 
+at::Tensor encoding_add_meta(const at::Tensor& x, const at::Tensor& positions, c10::string_view kind, double base,
+                             c10::optional<double> block) {
+  return at::empty(x.sizes(), x.options());
+}
+
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) { cpu::define(m, kEncodingAddSchema, &encoding_add_cpu, &encoding_add_meta); }
+
+constexpr char kEncodingBackwardSchema[] =
+    "encoding_kernel_backward(Tensor grad, Tensor positions, int dim, str kind, float base) -> Tensor";
 at::Tensor encoding_backward_cpu(const at::Tensor& grad, const at::Tensor& positions, int64_t dim,
                                  c10::string_view kind, double base) {
   const char* op = "encoding_kernel_backward";
@@ -102,41 +125,16 @@ at::Tensor encoding_backward_cpu(const at::Tensor& grad, const at::Tensor& posit
   return backward_cpu(g, positions.reshape({-1}), spec).view(positions.sizes());
 }
 
-// Meta (fake tensor) kernels: shapes only, so torch.compile and opcheck can trace the ops.
-at::Tensor encoding_meta(const at::Tensor& positions, int64_t dim, c10::string_view kind, double base,
-                         c10::optional<double> block, at::ScalarType out_dtype) {
-  return at::empty(with_dim(positions, dim), positions.options().dtype(out_dtype));
-}
-
-at::Tensor encoding_add_meta(const at::Tensor& x, const at::Tensor& positions, c10::string_view kind, double base,
-                             c10::optional<double> block) {
-  return at::empty(x.sizes(), x.options());
-}
-
 at::Tensor encoding_backward_meta(const at::Tensor& grad, const at::Tensor& positions, int64_t dim,
                                   c10::string_view kind, double base) {
   const at::ScalarType t = at::isFloatingType(positions.scalar_type()) ? positions.scalar_type() : at::kFloat;
   return at::empty(positions.sizes(), positions.options().dtype(t));
 }
 
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
+  cpu::define(m, kEncodingBackwardSchema, &encoding_backward_cpu, &encoding_backward_meta);
+}
+
 }  // namespace
 }  // namespace encodings
 }  // namespace posenc_fast
-
-TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
-  m.def("encoding_kernel(Tensor positions, int dim, str kind, float base, float? block, ScalarType out_dtype) -> Tensor");
-  m.def("encoding_add_kernel(Tensor x, Tensor positions, str kind, float base, float? block) -> Tensor");
-  m.def("encoding_kernel_backward(Tensor grad, Tensor positions, int dim, str kind, float base) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
-  m.impl("encoding_kernel", &posenc_fast::encodings::encoding_cpu);
-  m.impl("encoding_add_kernel", &posenc_fast::encodings::encoding_add_cpu);
-  m.impl("encoding_kernel_backward", &posenc_fast::encodings::encoding_backward_cpu);
-}
-
-TORCH_LIBRARY_IMPL(posenc_fast, Meta, m) {
-  m.impl("encoding_kernel", &posenc_fast::encodings::encoding_meta);
-  m.impl("encoding_add_kernel", &posenc_fast::encodings::encoding_add_meta);
-  m.impl("encoding_kernel_backward", &posenc_fast::encodings::encoding_backward_meta);
-}

@@ -1,5 +1,5 @@
-// Argument checks of the posenc_fast::floater_integrate* ops, shared by the CPU and CUDA
-// registrations. The Python op layer validates first with friendlier messages; these
+// Argument checks and inputs of the posenc_fast::floater_integrate* ops, shared by the CPU
+// and CUDA registrations. The Python op layer validates first with friendlier messages; these
 // checks keep direct calls of the low-level ops from reading out of bounds.
 // TORCH_CHECK_VALUE -> ValueError, TORCH_CHECK_TYPE -> TypeError in Python.
 #pragma once
@@ -103,6 +103,18 @@ inline BackwardProblem check_backward(const at::Tensor& grad, const at::Tensor& 
   BackwardProblem bp{pr, {}};
   for (size_t i = 0; i < 6; ++i) bp.needs[i] = needs.get(i);
   return bp;
+}
+
+// The problem's tensors (floater_common.h), contiguous, one dtype: what the CPU and CUDA
+// implementations read.
+struct Inputs {
+  at::Tensor p0, w1, b1, w2, b2, times;
+};
+
+// Never write into the caller's storage: the kernels read contiguous views or copies.
+inline Inputs contiguous_inputs(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1,
+                                const at::Tensor& w2, const at::Tensor& b2, const at::Tensor& times) {
+  return Inputs{p0.contiguous(), w1.contiguous(), b1.contiguous(), w2.contiguous(), b2.contiguous(), times.contiguous()};
 }
 
 // The backward op's results: a zero-filled tensor of the input's shape where that gradient

@@ -9,15 +9,10 @@
 
 #include <array>
 
-#include "floater_common.h"
+#include "floater_checks.h"
 
 namespace posenc_fast {
 namespace floater {
-
-// The problem's tensors (floater_common.h), contiguous, one dtype.
-struct Inputs {
-  at::Tensor p0, w1, b1, w2, b2, times;
-};
 
 void forward_cpu(const Inputs& in, const Options& opt, at::Tensor& out);
 

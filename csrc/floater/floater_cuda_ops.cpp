@@ -91,15 +91,14 @@ void check_launch(cudaError_t err, const Plan& plan) {
 }
 
 // The inputs' pointers (the tensors contiguous, on the current device).
-Pointers input_pointers(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                        const at::Tensor& b2, const at::Tensor& times) {
+Pointers input_pointers(const Inputs& in) {
   Pointers ptr{};
-  ptr.p0 = p0.data_ptr();
-  ptr.w1 = w1.data_ptr();
-  ptr.b1 = b1.data_ptr();
-  ptr.w2 = w2.data_ptr();
-  ptr.b2 = b2.data_ptr();
-  ptr.times = times.data_ptr();
+  ptr.p0 = in.p0.data_ptr();
+  ptr.w1 = in.w1.data_ptr();
+  ptr.b1 = in.b1.data_ptr();
+  ptr.w2 = in.w2.data_ptr();
+  ptr.b2 = in.b2.data_ptr();
+  ptr.times = in.times.data_ptr();
   return ptr;
 }
 
@@ -111,45 +110,42 @@ void run(const Problem& cp, const at::Tensor& p0, Pointers ptr) {
   check_launch(launch(cp, plan, ptr, c10::cuda::getCurrentCUDAStream().stream()), plan);
 }
 
-at::Tensor integrate_cuda(const at::Tensor& p0_, const at::Tensor& w1_, const at::Tensor& b1_, const at::Tensor& w2_,
-                          const at::Tensor& b2_, const at::Tensor& times_, int64_t substeps, c10::string_view method,
+at::Tensor integrate_cuda(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                          const at::Tensor& b2, const at::Tensor& times, int64_t substeps, c10::string_view method,
                           c10::string_view activation) {
-  const floater::Problem pr = check_forward(p0_, w1_, b1_, w2_, b2_, times_, substeps, std::string(method),
+  const floater::Problem pr = check_forward(p0, w1, b1, w2, b2, times, substeps, std::string(method),
                                             std::string(activation), c10::DeviceType::CUDA);
-  const c10::cuda::CUDAGuard guard(p0_.device());
-  const at::Tensor p0 = p0_.contiguous(), w1 = w1_.contiguous(), b1 = b1_.contiguous(), w2 = w2_.contiguous(),
-                   b2 = b2_.contiguous(), times = times_.contiguous();
-  at::Tensor out = at::empty({pr.S, pr.L, pr.d}, p0.options());
+  const c10::cuda::CUDAGuard guard(p0.device());
+  const Inputs in = contiguous_inputs(p0, w1, b1, w2, b2, times);
+  at::Tensor out = at::empty({pr.S, pr.L, pr.d}, in.p0.options());
   if (pr.S == 0 || pr.L == 0 || pr.d == 0) return out;
-  Pointers ptr = input_pointers(p0, w1, b1, w2, b2, times);
+  Pointers ptr = input_pointers(in);
   ptr.out = out.data_ptr();
-  run(to_problem(pr, p0, false), p0, ptr);
+  run(to_problem(pr, in.p0, false), in.p0, ptr);
   return out;
 }
 
-std::vector<at::Tensor> integrate_backward_cuda(const at::Tensor& grad_, const at::Tensor& out_, const at::Tensor& p0_,
-                                                const at::Tensor& w1_, const at::Tensor& b1_, const at::Tensor& w2_,
-                                                const at::Tensor& b2_, const at::Tensor& times_, int64_t substeps,
+std::vector<at::Tensor> integrate_backward_cuda(const at::Tensor& grad_, const at::Tensor& out_, const at::Tensor& p0,
+                                                const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                                                const at::Tensor& b2, const at::Tensor& times, int64_t substeps,
                                                 c10::string_view method, c10::string_view activation,
                                                 const c10::List<bool>& needs_list) {
-  const BackwardProblem bp = check_backward(grad_, out_, p0_, w1_, b1_, w2_, b2_, times_, substeps,
-                                            std::string(method), std::string(activation), needs_list,
-                                            c10::DeviceType::CUDA);
+  const BackwardProblem bp = check_backward(grad_, out_, p0, w1, b1, w2, b2, times, substeps, std::string(method),
+                                            std::string(activation), needs_list, c10::DeviceType::CUDA);
   const floater::Problem& pr = bp.pr;
-  const c10::cuda::CUDAGuard guard(p0_.device());
-  const at::Tensor grad = grad_.contiguous(), saved = out_.contiguous(), p0 = p0_.contiguous(),
-                   w1 = w1_.contiguous(), b1 = b1_.contiguous(), w2 = w2_.contiguous(), b2 = b2_.contiguous(),
-                   times = times_.contiguous();
+  const c10::cuda::CUDAGuard guard(p0.device());
+  const at::Tensor grad = grad_.contiguous(), saved = out_.contiguous();
+  const Inputs in = contiguous_inputs(p0, w1, b1, w2, b2, times);
   std::vector<at::Tensor> res =
       grad_outputs(bp.needs, {p0.sizes(), w1.sizes(), b1.sizes(), w2.sizes(), b2.sizes(), times.sizes()},
-                   p0.options());
+                   in.p0.options());
   if (pr.S == 0 || pr.L == 0 || pr.d == 0) return res;
-  Pointers ptr = input_pointers(p0, w1, b1, w2, b2, times);
+  Pointers ptr = input_pointers(in);
   ptr.grad = grad.data_ptr();
   ptr.out_saved = saved.data_ptr();
   void** outs[6] = {&ptr.dp0, &ptr.dw1, &ptr.db1, &ptr.dw2, &ptr.db2, &ptr.dtimes};
   for (int i = 0; i < 6; ++i) *outs[i] = bp.needs[i] ? res[i].data_ptr() : nullptr;
-  run(to_problem(pr, p0, true, bp.needs), p0, ptr);
+  run(to_problem(pr, in.p0, true, bp.needs), in.p0, ptr);
   return res;
 }
 

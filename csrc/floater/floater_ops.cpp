@@ -7,12 +7,16 @@
 //   posenc_fast::floater_integrate_backward(grad [S,L,d], out [S,L,d], p0, w1, b1, w2, b2,
 //                                  times, substeps, method, activation, needs[6])
 //       -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is false)
+//
+// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
+// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <array>
 #include <vector>
 
+#include "cpu/ops.h"
 #include "floater_checks.h"
 #include "floater_cpu.h"
 
@@ -21,11 +25,9 @@ namespace floater {
 
 namespace {
 
-Inputs contiguous_inputs(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                         const at::Tensor& b2, const at::Tensor& times) {
-  return Inputs{p0.contiguous(), w1.contiguous(), b1.contiguous(), w2.contiguous(), b2.contiguous(), times.contiguous()};
-}
-
+constexpr char kIntegrateSchema[] =
+    "floater_integrate(Tensor p0, Tensor w1, Tensor b1, Tensor w2, Tensor b2, Tensor times, "
+    "int substeps, str method, str activation) -> Tensor";
 at::Tensor integrate_cpu(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                          const at::Tensor& b2, const at::Tensor& times, int64_t substeps, c10::string_view method,
                          c10::string_view activation) {
@@ -38,6 +40,17 @@ at::Tensor integrate_cpu(const at::Tensor& p0, const at::Tensor& w1, const at::T
   return out;
 }
 
+at::Tensor integrate_meta(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                          const at::Tensor& b2, const at::Tensor& times, int64_t substeps, c10::string_view method,
+                          c10::string_view activation) {
+  return at::empty({p0.size(0), times.size(0), p0.size(1)}, p0.options());
+}
+
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) { cpu::define(m, kIntegrateSchema, &integrate_cpu, &integrate_meta); }
+
+constexpr char kIntegrateBackwardSchema[] =
+    "floater_integrate_backward(Tensor grad, Tensor out, Tensor p0, Tensor w1, Tensor b1, Tensor w2, "
+    "Tensor b2, Tensor times, int substeps, str method, str activation, bool[] needs) -> Tensor[]";
 std::vector<at::Tensor> integrate_backward_cpu(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p0,
                                                const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                                                const at::Tensor& b2, const at::Tensor& times, int64_t substeps,
@@ -55,13 +68,6 @@ std::vector<at::Tensor> integrate_backward_cpu(const at::Tensor& grad, const at:
   return res;
 }
 
-// Meta (fake tensor) kernels: shapes only, so torch.compile and opcheck can trace the ops.
-at::Tensor integrate_meta(const at::Tensor& p0, const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
-                          const at::Tensor& b2, const at::Tensor& times, int64_t substeps, c10::string_view method,
-                          c10::string_view activation) {
-  return at::empty({p0.size(0), times.size(0), p0.size(1)}, p0.options());
-}
-
 std::vector<at::Tensor> integrate_backward_meta(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& p0,
                                                 const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                                                 const at::Tensor& b2, const at::Tensor& times, int64_t substeps,
@@ -76,28 +82,10 @@ std::vector<at::Tensor> integrate_backward_meta(const at::Tensor& grad, const at
   return res;
 }
 
-}  // namespace
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
+  cpu::define(m, kIntegrateBackwardSchema, &integrate_backward_cpu, &integrate_backward_meta);
+}
 
+}  // namespace
 }  // namespace floater
 }  // namespace posenc_fast
-
-// FRAGMENT: the Python custom ops (torch.library.custom_op) define other ops of the same
-// namespace, so no side may claim it with TORCH_LIBRARY.
-TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
-  m.def(
-      "floater_integrate(Tensor p0, Tensor w1, Tensor b1, Tensor w2, Tensor b2, Tensor times, "
-      "int substeps, str method, str activation) -> Tensor");
-  m.def(
-      "floater_integrate_backward(Tensor grad, Tensor out, Tensor p0, Tensor w1, Tensor b1, Tensor w2, "
-      "Tensor b2, Tensor times, int substeps, str method, str activation, bool[] needs) -> Tensor[]");
-}
-
-TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
-  m.impl("floater_integrate", &posenc_fast::floater::integrate_cpu);
-  m.impl("floater_integrate_backward", &posenc_fast::floater::integrate_backward_cpu);
-}
-
-TORCH_LIBRARY_IMPL(posenc_fast, Meta, m) {
-  m.impl("floater_integrate", &posenc_fast::floater::integrate_meta);
-  m.impl("floater_integrate_backward", &posenc_fast::floater::integrate_backward_meta);
-}

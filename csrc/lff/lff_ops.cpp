@@ -6,6 +6,9 @@
 //              activation, out_dtype) -> [..., G * Dg]   ([..., G * F] without w1..b2)
 //   lff_kernel_backward(grad, x, wr, w1?, b1?, w2?, b2?, activation, needs[6])
 //       -> [dx, dwr, dw1, db1, dw2, db2]   (empty tensors where needs[i] is false)
+//
+// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
+// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -13,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/checks.h"
+#include "cpu/ops.h"
 #include "lff/lff_cpu.h"
 
 namespace posenc_fast {
@@ -75,6 +78,9 @@ std::vector<int64_t> out_shape(const at::Tensor& x, int64_t width) {
   return shape;
 }
 
+constexpr char kLffSchema[] =
+    "lff_kernel(Tensor x, Tensor wr, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, str activation, "
+    "ScalarType out_dtype) -> Tensor";
 at::Tensor lff_cpu(const at::Tensor& x, const at::Tensor& wr, const c10::optional<at::Tensor>& w1,
                    const c10::optional<at::Tensor>& b1, const c10::optional<at::Tensor>& w2,
                    const c10::optional<at::Tensor>& b2, c10::string_view activation, at::ScalarType out_dtype) {
@@ -86,6 +92,18 @@ at::Tensor lff_cpu(const at::Tensor& x, const at::Tensor& wr, const c10::optiona
   return forward_cpu(rows, wr, l.mlp, act, out_dtype).view(out_shape(x, l.width));
 }
 
+at::Tensor lff_meta(const at::Tensor& x, const at::Tensor& wr, const c10::optional<at::Tensor>& w1,
+                    const c10::optional<at::Tensor>& b1, const c10::optional<at::Tensor>& w2,
+                    const c10::optional<at::Tensor>& b2, c10::string_view activation, at::ScalarType out_dtype) {
+  const int64_t width = w2.has_value() ? w2->size(1) : 2 * wr.size(0);
+  return at::empty(out_shape(x, width), x.options().dtype(out_dtype));
+}
+
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) { cpu::define(m, kLffSchema, &lff_cpu, &lff_meta); }
+
+constexpr char kLffBackwardSchema[] =
+    "lff_kernel_backward(Tensor grad, Tensor x, Tensor wr, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, "
+    "str activation, bool[] needs) -> Tensor[]";
 std::vector<at::Tensor> lff_backward_cpu(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& wr,
                                          const c10::optional<at::Tensor>& w1, const c10::optional<at::Tensor>& b1,
                                          const c10::optional<at::Tensor>& w2, const c10::optional<at::Tensor>& b2,
@@ -109,14 +127,6 @@ std::vector<at::Tensor> lff_backward_cpu(const at::Tensor& grad, const at::Tenso
   return cpu::or_empty(std::move(res), grad.options());
 }
 
-// Meta (fake tensor) kernels: shapes only, so torch.compile and opcheck can trace the ops.
-at::Tensor lff_meta(const at::Tensor& x, const at::Tensor& wr, const c10::optional<at::Tensor>& w1,
-                    const c10::optional<at::Tensor>& b1, const c10::optional<at::Tensor>& w2,
-                    const c10::optional<at::Tensor>& b2, c10::string_view activation, at::ScalarType out_dtype) {
-  const int64_t width = w2.has_value() ? w2->size(1) : 2 * wr.size(0);
-  return at::empty(out_shape(x, width), x.options().dtype(out_dtype));
-}
-
 std::vector<at::Tensor> lff_backward_meta(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& wr,
                                           const c10::optional<at::Tensor>& w1, const c10::optional<at::Tensor>& b1,
                                           const c10::optional<at::Tensor>& w2, const c10::optional<at::Tensor>& b2,
@@ -129,27 +139,8 @@ std::vector<at::Tensor> lff_backward_meta(const at::Tensor& grad, const at::Tens
   return cpu::or_empty(std::move(res), grad.options());
 }
 
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) { cpu::define(m, kLffBackwardSchema, &lff_backward_cpu, &lff_backward_meta); }
+
 }  // namespace
 }  // namespace lff
 }  // namespace posenc_fast
-
-// FRAGMENT: the other op folders and the Python custom ops define other ops of the same
-// namespace, so no side may claim it with TORCH_LIBRARY.
-TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
-  m.def(
-      "lff_kernel(Tensor x, Tensor wr, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, str activation, "
-      "ScalarType out_dtype) -> Tensor");
-  m.def(
-      "lff_kernel_backward(Tensor grad, Tensor x, Tensor wr, Tensor? w1, Tensor? b1, Tensor? w2, Tensor? b2, "
-      "str activation, bool[] needs) -> Tensor[]");
-}
-
-TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
-  m.impl("lff_kernel", &posenc_fast::lff::lff_cpu);
-  m.impl("lff_kernel_backward", &posenc_fast::lff::lff_backward_cpu);
-}
-
-TORCH_LIBRARY_IMPL(posenc_fast, Meta, m) {
-  m.impl("lff_kernel", &posenc_fast::lff::lff_meta);
-  m.impl("lff_kernel_backward", &posenc_fast::lff::lff_backward_meta);
-}

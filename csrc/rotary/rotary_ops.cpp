@@ -10,6 +10,9 @@
 // (empty tensors where a gradient is not needed). The apply ops' Meta kernels check q's,
 // k's and the gradients' dtypes and devices (no shapes: no ATen call on fake tensors), so a
 // call that mixes CPU and Meta tensors, which dispatches to Meta, is refused too.
+//
+// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
+// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -18,7 +21,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cpu/checks.h"
+#include "cpu/ops.h"
 #include "rotary/rotary_cpu.h"
 
 namespace posenc_fast {
@@ -41,6 +44,7 @@ std::vector<int64_t> table_shape(const at::Tensor& x, int64_t F2) {
   return shape;
 }
 
+constexpr char kTableSchema[] = "lff_rotary_kernel(Tensor x, Tensor wr, ScalarType out_dtype) -> Tensor";
 at::Tensor table_cpu(const at::Tensor& x, const at::Tensor& wr, at::ScalarType out_dtype) {
   const char* op = "lff_rotary_kernel";
   const int64_t F2 = check_x_wr(op, x, wr);
@@ -51,6 +55,14 @@ at::Tensor table_cpu(const at::Tensor& x, const at::Tensor& wr, at::ScalarType o
   return out.view(table_shape(x, F2));
 }
 
+at::Tensor table_meta(const at::Tensor& x, const at::Tensor& wr, at::ScalarType out_dtype) {
+  return at::empty(table_shape(x, wr.size(0)), x.options().dtype(out_dtype));
+}
+
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) { cpu::define(m, kTableSchema, &table_cpu, &table_meta); }
+
+constexpr char kTableBackwardSchema[] =
+    "lff_rotary_kernel_backward(Tensor grad, Tensor x, Tensor wr, bool need_x, bool need_wr) -> (Tensor, Tensor)";
 std::tuple<at::Tensor, at::Tensor> table_backward_cpu_op(const at::Tensor& grad, const at::Tensor& x,
                                                          const at::Tensor& wr, bool need_x, bool need_wr) {
   const char* op = "lff_rotary_kernel_backward";
@@ -66,6 +78,18 @@ std::tuple<at::Tensor, at::Tensor> table_backward_cpu_op(const at::Tensor& grad,
   if (need_x || need_wr) table_backward_cpu(grad.reshape({2, rows.size(0), 2 * F2}), rows, wr, dx_rows, dwr);
   const std::vector<at::Tensor> res = cpu::or_empty({dx, dwr}, grad.options());
   return {res[0], res[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor> table_backward_meta(const at::Tensor& grad, const at::Tensor& x,
+                                                       const at::Tensor& wr, bool need_x, bool need_wr) {
+  const std::vector<at::Tensor> res = cpu::or_empty(
+      {need_x ? at::empty(x.sizes(), x.options()) : at::Tensor(), need_wr ? at::empty(wr.sizes(), wr.options()) : at::Tensor()},
+      grad.options());
+  return {res[0], res[1]};
+}
+
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
+  cpu::define(m, kTableBackwardSchema, &table_backward_cpu_op, &table_backward_meta);
 }
 
 bool parse_layout(const char* op, c10::string_view layout) {  // true: "bnhd"
@@ -116,6 +140,8 @@ std::array<bool, 4> check_apply_grads(const char* op, const at::Tensor& gq, cons
   return {needs.get(0), needs.get(1), needs.get(2), needs.get(3)};
 }
 
+constexpr char kApplySchema[] =
+    "apply_lff_rotary_kernel(Tensor q, Tensor k, Tensor x, Tensor wr, str layout) -> (Tensor, Tensor)";
 std::tuple<at::Tensor, at::Tensor> apply_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& x,
                                              const at::Tensor& wr, c10::string_view layout) {
   const char* op = "apply_lff_rotary_kernel";
@@ -127,6 +153,17 @@ std::tuple<at::Tensor, at::Tensor> apply_cpu(const at::Tensor& q, const at::Tens
   return {oq, ok};
 }
 
+std::tuple<at::Tensor, at::Tensor> apply_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& x,
+                                              const at::Tensor& wr, c10::string_view layout) {
+  check_apply_dtypes("apply_lff_rotary_kernel", q, k);
+  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), q.options())};
+}
+
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) { cpu::define(m, kApplySchema, &apply_cpu, &apply_meta); }
+
+constexpr char kApplyBackwardSchema[] =
+    "apply_lff_rotary_kernel_backward(Tensor gq, Tensor gk, Tensor q, Tensor k, Tensor x, Tensor wr, str layout, "
+    "bool[] needs) -> Tensor[]";
 std::vector<at::Tensor> apply_backward_cpu_op(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& q,
                                               const at::Tensor& k, const at::Tensor& x, const at::Tensor& wr,
                                               c10::string_view layout, const c10::List<bool>& needs_list) {
@@ -145,25 +182,6 @@ std::vector<at::Tensor> apply_backward_cpu_op(const at::Tensor& gq, const at::Te
   return cpu::or_empty(std::move(res), gq.options());
 }
 
-// Meta (fake tensor) kernels: shapes only, so torch.compile and opcheck can trace the ops.
-at::Tensor table_meta(const at::Tensor& x, const at::Tensor& wr, at::ScalarType out_dtype) {
-  return at::empty(table_shape(x, wr.size(0)), x.options().dtype(out_dtype));
-}
-
-std::tuple<at::Tensor, at::Tensor> table_backward_meta(const at::Tensor& grad, const at::Tensor& x,
-                                                       const at::Tensor& wr, bool need_x, bool need_wr) {
-  const std::vector<at::Tensor> res = cpu::or_empty(
-      {need_x ? at::empty(x.sizes(), x.options()) : at::Tensor(), need_wr ? at::empty(wr.sizes(), wr.options()) : at::Tensor()},
-      grad.options());
-  return {res[0], res[1]};
-}
-
-std::tuple<at::Tensor, at::Tensor> apply_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& x,
-                                              const at::Tensor& wr, c10::string_view layout) {
-  check_apply_dtypes("apply_lff_rotary_kernel", q, k);
-  return {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), q.options())};
-}
-
 std::vector<at::Tensor> apply_backward_meta(const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& q,
                                             const at::Tensor& k, const at::Tensor& x, const at::Tensor& wr,
                                             c10::string_view layout, const c10::List<bool>& needs) {
@@ -175,29 +193,10 @@ std::vector<at::Tensor> apply_backward_meta(const at::Tensor& gq, const at::Tens
   return cpu::or_empty(std::move(res), gq.options());
 }
 
+TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
+  cpu::define(m, kApplyBackwardSchema, &apply_backward_cpu_op, &apply_backward_meta);
+}
+
 }  // namespace
 }  // namespace rotary
 }  // namespace posenc_fast
-
-TORCH_LIBRARY_FRAGMENT(posenc_fast, m) {
-  m.def("lff_rotary_kernel(Tensor x, Tensor wr, ScalarType out_dtype) -> Tensor");
-  m.def("lff_rotary_kernel_backward(Tensor grad, Tensor x, Tensor wr, bool need_x, bool need_wr) -> (Tensor, Tensor)");
-  m.def("apply_lff_rotary_kernel(Tensor q, Tensor k, Tensor x, Tensor wr, str layout) -> (Tensor, Tensor)");
-  m.def(
-      "apply_lff_rotary_kernel_backward(Tensor gq, Tensor gk, Tensor q, Tensor k, Tensor x, Tensor wr, str layout, "
-      "bool[] needs) -> Tensor[]");
-}
-
-TORCH_LIBRARY_IMPL(posenc_fast, CPU, m) {
-  m.impl("lff_rotary_kernel", &posenc_fast::rotary::table_cpu);
-  m.impl("lff_rotary_kernel_backward", &posenc_fast::rotary::table_backward_cpu_op);
-  m.impl("apply_lff_rotary_kernel", &posenc_fast::rotary::apply_cpu);
-  m.impl("apply_lff_rotary_kernel_backward", &posenc_fast::rotary::apply_backward_cpu_op);
-}
-
-TORCH_LIBRARY_IMPL(posenc_fast, Meta, m) {
-  m.impl("lff_rotary_kernel", &posenc_fast::rotary::table_meta);
-  m.impl("lff_rotary_kernel_backward", &posenc_fast::rotary::table_backward_meta);
-  m.impl("apply_lff_rotary_kernel", &posenc_fast::rotary::apply_meta);
-  m.impl("apply_lff_rotary_kernel_backward", &posenc_fast::rotary::apply_backward_meta);
-}

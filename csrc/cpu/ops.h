@@ -1,16 +1,32 @@
-// Argument checks and results shared by the float32 CPU ops (lff/, encodings/, rotary/
-// *_ops.cpp). The Python layer validates first with friendlier messages; these checks keep
+// What the op layers (<op>/<op>_ops.cpp) share: the registration of an op's CPU and Meta
+// kernels, and the argument checks and results of the float32 ops (lff, encodings,
+// rotary). The Python layer validates first with friendlier messages; these checks keep
 // direct calls of the low-level ops from reading out of bounds.
 // TORCH_CHECK_VALUE -> ValueError, TORCH_CHECK_TYPE -> TypeError in Python.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
+#include <cstring>
+#include <string>
 #include <vector>
 
 namespace posenc_fast {
 namespace cpu {
+
+// Defines the op of `schema` ("name(args) -> result") in the posenc_fast library and
+// registers its CPU kernel and its Meta kernel (shapes only, for torch.compile and opcheck).
+// Called from TORCH_LIBRARY_FRAGMENT blocks: the op folders and the Python custom ops each
+// define some of the namespace's ops.
+template <typename Cpu, typename Meta>
+void define(torch::Library& m, const char* schema, Cpu* cpu, Meta* meta) {
+  m.def(schema);
+  const std::string name(schema, std::strchr(schema, '(') - schema);
+  m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::CPU, cpu));
+  m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::Meta, meta));
+}
 
 inline bool is_half_or_single(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
