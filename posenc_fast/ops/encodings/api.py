@@ -3,7 +3,7 @@
 Path of a call: public function (checks) -> the dispatcher picks an implementation from
 the registry (registry.py) -> the custom op ``posenc_fast::encoding`` / ``encoding_add`` /
 ``encoding_nd_add`` (op.py) -> the implementation's kernel (torch_impl.py,
-triton_kernels/encodings.py, csrc/fourier/). The modules ``SinusoidalPE``, ``DFTPE`` and
+triton_kernels/encodings.py, csrc/encodings/). The modules ``SinusoidalPE``, ``DFTPE`` and
 ``SinusoidalNdPE`` add the encoding to their input in the same pass: the input is read
 once and the sum written once.
 """

@@ -5,7 +5,7 @@
     registry.py    backend name -> SUPPORT table + implementation
     reference.py   the float64 specification
     torch_impl.py  the pure-PyTorch implementation
-Kernels: triton_kernels/lff_forward.py, lff_backward.py; csrc/fourier/.
+Kernels: triton_kernels/lff_forward.py, lff_backward.py; csrc/lff/.
 """
 
 from .api import INIT_OUTPUT_STD, LearnableFourierFeatures, activation_moments, lff

@@ -2,7 +2,7 @@
 
 Path of a call: ``lff`` (checks, dtype policy) -> the dispatcher picks an implementation
 from the registry (registry.py) -> the custom op ``posenc_fast::lff`` (op.py) -> the
-implementation's kernel (torch_impl.py, triton_kernels/lff_forward.py, csrc/fourier/) ->
+implementation's kernel (torch_impl.py, triton_kernels/lff_forward.py, csrc/lff/) ->
 backward: ``posenc_fast::lff_backward``, recomputing from x.
 """
 

@@ -7,7 +7,7 @@
     registry.py    backend name -> SUPPORT table + implementation, for both ops
     reference.py   the float64 specification
     torch_impl.py  the pure-PyTorch implementation
-Kernels: triton_kernels/rotary.py; csrc/fourier/rotary_cpu.cpp.
+Kernels: triton_kernels/rotary.py; csrc/rotary/rotary_cpu.cpp.
 """
 
 from .api import LAYOUTS, LearnableFourierRotary, apply_lff_rotary, lff_rotary

@@ -9,7 +9,7 @@ formulas; this module checks arguments and dispatches.
 Path of a call: ``apply_lff_rotary`` -> the dispatcher picks an implementation from the
 registry (registry.py) -> the custom op ``posenc_fast::apply_lff_rotary`` (op.py) -> the
 implementation's kernel (torch_impl.py, triton_kernels/rotary.py,
-csrc/fourier/rotary_cpu.cpp) -> backward ``posenc_fast::apply_lff_rotary_backward``,
+csrc/rotary/rotary_cpu.cpp) -> backward ``posenc_fast::apply_lff_rotary_backward``,
 recomputing the cos / sin from x.
 """
 
