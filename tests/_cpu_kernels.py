@@ -1,6 +1,7 @@
-"""What the tests of the C++ CPU kernels (csrc/lff, csrc/encodings, csrc/rotary: tests/lff/test_cpp_fourier.py,
-tests/rotary/test_cpp_rotary.py) share: their skip marks, the instruction sets and thread
-counts they run under, and the Triton interpreter they compare with."""
+"""What the tests of the C++ CPU kernels (csrc/lff, csrc/encodings, csrc/rotary:
+tests/lff/test_cpp_fourier.py, tests/rotary/test_cpp_rotary.py) share: their skip marks,
+the instruction sets and thread counts they run under, and the Triton interpreter they
+compare with."""
 
 from __future__ import annotations
 
