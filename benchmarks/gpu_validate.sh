@@ -172,6 +172,10 @@ else
 fi
 STAGES_JSONL="$WORK_DIR/stages.jsonl"
 STAGE_NOTE=""
+# The proof checks, it does not tune: its verify and tests stages offer one Triton
+# configuration per shape (one compile each on a fresh machine); the benchmarks autotune.
+AUTOTUNE=1
+((PROOF)) && AUTOTUNE=0
 START=$SECONDS
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 if ((DRY)); then
@@ -399,10 +403,8 @@ stage_tests() {
   if "$PYTHON" -c "import pytest_timeout" >/dev/null 2>&1; then
     args+=(--timeout "${PYTEST_TIMEOUT:-300}")
   fi
-  local tune=1
-  ((PROOF)) && tune=0  # as in verify: one Triton configuration per shape
   # shellcheck disable=SC2086  # PYTEST_ARGS: words on purpose
-  POSENC_FAST_TRITON_AUTOTUNE=$tune POSENC_FAST_TEST_DEVICE=cuda POSENC_FAST_CUDA_UNVALIDATED=1 \
+  POSENC_FAST_TRITON_AUTOTUNE=$AUTOTUNE POSENC_FAST_TEST_DEVICE=cuda POSENC_FAST_CUDA_UNVALIDATED=1 \
     run_limited "$PYTHON" -m pytest "${args[@]}" ${PYTEST_ARGS:-}
 }
 
@@ -420,10 +422,7 @@ stage_verify() {
   local device=cuda ops=()
   if ((DRY)); then device=cpu; ops=(--ops floater); fi
   # kept beside the log for the summary (verify.txt: one line per op / backend / dtype)
-  # the proof checks, it does not tune: one Triton configuration per shape (one compile)
-  local tune=1
-  ((PROOF)) && tune=0
-  POSENC_FAST_TRITON_AUTOTUNE=$tune POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m posenc_fast verify --device "$device" \
+  POSENC_FAST_TRITON_AUTOTUNE=$AUTOTUNE POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m posenc_fast verify --device "$device" \
     "${ops[@]}" | tee "$WORK_DIR/verify.txt"
 }
 

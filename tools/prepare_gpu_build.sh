@@ -37,6 +37,16 @@ sources_sha() {
   (cd "$1" && find csrc -type f | LC_ALL=C sort | xargs sha256sum
    sha256sum setup.py posenc_fast/_build_config.py) | sha256sum | cut -d' ' -f1
 }
+# Copy the working tree's files (tracked and untracked-not-ignored; optionally under the
+# pathspecs given) into $1, keeping their paths.
+copy_tree() {
+  local dest=$1
+  shift
+  git ls-files -z -co --exclude-standard -- "$@" | while IFS= read -r -d '' f; do
+    [[ -e "$f" ]] && cp --parents "$f" "$dest/"
+  done
+  return 0
+}
 case "${1:-}" in
   --check) CHECK_ONLY=1 ;;
   --sources-sha) sources_sha "$ROOT"; exit 0 ;;
@@ -88,8 +98,7 @@ say "torch $torch_version (CUDA $torch_cuda), Python $("$PY" -c 'import platform
 if ((!CHECK_ONLY)); then
   work="$(mktemp -d)"
   trap 'rm -rf "$work"' EXIT
-  git ls-files -z -co --exclude-standard | xargs -0 -I{} cp --parents {} "$work/" 2>/dev/null ||
-    git ls-files -co --exclude-standard | while IFS= read -r f; do [[ -e "$f" ]] && cp --parents "$f" "$work/"; done
+  copy_tree "$work"
   say "building in $work for TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} with $MAX_JOBS jobs (the CPU part, then the CUDA part)"
   t0=$SECONDS
   (cd "$work" && POSENC_FAST_FORCE_CUDA=1 POSENC_FAST_REQUIRE_EXTENSION=1 \
@@ -122,9 +131,10 @@ fi
 [[ -f "$OUT_DIR/extension_build.tar.gz" && -f "$OUT_DIR/manifest.json" ]] ||
   die "no $OUT_DIR/extension_build.tar.gz: run tools/prepare_gpu_build.sh"
 check="$(mktemp -d)"
-git ls-files -co --exclude-standard posenc_fast | while IFS= read -r f; do
-  [[ -e "$f" ]] && cp --parents "$f" "$check/"
-done
+copy_tree "$check" posenc_fast triton_kernels
+# installed, triton_kernels/ is posenc_fast.triton_kernels (pyproject's package-dir), which
+# the dispatcher imports: lay it out that way
+mv "$check/triton_kernels" "$check/posenc_fast/triton_kernels"
 tar -xzf "$OUT_DIR/extension_build.tar.gz" -C "$check/posenc_fast"
 current="$(sources_sha "$ROOT")"
 (cd "$check" && "$PY" - "$OUT_DIR/manifest.json" "$current" <<'PY'
