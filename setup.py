@@ -1,10 +1,19 @@
 """Build script for posenc_fast (metadata lives in pyproject.toml).
 
 The pure-Python package (reference, torch and Triton backends) needs nothing compiled.
-The optional extension (csrc/: every op in C++ for the CPU, the FLOATER integrator in CUDA) is
-built ahead of time when torch is importable during the build, that is with
-``pip install --no-build-isolation .`` (or ``-e .``): an isolated build has no torch, and
-torch is deliberately not a build requirement (it would replace the user's own).
+The extension (csrc/: every op in C++ for the CPU, the FLOATER integrator in CUDA) ships as
+sources in every wheel and sdist (package data posenc_fast/csrc/, mapped from the top-level
+csrc/ in pyproject.toml), and is built either
+- ahead of time, here, when torch is importable during the build, that is with
+  ``pip install --no-build-isolation .`` (or ``-e .``): an isolated build (plain
+  ``pip install .``) has no torch, and torch is deliberately not a build requirement (it
+  would replace the user's own, and a binary is only valid for the torch it was built
+  against); or
+- on first use, by posenc_fast/_extension.py, against the torch the process runs, into a
+  user cache (``python -m posenc_fast build`` does it explicitly). That is what a plain
+  ``pip install`` gets, and what replaces an ahead-of-time binary that no longer matches.
+pip hides a build backend's output unless ``pip install -v``: the ahead-of-time build's
+ninja progress ([n/m] lines) shows only there, the first-use build always shows it.
 
 It is two modules, built independently, so that the CUDA part can never cost the CPU part:
 - ``posenc_fast._C``, the C++ CPU kernels ("cpp" backend): built whenever a C++ compiler
@@ -110,6 +119,8 @@ def _plan(torch, cpp_extension) -> dict:
         debug=_flag("POSENC_FAST_DEBUG"),
         no_cuda="POSENC_FAST_NO_CUDA is set" if _flag("POSENC_FAST_NO_CUDA") else None,
         force_cuda="POSENC_FAST_FORCE_CUDA is set" if _flag("POSENC_FAST_FORCE_CUDA") else None,
+        cxx11_abi=getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None),
+        source_root=ROOT,
     )
     if plan["cuda"]["build"]:
         note = _CFG["use_toolkit"](cpp_extension, plan["toolkit"])
@@ -140,8 +151,8 @@ def _extension_setup() -> dict:
     except Exception as exc:  # isolated build, or no torch yet
         print(
             f"posenc_fast: torch is not importable in this build ({type(exc).__name__}: {exc}); "
-            "installing pure Python. Build the C++/CUDA extension with "
-            "`pip install --no-build-isolation .` in an environment that has torch."
+            "installing the package with the C++ sources: the extension is compiled against "
+            "the torch it runs with on first use (or by `python -m posenc_fast build`)."
         )
         return {}
     require = _flag("POSENC_FAST_REQUIRE_EXTENSION")
@@ -194,7 +205,11 @@ def _extension_setup() -> dict:
         def _record(self, part: str, **fields) -> None:
             out_dir = os.path.dirname(self.get_ext_fullpath(f"posenc_fast.{cpu['module']}"))
             os.makedirs(out_dir, exist_ok=True)
-            record = dict(plan[part]["record"], build_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            record = dict(
+                plan[part]["record"],
+                build_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                how="setup.py (ahead of time)",
+            )
             record.update(fields)
             _CFG["write_json_atomic"](os.path.join(out_dir, _CFG["PARTS"][part][1]), record)
 

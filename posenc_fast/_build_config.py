@@ -1,7 +1,7 @@
 """Build settings of the compiled extension (csrc/), shared by the ahead-of-time build
-(setup.py) and the opt-in just-in-time build (``posenc_fast._extension.jit_build``), and the
-build metadata both record beside each binary (read by ``posenc_fast._extension`` before
-loading it).
+(setup.py) and the first-use build into the user cache (``posenc_fast._extension.build``),
+and the build metadata both record beside each binary (read by ``posenc_fast._extension``
+before loading it).
 
 The extension is two Python modules, built and loaded independently, so that the CPU part
 never depends on the CUDA part building:
@@ -21,12 +21,14 @@ Why each compiler flag is there: the table in setup.py's docstring.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import platform
 import re
 import shutil
 import subprocess
+import sys
 import sysconfig
 
 # Relative to the source root (the directory that holds csrc/ and setup.py).
@@ -57,6 +59,44 @@ PARTS = {
 }
 BUILD_INFO = PARTS["cpu"][1]
 CUDA_BUILD_INFO = PARTS["cuda"][1]
+
+# What the sources hash covers: every file the compiler reads from csrc/ (README.md is not
+# read). Installed packages carry the same files as package data (posenc_fast/csrc/).
+SOURCE_SUFFIXES = (".cpp", ".cu", ".h", ".cuh")
+
+
+def sources_hash(source_root: str | os.PathLike) -> str | None:
+    """SHA-256 of csrc/ under ``source_root`` (relative paths and contents, in sorted
+    order), or None where there is no csrc/. Recorded at build time, so a binary built from
+    other sources (an edited checkout, a copied binary) is recognised as stale, and part of
+    the user cache's key, so a first-use build is never reused for other sources."""
+    csrc = os.path.join(os.fspath(source_root), "csrc")
+    if not os.path.isfile(os.path.join(csrc, "module.cpp")):
+        return None
+    digest = hashlib.sha256()
+    files = []
+    for folder, _dirs, names in os.walk(csrc):
+        files += [os.path.join(folder, n) for n in names if n.endswith(SOURCE_SUFFIXES)]
+    for path in sorted(files, key=lambda p: os.path.relpath(p, csrc).replace(os.sep, "/")):
+        digest.update(os.path.relpath(path, csrc).replace(os.sep, "/").encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def abi_tag(torch_version: str, cxx11_abi: bool | None) -> str:
+    """What a binary of the extension is tied to: torch's version (its C++ API and ABI
+    change with every release), torch's C++ standard library ABI, the Python ABI and the
+    machine architecture. The kernels choose their instruction set at run time
+    (csrc/cpu/isa.h), so one binary serves every CPU of an architecture. Recorded at build
+    time; a binary whose tag differs from the running process's is never loaded."""
+    abi = "unknown" if cxx11_abi is None else int(bool(cxx11_abi))
+    return (
+        f"torch{torch_version}-cxx11abi{abi}-{sys.implementation.cache_tag}-"
+        f"{platform.machine() or 'unknown'}"
+    )
+
 
 # Default CUDA targets: A100 (8.0), A10/RTX 30xx (8.6), L4/L40/RTX 40xx (8.9), H100/H200
 # (9.0); B200 (10.0) and RTX 50xx / RTX PRO 6000 (12.0) where both the toolkit and torch's
@@ -274,11 +314,15 @@ def plan_build(
     no_cuda: str | None = None,
     force_cuda: str | None = None,
     environ=None,
+    cxx11_abi: bool | None = None,
+    source_root: str | os.PathLike | None = None,
 ) -> dict:
     """What to build and the metadata each part records (the builder adds built,
     build_time, binary or error). no_cuda / force_cuda: None, or the reason given (e.g.
     "POSENC_FAST_NO_CUDA is set") to skip the CUDA part, or to attempt it whatever the
-    checks say (its failure is then handled like any other).
+    checks say (its failure is then handled like any other). cxx11_abi: torch's
+    ``torch._C._GLIBCXX_USE_CXX11_ABI``; source_root: the directory holding csrc/ (both
+    recorded: :func:`abi_tag`, :func:`sources_hash`).
 
     Returns {"toolkit": find_cuda_toolkit(), "cpu": part, "cuda": part}; a part is
     {"module", "sources", "cxx", "record"}, and the CUDA part adds "build", "warn",
@@ -307,6 +351,8 @@ def plan_build(
         "machine": platform.machine(),
         "debug": debug,
         "cxx_flags": cxx,
+        "abi_tag": abi_tag(torch_version, cxx11_abi),
+        "sources_hash": sources_hash(source_root) if source_root is not None else None,
     }
     cpu_module, cuda_module = PARTS["cpu"][0], PARTS["cuda"][0]
     cpu = {

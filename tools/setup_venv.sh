@@ -4,15 +4,25 @@
 #   tools/setup_venv.sh bench     # what `python -m posenc_fast bench` needs
 # torch comes from constraints.txt (torch==2.13.0: the CPU wheel this kind of machine
 # carries), installed first so that nothing pulls the multi-GB CUDA build from the index.
-# The install runs without build isolation so that setup.py sees that torch and can build
-# the optional C++ extension against it (POSENC_FAST_SKIP_EXTENSION=1 skips it).
+# The C++ extension is then compiled the way a user's first call compiles it (the
+# first-use build into the user cache, ~/.cache/posenc_fast or $POSENC_FAST_CACHE), by
+# `python -m posenc_fast build`, with progress: one compile, reused by every later venv of
+# the same torch and sources, and tested as users get it. Its failure fails this script
+# (and so CI, which sets POSENC_FAST_REQUIRE_EXTENSION=1); POSENC_FAST_SKIP_EXTENSION=1
+# skips it (then a build already in the cache is still used).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-test}"
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0 "setuptools>=64" wheel ninja
-.venv/bin/python -m pip install -q -c constraints.txt --no-build-isolation -e ".[${extras}]"
+.venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0 "setuptools>=77" wheel ninja
+# Editable, without build isolation (the torch above, no download of build requirements),
+# and without an ahead-of-time build: the step below compiles.
+POSENC_FAST_SKIP_EXTENSION=1 .venv/bin/python -m pip install -q -c constraints.txt \
+    --no-build-isolation -e ".[${extras}]"
+if [[ "${POSENC_FAST_SKIP_EXTENSION:-0}" == "0" ]]; then
+    .venv/bin/python -m posenc_fast build
+fi
 # The test extra also gets timm, pinned, for the integration tests: with --no-deps, because
 # its torchvision requirement would pull a multi-GB CUDA build (and PyPI's torchvision does
 # not import beside the CPU torch). timm imports none of its other dependencies

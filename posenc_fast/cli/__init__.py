@@ -1,6 +1,8 @@
-"""Command line: ``python -m posenc_fast {info,verify,bench}``.
+"""Command line: ``python -m posenc_fast {info,build,verify,bench}``.
 
 - info:   versions, devices, and for every backend whether it is usable here and why not.
+- build:  compile the C++ extension (and its CUDA part where possible) for this torch into
+          the user cache, with progress: what the first use would otherwise do.
 - verify: every usable backend of every op against the float64 reference on fresh random
           inputs, one line each; exit status 1 on any mismatch.
 - bench:  the op as users write it (eager), torch.compile of that and every usable backend
@@ -22,6 +24,27 @@ def _parser() -> argparse.ArgumentParser:
         "info", help="backends, versions, and why unavailable backends are unavailable"
     )
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    build = sub.add_parser(
+        "build",
+        help="compile the C++ extension for this torch into the user cache (what the first "
+        "use otherwise does)",
+    )
+    build.add_argument(
+        "--cuda",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="the CUDA part: where torch has CUDA and a matching toolkit is found (auto), "
+        "attempted in any case (yes), not built (no)",
+    )
+    build.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild even where a valid build exists (the package's or the cache's)",
+    )
+    build.add_argument(
+        "-v", "--verbose", action="store_true", help="show the compiler's commands and output"
+    )
 
     verify = sub.add_parser("verify", help="every usable backend against the float64 reference")
     verify.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
@@ -90,6 +113,8 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "info":
         from .info import run
+    elif args.command == "build":
+        from .build import run
     elif args.command == "verify":
         from .verify import run
     else:

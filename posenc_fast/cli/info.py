@@ -74,9 +74,14 @@ def _extension_lines(ext: dict) -> list[str]:
                   "cuda_archs": "archs", "how": "by"}  # fmt: skip
         built = [f"{label} {meta[key]}" for key, label in labels.items() if meta.get(key)]
         if info.get("path"):
-            built.insert(0, str(info["path"]))
+            built.insert(0, f"{info['path']} (from {info.get('source')})")
         if info.get("cpu_isa"):
             built.append(f"cpu isa {info['cpu_isa']}")
         if built:
             lines.append(f"{'':<5} " + ", ".join(built))
+        # binaries that were found but refused (built for another torch, ABI or sources)
+        lines += [f"{'':<5} ignored: {why}" for why in info.get("ignored") or []]
+    if ext.get("cpu", {}).get("cache_dir"):
+        cpu = ext["cpu"]
+        lines.append(f"build cache {cpu['cache_dir']} (ABI tag {cpu.get('abi_tag')})")
     return lines
