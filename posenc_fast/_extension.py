@@ -320,9 +320,11 @@ def _try_load(part: str = "cpu") -> tuple[Optional[ModuleType], list[str], Optio
             state["source"] = "package"
             return module, [], str(binary)
         package_reasons = [why]
-    ignored = []
-    if binary is not None:  # a binary that is there but refused: worth telling
+    ignored = []  # what was found but refused, and why: worth telling whatever happens next
+    if binary is not None:
         ignored = [f"{binary}: {r}" for r in package_reasons]
+    elif info is not None:  # a record without a binary: the install's decision or failure
+        ignored = list(package_reasons)
     not_built = info is not None and not info.get("built", False)
 
     # 2. the user cache
@@ -347,7 +349,7 @@ def _try_load(part: str = "cpu") -> tuple[Optional[ModuleType], list[str], Optio
         return None, [*ignored, why], None
     state["ignored"] = ignored
     if not_built:  # the install's own decision or failure says most
-        return None, [*package_reasons, *cache_reasons], None
+        return None, ignored, None
     how = (
         "`python -m posenc_fast build` builds it where torch has CUDA and a CUDA toolkit of "
         "the same major version is found"
@@ -512,7 +514,7 @@ def build_part(
     first_use: bool = False,
     force: bool = False,
     verbose: bool = False,
-    cuda_plan: Optional[dict] = None,
+    plan: Optional[dict] = None,
 ) -> tuple[Optional[Path], str]:
     """Compile ``part`` into the cache folder of this process (:func:`cache_dir`) unless a
     valid build is already there; (binary, "") or (None, why not). Safe across processes:
@@ -522,7 +524,8 @@ def build_part(
 
     first_use: a failed build is remembered (``<part>.failed.json``) and not retried on
     first use, only by an explicit build (otherwise every process, every DataLoader worker,
-    would spend minutes failing again). force: rebuild even where a valid build exists."""
+    would spend minutes failing again). force: rebuild even where a valid build exists.
+    plan: _build_config.plan_build's result to build from (default: this process's)."""
     what = _what(part)
     target = cache_dir(part)
     if target is None:
@@ -564,7 +567,7 @@ def build_part(
                     f"({_cfg.error_summary(record.get('error'))}; the log: "
                     f"{record.get('log')}): fix it, then {BUILD_HINT}"
                 )
-        return _compile_into(part, target, failed, verbose=verbose, cuda_plan=cuda_plan)
+        return _compile_into(part, target, failed, verbose=verbose, plan=plan)
 
 
 # The child process that compiles. torch.utils.cpp_extension.load() also imports what it
@@ -588,25 +591,26 @@ _NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 
 def _step(line: str) -> Optional[str]:
     """A ninja progress line ("[3/10] c++ ... -c /x/csrc/lff/lff_cpu.cpp -o lff_cpu.o") as
-    "[3/10] compiling lff_cpu.cpp"; None for any other line."""
+    "[3/10] compiled lff_cpu.cpp"; None for any other line. Into a pipe, ninja prints a
+    step's line when the step has finished ([finished/total])."""
     m = _NINJA_STEP.match(line.strip())
     if not m:
         return None
     n, total, command = m.groups()
     src = re.search(r"\s-c\s+(\S+)", command)
-    doing = f"compiling {os.path.basename(src.group(1))}" if src else "linking"
-    return f"[{n}/{total}] {doing}"
+    done = f"compiled {os.path.basename(src.group(1))}" if src else "linked"
+    return f"[{n}/{total}] {done}"
 
 
 def _compile_into(
-    part: str, target: Path, failed: Path, verbose: bool, cuda_plan: Optional[dict]
+    part: str, target: Path, failed: Path, verbose: bool, plan: Optional[dict]
 ) -> tuple[Optional[Path], str]:
     """Compile ``part`` in a child process into a temporary folder beside ``target``, then
     rename it into place (under the caller's lock)."""
     what = _what(part)
     root = source_root()
     assert root is not None
-    plan = cuda_plan or _cfg.plan_build(
+    plan = plan or _cfg.plan_build(
         torch_version=torch.__version__,
         torch_cuda_version=torch.version.cuda,
         debug=_debug(),
@@ -648,10 +652,12 @@ def _compile_into(
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),  # torch's messages as they come
         )
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
+            log.flush()  # the log is what to read while a build seems slow
             tail.append(line)
             step = _step(line)
             if verbose:
@@ -751,7 +757,7 @@ def build(
         if part == "cuda" and out["cpu"]["error"]:
             result["skipped"] = "the CPU part failed to build"
             continue
-        path, why = build_part(part, force=force, verbose=verbose, cuda_plan=plan)
+        path, why = build_part(part, force=force, verbose=verbose, plan=plan)
         result["built"], result["error"] = (str(path), None) if path else (None, why)
     # Load what there is now, so the caller can report it.
     for state in _state.values():

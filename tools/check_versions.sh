@@ -75,7 +75,7 @@ else
     say "venv, torch==$torch_version ${triton_version:+triton==$triton_version}"
     python3 -m venv "$work/venv"
     $py -m pip install -q --no-cache-dir --upgrade pip >>"$log" 2>&1
-    $py -m pip install -q --no-cache-dir "torch==$torch_version" "setuptools>=64" wheel ninja \
+    $py -m pip install -q --no-cache-dir "torch==$torch_version" "setuptools>=77" wheel ninja \
         >>"$log" 2>&1 || install_ok=0
 fi
 if [ "$install_ok" = 1 ] && [ -n "$triton_version" ]; then

@@ -87,7 +87,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$
   say "installing torch==$GPU_TORCH (PyPI's CUDA build: several GB the first time) into $GPU_VENV"
   t0=$SECONDS
   "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q "torch==$GPU_TORCH" "setuptools>=64" wheel ninja numpy
+  "$PY" -m pip install -q "torch==$GPU_TORCH" "setuptools>=77" wheel ninja numpy
   say "torch installed in $((SECONDS - t0)) s"
 fi
 read -r torch_version torch_cuda < <("$PY" -c "import torch; print(torch.__version__, torch.version.cuda)")

@@ -124,6 +124,8 @@ def _copy_package(root: Path, binary: bool, metadata) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd", "_build_info*.json")
     shutil.copytree(PACKAGE, root / "posenc_fast", ignore=ignore)
     shutil.copytree(KERNELS, root / "posenc_fast" / "triton_kernels", ignore=ignore)
+    # the C++ sources, as every wheel and sdist carries them (for the first-use build)
+    shutil.copytree(PACKAGE.parent / "csrc", root / "posenc_fast" / "csrc")
     if binary:
         name = "_C" + sysconfig.get_config_var("EXT_SUFFIX")
         (root / "posenc_fast" / name).write_bytes(b"not a shared object")
@@ -138,6 +140,8 @@ def _simulate(tmp_path: Path, case: str):
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
     env.pop("POSENC_FAST_BACKEND", None)
     env.pop("POSENC_FAST_DISABLE_EXTENSION", None)
+    # an empty build cache, and no first-use build: the extension stays missing or stale
+    env.update(POSENC_FAST_NO_BUILD="1", POSENC_FAST_CACHE=str(tmp_path / "cache"))
     if case == "triton-missing":
         (site / "sitecustomize.py").write_text(TRITON_MISSING)
         env["TRITON_INTERPRET"] = "1"  # the interpreter would run it, were triton there
@@ -209,8 +213,8 @@ def test_triton_missing(tmp_path):
 def test_extension_missing(tmp_path):
     result, info = _simulate(tmp_path, "extension-missing")
     reason = (
-        "the C++ extension (posenc_fast._C) is not built: build it with "
-        "`pip install --no-build-isolation"
+        "the C++ extension (posenc_fast._C) is not built for this torch and "
+        "POSENC_FAST_NO_BUILD forbids building it on first use: run `python -m posenc_fast build`"
     )
     _common(result, info, "cpp", reason)
     assert result["auto_ok"] and not result["binary_loaded"]

@@ -100,16 +100,20 @@ def test_disabled_extension_is_reported_and_import_works():
 
 
 def _try_load_with(monkeypatch, info, binary, part="cpu"):
+    """_try_load with the package's own build replaced, an empty cache and no first-use
+    build (tests/common/test_extension_build.py tests those)."""
     monkeypatch.setattr(_extension, "_read_build_info", lambda part="cpu": info)
     monkeypatch.setattr(_extension, "_binary_path", lambda part="cpu": binary)
     monkeypatch.delenv("POSENC_FAST_DISABLE_EXTENSION", raising=False)
+    monkeypatch.setenv("POSENC_FAST_NO_BUILD", "1")
+    monkeypatch.setattr(_extension, "cache_dir", lambda part="cpu": None)  # nothing cached
     return _extension._try_load(part)
 
 
 def test_missing_extension_reason(monkeypatch):
     module, reasons, _ = _try_load_with(monkeypatch, None, None)
     assert module is None
-    assert "not built" in reasons[0] and "--no-build-isolation" in reasons[0]
+    assert "not built" in reasons[0] and "python -m posenc_fast build" in reasons[0]
 
 
 def test_failed_build_reason(monkeypatch):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import stat
 import subprocess
@@ -494,3 +495,354 @@ def test_failed_cuda_build_leaves_a_working_cpp_backend(tmp_path):
     assert info.returncode == 0, info.stderr[-3000:]
     assert "cpu   posenc_fast._C: available" in info.stdout
     assert "cuda  posenc_fast._C_cuda: unavailable: building the CUDA part" in info.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Shipping the sources, and what a build is tied to
+# ---------------------------------------------------------------------------------------
+
+
+def test_every_source_folder_ships_as_package_data():
+    """Wheels and sdists carry csrc/ as posenc_fast/csrc (pyproject.toml): every folder
+    with sources is a listed package whose package-data patterns cover all its files that
+    the sources hash covers, so an installed package can compile what a checkout compiles."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"]["posenc_fast.csrc"] == "csrc"
+    for folder in sorted({p.parent for p in (ROOT / "csrc").rglob("*") if p.is_file()}):
+        rel = folder.relative_to(ROOT / "csrc")
+        package = ".".join(("posenc_fast", "csrc", *rel.parts))
+        assert package in config["packages"], f"{folder} is not shipped: add {package}"
+        patterns = config["package-data"][package]
+        for f in folder.iterdir():
+            if f.suffix in cfg.SOURCE_SUFFIXES:
+                assert f"*{f.suffix}" in patterns, f"{f} is not shipped ({package}: {patterns})"
+
+
+def _sources(root: Path, body: str = "int one() { return 1; }\n") -> Path:
+    """A source root with csrc/module.cpp (what marks a source tree) and one more file."""
+    (root / "csrc" / "sub").mkdir(parents=True)
+    (root / "csrc" / "module.cpp").write_text(body)
+    (root / "csrc" / "sub" / "k.h").write_text("#pragma once\n")
+    (root / "csrc" / "README.md").write_text("not compiled: not hashed\n")
+    return root
+
+
+def test_sources_hash_follows_the_sources(tmp_path):
+    a = _sources(tmp_path / "a")
+    b = _sources(tmp_path / "b")
+    assert cfg.sources_hash(a) == cfg.sources_hash(b) and len(cfg.sources_hash(a)) == 64
+    (b / "csrc" / "README.md").write_text("edited")
+    assert cfg.sources_hash(a) == cfg.sources_hash(b)
+    (b / "csrc" / "sub" / "k.h").write_text("#pragma once\n// edited\n")
+    assert cfg.sources_hash(a) != cfg.sources_hash(b)
+    assert cfg.sources_hash(tmp_path / "nothing") is None
+    assert _extension.sources_hash() == cfg.sources_hash(_extension.source_root())
+
+
+def test_abi_tag_names_what_a_binary_is_tied_to():
+    tag = _extension.current_abi_tag()
+    assert tag.startswith(f"torch{torch.__version__}-cxx11abi")
+    assert sys.implementation.cache_tag in tag and platform.machine() in tag
+    assert cfg.abi_tag("2.5.1+cu124", False) != cfg.abi_tag("2.5.1+cu124", True)
+    key = _extension.cache_key()
+    assert key.startswith(tag) and _extension.sources_hash()[:16] in key
+
+
+def _record_now(**changes) -> dict:
+    record = {
+        "built": True,
+        "torch_version": torch.__version__,
+        "python_abi": sysconfig.get_config_var("EXT_SUFFIX"),
+        "abi_tag": _extension.current_abi_tag(),
+        "sources_hash": _extension.sources_hash(),
+    }
+    record.update(changes)
+    return record
+
+
+def test_stale_binaries_are_refused_with_the_reason():
+    assert _extension._mismatch(_record_now()) == []
+    fake = "torch2.13.0+cpu-cxx11abi0-cpython-311-x86_64"
+    (why,) = _extension._mismatch(_record_now(abi_tag=fake))
+    assert f"ABI tag {fake} (recorded at build time)" in why
+    assert _extension.current_abi_tag() in why and "python -m posenc_fast build" in why
+    (why,) = _extension._mismatch(_record_now(sources_hash="0" * 64))
+    assert "built from other sources (hash 000000000000)" in why
+    (why,) = _extension._mismatch(_record_now(torch_version="2.5.1"))
+    assert why.startswith("the extension was built for torch 2.5.1, this process runs")
+    # records of older builds carry neither field: the torch and Python checks decide
+    assert _extension._mismatch(_record_now(abi_tag=None, sources_hash=None)) == []
+
+
+# ---------------------------------------------------------------------------------------
+# The first-use build: cache, lock, refusals (a tiny extension compiled for real)
+# ---------------------------------------------------------------------------------------
+
+TINY = """#include <Python.h>
+static struct PyModuleDef tiny = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&tiny); }
+"""
+
+
+@pytest.fixture
+def tiny(monkeypatch, tmp_path):
+    """A source tree whose "extension" is a one-line Python module (seconds to compile,
+    through the real child process, ninja and torch.utils.cpp_extension), an empty cache
+    in tmp_path, and the plan that builds the tiny module instead of csrc/'s."""
+    root = _sources(tmp_path / "src", TINY)
+    monkeypatch.setattr(_extension, "source_root", lambda: root)
+    monkeypatch.setenv("POSENC_FAST_CACHE", str(tmp_path / "cache"))
+    for var in ("POSENC_FAST_NO_BUILD", "POSENC_FAST_DEBUG", "POSENC_FAST_BUILD_WAIT"):
+        monkeypatch.delenv(var, raising=False)
+    plan = cfg.plan_build(
+        torch_version=torch.__version__,
+        torch_cuda_version=torch.version.cuda,
+        no_cuda="test",
+        cxx11_abi=getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None),
+        source_root=root,
+    )
+    plan["cpu"].update(sources=["csrc/module.cpp"], cxx=["-O0"])
+    return root, plan
+
+
+def _build(plan, **kw):
+    return _extension.build_part("cpu", first_use=True, plan=plan, **kw)
+
+
+def test_first_use_build_compiles_once_into_the_cache(tiny, capfd):
+    root, plan = tiny
+    path, why = _build(plan)
+    assert why == "" and path is not None, why
+    target = _extension.cache_dir("cpu")
+    assert path.parent == target and path.name == f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
+    assert target.parent.name == _extension.cache_key()
+    record = json.loads((target / cfg.BUILD_INFO).read_text())
+    assert record["built"] is True and record["abi_tag"] == _extension.current_abi_tag()
+    assert record["sources_hash"] == cfg.sources_hash(root) and record["build_seconds"] >= 0
+    # nothing but the binary and its record: the objects and temporary folders are gone
+    assert sorted(p.name for p in target.iterdir()) == sorted([path.name, cfg.BUILD_INFO])
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]
+    err = capfd.readouterr().err
+    assert err.count("posenc_fast: building the C++ extension (posenc_fast._C)") == 1
+    assert "posenc_fast: [1/2] compiled module.cpp" in err and "[2/2] linked" in err
+    assert "posenc_fast: built the C++ extension (posenc_fast._C) in" in err
+    # a second time: found, not compiled
+    again, _ = _build(plan)
+    assert again == path and "building" not in capfd.readouterr().err
+
+
+def test_concurrent_first_use_builds_compile_once(tiny, capfd):
+    """Three threads (each its own open file, so flock treats them like processes) ask at
+    once: one compiles, the others wait for the lock and take its result."""
+    import threading
+
+    _root, plan = tiny
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(_build(plan))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    paths = {path for path, _why in results}
+    assert len(results) == 3 and len(paths) == 1 and None not in paths, results
+    err = capfd.readouterr().err
+    assert err.count("posenc_fast: building the C++ extension") == 1, err
+    assert "another process is building the C++ extension" in err
+
+
+def test_a_held_lock_is_waited_for_then_given_up(tiny, monkeypatch):
+    import fcntl
+
+    _root, plan = tiny
+    monkeypatch.setenv("POSENC_FAST_BUILD_WAIT", "1")
+    target = _extension.cache_dir("cpu")
+    target.parent.mkdir(parents=True)
+    with open(target.parent / "cpu.lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another process, mid-build
+        path, why = _build(plan)
+    assert path is None
+    assert "another process has been building the C++ extension" in why
+    assert "POSENC_FAST_BUILD_WAIT" in why
+
+
+def test_failed_build_is_remembered_until_an_explicit_build(tiny, capfd):
+    root, plan = tiny
+    (root / "csrc" / "module.cpp").write_text("this is not C++\n")
+    path, why = _build(plan)
+    assert path is None and "building the C++ extension (posenc_fast._C) failed" in why
+    assert "error:" in why and "python -m posenc_fast build" in why
+    failed = _extension.cache_dir("cpu").parent / "cpu.failed.json"
+    assert json.loads(failed.read_text())["built"] is False
+    assert not _extension.cache_dir("cpu").exists()
+    capfd.readouterr()
+    # other processes (first use) do not spend the time again ...
+    path, why = _build(plan)
+    assert path is None and "failed at" in why and "building" not in capfd.readouterr().err
+    # ... an explicit build does (here with the sources fixed: same key, for the test)
+    (root / "csrc" / "module.cpp").write_text(TINY)
+    path, why = _extension.build_part("cpu", plan=plan)
+    assert path is not None and not failed.exists(), why
+
+
+def test_where_building_is_forbidden_or_impossible(monkeypatch, tmp_path):
+    """POSENC_FAST_NO_BUILD, an unwritable cache, no compiler, no sources: no build, and a
+    reason that says how to build (the dispatcher turns it into one warning)."""
+    monkeypatch.setenv("POSENC_FAST_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("POSENC_FAST_NO_BUILD", "1")
+    path, why = _extension._first_use_build("cpu")
+    assert path is None and "POSENC_FAST_NO_BUILD forbids building it on first use" in why
+    assert "python -m posenc_fast build" in why
+    monkeypatch.delenv("POSENC_FAST_NO_BUILD")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("POSENC_FAST_CACHE", str(blocker / "cache"))  # under a file: unwritable
+    path, why = _extension._first_use_build("cpu")
+    assert path is None and f"the build cache {blocker / 'cache'} is not writable" in why
+    assert "POSENC_FAST_CACHE" in why
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    path, why = _extension._first_use_build("cpu")
+    assert path is None and "no C++ compiler found ('no-such-compiler-here' from CXX)" in why
+    monkeypatch.delenv("CXX")
+    monkeypatch.setattr(_extension, "source_root", lambda: None)
+    path, why = _extension._first_use_build("cpu")
+    assert path is None and "carries no C++ sources" in why
+
+
+def test_ninja_progress_lines():
+    line = "[3/10] c++ -MMD -MF lff_cpu.o.d -O3 -c /x/csrc/lff/lff_cpu.cpp -o lff_cpu.o\n"
+    assert _extension._step(line) == "[3/10] compiled lff_cpu.cpp"
+    assert _extension._step("[10/10] c++ a.o b.o -shared -o _C.so") == "[10/10] linked"
+    assert _extension._step("Emitting ninja build file /x/build.ninja...") is None
+
+
+# ---------------------------------------------------------------------------------------
+# End to end: a plain `pip install` in a fresh venv, as a new user does it
+# ---------------------------------------------------------------------------------------
+
+# One LFF call on the cpp backend, checked against the float64 reference; prints where
+# the binary came from. The call is what triggers the first-use build.
+LFF_CALL = """
+import json, sys, time, warnings
+import torch
+import posenc_fast as pf
+from posenc_fast import _extension
+from posenc_fast.tolerances import tol
+g = torch.Generator().manual_seed(int(sys.argv[1]))
+x = torch.rand(37, 2, 2, generator=g)
+pe = pf.LearnableFourierFeatures(2, 64, 32, 48, groups=2, gamma=10.0)
+start = time.perf_counter()
+with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+    warnings.simplefilter("always")
+    args = (x, pe.wr, pe.w1, pe.b1, pe.w2, pe.b2)
+    y = pf.lff(*args, activation="gelu")  # auto: the cpp backend on the CPU, if it loads
+    ref = pf.lff(*[a.double() for a in args], activation="gelu", backend="reference")
+seconds = time.perf_counter() - start
+state = _extension._state["cpu"]
+mine = [str(w.message) for w in caught if "posenc_fast" in str(w.message)]
+t = tol(torch.float32, "lff")
+ok = bool(((y.double() - ref).abs() <= t.atol + t.rtol * ref.abs()).all())
+print(json.dumps({"source": state["source"], "path": state["origin"], "seconds": seconds,
+                  "reasons": _extension.reasons(), "warnings": mine, "close": ok}))
+"""
+
+
+def _fresh_venv(tmp_path: Path) -> Path:
+    """A venv with nothing but torch (the pin of constraints.txt: this machine's local CPU
+    wheel, no multi-GB download) and posenc_fast from a plain, isolated `pip install` of a
+    clean copy of this checkout (no binary in it: what a user's clone has)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "_build_info*.json", "*.egg-info")
+    for name in ("setup.py", "pyproject.toml", "README.md", "MANIFEST.in", "constraints.txt"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("csrc", "posenc_fast", "triton_kernels"):
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "-c",
+        str(src / "constraints.txt"),
+    ]
+    for target in (["torch==2.13.0"], [str(src)]):
+        r = subprocess.run(pip + target, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return venv
+
+
+def _run_lff(venv: Path, env: dict, seed: int, wait: bool = True):
+    cmd = [str(venv / "bin" / "python"), "-c", LFF_CALL, str(seed)]
+    proc = subprocess.Popen(cmd, env=env, cwd=venv, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return _finish(proc) if wait else proc
+
+
+def _finish(proc) -> tuple[dict, str]:
+    out, err = proc.communicate(timeout=1800)
+    assert proc.returncode == 0, err[-4000:]
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+@pytest.mark.slow
+def test_plain_pip_install_builds_on_first_use_then_reuses(tmp_path):
+    """The issue's "done when", in a fresh venv with a plain `pip install <repo>`: the
+    wheel carries the sources and no binary; two processes started together both use the
+    cpp backend after one first-use build (the other waits for it); a later process
+    reuses the cache without building; a cached build with another ABI tag is refused
+    with the reason in `info`; POSENC_FAST_NO_BUILD=1 gives the torch fallback with one
+    warning. The build is CI's one extra compile, at -O0 (POSENC_FAST_DEBUG=1) for time."""
+    venv = _fresh_venv(tmp_path)
+    site = next((venv / "lib").glob("python3*/site-packages/posenc_fast"))
+    assert (site / "csrc" / "lff" / "lff_cpu.cpp").is_file()
+    assert not list(site.glob("_C*.so")), "a plain isolated install must not ship a binary"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POSENC_FAST_", "PYTHON"))}
+    env.update(POSENC_FAST_CACHE=str(tmp_path / "cache"), POSENC_FAST_DEBUG="1",
+               MAX_JOBS=os.environ.get("MAX_JOBS", "2"))  # fmt: skip
+    env.pop("TRITON_INTERPRET", None)
+
+    # two processes at once, nothing built yet: one builds, the other waits for it
+    results = [_finish(p) for p in [_run_lff(venv, env, seed, wait=False) for seed in (1, 2)]]
+    errs = "".join(err for _, err in results)
+    assert errs.count("posenc_fast: building the C++ extension (posenc_fast._C)") == 1, errs
+    assert errs.count("posenc_fast: built the C++ extension (posenc_fast._C) in") == 1, errs
+    assert "compiled lff_cpu.cpp" in errs, errs  # ninja's progress, one line per step
+    for got, _err in results:
+        assert got["source"] == "cache" and got["reasons"] == [] and got["warnings"] == []
+        assert got["close"], got
+    cached = Path(results[0][0]["path"])
+    assert cached.parent.parent.parent == tmp_path / "cache" and cached.is_file()
+
+    # a later process: the cache, no build
+    got, err = _run_lff(venv, env, 3)
+    assert got["source"] == "cache" and got["path"] == str(cached) and "building" not in err
+
+    # a stale build (another ABI tag recorded): refused, with the reason, never loaded
+    record_path = cached.parent / cfg.BUILD_INFO
+    record = json.loads(record_path.read_text())
+    record["abi_tag"] = "torch2.13.0+cpu-cxx11abi0-cpython-311-fake"
+    record_path.write_text(json.dumps(record))
+    stale_env = dict(env, POSENC_FAST_NO_BUILD="1")
+    got, _ = _run_lff(venv, stale_env, 4)
+    assert got["source"] is None and len(got["warnings"]) == 1, got
+    assert (
+        "ABI tag torch2.13.0+cpu-cxx11abi0-cpython-311-fake (recorded at build time)"
+        in (got["reasons"][0])
+    )
+    info = subprocess.run([str(venv / "bin" / "python"), "-m", "posenc_fast", "info"],
+                          env=stale_env, cwd=venv, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert info.returncode == 0, info.stderr[-3000:]
+    assert f"ignored: {cached}: the extension's ABI tag" in info.stdout, info.stdout
+
+    # POSENC_FAST_NO_BUILD=1 and an empty cache: the torch fallback, exactly one warning
+    got, err = _run_lff(venv, dict(stale_env, POSENC_FAST_CACHE=str(tmp_path / "empty")), 5)
+    assert got["source"] is None and "building" not in err
+    (warning,) = got["warnings"]
+    assert "backend 'cpp' is unavailable" in warning and "POSENC_FAST_NO_BUILD" in warning
+    assert "python -m posenc_fast build" in warning
+    assert got["close"], got
