@@ -267,20 +267,28 @@ pip_install() {
   run_limited "$PYTHON" -m pip install --no-build-isolation --no-deps --no-index "${verbose[@]}" -e .
 }
 
+build_dir() {  # the folder of the loaded CPU module: the package's own build (this script's
+  # build stage, pip install -e), or the user cache's first-use build (a dry run after
+  # tools/setup_venv.sh); posenc_fast where none loads
+  "$PYTHON" -c 'import os; from posenc_fast import _extension as e
+e.load("cpu"); o = e._state["cpu"]["origin"]; print(os.path.dirname(o) if o else "posenc_fast")'
+}
+
 pack_build() {  # $1: archive path (.tar.gz; .tar.xz when gzip is over the 16 MiB limit)
   # both modules (_C: CPU, _C_cuda: CUDA) and their build records
-  local so
-  so="$(cd posenc_fast && ls _C*.so _build_info*.json 2>/dev/null | tr '\n' ' ' || true)"
-  [[ "$so" == *_C.* && -f posenc_fast/_build_info.json ]] || { echo "   no built extension to pack"; return 1; }
+  local so dir
+  dir="$(build_dir)"
+  so="$(cd "$dir" && ls _C*.so _build_info*.json 2>/dev/null | tr '\n' ' ' || true)"
+  [[ "$so" == *_C.* && -f "$dir/_build_info.json" ]] || { echo "   no built extension to pack"; return 1; }
   # shellcheck disable=SC2086  # $so: file names without spaces, on purpose
-  tar -czf "$1" -C posenc_fast $so
+  tar -czf "$1" -C "$dir" $so
   local size
   size=$(stat -c %s "$1")
   if ((size > 16 * 1024 * 1024)) && command -v xz >/dev/null 2>&1; then
     rm -f "$1"
     set -- "${1%.gz}.xz"
     # shellcheck disable=SC2086
-    tar -cJf "$1" -C posenc_fast $so
+    tar -cJf "$1" -C "$dir" $so
     size=$(stat -c %s "$1")
   fi
   if ((size > 16 * 1024 * 1024)); then

@@ -469,7 +469,12 @@ def _first_use_build(part: str) -> tuple[Optional[Path], str]:
     blocker = _build_blockers()
     if blocker:
         return None, f"{what} is not built for this torch and cannot be built here: {blocker}"
-    return build_part(part, first_use=True)
+    try:
+        return build_part(part, first_use=True)
+    except Exception as exc:  # the first call of an op must fall back, not crash
+        return None, (
+            f"building {what} on first use failed ({type(exc).__name__}: {exc}): {BUILD_HINT}"
+        )
 
 
 def _wait_limit() -> float:
