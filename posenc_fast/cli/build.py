@@ -22,7 +22,7 @@ def run(args) -> int:
         if result["error"]:
             print(f"{module}: build failed: {result['error']}")
         elif result["built"]:
-            print(f"{module}: built: {result['built']}")
+            print(f"{module}: ready: {result['built']}")
         else:
             print(f"{module}: not built: {result['skipped']}")
         available = _extension.load(part) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from .. import _dispatch, _extension
 from ._environment import describe
@@ -83,5 +84,6 @@ def _extension_lines(ext: dict) -> list[str]:
         lines += [f"{'':<5} ignored: {why}" for why in info.get("ignored") or []]
     if ext.get("cpu", {}).get("cache_dir"):
         cpu = ext["cpu"]
-        lines.append(f"build cache {cpu['cache_dir']} (ABI tag {cpu.get('abi_tag')})")
+        key_dir = os.path.dirname(cpu["cache_dir"])
+        lines.append(f"build cache {key_dir} (ABI tag {cpu.get('abi_tag')})")
     return lines

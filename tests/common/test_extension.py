@@ -262,6 +262,9 @@ def test_pure_python_wheel_builds_without_the_extension(tmp_path):
     assert "posenc_fast/ops/floater/api.py" in names or "posenc_fast/__init__.py" in names
     assert not [n for n in names if n.endswith((".so", ".pyd"))], names
     assert "py3-none-any" in wheel.name
+    # the sources travel with it, for the first-use build (posenc_fast/_extension.py)
+    assert {"posenc_fast/csrc/module.cpp", "posenc_fast/csrc/cpu/isa.h"} <= set(names)
+    assert "posenc_fast/csrc/lff/lff_cpu.cpp" in names
 
 
 def test_sdist_carries_every_extension_source(tmp_path):
