@@ -182,3 +182,90 @@ def test_every_op_and_module_round_trips_with_dynamic_batch_and_length(ops_model
     for B, N in [(2, 5), (3, 7), (1, 12)]:  # other sizes than the export's
         inputs = ops_inputs(B, N, seed=10 * B + N)
         compare(run(proto, *inputs), outputs(ops_model, *inputs), f"{exporter} B={B} N={N}")
+
+
+# -- the integrations, in one graph ------------------------------------------------------
+
+
+def tiny_vit(**kwargs):
+    """A tiny timm VisionTransformer: 8x8 patches, dim 16, dynamic image size."""
+    vt = import_timm().models.vision_transformer
+    args = dict(img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=3)
+    return vt.VisionTransformer(dynamic_img_size=True, **{**args, **kwargs})
+
+
+class Integrations(nn.Module):
+    """timm ViTs with use_lff, use_sine2d and FLOATER biases (frozen), and an
+    nn.TransformerEncoder with FLOATER biases (frozen): images [B, 3, H, W] and tokens
+    [B, L, 16] in, one output each."""
+
+    def __init__(self, frozen_length: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.vit_lff = tiny_vit()
+        pf_timm.use_lff(self.vit_lff, fourier_dim=16, hidden_dim=8)
+        self.vit_sine = tiny_vit()
+        pf_timm.use_sine2d(self.vit_sine)
+        self.vit_floater = tiny_vit()
+        _testing.randomize_parameters(add_floater_biases(self.vit_floater, substeps=2), 1, 0.3)
+        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        _testing.randomize_parameters(add_floater_biases(self.encoder, substeps=2), 2, 0.3)
+        # the ViT's tokens: (H/8) * (W/8) patches + the class token
+        self.vit_floater.floater_bias.freeze(frozen_length)
+        self.encoder.floater_bias.freeze(frozen_length)
+
+    def forward(self, images, tokens):
+        return (
+            self.vit_lff(images),
+            self.vit_sine(images),
+            self.vit_floater(images),
+            self.encoder(tokens),
+        )
+
+
+@pytest.fixture(scope="module")
+def integrations():
+    return Integrations(frozen_length=1 + 4 * 6).eval()  # up to 32x48 images
+
+
+def integration_inputs(B, H, W, L, seed):
+    gen = _testing.generator(seed)
+    return _testing.randn((B, 3, H, W), gen), _testing.randn((B, L, 16), gen)
+
+
+def test_integrations_round_trip_with_dynamic_batch_and_sizes(integrations):
+    args = integration_inputs(2, 32, 32, 9, seed=1)
+    B = torch.export.Dim("batch")
+    # image sides in patches (8 pixels each), the encoder's length up to the frozen one
+    H, W = torch.export.Dim("rows", min=2, max=4), torch.export.Dim("cols", min=2, max=6)
+    L = torch.export.Dim("length", max=25)
+    shapes = ({0: B, 2: 8 * H, 3: 8 * W}, {0: B, 1: L})
+    proto = export_dynamo(integrations, args, shapes, ["images", "tokens"])
+    assert_standard_ops(proto)
+    for B, H, W, L in [(2, 32, 32, 9), (3, 16, 48, 25), (1, 24, 40, 4)]:
+        inputs = integration_inputs(B, H, W, L, seed=B + H + W + L)
+        got, want = run(proto, *inputs), outputs(integrations, *inputs)
+        compare(got, want, f"B={B} {H}x{W} L={L}")
+
+
+def test_unfrozen_floater_exports_its_solver_steps_unrolled():
+    """Without freeze() the export unrolls the solver (static length): it still matches."""
+    torch.manual_seed(0)
+    fl = pf.Floater(dim=4, num_states=2, hidden_dim=4, substeps=1, activation="gelu")
+    _testing.randomize_parameters(fl, 5, scale=0.5)
+
+    class Length4(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fl = fl
+
+        def forward(self, x):  # x [B, 4, 4]
+            return x + self.fl(length=4)[1]
+
+    model = Length4().eval()
+    x = torch.randn(2, 4, 4)
+    proto = export_dynamo(model, (x,), ({0: torch.export.Dim("batch")},), ["x"])
+    assert_standard_ops(proto)
+    y = torch.randn(3, 4, 4)
+    compare(run(proto, y), outputs(model, y), "unfrozen Floater")

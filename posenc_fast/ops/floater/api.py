@@ -471,16 +471,21 @@ class Floater(nn.Module):
             # the length dynamic in the graph (a slice would bake in the traced value).
             return states.index_select(1, torch.arange(length, device=states.device))
         length = _checks.size("length", length, minimum=0)
+        symbolic = isinstance(length, torch.SymInt)
         message = (
             f"length {length} exceeds the {stored} positions this Floater was frozen "
             f"for: call freeze({length}) (or unfreeze() to integrate)"
         )
-        if isinstance(length, torch.SymInt):  # export / compile: a runtime assertion
+        if symbolic:  # export / compile: a runtime assertion
             torch._check(length <= stored, lambda: message)
         elif length > stored:
             raise ValueError(message)
         if not torch.compiler.is_compiling():
             self._cache.hits += 1
+        if symbolic:
+            # A gather: a slice's strides depend on whether length == stored, which
+            # torch.export would turn into a guard that excludes the frozen length.
+            return states.index_select(1, torch.arange(length, device=states.device))
         return states[:, :length]
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
