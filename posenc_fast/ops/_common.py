@@ -7,19 +7,20 @@ TorchScript-based exporter in "unrecognized namespace posenc_fast". Two mechanis
 fix that: an ONNX translation (an onnxscript function) per op, registered with the
 exporter, or the op replaced by its plain-PyTorch composition while an ONNX export traces
 it. The second is used: each :class:`CustomOp` names an ``onnx`` function, the op's forward
-written with differentiable ATen ops only (the ``*_autograd`` / ``*_graph`` functions of
-the op's torch_impl.py, which also build its double backward, so the math exists once and
-is tested by gradgradcheck and tests/common/test_onnx.py). While
-``torch.onnx.is_in_onnx_export()`` is true (set by both exporters, torch >= 2.6), calling
-the op runs that function instead, so the traced graph holds standard ops that every
-ONNX opset translates; nothing depends on the exporter's private registry API, a user
-passes nothing (no custom_translation_table), the same code serves both exporters, and
-dynamic batch / sequence sizes stay symbolic. torch.export, AOTInductor and torch.compile
+written with out-of-place ATen ops only (LFF and rotary: the ``*_autograd`` functions of
+their torch_impl.py, which also build the double backward, so gradgradcheck tests them;
+the encodings: ``encoding_graph``; FLOATER: the reference's solver loop, unrolled), all
+checked by tests/common/test_onnx.py. While ``torch.onnx.is_in_onnx_export()`` is true
+(set by both exporters; verified with torch 2.13), calling the op runs that function
+instead, so the traced graph holds standard ops that every ONNX opset translates; nothing
+depends on the exporter's private registry API, a user passes nothing (no
+custom_translation_table), the same code serves both exporters, and dynamic batch /
+sequence sizes stay symbolic. torch.export, AOTInductor and torch.compile
 are unchanged: they still see the custom op (tests/common/test_compat.py). The
 compositions run the phase reduction in float64 like the torch backend (ACCURACY.md),
-so the ONNX graph holds a few float64 ops (MatMul, Mul, Floor, Sub) that onnxruntime and
-OpenVINO run; runtimes without float64 (TensorRT) need the float32-phase variant that the
-README's "Deploying" section describes as pending.
+so the ONNX graph holds a few float64 ops (MatMul, Mul, Floor, Sub, Cast) that
+onnxruntime and OpenVINO's CPU plugin run; runtimes without float64 (TensorRT) cannot run
+that part of the graph (README, "Deploying").
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ recomputing the cos / sin from x.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -241,7 +242,7 @@ class LearnableFourierRotary(nn.Module):
 
         _checks.choice("source", source, ("lightglue",))
         if prefix is None:
-            is_encoder = isinstance(state_dict, dict) and "Wr.weight" in state_dict
+            is_encoder = isinstance(state_dict, Mapping) and "Wr.weight" in state_dict
             prefix = "" if is_encoder else "posenc."
         args, _, weights = checkpoint.parse(state_dict, source, gamma=gamma, prefix=prefix)
         pos_dim, F, our_gamma = args[0], args[1], args[5]
