@@ -202,9 +202,10 @@ class Integrations(nn.Module):
     def __init__(self, frozen_length: int):
         super().__init__()
         torch.manual_seed(0)
-        self.vit_lff = tiny_vit()
+        # one block where the encoding is all that matters (export time grows with depth)
+        self.vit_lff = tiny_vit(depth=1)
         pf_timm.use_lff(self.vit_lff, fourier_dim=16, hidden_dim=8)
-        self.vit_sine = tiny_vit()
+        self.vit_sine = tiny_vit(depth=1)
         pf_timm.use_sine2d(self.vit_sine)
         self.vit_floater = tiny_vit()
         _testing.randomize_parameters(add_floater_biases(self.vit_floater, substeps=2), 1, 0.3)
