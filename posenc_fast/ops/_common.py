@@ -18,9 +18,9 @@ custom_translation_table), the same code serves both exporters, and dynamic batc
 sequence sizes stay symbolic. torch.export, AOTInductor and torch.compile
 are unchanged: they still see the custom op (tests/common/test_compat.py). The
 compositions run the phase reduction in float64 like the torch backend (ACCURACY.md),
-so the ONNX graph holds a few float64 ops (MatMul, Mul, Floor, Sub, Cast) that
-onnxruntime and OpenVINO's CPU plugin run; runtimes without float64 (TensorRT) cannot run
-that part of the graph (README, "Deploying").
+so the ONNX graph holds a few float64 ops (MatMul, Mul, Floor, Sub, Cast): onnxruntime
+runs them (tested); a runtime without float64 support (TensorRT) cannot run that part
+of the graph (README, "Deploying").
 """
 
 from __future__ import annotations
