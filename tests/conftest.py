@@ -14,6 +14,8 @@ import torch
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+# bench runs in the tests keep no floor history in the user's cache (cli/_reliability)
+os.environ.setdefault("POSENC_FAST_BENCH_HISTORY", "off")
 
 import posenc_fast
 from posenc_fast import _testing
