@@ -1,4 +1,4 @@
-"""The README's CPU performance tables from one ``python -m posenc_fast bench --json`` run.
+"""benchmarks/RESULTS.md's CPU tables from one ``python -m posenc_fast bench --json`` run.
 
     python -m posenc_fast bench --quick --threads 1,2 --contention --max-autotune \
         --json benchmarks/results/cpu_quick.json
@@ -9,7 +9,7 @@ every implementation's median ms, its speed-up against eager and against torch.c
 its % of the floor measured in that setting; the largest error of each implementation
 against the float64 spec; issue 12's goals, each met or missed with the figure that
 decides it; and, when the run has FLOATER or rotary rows, their median ms with cpp's
-speed-up over every other implementation (the README's FLOATER cases, L = 512, d = H in
+speed-up over every other implementation (RESULTS.md's FLOATER cases, L = 512, d = H in
 {64, 512}, and its rotary cases, LightGlue's and a ViT's sizes in float32 and bfloat16:
 
     python -m posenc_fast bench --ops floater --floater-sizes 512x64,512x512 \
@@ -135,7 +135,7 @@ def accuracy_table(report: dict) -> str:
 
 def op_table(report: dict, op: str) -> str:
     """One op per setting, case and mode: every implementation's median ms and cpp's
-    speed-up over each of the others (the README's FLOATER table, e.g. from ``bench --ops
+    speed-up over each of the others (RESULTS.md's FLOATER table, e.g. from ``bench --ops
     floater --floater-sizes 512x64,512x512 --threads 2,1``, and its rotary table, from
     ``bench --ops rotary --threads 1``); '' without rows of ``op``."""
     rows = [r for r in report["results"] if r["op"] == op]

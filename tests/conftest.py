@@ -20,6 +20,8 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 # from tools/setup_venv.sh (`python -m posenc_fast build`) or an ahead-of-time build; the
 # tests of the first-use build set their own environment. Subprocesses inherit this.
 os.environ.setdefault("POSENC_FAST_NO_BUILD", "1")
+# bench runs in the tests keep no floor history in the user's cache (cli/_reliability)
+os.environ.setdefault("POSENC_FAST_BENCH_HISTORY", "off")
 
 import posenc_fast
 from posenc_fast import _testing

@@ -15,14 +15,16 @@ from ._round import round_to
 
 
 @triton.jit
-def cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M: tl.constexpr):
-    """cos and sin of x[rows] . wr[ks]^T: X [R, M] (strided), WR [F/2, M] contiguous.
+def cos_sin_tile(x_rows, rmask, stride_xm, WR, ks, kmask, M: tl.constexpr):
+    """cos and sin of x[rows] . wr[ks]^T: x_rows [BLOCK_R] pointers to the rows' first
+    coordinates (X + rows * stride_xr; coordinate m at + m * stride_xm), WR [F/2, M]
+    contiguous.
 
     Returns two [BLOCK_R, BLOCK_K] float32 tensors. Padded rows / frequencies read 0
     (phase 0, cos 1): callers mask them out of every store and zero their weights.
     """
     for m in tl.static_range(M):
-        x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0).to(tl.float32)
+        x = tl.load(x_rows + m * stride_xm, mask=rmask, other=0.0).to(tl.float32)
         w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
         t_hi, t_lo = turns_hi_lo(w)
         if m == 0:
@@ -45,11 +47,11 @@ def add_to(ptrs, value, mask, accumulate):
 
 @triton.jit
 def phase_chain_rule(
-    gphase, X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, dx_acc, ms, ws_wr, accumulate,
+    gphase, x_rows, rmask, stride_xm, WR, ks, kmask, dx_acc, ms, ws_wr, accumulate,
     M: tl.constexpr, NEED_X: tl.constexpr, NEED_WR: tl.constexpr,
 ):  # fmt: skip
     """The chain rule through phase = x . wr for one tile of d loss / d phase [BR, BK]
-    (rows ``rows`` of X [R, M], frequencies ``ks`` of WR [F2, M] contiguous): returns
+    (rows x_rows of X, as cos_sin_tile's, frequencies ``ks`` of WR [F2, M] contiguous): returns
     dx_acc [BR, BLOCK_M] + gphase @ wr[ks], and adds sum_rows gphase * x[:, m] to this
     program's workspace partials ws_wr[k * M + m] (add_to). Padded rows and frequencies
     must have gphase = 0. Shared by the LFF and rotary backward kernels."""
@@ -59,7 +61,7 @@ def phase_chain_rule(
             col = tl.sum(gphase * w[None, :], axis=1)
             dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
         if NEED_WR:
-            x = tl.load(X + rows * stride_xr + m * stride_xm, mask=rmask, other=0.0)
+            x = tl.load(x_rows + m * stride_xm, mask=rmask, other=0.0)
             part = tl.sum(gphase * x.to(tl.float32)[:, None], axis=0)
             add_to(ws_wr + ks * M + m, part, kmask, accumulate)
     return dx_acc

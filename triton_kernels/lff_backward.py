@@ -141,30 +141,13 @@ def _lff_bwd_kernel(
         accumulate = tile >= nprog
         rows = tl.cast(tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < n_rows
+        x_rows = X + rows * stride_xr
         g_rows = GRAD + rows[:, None] * stride_gr
         if NEED_H:
             a = hidden_preactivation(
-                X,
-                WR,
-                W1,
-                rows,
-                rmask,
-                hs,
-                hmask,
-                n_freq,
-                hidden,
-                stride_xr,
-                stride_xm,
-                inv_sqrt_f,
-                M,
-                COMPUTE,
-                PRECISION,
-                INTERPRET,
-                SPLIT,
-                BLOCK_R,
-                BLOCK_K,
-                BLOCK_H,
-            )
+                x_rows, rmask, stride_xm, WR, W1 + hs[None, :], hmask, n_freq, hidden,
+                inv_sqrt_f, M, COMPUTE, PRECISION, INTERPRET, SPLIT, BLOCK_K,
+            )  # fmt: skip
             a += tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
             h = round_to(activation(a, ACT), COMPUTE, INTERPRET)
             gh = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
@@ -211,7 +194,7 @@ def _lff_bwd_kernel(
             for k0 in range(0, n_freq, BLOCK_K):
                 ks = k0 + tl.arange(0, BLOCK_K)
                 kmask = ks < n_freq
-                c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
+                c, s = cos_sin_tile(x_rows, rmask, stride_xm, WR, ks, kmask, M)
                 if MLP:
                     if NEED_W1:
                         wmask = kmask[:, None] & hmask[None, :]
@@ -257,8 +240,8 @@ def _lff_bwd_kernel(
                     # gr = 0 (zero dY rows, zero w1 rows), so gphase = 0 there.
                     gphase = (gr_s * c - gr_c * s) * inv_sqrt_f  # [BR, BK]
                     dx_acc = phase_chain_rule(
-                        gphase, X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, dx_acc,
-                        ms, ws + off_dwr, accumulate, M, NEED_X, NEED_WR,
+                        gphase, x_rows, rmask, stride_xm, WR, ks, kmask, dx_acc, ms,
+                        ws + off_dwr, accumulate, M, NEED_X, NEED_WR,
                     )  # fmt: skip
             if NEED_X:
                 dmask_x = rmask[:, None] & (ms < M)[None, :]

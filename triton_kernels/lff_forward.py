@@ -51,30 +51,27 @@ from ._round import load_as, round_to
 
 @triton.jit
 def hidden_preactivation(
-    X,
-    WR,
-    W1,
-    rows,
+    x_rows,
     rmask,
-    hs,
+    stride_xm,
+    WR,
+    w1_cols,
     hmask,
     n_freq,
     hidden,
-    stride_xr,
-    stride_xm,
     inv_sqrt_f,
     M: tl.constexpr,
     COMPUTE: tl.constexpr,
     PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
     SPLIT: tl.constexpr,
-    BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    BLOCK_H: tl.constexpr,
 ):
-    """features @ w1 for BLOCK_R rows: [BR, BH] float32, without the bias.
+    """features @ w1 for the rows x_rows (as cos_sin_tile's): [BR, BH] float32, without
+    the bias (BR, BH: the sizes of x_rows and hmask).
 
-    W1 [F, H] contiguous: rows 0..F/2-1 multiply the cosines, F/2..F-1 the sines. The
+    w1_cols [1, BH]: W1 + hs[None, :], the hidden columns hs of W1 [F, H] contiguous (mask
+    hmask [BH]); W1's rows 0..F/2-1 multiply the cosines, F/2..F-1 the sines. The
     features are scaled by 1/sqrt(F) in float32 and rounded once to the compute dtype.
     SPLIT (relu with a bf16 / fp16 MLP): the features also contribute their rounding
     error, as a second compute-dtype term (hi + lo, ~2^-16 relative): relu's derivative
@@ -82,14 +79,14 @@ def hidden_preactivation(
     a whole row of the gradient with it, for pre-activations that float32 math puts on
     the other side of 0. Costs a second pass of the (small) first matmul, for relu only.
     """
-    acc = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([x_rows.shape[0], hmask.shape[0]], dtype=tl.float32)
     for k0 in range(0, n_freq, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         kmask = ks < n_freq
-        c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
+        c, s = cos_sin_tile(x_rows, rmask, stride_xm, WR, ks, kmask, M)
         wmask = kmask[:, None] & hmask[None, :]
-        w1c = load_as(W1 + ks[:, None] * hidden + hs[None, :], wmask, COMPUTE, INTERPRET)
-        w1s = load_as(W1 + (ks + n_freq)[:, None] * hidden + hs[None, :], wmask, COMPUTE, INTERPRET)
+        w1c = load_as(w1_cols + ks[:, None] * hidden, wmask, COMPUTE, INTERPRET)
+        w1s = load_as(w1_cols + (ks + n_freq)[:, None] * hidden, wmask, COMPUTE, INTERPRET)
         fc = c * inv_sqrt_f
         fs = s * inv_sqrt_f
         rc = round_to(fc, COMPUTE, INTERPRET)
@@ -140,33 +137,16 @@ def _lff_fwd_kernel(
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n_rows
+    x_rows = X + rows * stride_xr
     out_rows = OUT + rows[:, None] * stride_or
     OUT_DTYPE: tl.constexpr = OUT.dtype.element_ty
     if MLP:
         hs = tl.arange(0, BLOCK_H)
         hmask = hs < hidden
         a = hidden_preactivation(
-            X,
-            WR,
-            W1,
-            rows,
-            rmask,
-            hs,
-            hmask,
-            n_freq,
-            hidden,
-            stride_xr,
-            stride_xm,
-            inv_sqrt_f,
-            M,
-            COMPUTE,
-            PRECISION,
-            INTERPRET,
-            SPLIT,
-            BLOCK_R,
-            BLOCK_K,
-            BLOCK_H,
-        )
+            x_rows, rmask, stride_xm, WR, W1 + hs[None, :], hmask, n_freq, hidden,
+            inv_sqrt_f, M, COMPUTE, PRECISION, INTERPRET, SPLIT, BLOCK_K,
+        )  # fmt: skip
         b1 = tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)
         # Padded hidden columns: a = 0 there and act(0) = 0, so they add nothing below.
         h = round_to(activation(a + b1[None, :], ACT), COMPUTE, INTERPRET)
@@ -192,7 +172,7 @@ def _lff_fwd_kernel(
         for k0 in range(0, n_freq, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             kmask = ks < n_freq
-            c, s = cos_sin_tile(X, WR, rows, rmask, ks, kmask, stride_xr, stride_xm, M)
+            c, s = cos_sin_tile(x_rows, rmask, stride_xm, WR, ks, kmask, M)
             omask = rmask[:, None] & kmask[None, :]
             tl.store(
                 out_rows + ks[None, :], round_to(c * inv_sqrt_f, OUT_DTYPE, INTERPRET), mask=omask

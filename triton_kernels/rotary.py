@@ -155,10 +155,10 @@ def _rotary_fwd_kernel(
     b = tl.cast(tile // tiles_per_batch, tl.int64)
     ns = tl.cast(tile % tiles_per_batch, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = ns < n_pos
-    xb = X + b * stride_xb
+    x_rows = X + b * stride_xb + ns * stride_xn  # [BLOCK_N] pointers to this tile's positions
     for k0 in range(0, n_freq, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        c, s = cos_sin_tile(xb, WR, ns, nmask, ks, ks < n_freq, stride_xn, stride_xm, M)
+        c, s = cos_sin_tile(x_rows, nmask, stride_xm, WR, ks, ks < n_freq, M)
         if TABLE:
             _store_pairs(OQ, 0, ns, nmask, k0, n_freq, soq_n, c, c, INTERPRET, BLOCK_N, BLOCK_K)
             _store_pairs(OQ, soq_h, ns, nmask, k0, n_freq, soq_n, s, s, INTERPRET, BLOCK_N,
@@ -208,12 +208,12 @@ def _rotary_bwd_kernel(
         b = tl.cast(tile // tiles_per_batch, tl.int64)
         ns = tl.cast(tile % tiles_per_batch, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = ns < n_pos
-        xb = X + b * stride_xb
+        x_rows = X + b * stride_xb + ns * stride_xn
         dx_acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for k0 in range(0, n_freq, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             kmask = ks < n_freq
-            c, s = cos_sin_tile(xb, WR, ns, nmask, ks, kmask, stride_xn, stride_xm, M)
+            c, s = cos_sin_tile(x_rows, nmask, stride_xm, WR, ks, kmask, M)
             if TABLE:
                 # A frequency's two channels hold the same cos (sin): gradients add up.
                 gce, gco = _pair_tile(GQ, 0, ns, nmask, k0, n_freq, sgq_n, sgq_d, BLOCK_N,
@@ -240,8 +240,8 @@ def _rotary_bwd_kernel(
             if NEED_PHASE:
                 # Padded rows and frequencies read zeros above: dphi = 0 there.
                 dx_acc = phase_chain_rule(
-                    dphi, xb, WR, ns, nmask, ks, kmask, stride_xn, stride_xm, dx_acc, ms, ws,
-                    accumulate, M, NEED_X, NEED_WR,
+                    dphi, x_rows, nmask, stride_xm, WR, ks, kmask, dx_acc, ms, ws, accumulate,
+                    M, NEED_X, NEED_WR,
                 )  # fmt: skip
         if NEED_X:
             dx_ptrs = DX + (b * n_pos + ns)[:, None] * M + ms[None, :]

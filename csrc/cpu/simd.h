@@ -11,6 +11,9 @@
 // - Channel pairs (interleave / deinterleave), scalar loads of any storage dtype, and the
 //   reductions whose order does not depend on the vector width: 16 virtual lanes, and the
 //   ordered sum of per-block partial sums (sum_partials, cpu/parallel.h's run_blocks).
+// On aarch64 (one build: NEON is part of the baseline, there is nothing to dispatch) the
+// generic set is 16 bytes = one NEON register, with NEON's FMLA (vfma), FRINTM (vfloor) and
+// FCVTL / FCVTN (float16); the rest is GNU vector code, which GCC maps to NEON directly.
 // The phase math of the Triton kernels is cpu/phase.h, on top of this.
 
 using ::posenc_fast::cpu::DT;
@@ -100,6 +103,9 @@ PF_INLINE V f16_to_f32(VH h) {
   return bitcast<V>(_mm512_cvtph_ps(bitcast<__m256i>(h)));
 #elif defined(PF_X86) && PF_VEC_BYTES == 32
   return bitcast<V>(_mm256_cvtph_ps(bitcast<__m128i>(h)));
+#elif defined(__aarch64__)
+  // FCVTL: the conversion c10::Half itself uses on aarch64 (a float16_t cast), 4 lanes at once
+  return bitcast<V>(vcvt_f32_f16(bitcast<float16x4_t>(h)));
 #else
   V v;
   for (int i = 0; i < W; ++i) v[i] = static_cast<float>(c10::Half(h[i], c10::Half::from_bits()));
@@ -111,6 +117,9 @@ PF_INLINE VH f32_to_f16(V v) {  // to nearest even
   return bitcast<VH>(_mm512_cvtps_ph(bitcast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #elif defined(PF_X86) && PF_VEC_BYTES == 32
   return bitcast<VH>(_mm256_cvtps_ph(bitcast<__m256>(v), _MM_FROUND_TO_NEAREST_INT));
+#elif defined(__aarch64__)
+  // FCVTN, rounding to nearest even (the FPCR default), as c10::Half's float16_t cast does
+  return bitcast<VH>(vcvt_f16_f32(bitcast<float32x4_t>(v)));
 #else
   VH h;
   for (int i = 0; i < W; ++i) h[i] = c10::Half(v[i]).x;

@@ -37,9 +37,14 @@ int64_t check_x_wr(const char* op, const at::Tensor& x, const at::Tensor& wr) {
   return cpu::check_wr(op, x, wr);
 }
 
+// [2, *x.shape[:-1], 2 * F2]. (Element by element: GCC 12 at -O3 reports the range insert of
+// x.sizes() into a one-element vector as a memmove out of bounds, a false positive that
+// the aarch64 compile check, -Werror, would fail on.)
 std::vector<int64_t> table_shape(const at::Tensor& x, int64_t F2) {
-  std::vector<int64_t> shape{2};
-  shape.insert(shape.end(), x.sizes().begin(), x.sizes().end() - 1);
+  std::vector<int64_t> shape;
+  shape.reserve(x.dim() + 1);
+  shape.push_back(2);
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) shape.push_back(x.size(d));
   shape.push_back(2 * F2);
   return shape;
 }

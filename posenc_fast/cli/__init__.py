@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="LxD,...",
         default=None,
         help="FLOATER cases as (sample times L) x (d = H) pairs, replacing the default set, "
-        "e.g. 512x64,512x512 (the README's FLOATER table)",
+        "e.g. 512x64,512x512 (benchmarks/RESULTS.md's FLOATER table)",
     )
     bench.add_argument(
         "--json", metavar="PATH", help="save the results (with machine, versions, git SHA)"

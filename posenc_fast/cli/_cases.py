@@ -299,7 +299,7 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
                 out += [encoding_add_case(kind, 8, 4096, 768, device)]
     if "rotary" in ops:
         # quick: LightGlue's sizes in float32; else also the ViT-like batch, and bfloat16
-        # q and k (the README's rotary table: every size in float32 and bfloat16)
+        # q and k (benchmarks/RESULTS.md's rotary table: every size in float32 and bfloat16)
         names = ("lightglue-512", "lightglue-2048") if quick else tuple(ROTARY_SIZES)
         dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
         out += [rotary_case(n, device, dt) for dt in dtypes for n in names]

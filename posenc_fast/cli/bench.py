@@ -16,7 +16,9 @@ with a busy process pinned to one core (_contention); ``--floater-sizes 512x64,5
 replaces FLOATER's (L, d = H) cases (floater_suite). Rotary (``apply_lff_rotary`` at
 LightGlue's and a ViT's sizes) runs only when named: ``--ops rotary``. --json saves
 everything with the machine, versions and git SHA; benchmarks/render_cpu_table.py turns it
-into the README's tables. Timings are reported, never asserted.
+into the benchmark tables. Timings are reported, never asserted; a run on a loaded machine
+(load average above the CPUs, or floors far below this machine's usual ones) ends with a
+warning line that its figures are unreliable (_reliability; "reliability" in the JSON).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .._dispatch import AUTO_ORDER
-from . import _cases, _contention, _floors, _timing
+from . import _cases, _contention, _floors, _reliability, _timing
 from ._cases import Impl
 from ._environment import describe
 
@@ -445,12 +447,18 @@ def run(args) -> int:
         f"{len(settings)} setting(s), git {env['git_sha']}"
     )
     t0 = time.perf_counter()
+    load_start = _reliability.load_average()  # before the benchmark adds its own threads
     report = measure(cases, modes, device, min_time, compile_modes, settings, args.compile_timeout)
+    reliability = _reliability.assess(
+        report["settings"], env, device, load_start, _reliability.load_average()
+    )
     print(table(report))
     print(
         f"\n{len(report['results'])} measurements in {time.perf_counter() - t0:.0f} s on "
         f"{env['processor']} ({env['cpu_count']} CPUs), torch {env['torch']}, git {env['git_sha']}"
     )
+    for line in _reliability.summary(reliability):
+        print(line)
     if args.json:
         payload = {
             "environment": env,
@@ -458,6 +466,7 @@ def run(args) -> int:
             "quick": args.quick,
             "min_time": min_time,
             "compile_timeout_s": args.compile_timeout,
+            "reliability": reliability,
             **report,
         }
         with open(args.json, "w") as f:

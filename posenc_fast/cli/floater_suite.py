@@ -170,7 +170,7 @@ def floater_case(
 
 def bench_cases(quick: bool, device: str, sizes=None) -> list[BenchCase]:
     """The FLOATER cases of ``bench``; ``sizes``: (L, d) pairs replacing the default set
-    (``bench --floater-sizes``, e.g. the README's L = 512, d = H in {64, 512})."""
+    (``bench --floater-sizes``, e.g. benchmarks/RESULTS.md's L = 512, d = H in {64, 512})."""
     if sizes is None:
         # quick: one small case. The many-op baselines (torchdiffeq, the plain loop) make
         # the bench's profiler-based peak-memory pass slow, tens of seconds per case on 2

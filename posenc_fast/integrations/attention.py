@@ -36,7 +36,8 @@ def block_bias(source: FloaterAttentionBias, n: int, length: int) -> Tensor:
     applies (training, torch.compile)."""
     fl = source.floater
     training_step = fl.training and torch.is_grad_enabled()
-    if training_step or torch.compiler.is_compiling():
+    # A frozen source (FloaterAttentionBias.freeze) serves stored biases: never integrate.
+    if (training_step or torch.compiler.is_compiling()) and not fl.frozen:
         P = source.num_projections
         out, _ = integrate(
             fl.p0[n * P : (n + 1) * P],

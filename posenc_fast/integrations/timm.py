@@ -51,6 +51,11 @@ class _GridEncoding(nn.Module):
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
         """x [B, H, W, C], or [B, H*W, C] with (H, W) = grid_size (the patch embedding's,
         read at every call: ``model.set_input_size`` changes it) -> x + encoding."""
+        if x.shape[-1] != self.dim:  # else a reshape of the encoding fails obscurely
+            raise ValueError(
+                f"patch tokens must have embed_dim={self.dim} channels (the model's width), "
+                f"got {list(x.shape)}"
+            )
         if x.dim() == 4:
             h, w = x.shape[1], x.shape[2]
         else:

@@ -1,5 +1,27 @@
-"""What every op package shares: its custom ops' eager fast path, autocast handling, and
-the double-backward path of their autograd registrations."""
+"""What every op package shares: its custom ops' eager fast path, their ONNX export
+path, autocast handling, and the double-backward path of their autograd registrations.
+
+ONNX export (issue 22). Every ``posenc_fast::`` custom op is opaque to the ONNX exporters:
+torch.onnx.export(dynamo=True) ends in "Failed to convert the exported program", the
+TorchScript-based exporter in "unrecognized namespace posenc_fast". Two mechanisms could
+fix that: an ONNX translation (an onnxscript function) per op, registered with the
+exporter, or the op replaced by its plain-PyTorch composition while an ONNX export traces
+it. The second is used: each :class:`CustomOp` names an ``onnx`` function, the op's forward
+written with out-of-place ATen ops only (LFF and rotary: the ``*_autograd`` functions of
+their torch_impl.py, which also build the double backward, so gradgradcheck tests them;
+the encodings: ``encoding_graph``; FLOATER: the reference's solver loop, unrolled), all
+checked by tests/common/test_onnx.py. While ``torch.onnx.is_in_onnx_export()`` is true
+(set by both exporters; verified with torch 2.13), calling the op runs that function
+instead, so the traced graph holds standard ops that every ONNX opset translates; nothing
+depends on the exporter's private registry API, a user passes nothing (no
+custom_translation_table), the same code serves both exporters, and dynamic batch /
+sequence sizes stay symbolic. torch.export, AOTInductor and torch.compile
+are unchanged: they still see the custom op (tests/common/test_compat.py). The
+compositions run the phase reduction in float64 like the torch backend (ACCURACY.md),
+so the ONNX graph holds a few float64 ops (MatMul, Mul, Floor, Sub, Cast): onnxruntime
+runs them (tested); a runtime without float64 support (TensorRT) cannot run that part
+of the graph (README, "Deploying").
+"""
 
 from __future__ import annotations
 
@@ -10,6 +32,7 @@ import torch
 from torch import Tensor
 
 from .._dispatch import Implementation
+from ._torch_common import onnx_exporting
 
 # -- autocast --------------------------------------------------------------------------
 # Kernels run with autocast off: precision is decided by the op's arguments. Custom ops
@@ -123,6 +146,7 @@ class CustomOp:
         op_function: str = "",
         impl_args: Optional[Callable] = None,
         tags: tuple = (),
+        onnx: Optional[Callable] = None,
     ):
         kwargs = {"tags": tags} if tags else {}
         self.op = torch.library.custom_op(qualname, body, mutates_args=(), **kwargs)
@@ -130,6 +154,9 @@ class CustomOp:
         self.body = body
         self.op_function = op_function
         self.impl_args = impl_args
+        # The op's plain-ATen composition, taking the op's own arguments: what an ONNX
+        # export traces instead of the op (module docstring).
+        self.onnx = onnx
         self._direct = None
         if backward is not None:
             self.op.register_autograd(backward, setup_context=setup_context)
@@ -150,6 +177,9 @@ class CustomOp:
     def __call__(self, *args):
         if direct_call_ok(*args):
             return self._direct.apply(*args) if self._direct is not None else self.body(*args)
+        # Checked only off the eager fast path: an ONNX export always traces.
+        if self.onnx is not None and onnx_exporting():
+            return self.onnx(*args)
         return self.op(*args)
 
     def run(self, impl: Implementation, *args):

@@ -13,6 +13,36 @@ from ..tolerances import PHASE_ATOL
 
 TWO_PI = 2.0 * math.pi
 
+
+def _onnx_export_flags() -> Callable[[], bool]:
+    """A cheap ``torch.onnx.is_in_onnx_export()``: the public function imports two modules
+    on every call (~7-30 µs, and the torch backends ask on every call), so the two flags
+    it reads are looked up once; where a torch lays them out otherwise, the public
+    function itself."""
+    try:
+        from torch.onnx._internal.exporter import _flags
+        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
+
+        if hasattr(_flags, "_is_onnx_exporting") and hasattr(GLOBALS, "in_onnx_export"):
+            return lambda: bool(GLOBALS.in_onnx_export or _flags._is_onnx_exporting)
+    except ImportError:
+        pass
+    return lambda: bool(torch.onnx.is_in_onnx_export())
+
+
+_onnx_flags: list[Callable[[], bool]] = []
+
+
+def onnx_exporting() -> bool:
+    """Whether an ONNX exporter (dynamo-based or TorchScript-based) is tracing this call
+    (ops/_common.py: the custom ops then trace their plain-ATen composition)."""
+    if torch.compiler.is_compiling():  # dynamo folds the public function to False
+        return bool(torch.onnx.is_in_onnx_export())
+    if not _onnx_flags:
+        _onnx_flags.append(_onnx_export_flags())
+    return _onnx_flags[0]()
+
+
 # Temporaries of one chunk stay below this many bytes (FLOATER's precomputed stages; rows
 # of LFF and the encodings: see row_chunk_bytes). Override with POSENC_FAST_CHUNK_BYTES
 # (tests use it).
@@ -64,6 +94,10 @@ def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     final rounding of the angle to float32 (<= 2.4e-7 rad) and the float32 sine itself
     (ACCURACY.md). torch.frac is one fast pass; torch.round on float64 is ~8x slower.
     """
+    if onnx_exporting():
+        # The TorchScript-based ONNX exporter has no aten::frac; x - floor(x), in [0, 1),
+        # is just as exact in float64 and the same angle modulo 2 pi (ops/_common.py).
+        return (TWO_PI * (turns - torch.floor(turns))).to(dtype)
     return (TWO_PI * torch.frac(turns)).to(dtype)
 
 
@@ -148,6 +182,10 @@ def device_constant(
     if t is None:
         with torch.inference_mode(False):
             t = make(device)
+        if type(t) is not torch.Tensor:
+            # Made while a tracer runs (torch.export / ONNX export trace with fake tensors):
+            # a graph constant, not a tensor later eager calls may use. Never kept.
+            return t
         if len(_DEVICE_CONSTANTS) >= _MAX_DEVICE_CONSTANTS:
             del _DEVICE_CONSTANTS[next(iter(_DEVICE_CONSTANTS))]
         _DEVICE_CONSTANTS[full_key] = t

@@ -227,3 +227,17 @@ def test_readme_integration_example_gives_distinct_neighbours():
     model = namespace["model"]
     assert model.patch_embed.grid_size == (14, 14)
     assert neighbour_similarity(model) < 0.92
+
+
+def test_tokens_of_the_wrong_width_name_the_embed_dim():
+    """Not a reshape error deep inside (issue 22)."""
+    model = vit()
+    pf_timm.use_sine2d(model)
+    for tokens in (torch.zeros(2, 4, 4, 48), torch.zeros(2, 16, 48)):
+        with pytest.raises(ValueError, match=r"embed_dim=32 channels.*got \["):
+            model.pos_encoding(tokens, (4, 4))
+
+
+def test_use_lff_with_an_integer_dtype_is_a_type_error():
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype.*torch.int64"):
+        pf_timm.use_lff(vit(), dtype=torch.int64)

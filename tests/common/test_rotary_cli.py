@@ -31,7 +31,7 @@ def _bench_args(**kw):
 
 def test_rotary_cases_are_the_former_scripts():
     """LightGlue's and the ViT's sizes; --quick: LightGlue's in float32; the full set also
-    in bfloat16 (the README's table); "all" leaves rotary out (it runs when named)."""
+    in bfloat16 (benchmarks/RESULTS.md's table); "all" leaves rotary out (it runs when named)."""
     assert _cases.ROTARY_SIZES == {
         "lightglue-512": (1, 512, 4, 64),
         "lightglue-2048": (1, 2048, 4, 64),

@@ -424,3 +424,23 @@ def test_grid_positions():
 def test_dft_inverse_gradcheck_float64(backend):
     e = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda e: pf.dft_inverse(e, backend=backend), (e,))
+
+
+def test_export_before_the_first_eager_call_caches_no_fake_tensor(monkeypatch):
+    """dft_inverse's basis is a cached device constant; made first while torch.export
+    traced (fake tensors), it was kept, and every later eager call returned a FakeTensor
+    (seen with the ONNX exporter, issue 22). Constants made under a tracer are not kept."""
+    from posenc_fast.ops import _torch_common
+
+    monkeypatch.setattr(_torch_common, "_DEVICE_CONSTANTS", {})
+
+    class Inverse(torch.nn.Module):
+        def forward(self, e):
+            return pf.dft_inverse(e)
+
+    e = torch.randn(3, 8)
+    program = torch.export.export(Inverse(), (e,))
+    out = pf.dft_inverse(e)
+    assert type(out) is torch.Tensor
+    torch.testing.assert_close(program.module()(e), out)
+    assert_close(out, ref.dft_inverse(e.double()), torch.float32, "encoding")

@@ -93,7 +93,7 @@ def test_bench_floater_sizes_option(tmp_path):
     impls = {r["impl"] for r in rows}
     assert {"eager", "torch"} <= impls and "compile" not in impls
     assert all(r["error"] or r["max_err_vs_spec"] < 1e-4 for r in rows)
-    # the renderer of the README's tables (benchmarks/render_cpu_table.py)
+    # the renderer of the benchmark tables (benchmarks/render_cpu_table.py)
     path_r = os.path.join(
         os.path.dirname(__file__), "..", "..", "benchmarks", "render_cpu_table.py"
     )

@@ -211,3 +211,26 @@ def test_reset_parameters_redraws():
     before = m.wr.clone()
     m.reset_parameters()
     assert not torch.equal(before, m.wr)
+
+
+def test_integer_dtype_is_a_type_error_naming_it():
+    """README (Troubleshooting): the wrong kind of dtype is a TypeError naming it, not
+    torch's "Only Tensors of floating point ... can require gradients"."""
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype.*torch.int64"):
+        pf.LearnableFourierFeatures(2, 8, 4, 8, dtype=torch.int64)
+
+
+def test_single_group_scalar_positions_layout():
+    """Scalar positions p [...] (tpe's) are p[..., None, None] for groups = pos_dim = 1;
+    a bare [...] is refused with that hint (a [1, 1] input would read both ways)."""
+    torch.manual_seed(0)
+    m = pf.LearnableFourierFeatures(1, 8, 6, 4)
+    p = torch.rand(3, 5) * 365
+    out = m(p[..., None, None])
+    assert out.shape == (3, 5, 4)
+    want = ref.lff(p[..., None, None], m.wr, m.w1, m.b1, m.w2, m.b2, "gelu")
+    assert_close(out, want, torch.float32, "lff")
+    with pytest.raises(
+        ValueError, match=r"scalar positions p \[...\] go in as p\[..., None, None\]"
+    ):
+        m(p)

@@ -578,3 +578,39 @@ def test_verify_checks_rotary(monkeypatch, device):
     monkeypatch.setattr(APPLY["torch"], "forward", off_by_a_little)
     res = verify.check_apply_lff_rotary("torch", torch.float32, device, 3)
     assert res.failures and all("q'" in f for f in res.failures), res.failures
+
+
+# -- LightGlue users: one call (issue 22) ----------------------------------------------------
+
+
+def lightglue_table(wr: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """LightGlue's LearnableFourierPositionalEncoding.forward restated (cvg/LightGlue):
+    Wr(x) -> cos / sin stacked, a heads axis, each frequency on two channels."""
+    projected = x @ wr.T
+    emb = torch.stack([torch.cos(projected), torch.sin(projected)], 0).unsqueeze(-3)
+    return emb.repeat_interleave(2, dim=-1)
+
+
+@pytest.mark.parametrize("whole_checkpoint", [False, True], ids=["encoder", "lightglue-model"])
+def test_from_state_dict_returns_lightglues_table(whole_checkpoint):
+    gen = _testing.generator(7)
+    wr = _testing.randn((32, 2), gen)  # LightGlue: head_dim 64 -> Wr [32, 2]
+    sd = {"Wr.weight": wr}
+    if whole_checkpoint:  # LightGlue's own model: posenc.* among its other layers
+        sd = {"posenc.Wr.weight": wr, "self_attn.0.Wqkv.weight": torch.zeros(3, 3)}
+    rope = pf.LearnableFourierRotary.from_state_dict(sd, "lightglue", gamma=0.5)
+    assert (rope.pos_dim, rope.head_dim, rope.rotary_dim) == (2, 64, 64)
+    assert rope.gamma == 0.25  # LightGlue's std gamma^-2: our gamma is its gamma squared
+    kpts = _testing.randn((2, 7, 2), gen)  # normalised keypoints [B, N, 2]
+    want = lightglue_table(wr.double(), kpts.double())
+    assert_close(rope(kpts), want, torch.float32, "encoding")
+    assert rope(kpts).shape == (2, 2, 1, 7, 64)  # what apply_cached_rotary_emb consumes
+    wr[0, 0] = 100.0  # the module holds a copy
+    assert rope.wr[0, 0] != 100.0
+
+
+def test_from_state_dict_names_what_is_missing():
+    with pytest.raises(ValueError, match="missing keys 'posenc.Wr.weight'"):
+        pf.LearnableFourierRotary.from_state_dict({"other": torch.zeros(1)}, "lightglue")
+    with pytest.raises(ValueError, match="source must be one of"):
+        pf.LearnableFourierRotary.from_state_dict({"Wr.weight": torch.zeros(2, 2)}, "guimont")

@@ -140,6 +140,9 @@ ENCODING_OP = CustomOp(
     backward=_backward_encoding,
     setup_context=_setup_encoding,
     op_function="forward",
+    onnx=lambda positions, dim, kind, base, block, out_dtype, backend: torch_impl.encoding_graph(
+        positions, dim, kind, base, block, out_dtype
+    ),
 )
 ENCODING_ADD = CustomOp(
     "posenc_fast::encoding_add",
@@ -148,6 +151,9 @@ ENCODING_ADD = CustomOp(
     backward=_backward_add,
     setup_context=_setup_add,
     op_function="add",
+    onnx=lambda x, positions, kind, base, block, backend: torch_impl.encoding_add_graph(
+        x, positions, kind, base, block
+    ),
 )
 ENCODING_ND_ADD = CustomOp(
     "posenc_fast::encoding_nd_add",
@@ -156,4 +162,7 @@ ENCODING_ND_ADD = CustomOp(
     backward=_backward_nd_add,
     setup_context=_setup_nd_add,
     op_function="nd_add",
+    onnx=lambda x, coords, kind, base, backend: torch_impl.encoding_nd_add_graph(
+        x, coords, kind, base
+    ),
 )

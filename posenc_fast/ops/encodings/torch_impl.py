@@ -117,6 +117,42 @@ def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dty
     return out.reshape(*positions.shape, dim)
 
 
+def encoding_graph(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
+    """encoding_forward from differentiable, out-of-place ops on the whole input (no
+    chunks, no out=, no cache): the graph an ONNX export traces (ops/_common.py). Same
+    math: float64 phases reduced before a float32 (or float64) trig."""
+    fdt = feature_dtype(out_dtype)
+    p = positions.to(torch.float64).unsqueeze(-1)  # [..., 1]
+    turns = _make_turns(kind, dim, base).to(positions.device)  # a constant of the graph
+    ang = reduced_angle(p * turns, fdt)  # [..., K]
+    if kind == "sinusoidal":
+        out = torch.stack([torch.sin(ang), torch.cos(ang)], dim=-1).flatten(-2)
+    else:
+        amp, edge = math.sqrt(2.0 / dim), 1.0 / math.sqrt(dim)
+        half = reduced_angle(p * 0.5, fdt)  # cos(pi s): the last column
+        first = torch.full_like(half, edge)
+        out = torch.cat(
+            [first, amp * torch.cos(ang), amp * torch.sin(ang), edge * torch.cos(half)], -1
+        )
+    if block is not None:  # built in the graph: a cached device_constant would hold a fake
+        at = torch.full((), float(block), dtype=torch.float64, device=positions.device)
+        out = out + encoding_graph(at, dim, kind, base, None, fdt)
+    return out.to(out_dtype)
+
+
+def encoding_add_graph(x, positions, kind: str, base: float, block) -> torch.Tensor:
+    """encoding_add as encoding_graph does encoding_forward."""
+    pe = encoding_graph(positions, x.shape[-1], kind, base, block, feature_dtype(x.dtype))
+    return (x + pe).to(x.dtype)
+
+
+def encoding_nd_add_graph(x, coords, kind: str, base: float) -> torch.Tensor:
+    """The Sine-nD add (registry.per_axis) as encoding_graph does encoding_forward."""
+    axes = coords.shape[-1]
+    x_axes = x.unflatten(-1, (axes, x.shape[-1] // axes))
+    return encoding_add_graph(x_axes, coords, kind, base, None).flatten(-2)
+
+
 # Tables of the positions 0..L-1, the modules' default: x + table(arange(L)) is then one
 # add, as in a module that keeps its table in a buffer. Oldest out first, bytes bounded.
 _TABLES: OrderedDict = OrderedDict()

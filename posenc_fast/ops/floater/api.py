@@ -323,6 +323,8 @@ class Floater(nn.Module):
         torch.compile). The result has the parameters' dtype."""
         if (length is None) == (times is None):
             raise ValueError("pass exactly one of length or times")
+        if self.frozen:  # freeze(): the stored states, no integration
+            return self._frozen_states(length, times)
         if length is not None:
             t = self.length_times(_checks.size("length", length, minimum=0))
         else:
@@ -398,6 +400,105 @@ class Floater(nn.Module):
             s += f", backend={self.backend!r}"
         return s
 
+    # -- inference: stored states (freeze) and cache statistics (issue 22) ---------------
+    #
+    # freeze(L) integrates once and keeps p(t_0..t_{L-1}) as the buffer "frozen_states"
+    # [S, L, d], which forward(length=l <= L) slices: no ODE is solved afterwards, so a
+    # scripted or exported model holds a constant table (FLOATER Sec. 4.4: "store the
+    # pre-calculated positional bias vectors in the checkpoints"), and state_dict carries
+    # it. The parameters stay (unfreeze() returns to integrating, and they document where
+    # the table came from) but are not used while frozen: a longer length raises, naming
+    # both lengths, instead of silently integrating in a deployed model. The buffer is
+    # registered only while frozen, so the state_dict of a module never frozen is as before.
+
+    _FROZEN = "frozen_states"
+
+    @property
+    def frozen(self) -> bool:
+        """Whether :meth:`freeze` stored the states (forward then integrates nothing)."""
+        return self._buffers.get(self._FROZEN) is not None
+
+    @property
+    def frozen_length(self) -> int:
+        """The number of positions freeze() stored (0 when not frozen)."""
+        states = self._buffers.get(self._FROZEN)
+        return 0 if states is None else int(states.shape[1])
+
+    def freeze(self, length: int) -> Floater:
+        """Integrate once for positions 0..length-1 (times i * delta_t) and serve
+        ``forward(length=l)``, l <= length, from the stored states from now on (also in
+        training mode: the dynamics then receive no gradient). The states are the buffer
+        ``frozen_states`` [num_states, length, dim] in the parameters' dtype, saved in
+        state_dict; loading such a state_dict freezes a fresh module. Call it again after
+        changing the parameters; :meth:`unfreeze` integrates again. Returns the module."""
+        length = _checks.size("length", length, minimum=1)
+        if isinstance(length, torch.SymInt):
+            raise TypeError("length must be a concrete int: freeze() runs eagerly, not traced")
+        self.unfreeze()  # integrate, not serve the previous table
+        with torch.no_grad():
+            states = self.forward(length=length).detach().clone()
+        self.register_buffer(self._FROZEN, states)
+        return self
+
+    def unfreeze(self) -> Floater:
+        """Drop the stored states: forward integrates (and caches) again. Returns the module."""
+        self._buffers.pop(self._FROZEN, None)
+        return self
+
+    def cache_info(self) -> _floater_cache.FloaterCacheInfo:
+        """(hits, misses, lengths, frozen): how often forward was served without integrating
+        (hits) or integrated (misses), the positions the result cache holds per call form
+        and the frozen length; like functools.lru_cache's cache_info(). Counted in eval
+        mode or under no_grad (where the cache applies) and for frozen calls, eagerly and
+        under torch.compile (frozen calls there are traced: not counted); training steps
+        integrate and are not counted. :meth:`clear_cache` resets the counts."""
+        cache = self._cache
+        lengths = {mode: int(e.out.shape[1]) for mode, e in cache.entries.items()}
+        return _floater_cache.FloaterCacheInfo(
+            cache.hits, cache.misses, lengths, self.frozen_length
+        )
+
+    def _frozen_states(self, length, times) -> Tensor:
+        if times is not None:
+            raise ValueError(
+                "this Floater is frozen: it serves forward(length=...) from stored states "
+                "and cannot integrate at other times; call unfreeze() first"
+            )
+        states = self._buffers[self._FROZEN]
+        stored = states.shape[1]
+        if isinstance(length, Tensor) and torch.jit.is_tracing():
+            # The TorchScript-based ONNX exporter traces sizes as tensors: a gather keeps
+            # the length dynamic in the graph (a slice would bake in the traced value).
+            return states.index_select(1, torch.arange(length, device=states.device))
+        length = _checks.size("length", length, minimum=0)
+        symbolic = isinstance(length, torch.SymInt)
+        message = (
+            f"length {length} exceeds the {stored} positions this Floater was frozen "
+            f"for: call freeze({length}) (or unfreeze() to integrate)"
+        )
+        if symbolic:  # export / compile: a runtime assertion
+            torch._check(length <= stored, lambda: message)
+        elif length > stored:
+            raise ValueError(message)
+        if not torch.compiler.is_compiling():
+            self._cache.hits += 1
+        if symbolic:
+            # A gather: a slice's strides depend on whether length == stored, which
+            # torch.export would turn into a guard that excludes the frozen length.
+            return states.index_select(1, torch.arange(length, device=states.device))
+        return states[:, :length]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A state_dict saved from a frozen module freezes this one: the buffer is created
+        # (shape from the checkpoint) so that the usual copy fills it.
+        stored = state_dict.get(prefix + self._FROZEN)
+        if isinstance(stored, Tensor):
+            mine = self._buffers.get(self._FROZEN)
+            if mine is None or mine.shape != stored.shape:
+                empty = torch.empty(stored.shape, dtype=self.p0.dtype, device=self.p0.device)
+                self.register_buffer(self._FROZEN, empty)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
 
 class FloaterAttentionBias(nn.Module):
     r"""FLOATER's compatible form (Eq. 12-13): position-dependent biases for the Q/K/V
@@ -449,3 +550,24 @@ class FloaterAttentionBias(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_layers={self.num_layers}, num_projections={self.num_projections}"
+
+    # -- inference (issue 22): the Floater's, see Floater.freeze ---------------------------
+
+    @property
+    def frozen(self) -> bool:
+        return self.floater.frozen
+
+    def freeze(self, length: int) -> FloaterAttentionBias:
+        """Store the biases of positions 0..length-1 (Floater.freeze): a model given
+        biases by add_floater_biases (``model.floater_bias.freeze(L)``) then runs and
+        exports without integrating. Returns the module."""
+        self.floater.freeze(length)
+        return self
+
+    def unfreeze(self) -> FloaterAttentionBias:
+        self.floater.unfreeze()
+        return self
+
+    def cache_info(self) -> _floater_cache.FloaterCacheInfo:
+        """Floater.cache_info of the shared Floater."""
+        return self.floater.cache_info()

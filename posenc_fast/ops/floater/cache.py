@@ -20,7 +20,7 @@ import itertools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -50,6 +50,21 @@ class Entry:
         return self.out._version == self.out_version
 
 
+class FloaterCacheInfo(NamedTuple):
+    """What :meth:`Floater.cache_info` returns (the analogue of functools.lru_cache's).
+
+    hits: calls answered without integrating (from the result cache, or from the states
+    stored by :meth:`Floater.freeze`); misses: calls that integrated (from scratch, or
+    onwards from shorter stored states); lengths: the number of positions held per call
+    form, e.g. {"length": 196} ("length": forward(length=...), "times": forward(times=...));
+    frozen: the length stored by freeze(), 0 when the module is not frozen."""
+
+    hits: int
+    misses: int
+    lengths: dict
+    frozen: int
+
+
 class FloaterCache:
     """One module's stored results, one :class:`Entry` per call form."""
 
@@ -57,6 +72,9 @@ class FloaterCache:
         self.id = next(_ids)
         self.entries: dict[str, Entry] = {}
         self.reused = 0  # refresh_every: calls served since the last refresh
+        # cached_states' statistics, for Floater.cache_info (like functools.lru_cache's)
+        self.hits = 0  # calls answered from stored states, no integration
+        self.misses = 0  # calls that integrated (from scratch, or extending stored states)
         _registry[self.id] = self
 
     def __reduce__(self):
@@ -68,6 +86,7 @@ class FloaterCache:
     def clear(self) -> None:
         self.entries = {}
         self.reused = 0
+        self.hits = self.misses = 0
 
 
 def find(cache_id: int) -> Optional[FloaterCache]:
@@ -156,12 +175,15 @@ def cached_states(
     if valid(entry, inputs, config_key):
         values = serve(entry, mode, times)
         if values is not None:
+            cache.hits += 1
             return values, entry.backend
         if _extends(entry, mode, times):
+            cache.misses += 1
             out = extend(entry, inputs, times, integrate)
             return store(cache, mode, out, inputs, times, config_key, entry.backend).out, (
                 entry.backend
             )
+    cache.misses += 1
     with torch.no_grad():
         out, backend = integrate(inputs, times, config_key[-1])
     return store(cache, mode, out, inputs, times, config_key, backend).out, backend

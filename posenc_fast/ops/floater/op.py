@@ -172,6 +172,12 @@ FLOATER_OP = CustomOp(
     impl_args=lambda p0, w1, b1, w2, b2, times, *options: (
         (p0, w1, b1, w2, b2, times, FloaterOptions(*options))
     ),
+    # ONNX has no ODE solver: the export unrolls the solver steps (the reference's loop,
+    # in the state dtype), so the sequence length is static in the graph and the graph
+    # grows with L * substeps. Deployed models freeze() the states instead (api.py).
+    onnx=lambda p0, w1, b1, w2, b2, times, substeps, method, activation, backend: reference.floater(
+        p0, w1, b1, w2, b2, times, substeps, method, activation, None, p0.dtype
+    ),
 )
 
 

@@ -210,6 +210,8 @@ class LearnableFourierFeatures(nn.Module):
         _checks.positive_int("out_dim", out_dim)
         _checks.positive_float("gamma", gamma)
         _checks.choice("activation", activation, ACTIVATIONS)
+        if dtype is not None:  # before torch refuses an integer Parameter less clearly
+            _checks.float_dtype("dtype", dtype)
         if (
             isinstance(dropout, bool)
             or not isinstance(dropout, (int, float))
@@ -314,9 +316,14 @@ class LearnableFourierFeatures(nn.Module):
     def _check_input(self, x) -> None:
         _checks.real_positions("x", x)
         if x.dim() < 2 or x.shape[-2:] != (self.groups, self.pos_dim):
+            # Scalar positions [...] are not guessed (a [1, 1] input reads both ways):
+            # with one group of one coordinate they are x[..., None, None].
+            hint = ""
+            if self.groups == 1 and self.pos_dim == 1:
+                hint = "; scalar positions p [...] go in as p[..., None, None]"
             raise ValueError(
                 f"x must have shape [..., groups={self.groups}, pos_dim={self.pos_dim}], "
-                f"got {list(x.shape)}"
+                f"got {list(x.shape)}{hint}"
             )
 
     def forward(self, x: Tensor) -> Tensor:

@@ -101,4 +101,7 @@ LFF_OP = CustomOp(
     backward=_backward,
     setup_context=_setup_context,
     op_function="forward",
+    onnx=lambda x, wr, w1, b1, w2, b2, activation, out_dtype, backend: torch_impl.lff_autograd(
+        x, wr, w1, b1, w2, b2, activation, out_dtype
+    ),
 )

@@ -15,6 +15,7 @@ recomputing the cos / sin from x.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Optional
 
 import torch
@@ -207,6 +208,58 @@ class LearnableFourierRotary(nn.Module):
     def reset_parameters(self) -> None:
         with torch.no_grad():
             self.wr.normal_(0.0, 1.0 / self.gamma)
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        state_dict,
+        source: str = "lightglue",
+        *,
+        gamma: Optional[float] = None,
+        prefix: Optional[str] = None,
+        head_dim: Optional[int] = None,
+        layout: str = "bhnd",
+        backend: str = "auto",
+    ) -> LearnableFourierRotary:
+        """LightGlue's ``LearnableFourierPositionalEncoding`` as this module, the one call
+        for LightGlue users: ``m(x)`` returns exactly the [2, B, 1, N, F] cos / sin table
+        its forward returns (what LightGlue's attention consumes), ``m.rotate(q, k, x)``
+        applies it in one fused pass. (``convert.from_state_dict(sd, "lightglue")`` gives
+        the Fourier *features* module instead, [cos || sin] / sqrt(F).)
+
+        Args:
+            state_dict: the encoder's state_dict (``Wr.weight`` [F/2, M]) or a whole
+                LightGlue checkpoint (``posenc.Wr.weight``).
+            source: "lightglue", the only rotary format.
+            gamma: the gamma LightGlue's module was built with, in its convention (std
+                gamma^-2; translated by convert.gamma_from); default 1.
+            prefix: the encoder's key prefix; by default "" when ``Wr.weight`` is a key,
+                else "posenc." (LightGlue's).
+            head_dim: the attention heads' width, default F (LightGlue's F_dim = head_dim).
+            layout, backend: as for the constructor.
+        """
+        from ..lff import checkpoint  # the LFF checkpoint formats (keys, shapes, gamma)
+
+        _checks.choice("source", source, ("lightglue",))
+        if prefix is None:
+            is_encoder = isinstance(state_dict, Mapping) and "Wr.weight" in state_dict
+            prefix = "" if is_encoder else "posenc."
+        args, _, weights = checkpoint.parse(state_dict, source, gamma=gamma, prefix=prefix)
+        pos_dim, F, our_gamma = args[0], args[1], args[5]
+        wr = weights["wr"]
+        m = cls(
+            pos_dim,
+            F if head_dim is None else head_dim,
+            rotary_dim=F,
+            gamma=our_gamma,
+            layout=layout,
+            backend=backend,
+            device=wr.device,
+            dtype=wr.dtype,
+        )
+        with torch.no_grad():
+            m.wr.copy_(wr)
+        return m
 
     def forward(self, x: Tensor) -> Tensor:
         """x [..., N, pos_dim] -> the table [2, ..., 1, N, rotary_dim]."""

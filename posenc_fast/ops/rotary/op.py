@@ -85,6 +85,7 @@ LFF_ROTARY = CustomOp(
     backward=_backward_table,
     setup_context=_setup_table,
     op_function="forward",
+    onnx=lambda x, wr, out_dtype, backend: torch_impl.table_autograd(x, wr, out_dtype),
 )
 
 
@@ -166,4 +167,5 @@ APPLY_LFF_ROTARY = CustomOp(
     backward=_backward_apply,
     setup_context=_setup_apply,
     op_function="forward",
+    onnx=lambda q, k, x, wr, layout, backend: torch_impl.apply_autograd(q, k, x, wr, layout),
 )

@@ -19,7 +19,14 @@ from typing import Optional
 
 import torch
 
-from .._torch_common import feature_dtype, phase_turns, reduced_angle, reduced_angle_, row_chunks
+from .._torch_common import (
+    feature_dtype,
+    onnx_exporting,
+    phase_turns,
+    reduced_angle,
+    reduced_angle_,
+    row_chunks,
+)
 
 
 def heads_first(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -104,7 +111,11 @@ def table_autograd(x, wr, out_dtype):
     fdt = feature_dtype(out_dtype)
     rows = x.reshape(-1, x.shape[-1])
     angle = reduced_angle(phase_turns(rows, wr), fdt)
-    table = torch.stack([torch.cos(angle), torch.sin(angle)]).repeat_interleave(2, dim=-1)
+    table = torch.stack([torch.cos(angle), torch.sin(angle)])
+    if onnx_exporting():  # each frequency on two channels (as _rotation_tables)
+        table = torch.stack([table, table], dim=-1).flatten(-2)
+    else:
+        table = table.repeat_interleave(2, dim=-1)
     return table.to(out_dtype).view(2, *x.shape[:-1], 2 * wr.shape[0])
 
 
@@ -134,7 +145,10 @@ def _dense(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _rotation_tables(cos: torch.Tensor, sin: torch.Tensor):
     """C, S [Bx, 1, n, F] from cos, sin [Bx, n, F/2] (see above); broadcast over heads."""
-    C = cos.repeat_interleave(2, dim=-1)
+    if onnx_exporting():  # the TorchScript-based exporter loses repeat_interleave's rank
+        C = torch.stack([cos, cos], dim=-1).flatten(-2)
+    else:
+        C = cos.repeat_interleave(2, dim=-1)
     S = torch.stack([-sin, sin], dim=-1).flatten(-2)
     return C[:, None], S[:, None]
 
@@ -241,5 +255,8 @@ def apply_autograd(q, k, x, wr, layout: str):
         th = heads_first(t, layout)
         head = th[..., :F].to(fdt)
         rot = (head * C + _swap(head) * S).to(q.dtype)
-        outs.append(heads_first(torch.cat([rot, th[..., F:].to(q.dtype)], dim=-1), layout))
+        if th.shape[-1] > F:  # channels after rotary_dim pass through (no empty cat: the
+            # TorchScript-based ONNX exporter refuses one)
+            rot = torch.cat([rot, th[..., F:].to(q.dtype)], dim=-1)
+        outs.append(heads_first(rot, layout))
     return outs[0], outs[1]

@@ -1,0 +1,272 @@
+"""ONNX export (issue 22): every public module and functional op, and the integrations,
+exported with torch.onnx.export (dynamo=True, the path torch recommends; and the
+TorchScript-based exporter) and run in onnxruntime, against eager on fresh random inputs
+of other batch and sequence sizes than the export's (dynamic axes), within the float32
+tolerances of posenc_fast/tolerances.py. Frozen FLOATER models must contain no
+integration. Each export costs seconds, so one small model holds every op of a family
+and is exported once (module-scoped fixtures).
+
+How it works: ops/_common.py (the custom ops trace their plain-ATen composition while an
+ONNX exporter runs)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import pytest
+import torch
+from _timm import import_timm
+from torch import nn
+
+import posenc_fast as pf
+from posenc_fast import _testing
+from posenc_fast.integrations import timm as pf_timm
+from posenc_fast.integrations.attention import add_floater_biases
+from posenc_fast.tolerances import assert_close
+
+onnx = pytest.importorskip("onnx", reason="onnx is in the test extra (pyproject.toml)")
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (test extra)")
+
+OPSET = 20  # what torch 2.13's dynamo exporter emits by default (README, "Deploying")
+
+
+def export_dynamo(model, args, dynamic_shapes, names):
+    """ONNX bytes of ``model(*args)`` from torch.onnx.export(dynamo=True)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # exporter chatter (deprecations, torchvision)
+        program = torch.onnx.export(
+            model,
+            args,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            input_names=names,
+            opset_version=OPSET,
+            verbose=False,
+        )
+    return program.model_proto
+
+
+def export_torchscript(model, args, dynamic_axes, names):
+    """ONNX bytes of ``model(*args)`` from the TorchScript-based exporter."""
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            args,
+            f,
+            dynamo=False,
+            input_names=names,
+            dynamic_axes=dynamic_axes,
+            opset_version=17,
+        )
+    return onnx.load_from_string(f.getvalue())
+
+
+def run(proto, *inputs):
+    """The outputs of the ONNX model on ``inputs`` (tensors), as float32/64 tensors."""
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
+    return [torch.from_numpy(o) for o in session.run(None, feed)]
+
+
+def op_types(proto) -> set[str]:
+    """Every op type of the graph, its functions included (the exporter may wrap)."""
+    types = {(n.domain, n.op_type) for n in proto.graph.node}
+    for f in proto.functions:
+        types |= {(n.domain, n.op_type) for n in f.node}
+    return types
+
+
+def assert_standard_ops(proto):
+    """Only ONNX's own domain: no posenc_fast op left for a runtime to implement."""
+    custom = {t for t in op_types(proto) if t[0] not in ("", "ai.onnx")}
+    assert not custom, f"non-standard ops in the graph: {custom}"
+
+
+def outputs(model, *inputs):
+    with torch.no_grad():
+        out = model(*inputs)
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+# -- every public op and module, in one graph -------------------------------------------
+
+
+class Ops(nn.Module):
+    """Every public op and module of posenc_fast on positions x [B, N, 2] and tokens
+    t [B, N, 16] (q and k are t viewed as 2 heads of 8): one output each."""
+
+    def __init__(self):
+        super().__init__()
+        self.lff_mlp = pf.LearnableFourierFeatures(2, 16, 12, 16, gamma=2.0)
+        self.lff_groups = pf.LearnableFourierFeatures(1, 8, 6, 16, groups=2, activation="relu")
+        self.lff_features = pf.LearnableFourierFeatures(2, 8, mlp=False, learnable=False)
+        self.lff_norm = pf.LearnableFourierFeatures(
+            2, 8, 10, 16, layer_norm=True, dropout=0.1, activation="gelu_tanh"
+        )
+        self.sinusoidal = pf.SinusoidalPE(16)
+        self.dft = pf.DFTPE(16)
+        self.sine2d = pf.SinusoidalNdPE(16, axes=2)
+        self.rotary = pf.LearnableFourierRotary(2, head_dim=8, rotary_dim=6)
+        self.floater = pf.Floater(dim=16, num_states=2, hidden_dim=8, substeps=2)
+        self.floater_bias = pf.FloaterAttentionBias(dim=8, num_layers=1, substeps=2)
+        self.w = nn.Parameter(torch.randn(4, 2))
+
+    def forward(self, x, t):
+        B, N = t.shape[0], t.shape[1]
+        s = x[..., 0]  # scalar positions [B, N]
+        q = t.unflatten(-1, (2, 8)).transpose(1, 2)  # [B, 2, N, 8]
+        k = (2.0 * t).unflatten(-1, (2, 8)).transpose(1, 2)
+        # (a tensor's size as an int keeps the axis dynamic in the exported graph)
+        return (
+            self.lff_mlp(x[..., None, :]),
+            self.lff_groups(x[..., None]),
+            self.lff_features(x[..., None, :]),
+            self.lff_norm(x[..., None, :]),
+            pf.lff(x[..., None, :], self.w),
+            pf.sinusoidal(s, 12),
+            pf.sinusoidal(s, 12, block=3.0),
+            pf.dft(s, 10),
+            pf.dft_inverse(pf.dft(s, 8)),
+            pf.sinusoidal_nd(x, 6),
+            self.sinusoidal(t),
+            self.sinusoidal(t, s),
+            self.dft(t),
+            self.sine2d(t, x),
+            self.rotary(x),
+            pf.lff_rotary(x, self.w),
+            *self.rotary.rotate(q, k, x),
+            *pf.apply_lff_rotary(q, k, x, self.w, "bhnd"),
+            self.floater(length=N) + 0 * B,
+            self.floater_bias(N),
+        )
+
+
+@pytest.fixture(scope="module")
+def ops_model():
+    torch.manual_seed(0)
+    m = Ops()
+    _testing.randomize_parameters(m.floater, 1, scale=0.3)
+    _testing.randomize_parameters(m.floater_bias, 2, scale=0.3)
+    m.floater.freeze(12)
+    m.floater_bias.freeze(12)
+    return m.eval()
+
+
+def ops_inputs(B, N, seed):
+    gen = _testing.generator(seed)
+    x = _testing.randn((B, N, 2), gen, scale=3.0)
+    return x, _testing.randn((B, N, 16), gen)
+
+
+def compare(got, want, what):
+    assert len(got) == len(want), what
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.shape == w.shape, f"{what}: output {i}: {list(g.shape)} vs {list(w.shape)}"
+        assert_close(g, w, torch.float32, "lff", what=f"{what}: output {i}")
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_every_op_and_module_round_trips_with_dynamic_batch_and_length(ops_model, exporter):
+    args = ops_inputs(2, 5, seed=1)
+    if exporter == "dynamo":
+        B, N = torch.export.Dim("batch"), torch.export.Dim("length", max=12)
+        proto = export_dynamo(ops_model, args, ({0: B, 1: N}, {0: B, 1: N}), ["x", "t"])
+    else:
+        axes = {"x": {0: "batch", 1: "length"}, "t": {0: "batch", 1: "length"}}
+        proto = export_torchscript(ops_model, args, axes, ["x", "t"])
+    assert_standard_ops(proto)
+    for B, N in [(2, 5), (3, 7), (1, 12)]:  # other sizes than the export's
+        inputs = ops_inputs(B, N, seed=10 * B + N)
+        compare(run(proto, *inputs), outputs(ops_model, *inputs), f"{exporter} B={B} N={N}")
+
+
+# -- the integrations, in one graph ------------------------------------------------------
+
+
+def tiny_vit(**kwargs):
+    """A tiny timm VisionTransformer: 8x8 patches, dim 16, dynamic image size."""
+    vt = import_timm().models.vision_transformer
+    args = dict(img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=3)
+    return vt.VisionTransformer(dynamic_img_size=True, **{**args, **kwargs})
+
+
+class Integrations(nn.Module):
+    """timm ViTs with use_lff, use_sine2d and FLOATER biases (frozen), and an
+    nn.TransformerEncoder with FLOATER biases (frozen): images [B, 3, H, W] and tokens
+    [B, L, 16] in, one output each."""
+
+    def __init__(self, frozen_length: int):
+        super().__init__()
+        torch.manual_seed(0)
+        # one block where the encoding is all that matters (export time grows with depth)
+        self.vit_lff = tiny_vit(depth=1)
+        pf_timm.use_lff(self.vit_lff, fourier_dim=16, hidden_dim=8)
+        self.vit_sine = tiny_vit(depth=1)
+        pf_timm.use_sine2d(self.vit_sine)
+        self.vit_floater = tiny_vit()
+        _testing.randomize_parameters(add_floater_biases(self.vit_floater, substeps=2), 1, 0.3)
+        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        _testing.randomize_parameters(add_floater_biases(self.encoder, substeps=2), 2, 0.3)
+        # the ViT's tokens: (H/8) * (W/8) patches + the class token
+        self.vit_floater.floater_bias.freeze(frozen_length)
+        self.encoder.floater_bias.freeze(frozen_length)
+
+    def forward(self, images, tokens):
+        return (
+            self.vit_lff(images),
+            self.vit_sine(images),
+            self.vit_floater(images),
+            self.encoder(tokens),
+        )
+
+
+@pytest.fixture(scope="module")
+def integrations():
+    return Integrations(frozen_length=1 + 4 * 6).eval()  # up to 32x48 images
+
+
+def integration_inputs(B, H, W, L, seed):
+    gen = _testing.generator(seed)
+    return _testing.randn((B, 3, H, W), gen), _testing.randn((B, L, 16), gen)
+
+
+def test_integrations_round_trip_with_dynamic_batch_and_sizes(integrations):
+    args = integration_inputs(2, 32, 32, 9, seed=1)
+    B = torch.export.Dim("batch")
+    # image sides in patches (8 pixels each), the encoder's length up to the frozen one
+    H, W = torch.export.Dim("rows", min=2, max=4), torch.export.Dim("cols", min=2, max=6)
+    L = torch.export.Dim("length", max=25)
+    shapes = ({0: B, 2: 8 * H, 3: 8 * W}, {0: B, 1: L})
+    proto = export_dynamo(integrations, args, shapes, ["images", "tokens"])
+    assert_standard_ops(proto)
+    for B, H, W, L in [(2, 32, 32, 9), (3, 16, 48, 25), (1, 24, 40, 4)]:
+        inputs = integration_inputs(B, H, W, L, seed=B + H + W + L)
+        got, want = run(proto, *inputs), outputs(integrations, *inputs)
+        compare(got, want, f"B={B} {H}x{W} L={L}")
+
+
+def test_unfrozen_floater_exports_its_solver_steps_unrolled():
+    """Without freeze() the export unrolls the solver (static length): it still matches."""
+    torch.manual_seed(0)
+    fl = pf.Floater(dim=4, num_states=2, hidden_dim=4, substeps=1, activation="gelu")
+    _testing.randomize_parameters(fl, 5, scale=0.5)
+
+    class Length4(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fl = fl
+
+        def forward(self, x):  # x [B, 4, 4]
+            return x + self.fl(length=4)[1]
+
+    model = Length4().eval()
+    x = torch.randn(2, 4, 4)
+    proto = export_dynamo(model, (x,), ({0: torch.export.Dim("batch")},), ["x"])
+    assert_standard_ops(proto)
+    y = torch.randn(3, 4, 4)
+    compare(run(proto, y), outputs(model, y), "unfrozen Floater")
