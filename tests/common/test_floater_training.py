@@ -263,3 +263,23 @@ def test_init_scale():
         Floater(8, 2, init_scale=float("nan"))
     with pytest.raises(TypeError, match="init_scale"):
         Floater(8, 2, init_scale="small")
+
+
+def test_training_benchmark_smoke(tmp_path, capsys):
+    """benchmarks/floater_train.py --quick on its smallest case (a 2-layer encoder, one
+    thread, one measured step: ~2 s): the table and its JSON. Timings are not checked."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "floater_train.py"
+    spec = importlib.util.spec_from_file_location("floater_train", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "train.json"
+    args = ["--quick", "--models", "bert", "--threads", "1", "--steps", "1", "--json", str(out)]
+    assert bench.main(args) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["model"] == "bert" and row["integration_fwd_s"] > 0
+    assert bench.main(["--render", str(out)]) == 0
+    assert "| BERT-base-like | 2 | 1 |" in capsys.readouterr().out
