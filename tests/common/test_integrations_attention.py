@@ -285,6 +285,10 @@ def test_refusals_are_explained():
         add_floater_biases(nn.Sequential(nn.MultiheadAttention(8, 2, add_bias_kv=True)))
     with pytest.raises(ValueError, match="no attention layer"):
         add_floater_biases(nn.Sequential(nn.Linear(4, 4)))
+    with pytest.raises(ValueError, match="refresh_every needs share_integration"):
+        add_floater_biases(
+            nn.Sequential(nn.MultiheadAttention(8, 2)), share_integration=False, refresh_every=4
+        )
     with pytest.raises(ValueError, match="one width"):
         add_floater_biases(nn.Sequential(nn.MultiheadAttention(8, 2), nn.MultiheadAttention(4, 2)))
     model = nn.Sequential(nn.MultiheadAttention(8, 2))
