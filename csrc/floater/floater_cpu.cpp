@@ -758,13 +758,28 @@ class Integrator {
   // thread. The regions change no number: every member owns fixed columns for a given team
   // size, and the packed panels are laid out by column, repacked only when the size
   // changes.
+  //
+  // Back-off: a team region judged contended costs many times its work (every barrier
+  // waits for a time slice of the busy core), and the runtime's fallback tries a team again
+  // after 250 ms: measured beside a process pinned to the other core, a backward at the
+  // sizes above still took 57 s (2 threads) against 23 s on one thread. So each team region
+  // judged contended in a row (over all calls: contended_streak) doubles the number of
+  // regions that then run on one thread, up to 2^kMaxStreak, before a team is tried again;
+  // a team region that runs uncontended resets the streak.
   static constexpr double kRegionMacs = 5.0e7;
+  static constexpr int kMaxStreak = 6;
+  static std::atomic<int>& contended_streak() {
+    static std::atomic<int> streak{0};
+    return streak;
+  }
   struct Segments {
     int64_t intervals;  // per region
     int threads;        // 1: one thread throughout; else the most a team may have
     int64_t R, block;
     const Integrator* integ;
     int packed_for = 0, last = 0;
+    int64_t solo_left = 0;  // regions to run on one thread before trying a team again
+    bool tried = false;     // the last region ran on a team
     // work: multiply-adds per state and interval relative to the forward's (backward ~3)
     Segments(const Integrator& in, int64_t R, double work, int threads)
         : threads(threads), R(R), block(in.kern_.block), integ(&in) {
@@ -774,7 +789,23 @@ class Integrator {
     }
     int team() {  // the next region's size (the last region's panels are packed for `last`)
       packed_for = last;
-      return threads > 1 ? team_size(R, integ->dyn_.d, integ->dyn_.H, block) : 1;
+      if (threads <= 1) return 1;
+      if (tried) {  // was the last (team) region judged contended (cpu/parallel.h)?
+        tried = false;
+        if (contended()) {
+          const int streak = std::min(contended_streak().fetch_add(1) + 1, kMaxStreak);
+          solo_left = int64_t{1} << streak;
+        } else {
+          contended_streak().store(0);
+        }
+      }
+      if (solo_left > 0) {
+        --solo_left;
+        return 1;
+      }
+      const int size = team_size(R, integ->dyn_.d, integ->dyn_.H, block);
+      tried = size > 1;
+      return size;
     }
     bool repack(const Team& tm) const { return tm.size != packed_for; }
     void ran(const Team& tm) {
