@@ -137,6 +137,10 @@ def block_bias(source: FloaterAttentionBias, n: int, length: int, share: bool = 
     forward serves every block (``share=False``: block n integrates its own states); see
     the module docstring."""
     fl = source.floater
+    # A frozen source (FloaterAttentionBias.freeze, on main from issue 22) serves stored
+    # biases: never integrate. getattr: the attribute comes with that merge.
+    if getattr(fl, "frozen", False):
+        return source(length)[n]
     training_step = fl.training and torch.is_grad_enabled()
     if torch.compiler.is_compiling():
         return _per_block(source, n, length) if training_step else source(length)[n]
