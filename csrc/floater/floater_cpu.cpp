@@ -748,6 +748,71 @@ class Integrator {
 
   T interval_start(int64_t j) const { return j == 0 ? T(0) : times_[j - 1]; }
 
+  // A team integrates in a sequence of parallel regions of a few intervals each, and
+  // decides its size again before each one. Why: the contention fallback (cpu/parallel.h)
+  // judges a region when it ends, and one region around a whole integration (seconds) ran
+  // to its end with a member starved by another process on its core, waiting for it at
+  // every barrier (measured: a backward at S = 36, d = 384, L = 197 took 75 s on two
+  // threads beside other processes, 10 s on one). Regions of ~kRegionMacs multiply-adds
+  // (milliseconds) lose at most one region to contention before the calls run on one
+  // thread. The regions change no number: every member owns fixed columns for a given team
+  // size, and the packed panels are laid out by column, repacked only when the size
+  // changes.
+  //
+  // Back-off: a team region judged contended costs many times its work (every barrier
+  // waits for a time slice of the busy core), and the runtime's fallback tries a team again
+  // after 250 ms: measured beside a process pinned to the other core, a backward at the
+  // sizes above still took 57 s (2 threads) against 23 s on one thread. So each team region
+  // judged contended in a row (over all calls: contended_streak) doubles the number of
+  // regions that then run on one thread, up to 2^kMaxStreak, before a team is tried again;
+  // a team region that runs uncontended resets the streak.
+  static constexpr double kRegionMacs = 5.0e7;
+  static constexpr int kMaxStreak = 6;
+  static std::atomic<int>& contended_streak() {
+    static std::atomic<int> streak{0};
+    return streak;
+  }
+  struct Segments {
+    int64_t intervals;  // per region
+    int threads;        // 1: one thread throughout; else the most a team may have
+    int64_t R, block;
+    const Integrator* integ;
+    int packed_for = 0, last = 0;
+    int64_t solo_left = 0;  // regions to run on one thread before trying a team again
+    bool tried = false;     // the last region ran on a team
+    // work: multiply-adds per state and interval relative to the forward's (backward ~3)
+    Segments(const Integrator& in, int64_t R, double work, int threads)
+        : threads(threads), R(R), block(in.kern_.block), integ(&in) {
+      const double per = work * 2.0 * static_cast<double>(R) * static_cast<double>(in.n_) * in.tab_.stages *
+                         static_cast<double>(in.dyn_.d) * static_cast<double>(in.dyn_.H);
+      intervals = std::max<int64_t>(1, static_cast<int64_t>(kRegionMacs / std::max(per, 1.0)));
+    }
+    int team() {  // the next region's size (the last region's panels are packed for `last`)
+      packed_for = last;
+      if (threads <= 1) return 1;
+      if (tried) {  // was the last (team) region judged contended (cpu/parallel.h)?
+        tried = false;
+        if (contended()) {
+          const int streak = std::min(contended_streak().fetch_add(1) + 1, kMaxStreak);
+          solo_left = int64_t{1} << streak;
+        } else {
+          contended_streak().store(0);
+        }
+      }
+      if (solo_left > 0) {
+        --solo_left;
+        return 1;
+      }
+      const int size = team_size(R, integ->dyn_.d, integ->dyn_.H, block);
+      tried = size > 1;
+      return size;
+    }
+    bool repack(const Team& tm) const { return tm.size != packed_for; }
+    void ran(const Team& tm) {
+      if (tm.rank == 0) last = tm.size;
+    }
+  };
+
   // ---- forward of one chunk (on `threads` threads: a team when more than one) ----
   void forward_chunk(const T* p0, T* out, const Chunk& ch, int threads, LayerCopies<T>* cp) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R;
@@ -762,19 +827,25 @@ class Integrator {
       st.a[i] = A.data();
       st.k[i] = K.data() + i * R * d;
     }
-    run_team(threads, [&](const Team& tm) {
-      Share sh = share(tm);
-      if (cp) pack(sh, *cp, false);
-      load_rows(P.data(), p0, d, ch, sh.cd);
-      sh.tm.barrier();  // P and every member's panels are ready
-      for (int64_t j = 0; j < L_; ++j) {
-        const T tp = interval_start(j);
-        const T h = (times_[j] - tp) / static_cast<T>(n_);
-        for (int64_t k = 0; k < n_; ++k)
-          step(sh, P.data(), R, tp + static_cast<T>(k) * h, h, st, init1.data(), init2.data());
-        for (int64_t r = 0; r < ch.rows; ++r) copy_cols(out + ((ch.r0 + r) * L_ + j) * d, P.data() + r * d, sh.cd);
-      }
-    });
+    Segments seg(*this, R, 1.0, threads);
+    for (int64_t j0 = 0; j0 < L_; j0 += seg.intervals) {
+      const int64_t j1 = std::min(L_, j0 + seg.intervals);
+      run_team(seg.team(), [&](const Team& tm) {
+        Share sh = share(tm);
+        if (cp && seg.repack(tm)) pack(sh, *cp, false);
+        if (j0 == 0) load_rows(P.data(), p0, d, ch, sh.cd);
+        sh.tm.barrier();  // P and every member's panels are ready
+        for (int64_t j = j0; j < j1; ++j) {
+          const T tp = interval_start(j);
+          const T h = (times_[j] - tp) / static_cast<T>(n_);
+          for (int64_t k = 0; k < n_; ++k)
+            step(sh, P.data(), R, tp + static_cast<T>(k) * h, h, st, init1.data(), init2.data());
+          for (int64_t r = 0; r < ch.rows; ++r)
+            copy_cols(out + ((ch.r0 + r) * L_ + j) * d, P.data() + r * d, sh.cd);
+        }
+        seg.ran(tm);
+      });
+    }
   }
 
   // ---- backward of one chunk (on `threads` threads: a team when more than one) ----
@@ -833,82 +904,87 @@ class Integrator {
       kern_.flush(f, units * sh.tm.rank / sh.tm.size, units * (sh.tm.rank + 1) / sh.tm.size);
       sh.tm.barrier();  // Y, A, GZ, GK may be overwritten
     };
-    run_team(threads, [&](const Team& tm) {
-      Share sh = share(tm);
-      const bool lead = tm.rank == 0;  // the serial bookkeeping (times' gradient)
-      if (cp) pack(sh, *cp, true);
-      const T nT = static_cast<T>(n_);
-      for (int64_t j = L_ - 1; j >= 0; --j) {
-        // lam += grad[:, j]
-        for (int64_t r = 0; r < ch.rows; ++r) {
-          const T* gr = grad + ((ch.r0 + r) * L_ + j) * d;
-          T* lr = lam.data() + r * d;
-          for (int64_t c = sh.cd.c0; c < sh.cd.c1; ++c) lr[c] += gr[c];
-        }
-        const T tp = interval_start(j);
-        const T h = (times_[j] - tp) / nT;
-        // the interval's starting state (the forward's own values: out[:, j-1] or p0)
-        if (j == 0)
-          load_rows(P.data(), p0, d, ch, sh.cd);
-        else
-          load_rows(P.data(), out + (j - 1) * d, L_ * d, ch, sh.cd);
-        if (keep_all) {
-          // one forward pass over the interval, keeping every stage value (Y_0 = the state)
-          sh.tm.barrier();  // P (and, at the first interval, the panels) ready
-          for (int64_t k = 0; k < n_; ++k) {
-            copy_block(keep[k].y[0], P.data(), R, sh.cd);
-            step(sh, P.data(), R, tp + static_cast<T>(k) * h, h, keep[k], init1.data(), init2.data());
+    Segments seg(*this, R, 3.0, threads);  // the backward: ~3x the forward's work
+    for (int64_t j1 = L_; j1 > 0; j1 -= seg.intervals) {
+      const int64_t j0 = std::max<int64_t>(0, j1 - seg.intervals);
+      run_team(seg.team(), [&](const Team& tm) {
+        Share sh = share(tm);
+        const bool lead = tm.rank == 0;  // the serial bookkeeping (times' gradient)
+        if (cp && seg.repack(tm)) pack(sh, *cp, true);
+        const T nT = static_cast<T>(n_);
+        for (int64_t j = j1 - 1; j >= j0; --j) {
+          // lam += grad[:, j]
+          for (int64_t r = 0; r < ch.rows; ++r) {
+            const T* gr = grad + ((ch.r0 + r) * L_ + j) * d;
+            T* lr = lam.data() + r * d;
+            for (int64_t c = sh.cd.c0; c < sh.cd.c1; ++c) lr[c] += gr[c];
           }
-        } else {
-          copy_block(starts.data(), P.data(), R, sh.cd);
-          for (int64_t k = 1; k < n_; ++k) {
-            copy_block(starts.data() + k * Rd, starts.data() + (k - 1) * Rd, R, sh.cd);
-            sh.tm.barrier();
-            step(sh, starts.data() + k * Rd, R, tp + static_cast<T>(k - 1) * h, h, fwd_only, init1.data(),
-                 init2.data());
-          }
-        }
-        double dT = 0.0, dTprev = 0.0;
-        for (int64_t k = n_ - 1; k >= 0; --k) {
-          const T t = tp + static_cast<T>(k) * h;
-          const int64_t slot = keep_all ? k : 0;
-          const StageStore& st = keep[slot];
-          if (!keep_all) {  // recompute step k, keeping its stage values
-            copy_block(P.data(), starts.data() + k * Rd, R, sh.cd);
-            copy_block(st.y[0], P.data(), R, sh.cd);
-            sh.tm.barrier();
-            step(sh, P.data(), R, t, h, st, init1.data(), init2.data());
-          }
-          if (lead) {
-            for (int i = 0; i < S_; ++i) {
-              const T ti = t + static_cast<T>(tab_.c[i]) * h;
-              std::fill_n(tau.data() + (slot * S_ + i) * R, R, ti);
+          const T tp = interval_start(j);
+          const T h = (times_[j] - tp) / nT;
+          // the interval's starting state (the forward's own values: out[:, j-1] or p0)
+          if (j == 0)
+            load_rows(P.data(), p0, d, ch, sh.cd);
+          else
+            load_rows(P.data(), out + (j - 1) * d, L_ * d, ch, sh.cd);
+          if (keep_all) {
+            // one forward pass over the interval, keeping every stage value (Y_0 = the state)
+            sh.tm.barrier();  // P (and, at the first interval, the panels) ready
+            for (int64_t k = 0; k < n_; ++k) {
+              copy_block(keep[k].y[0], P.data(), R, sh.cd);
+              step(sh, P.data(), R, tp + static_cast<T>(k) * h, h, keep[k], init1.data(), init2.data());
+            }
+          } else {
+            copy_block(starts.data(), P.data(), R, sh.cd);
+            for (int64_t k = 1; k < n_; ++k) {
+              copy_block(starts.data() + k * Rd, starts.data() + (k - 1) * Rd, R, sh.cd);
+              sh.tm.barrier();
+              step(sh, starts.data() + k * Rd, R, tp + static_cast<T>(k - 1) * h, h, fwd_only, init1.data(),
+                   init2.data());
             }
           }
-          backprop_step(sh, R, ch.rows, t, h, st, lam.data(), GK.data() + slot * S_ * Rd,
-                        GZ.data() + slot * S_ * RH, GY.data(), dtimes ? dt_row.data() : nullptr, dh_row.data());
-          if (!keep_all) flush(sh, 1);
+          double dT = 0.0, dTprev = 0.0;
+          for (int64_t k = n_ - 1; k >= 0; --k) {
+            const T t = tp + static_cast<T>(k) * h;
+            const int64_t slot = keep_all ? k : 0;
+            const StageStore& st = keep[slot];
+            if (!keep_all) {  // recompute step k, keeping its stage values
+              copy_block(P.data(), starts.data() + k * Rd, R, sh.cd);
+              copy_block(st.y[0], P.data(), R, sh.cd);
+              sh.tm.barrier();
+              step(sh, P.data(), R, t, h, st, init1.data(), init2.data());
+            }
+            if (lead) {
+              for (int i = 0; i < S_; ++i) {
+                const T ti = t + static_cast<T>(tab_.c[i]) * h;
+                std::fill_n(tau.data() + (slot * S_ + i) * R, R, ti);
+              }
+            }
+            backprop_step(sh, R, ch.rows, t, h, st, lam.data(), GK.data() + slot * S_ * Rd,
+                          GZ.data() + slot * S_ * RH, GY.data(), dtimes ? dt_row.data() : nullptr, dh_row.data());
+            if (!keep_all) flush(sh, 1);
+            if (dtimes && lead) {
+              double dt_sum = 0.0, dh_sum = 0.0;
+              for (int64_t r = 0; r < ch.rows; ++r) {
+                dt_sum += dt_row[r];
+                dh_sum += dh_row[r];
+              }
+              const double kn = static_cast<double>(k) / static_cast<double>(n_);
+              dT += dt_sum * kn + dh_sum / static_cast<double>(n_);
+              dTprev += dt_sum * (1.0 - kn) - dh_sum / static_cast<double>(n_);
+            }
+          }
+          if (keep_all) flush(sh, n_);
           if (dtimes && lead) {
-            double dt_sum = 0.0, dh_sum = 0.0;
-            for (int64_t r = 0; r < ch.rows; ++r) {
-              dt_sum += dt_row[r];
-              dh_sum += dh_row[r];
-            }
-            const double kn = static_cast<double>(k) / static_cast<double>(n_);
-            dT += dt_sum * kn + dh_sum / static_cast<double>(n_);
-            dTprev += dt_sum * (1.0 - kn) - dh_sum / static_cast<double>(n_);
+            dtimes[j] += static_cast<T>(dT);
+            if (j > 0) dtimes[j - 1] += static_cast<T>(dTprev);
           }
         }
-        if (keep_all) flush(sh, n_);
-        if (dtimes && lead) {
-          dtimes[j] += static_cast<T>(dT);
-          if (j > 0) dtimes[j - 1] += static_cast<T>(dTprev);
+        if (dp0 && j0 == 0) {
+          for (int64_t r = 0; r < ch.rows; ++r) copy_cols(dp0 + (ch.r0 + r) * d, lam.data() + r * d, sh.cd);
         }
-      }
-      if (dp0) {
-        for (int64_t r = 0; r < ch.rows; ++r) copy_cols(dp0 + (ch.r0 + r) * d, lam.data() + r * d, sh.cd);
-      }
-    });
+        seg.ran(tm);
+        });
+    }
   }
 
   // Differentiate one step given its stored stage values. lam: dLoss/d(state after the

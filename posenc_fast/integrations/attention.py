@@ -11,16 +11,53 @@ checkpoint still loads (``strict=False`` for the new ``floater_bias.*`` entries)
 FLOATER's initialisation near zero, the model starts as the pretrained one (the paper's
 warm start, Sec. 3.3).
 
-Each projection computes its block's biases when it runs, from the shared module: no
-per-call state is stored on any module, so the model deep-copies, pickles and compiles at
-any time. In training (and under torch.compile) block n integrates only its own three
-states: the blocks together do the work of one integration per forward. In eval mode or
-under no_grad the shared module's cache serves every block after the first call.
+Each projection asks for its block's biases when it runs (:func:`block_bias`).
+
+- Training (train mode, gradients enabled): ONE integration of all S = num_layers * 3
+  states per forward, shared by every block of that forward and by its backward (one
+  discrete-adjoint pass for all blocks). The first layer (layer 0) integrates all states
+  and leaves the result, a tensor with its autograd graph, in a module-level
+  ``weakref.WeakKeyDictionary`` keyed by the shared bias module; the other layers take
+  their slice of it when it still describes the module: the same length, the same
+  parameter tensors at the same version counters, and not yet consumed by a backward (a
+  tensor hook on the result drops it when its gradient arrives, i.e. when the backward of
+  the integration runs and its graph is freed). Nothing is stored on any module, so the
+  model deep-copies and pickles at any time (a copy is another key: it integrates its
+  own), and state_dict, DDP and FSDP see only parameters. Every forward starts afresh at
+  layer 0 (gradient accumulation, several forwards before one backward, parameters
+  changed by fused optimizers that keep version counters all work); a layer that finds no
+  valid shared result integrates only its own three states (the per-block path).
+  On the cpp backend outputs are bitwise those of the per-block path, the states'
+  gradients too; the weight gradients are the same sums in another order (within the
+  "grad" tolerance of posenc_fast/tolerances.py; on the torch backend everything is within
+  it: its products of 9 and of 3 rows may round differently). Tested in
+  tests/common/test_floater_training.py.
+- Activation checkpointing: non-reentrant (torch.utils.checkpoint's default) recomputes
+  a block during the backward with the shared result, which is still valid then (the
+  integration's gradient arrives last): the same operations as its forward. Reentrant
+  checkpointing runs the forward under no_grad; its recomputation (inside the backward)
+  never stores a shared result, each block integrates its own states. Reentrant
+  checkpointing of only some blocks is not supported: a recomputed block would backpropagate
+  through the shared integration early (pass ``share_integration=False``).
+- torch.compile: each block integrates its own three states (the shared result is
+  Python-side bookkeeping that one compiled graph cannot carry); the blocks together do
+  the work of one integration, with 12 adjoint passes instead of one.
+- Eval mode or no_grad: the shared module's cache serves every block after the first
+  call (no integration at all after the first call).
+- ``refresh_every=k`` (the paper's "cache the positional bias vectors for some
+  iterations"): one call of the shared module per training forward, so the biases are
+  recomputed, with gradients, on one training step in k; on the k - 1 steps in between
+  they are the last refresh's values, detached: the FLOATER parameters get no gradient
+  at all on those steps (``.grad`` stays None, or unchanged when accumulating), every
+  other parameter trains normally. (DDP then needs find_unused_parameters=True.)
+
 Positions are the token indices 0..L-1 (class/register tokens included).
 """
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -30,36 +67,114 @@ from torch import Tensor, nn
 from ..ops.floater import FloaterAttentionBias, integrate
 
 
-def block_bias(source: FloaterAttentionBias, n: int, length: int) -> Tensor:
-    """The biases of block ``n`` for positions 0..length-1: [num_projections, L, dim],
-    equal to ``source(length)[n]`` but integrating only block n's states when no cache
-    applies (training, torch.compile)."""
+def _per_block(source: FloaterAttentionBias, n: int, length: int) -> Tensor:
+    """Block n's biases from an integration of its own three states only."""
     fl = source.floater
-    training_step = fl.training and torch.is_grad_enabled()
+    P = source.num_projections
+    out, _ = integrate(
+        fl.p0[n * P : (n + 1) * P],
+        fl.w1,
+        fl.b1,
+        fl.w2,
+        fl.b2,
+        fl.length_times(length),
+        fl.options,
+        fl.backend,
+        check_values=False,  # times built from length: valid by construction
+    )
+    return out.to(fl.p0.dtype)
+
+
+def _all_blocks(source: FloaterAttentionBias, length: int) -> Tensor:
+    """``source(length)`` of a training call, by the same operations, without the refresh
+    bookkeeping of ``refresh_every`` (used only to recompute a forward)."""
+    fl = source.floater
+    out = fl._compute(fl.length_times(length)).to(fl.p0.dtype)
+    return out.unflatten(0, (source.num_layers, source.num_projections))
+
+
+@dataclass(eq=False)
+class _Shared:
+    """One training forward's biases of all blocks [N, P, L, dim] and what they describe."""
+
+    biases: Tensor
+    key: tuple
+
+
+# shared bias module -> _Shared of its current training forward (see the module docstring)
+_shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _share_key(source: FloaterAttentionBias, length: int) -> tuple:
+    fl = source.floater
+    params = tuple(
+        (p.data_ptr(), p._version, p.dtype, p.device) for p in (fl.p0, fl.w1, fl.b1, fl.w2, fl.b2)
+    )
+    return (length, fl.options, fl.backend, fl.refresh_every, params)
+
+
+def _drop_when_consumed(source: FloaterAttentionBias, entry: _Shared):
+    """A hook on ``entry.biases``: its gradient arrives when the backward reaches the
+    integration, whose graph is then freed: the entry must not serve another forward."""
+    source_ref, entry_ref = weakref.ref(source), weakref.ref(entry)
+
+    def hook(grad):
+        src, current = source_ref(), entry_ref()
+        if src is not None and current is not None and _shared.get(src) is current:
+            del _shared[src]
+
+    return hook
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine runs this code (activation checkpointing recomputes)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def block_bias(source: FloaterAttentionBias, n: int, length: int, share: bool = True) -> Tensor:
+    """The biases of block ``n`` for positions 0..length-1: [num_projections, L, dim],
+    equal to ``source(length)[n]``. In training, one integration of all blocks' states per
+    forward serves every block (``share=False``: block n integrates its own states); see
+    the module docstring."""
+    fl = source.floater
     # A frozen source (FloaterAttentionBias.freeze) serves stored biases: never integrate.
-    if (training_step or torch.compiler.is_compiling()) and not fl.frozen:
-        P = source.num_projections
-        out, _ = integrate(
-            fl.p0[n * P : (n + 1) * P],
-            fl.w1,
-            fl.b1,
-            fl.w2,
-            fl.b2,
-            fl.length_times(length),
-            fl.options,
-            fl.backend,
-            check_values=False,  # times built from length: valid by construction
-        )
-        return out
-    return source(length)[n]
+    if fl.frozen:
+        return source(length)[n]
+    training_step = fl.training and torch.is_grad_enabled()
+    if torch.compiler.is_compiling():
+        return _per_block(source, n, length) if training_step else source(length)[n]
+    if not training_step:
+        return source(length)[n]
+    if not share:
+        return _per_block(source, n, length)
+    entry = _shared.get(source)
+    valid = entry is not None and entry.key == _share_key(source, length)
+    if _in_backward():  # activation checkpointing recomputes; nothing new is shared here
+        if not valid:  # reentrant: the forward ran under no_grad
+            return _per_block(source, n, length)
+        if n == 0 and entry.biases.requires_grad:
+            # Non-reentrant checkpointing wants the forward's operations again: layer 0
+            # integrated all states (values only fill the forward's saved tensors).
+            return _all_blocks(source, length)[n]
+        return entry.biases[n]
+    if valid and n != 0:
+        return entry.biases[n]
+    if n != 0 and fl.refresh_every == 1:  # layer 0 did not run first in this forward
+        return _per_block(source, n, length)
+    biases = source(length)  # all blocks: one integration (or the refresh bookkeeping)
+    entry = _Shared(biases, _share_key(source, length))
+    _shared[source] = entry
+    if biases.requires_grad:
+        biases.register_hook(_drop_when_consumed(source, entry))
+    return biases[n]
 
 
 class _Source:
     """Holds the shared bias module without registering it as a submodule of every
     projection (it is registered once, on the model): a state_dict lists it once."""
 
-    def __init__(self, module: FloaterAttentionBias, layer: int):
-        self.module, self.layer = module, layer
+    def __init__(self, module: FloaterAttentionBias, layer: int, share: bool = True):
+        self.module, self.layer, self.share = module, layer, share
 
 
 class FloaterQKV(nn.Linear):
@@ -67,15 +182,18 @@ class FloaterQKV(nn.Linear):
     ``layer``'s FLOATER biases, laid out as [q | k | v] (timm's Attention splits the
     output that way). Shares ``weight`` and ``bias`` with the nn.Linear it replaces."""
 
-    def __init__(self, linear: nn.Linear, source: FloaterAttentionBias, layer: int):
+    def __init__(
+        self, linear: nn.Linear, source: FloaterAttentionBias, layer: int, share: bool = True
+    ):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self._source = _Source(source, layer)
+        self._source = _Source(source, layer, share)
 
     def forward(self, x: Tensor) -> Tensor:
         y = F.linear(x, self.weight, self.bias)
-        b = block_bias(self._source.module, self._source.layer, x.shape[-2])  # [3, L, dim]
+        src = self._source
+        b = block_bias(src.module, src.layer, x.shape[-2], src.share)  # [3, L, dim]
         return y + b.transpose(0, 1).flatten(1).to(y.dtype)  # [L, 3 * dim]
 
     def extra_repr(self) -> str:
@@ -98,7 +216,11 @@ class FloaterMultiheadAttention(nn.MultiheadAttention):
 
     @classmethod
     def from_module(
-        cls, mha: nn.MultiheadAttention, source: FloaterAttentionBias, layer: int
+        cls,
+        mha: nn.MultiheadAttention,
+        source: FloaterAttentionBias,
+        layer: int,
+        share: bool = True,
     ) -> FloaterMultiheadAttention:
         """A FloaterMultiheadAttention sharing ``mha``'s parameters (and out_proj)."""
         if mha.bias_k is not None or mha.add_zero_attn:
@@ -120,7 +242,7 @@ class FloaterMultiheadAttention(nn.MultiheadAttention):
             setattr(new, name, p)
         new.out_proj = mha.out_proj
         new.train(mha.training)
-        new._source = _Source(source, layer)
+        new._source = _Source(source, layer, share)
         new.register_forward_pre_hook(_no_fast_path)
         return new
 
@@ -155,7 +277,8 @@ class FloaterMultiheadAttention(nn.MultiheadAttention):
         S = key.shape[1]
         heads, hd = self.num_heads, self.head_dim
 
-        bias = block_bias(self._source.module, self._source.layer, max(L, S))  # [3, Lmax, E]
+        src = self._source
+        bias = block_bias(src.module, src.layer, max(L, S), src.share)  # [3, Lmax, E]
         b_in = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
         out = []
         for j, (x, w, n) in enumerate(zip((query, key, value), self._projections(), (L, S, S))):
@@ -225,12 +348,22 @@ def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]
     return found
 
 
-def add_floater_biases(model: nn.Module, **floater_kwargs) -> FloaterAttentionBias:
+def add_floater_biases(
+    model: nn.Module, share_integration: bool = True, **floater_kwargs
+) -> FloaterAttentionBias:
     """Give every attention layer of ``model`` FLOATER Q/K/V biases (see the module
     docstring). ``floater_kwargs`` (hidden_dim, delta_t, substeps, method, activation,
-    backend, device, dtype) go to :class:`~posenc_fast.FloaterAttentionBias`; device and
-    dtype default to the attention weights'. Returns the shared bias module, registered
-    as ``model.floater_bias``.
+    backend, refresh_every, init_scale, device, dtype) go to
+    :class:`~posenc_fast.FloaterAttentionBias`; device and dtype default to the attention
+    weights'. Returns the shared bias module, registered as ``model.floater_bias``.
+
+    The paper's training options (Sec. 4.4): ``init_scale`` (w2's initialisation scale,
+    default 0.01: the biases start near zero), ``refresh_every=k`` (biases recomputed on
+    one training step in k, detached constants in between: no gradient reaches the
+    FLOATER parameters on those steps) and :func:`floater_param_groups` (a larger learning
+    rate for the FLOATER parameters). ``share_integration=False``: every block integrates
+    its own three states in training (the per-block path; only for reentrant
+    checkpointing of some blocks).
 
     Inside torch's nn.TransformerEncoder(Layer), the nested-tensor and inference fast
     paths read the attention weights directly and would skip the biases: they are
@@ -238,10 +371,11 @@ def add_floater_biases(model: nn.Module, **floater_kwargs) -> FloaterAttentionBi
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if floater_kwargs.get("refresh_every", 1) != 1:
-        raise ValueError(
-            "refresh_every is not supported here: every block integrates its own states"
-        )
+    if not isinstance(share_integration, bool):
+        raise TypeError(f"share_integration must be a bool, got {type(share_integration).__name__}")
+    if not share_integration and floater_kwargs.get("refresh_every", 1) != 1:
+        # per block, every block would count as a call of refresh_every's schedule
+        raise ValueError("refresh_every needs share_integration=True (one call per step)")
     layers = _attention_layers(model)
     if not layers:
         raise ValueError(
@@ -265,12 +399,45 @@ def add_floater_biases(model: nn.Module, **floater_kwargs) -> FloaterAttentionBi
     source = FloaterAttentionBias(dims.pop(), len(layers), **floater_kwargs)
     for n, (parent, name, child) in enumerate(layers):
         if isinstance(child, nn.MultiheadAttention):
-            new = FloaterMultiheadAttention.from_module(child, source, n)
+            new = FloaterMultiheadAttention.from_module(child, source, n, share_integration)
         else:
-            new = FloaterQKV(child, source, n)
+            new = FloaterQKV(child, source, n, share_integration)
         setattr(parent, name, new)
     for m in model.modules():
         if isinstance(m, nn.TransformerEncoder):
             m.use_nested_tensor = False  # the nested-tensor path bypasses self_attn.forward
     model.floater_bias = source
     return source
+
+
+def floater_param_groups(model: nn.Module, lr: float, flow_lr_scale: float) -> list[dict]:
+    """Optimizer parameter groups giving FLOATER a larger learning rate (the paper's
+    "update the flow models with a larger learning rate", Sec. 4.4)::
+
+        groups = floater_param_groups(model, lr=1e-3, flow_lr_scale=10.0)
+        opt = torch.optim.AdamW(groups, weight_decay=0.05)
+
+    Returns ``[{"params": [every other parameter], "lr": lr}, {"params": [the parameters of
+    every FLOATER module in model (p0, w1, b1, w2, b2 of each Floater)], "lr": lr *
+    flow_lr_scale}]``, each trainable (requires_grad) parameter exactly once, in module
+    order; a group without parameters is left out. Other options (weight_decay, betas)
+    are the optimizer's defaults for both groups; set them per group on the result.
+    """
+    from ..ops.floater import Floater  # the modules that hold FLOATER's parameters
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    for name, value in (("lr", lr), ("flow_lr_scale", flow_lr_scale)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive float, got {value!r}")
+    flow_ids = {id(p) for m in model.modules() if isinstance(m, Floater) for p in m.parameters()}
+    if not flow_ids:
+        raise ValueError("model has no FLOATER module (add_floater_biases, Floater, ...)")
+    seen, rest, flow = set(), [], []
+    for p in model.parameters():
+        if id(p) in seen or not p.requires_grad:
+            continue
+        seen.add(id(p))
+        (flow if id(p) in flow_ids else rest).append(p)
+    groups = [{"params": rest, "lr": float(lr)}, {"params": flow, "lr": float(lr * flow_lr_scale)}]
+    return [g for g in groups if g["params"]]

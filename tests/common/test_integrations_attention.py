@@ -95,12 +95,18 @@ def test_deepcopy_after_a_training_forward_and_independence(calls):
 
 
 def test_work_per_forward(calls):
-    """Training: each block integrates its own 3 states (the blocks together: one
-    integration of all states). Eval: one integration, then the cache serves every block."""
+    """Training: one integration of all blocks' states per forward (issue 21; the
+    per-block path, share_integration=False: one per block). Eval: one integration, then
+    the cache serves every block."""
     model = vit(depth=3)
     add_floater_biases(model)
     model(images())
-    assert calls == [17] * 3  # 16 patches + the class token, one call per block
+    assert calls == [17]  # 16 patches + the class token, once for all blocks
+    calls.clear()
+    per_block = vit(depth=3)
+    add_floater_biases(per_block, share_integration=False)
+    per_block(images())
+    assert calls == [17] * 3
     calls.clear()
     model.eval()
     with torch.no_grad():
@@ -279,8 +285,10 @@ def test_refusals_are_explained():
         add_floater_biases(nn.Sequential(nn.MultiheadAttention(8, 2, add_bias_kv=True)))
     with pytest.raises(ValueError, match="no attention layer"):
         add_floater_biases(nn.Sequential(nn.Linear(4, 4)))
-    with pytest.raises(ValueError, match="refresh_every"):
-        add_floater_biases(nn.Sequential(nn.MultiheadAttention(8, 2)), refresh_every=4)
+    with pytest.raises(ValueError, match="refresh_every needs share_integration"):
+        add_floater_biases(
+            nn.Sequential(nn.MultiheadAttention(8, 2)), share_integration=False, refresh_every=4
+        )
     with pytest.raises(ValueError, match="one width"):
         add_floater_biases(nn.Sequential(nn.MultiheadAttention(8, 2), nn.MultiheadAttention(4, 2)))
     model = nn.Sequential(nn.MultiheadAttention(8, 2))

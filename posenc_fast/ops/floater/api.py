@@ -32,6 +32,15 @@ ACTIVATIONS = _reference.ACTIVATIONS
 INIT_OUTPUT_SCALE = 1e-2
 
 
+def _check_init_scale(init_scale) -> float:
+    """The scale of w2's initialisation: a finite float >= 0 (0: w2 starts at zero)."""
+    if isinstance(init_scale, bool) or not isinstance(init_scale, (int, float)):
+        raise TypeError(f"init_scale must be a float >= 0, got {type(init_scale).__name__}")
+    if not math.isfinite(init_scale) or init_scale < 0:
+        raise ValueError(f"init_scale must be a finite float >= 0, got {init_scale}")
+    return float(init_scale)
+
+
 def _is_compiling() -> bool:
     return torch.compiler.is_compiling()
 
@@ -221,9 +230,11 @@ class Floater(nn.Module):
     - Half-precision parameters (``model.to(torch.bfloat16)``): the ODE is integrated in
       float32 and the result returned in their dtype; gradients reach them.
     - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 small
-      (U(+-0.01 / sqrt(H+1))), b2 = 0, so h is close to 0 and the output near zero: a model
-      starts as if it had no FLOATER term (Sec. 3.3). With every parameter zero the output
-      is exactly zero.
+      (U(+-init_scale / sqrt(H+1)), ``init_scale`` default 0.01), b2 = 0, so h is close to
+      0 and the output near zero: a model starts as if it had no FLOATER term (Sec. 3.3;
+      Sec. 4.4's "initialize the FLOATER with smaller weights"). ``init_scale=0`` starts
+      with w2 = 0 and the output exactly zero (w1 and b1 still get gradients once w2 moves
+      away from zero); with every parameter zero the output is exactly zero.
 
     Example::
 
@@ -246,6 +257,7 @@ class Floater(nn.Module):
         device=None,
         dtype=None,
         refresh_every: int = 1,
+        init_scale: float = INIT_OUTPUT_SCALE,
     ):
         super().__init__()
         _checks.positive_int("dim", dim)
@@ -259,6 +271,7 @@ class Floater(nn.Module):
         self.activation = _checks.choice("activation", activation, ACTIVATIONS)
         self.backend = _dispatch.validate_name(backend)
         self.refresh_every = _checks.positive_int("refresh_every", refresh_every)
+        self.init_scale = _check_init_scale(init_scale)
         self.dim, self.num_states, self.hidden_dim = dim, num_states, hidden_dim
         factory = {"device": device, "dtype": dtype}
         self.p0 = nn.Parameter(torch.empty(num_states, dim, **factory))
@@ -275,7 +288,7 @@ class Floater(nn.Module):
             bound = 1.0 / math.sqrt(self.dim + 1)
             self.w1.uniform_(-bound, bound)
             self.b1.uniform_(-bound, bound)
-            out_bound = INIT_OUTPUT_SCALE / math.sqrt(self.hidden_dim + 1)
+            out_bound = self.init_scale / math.sqrt(self.hidden_dim + 1)
             self.w2.uniform_(-out_bound, out_bound)
             self.b2.zero_()
         self.clear_cache()
@@ -396,6 +409,8 @@ class Floater(nn.Module):
         s += f", substeps={self.substeps}, method={self.method!r}, activation={self.activation!r}"
         if self.refresh_every != 1:
             s += f", refresh_every={self.refresh_every}"
+        if self.init_scale != INIT_OUTPUT_SCALE:
+            s += f", init_scale={self.init_scale:g}"
         if self.backend != "auto":
             s += f", backend={self.backend!r}"
         return s
@@ -507,8 +522,8 @@ class FloaterAttentionBias(nn.Module):
     ``forward(length)`` -> [num_layers, num_projections, L, dim]: bias[n, j] is added to
     projection j (0: Q, 1: K, 2: V by convention) of block n. One :class:`Floater` with
     num_states = num_layers * num_projections holds the initial values; ``floater_kwargs``
-    (hidden_dim, delta_t, substeps, method, activation, backend, refresh_every, device,
-    dtype) go to it. The default initialisation (p0 = 0, h close to 0) starts the biases
+    (hidden_dim, delta_t, substeps, method, activation, backend, refresh_every, init_scale,
+    device, dtype) go to it. The default initialisation (p0 = 0, h close to 0) starts the biases
     near zero, so a pretrained Transformer can be warm-started with FLOATER switched off.
 
     Example::
