@@ -87,48 +87,61 @@ def bert_like(quick: bool) -> tuple[nn.Module, int, int]:
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False), d, L
 
 
-def make_case(model_name: str, batch: int, quick: bool):
-    """(model, inputs, loss_fn) with fixed seeds."""
+def make_case(model_name: str, batch: int, quick: bool, device: str = "cpu"):
+    """(model, inputs, loss_fn) with fixed seeds (drawn on the CPU, then moved: the same
+    numbers on every device)."""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     if model_name == "vit_s16":
         model, px = vit_small(quick)
-        x = torch.randn(batch, 3, px, px, generator=g)
-        y = torch.randint(0, model.num_classes, (batch,), generator=g)
-        return model, x, lambda out: nn.functional.cross_entropy(out, y)
+        x = torch.randn(batch, 3, px, px, generator=g).to(device)
+        y = torch.randint(0, model.num_classes, (batch,), generator=g).to(device)
+        return model.to(device), x, lambda out: nn.functional.cross_entropy(out, y)
     model, d, L = bert_like(quick)
-    x = torch.randn(batch, L, d, generator=g)
-    return model, x, lambda out: out.square().mean()
+    x = torch.randn(batch, L, d, generator=g).to(device)
+    return model.to(device), x, lambda out: out.square().mean()
+
+
+def sync(x: torch.Tensor) -> None:
+    """Wait for the device's queued work (CUDA steps are timed to their end)."""
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
 
 
 # -- timing ---------------------------------------------------------------------------------
 
 
 def step(model, opt, x, loss_fn, profile=False) -> tuple[float, dict]:
-    """One training step (forward, backward, AdamW); (seconds, profiled op totals)."""
-    prof = (
-        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-        if profile
-        else contextlib.nullcontext()
-    )
+    """One training step (forward, backward, AdamW); (seconds, profiled op totals: on
+    CUDA the time of the kernels each op launched, on the CPU the op's own time)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if x.is_cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities) if profile else contextlib.nullcontext()
     with prof:
+        sync(x)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x)).backward()
         opt.step()
+        sync(x)
         seconds = time.perf_counter() - t0
     ops = {}
     if profile:
         for ev in prof.key_averages():
             for key, name in OPS.items():
                 if ev.key == name:
-                    ops[key] = ev.cpu_time_total / 1e6
+                    total = ev.cpu_time_total
+                    if x.is_cuda:  # the kernels' time (named cuda_time_total before 2.4)
+                        total = getattr(ev, "device_time_total", None)
+                        total = getattr(ev, "cuda_time_total", 0) if total is None else total
+                    ops[key] = total / 1e6
     return seconds, ops
 
 
 def run_setting(model_name, batch, threads, args) -> dict:
     torch.set_num_threads(threads)
-    base, x, loss_fn = make_case(model_name, batch, args.quick)
+    base, x, loss_fn = make_case(model_name, batch, args.quick, args.device)
     base.train()
     variants = {"without": base}
     exact = copy.deepcopy(base)
@@ -156,6 +169,7 @@ def run_setting(model_name, batch, threads, args) -> dict:
     row = {
         "model": model_name,
         "batch": batch,
+        "device": args.device,
         "threads": threads,
         "contention": args.busy,
         "load_average_1min": os.getloadavg()[0],
@@ -260,6 +274,8 @@ def render(paths: list[Path]) -> str:
             f, b = r.get("integration_fwd_s"), r.get("integration_bwd_s")
             prof = f"{f:.2f} / {b:.2f}" if f is not None and b is not None else "-"
             busy = " + busy core" if r["contention"] else ""
+            if r.get("device", "cpu") != "cpu":
+                busy += f" ({r['device']})"
             name = "ViT-S/16" if r["model"] == "vit_s16" else "BERT-base-like"
             out.append(
                 f"| {name} | {r['batch']} | {r['threads']}{busy} | {r['load_average_1min']:.1f} | "
@@ -286,6 +302,11 @@ def main(argv=None) -> int:
         action="store_true",
         help="instead: the integrator alone (fwd, bwd) and an eager ViT step, quiet and busy",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu or cuda (the models and inputs on it; steps timed to the device's end)",
+    )
     p.add_argument("--shapes", default="384x197", help="--integrator: d x L, e.g. 384x197,768x512")
     p.add_argument("--json", type=Path, help="write the rows and the environment here")
     p.add_argument("--render", type=Path, nargs="+", help="only print the table of --json files")
@@ -298,6 +319,12 @@ def main(argv=None) -> int:
     if args.warmup + args.steps > args.reuse:
         p.error("--warmup + --steps must be <= --reuse (measured steps must be reuse steps)")
     threads = [int(t) for t in args.threads.split(",")]
+    if args.device != "cpu":
+        if args.integrator or args.contention:
+            p.error("--integrator and --contention measure the CPU runtime: --device cpu")
+        if not torch.cuda.is_available() and args.device.startswith("cuda"):
+            p.error(f"--device {args.device}: torch sees no CUDA device")
+        threads = threads[:1]  # the host threads barely matter to a GPU step
     cases = []
     for m in args.models.split(","):
         if m not in ("vit_s16", "bert"):
@@ -314,6 +341,19 @@ def main(argv=None) -> int:
         flush=True,
     )
     rows = []
+    environment = describe() if args.json else None
+
+    def save() -> None:  # after every row: a run stopped at a time limit keeps what it measured
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            result = {
+                "environment": environment,
+                "load_average_end": os.getloadavg(),
+                "argv": sys.argv[1:] if argv is None else list(argv),
+                "rows": rows,
+            }
+            args.json.write_text(json.dumps(result, indent=1))
+
     if args.integrator:
         rows = integrator_rows(args)
     for busy in ((False, True) if args.contention else (False,)) if not args.integrator else ():
@@ -324,16 +364,10 @@ def main(argv=None) -> int:
                     row = run_setting(model_name, batch, t, args)
                 rows.append(row)
                 print(fmt(row), flush=True)
+                save()
     print(f"load average after: {os.getloadavg()}", flush=True)
+    save()
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        result = {
-            "environment": describe(),
-            "load_average_end": os.getloadavg(),
-            "argv": sys.argv[1:] if argv is None else list(argv),
-            "rows": rows,
-        }
-        args.json.write_text(json.dumps(result, indent=1))
         print(f"wrote {args.json}")
     return 0
 
