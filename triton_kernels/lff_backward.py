@@ -79,6 +79,8 @@ def _lff_bwd_kernel(
     GRAD,
     DX,
     WS,
+    HB,
+    GAB,
     n_rows,
     n_freq,
     hidden,
@@ -93,6 +95,7 @@ def _lff_bwd_kernel(
     off_dw2,
     off_db1,
     off_db2,
+    ws_fresh,
     inv_sqrt_f,
     M: tl.constexpr,
     MLP: tl.constexpr,
@@ -107,6 +110,8 @@ def _lff_bwd_kernel(
     NEED_B1: tl.constexpr,
     NEED_W2: tl.constexpr,
     NEED_B2: tl.constexpr,
+    STORE_H: tl.constexpr,
+    STORE_GA: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -118,16 +123,20 @@ def _lff_bwd_kernel(
     # DX [R, M] contiguous; WS [P, stride_ws] float32 uninitialised, this program's row
     # holds its partial sums of dwr [F2, M] | dw1 [2*F2, H] | dw2 [H, DG] | db1 [H] |
     # db2 [DG] at the given offsets. Grid: (P,), programs walk tiles pid, pid + P, ...
+    # ws_fresh = 0: the row already holds partial sums (an earlier chunk's launch of the
+    # split-K path), which every tile adds to. STORE_H / STORE_GA (split-K path): h and
+    # ga rounded to the compute dtype are stored to HB / GAB [R, H] contiguous, for
+    # _lff_bwd_wgrad_kernel to form dw2 and dw1 from.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     ws = WS + pid.to(tl.int64) * stride_ws
     # What the flags imply: ga (the gradient at the pre-activation) feeds db1, dw1 and
     # the phase gradient; the phase gradient feeds dx and dwr.
     NEED_PHASE: tl.constexpr = NEED_X or NEED_WR
-    NEED_GA: tl.constexpr = MLP and (NEED_B1 or (NEED_W1 or NEED_PHASE))
-    NEED_H: tl.constexpr = MLP and (NEED_W2 or NEED_GA)
-    # dY is read for gh / dw2 (which need the hidden layer) and for db2.
-    NEED_DY: tl.constexpr = NEED_H or NEED_B2
+    NEED_GA: tl.constexpr = MLP and (NEED_B1 or (NEED_W1 or (NEED_PHASE or STORE_GA)))
+    NEED_H: tl.constexpr = MLP and (NEED_W2 or (NEED_GA or STORE_H))
+    # dY is read for gh and dw2 and for db2 (h alone, for STORE_H, needs none of it).
+    NEED_DY: tl.constexpr = NEED_GA or (NEED_W2 or NEED_B2)
     hs = tl.arange(0, BLOCK_H)
     hmask = hs < hidden
     ms = tl.arange(0, BLOCK_M)
@@ -138,7 +147,7 @@ def _lff_bwd_kernel(
         tl.debug_barrier()
         # The first tile (tile = pid) stores its contributions: 0 + value, exactly what
         # adding to a zeroed row gives. Each column is written once per tile.
-        accumulate = tile >= nprog
+        accumulate = (tile >= nprog) | (ws_fresh == 0)
         rows = tl.cast(tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < n_rows
         x_rows = X + rows * stride_xr
@@ -151,6 +160,10 @@ def _lff_bwd_kernel(
             a += tl.load(B1 + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
             h = round_to(activation(a, ACT), COMPUTE, INTERPRET)
             gh = tl.zeros([BLOCK_R, BLOCK_H], dtype=tl.float32)
+            if STORE_H:
+                hg_ptrs = rows[:, None] * hidden + hs[None, :]
+                hg_mask = rmask[:, None] & hmask[None, :]
+                tl.store(HB + hg_ptrs, h, mask=hg_mask)
         if NEED_DY:
             # One pass over dY (db2 alone: just its column sums, no recomputation above).
             for d0 in range(0, width, BLOCK_D):
@@ -189,6 +202,12 @@ def _lff_bwd_kernel(
             if NEED_B1:
                 db1_acc += tl.sum(ga, axis=0)
             ga_c = round_to(ga, COMPUTE, INTERPRET)
+            if STORE_GA:
+                tl.store(
+                    GAB + rows[:, None] * hidden + hs[None, :],
+                    ga_c,
+                    mask=rmask[:, None] & hmask[None, :],
+                )
         if NEED_PHASE or (MLP and NEED_W1):
             dx_acc = tl.zeros([BLOCK_R, BLOCK_M], dtype=tl.float32)
             for k0 in range(0, n_freq, BLOCK_K):
@@ -251,7 +270,95 @@ def _lff_bwd_kernel(
                     mask=dmask_x,
                 )
     if MLP and NEED_B1:
-        tl.store(ws + off_db1 + hs, db1_acc, mask=hmask)
+        add_to(ws + off_db1 + hs, db1_acc, hmask, ws_fresh == 0)
+
+
+@triton.jit
+def _lff_bwd_wgrad_kernel(
+    A,
+    B,
+    X,
+    WR,
+    WS,
+    n_rows,
+    n_freq,
+    hidden,
+    width,
+    rows_per_split,
+    stride_xr,
+    stride_xm,
+    stride_b,
+    stride_ws,
+    ws_fresh,
+    inv_sqrt_f,
+    FEATURES: tl.constexpr,
+    M: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_I: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+):
+    # Split-K weight gradient, one [BLOCK_I, BLOCK_J] block of it over one contiguous range
+    # of rows per program, accumulated in registers; the partial goes to the workspace row
+    # of its split once (stored if ws_fresh, else added: the previous chunk's sum).
+    #   FEATURES = False: dw2 [H, DG] = h^T @ dY. A = h [R, H] (compute dtype), B = dY
+    #     [R, DG] with row stride stride_b; I runs over H, J over DG.
+    #   FEATURES = True: dw1 [2*F2, H] = r^T @ ga, r = [cos || sin](x wr^T) / sqrt(F)
+    #     recomputed from X [R, M] (any strides) and WR [F2, M]; B = ga [R, H] (compute
+    #     dtype, stride_b); I runs over the F2 frequencies (cos and sin rows of dw1), J
+    #     over H. A is unused.
+    # WS [S, stride_ws] float32, this gradient's columns. Grid: (I blocks * J blocks, S);
+    # split s owns rows [s * rows_per_split, (s + 1) * rows_per_split) (a multiple of
+    # BLOCK_R), walked in order: a fixed summation order, no atomics.
+    blk = tl.program_id(0)
+    split = tl.program_id(1)
+    n_i = n_freq if FEATURES else hidden
+    n_j = hidden if FEATURES else width
+    blocks_j = tl.cdiv(n_j, BLOCK_J)
+    iis = (blk // blocks_j) * BLOCK_I + tl.arange(0, BLOCK_I)
+    js = (blk % blocks_j) * BLOCK_J + tl.arange(0, BLOCK_J)
+    imask = iis < n_i
+    jmask = js < n_j
+    acc = tl.zeros([BLOCK_I, BLOCK_J], dtype=tl.float32)
+    if FEATURES:
+        acc_s = tl.zeros([BLOCK_I, BLOCK_J], dtype=tl.float32)
+    row0 = tl.cast(split, tl.int64) * rows_per_split
+    row_end = tl.minimum(row0 + rows_per_split, n_rows)
+    for r0 in range(row0, row_end, BLOCK_R):
+        rows = r0 + tl.arange(0, BLOCK_R)
+        rmask = rows < row_end
+        # Padded rows read b = 0: they add nothing, whatever the A side holds there.
+        b = load_as(
+            B + rows[:, None] * stride_b + js[None, :],
+            rmask[:, None] & jmask[None, :],
+            COMPUTE,
+            INTERPRET,
+        )  # [BR, BJ]
+        if FEATURES:
+            # The same rounded features as the forward's first matmul and the fused
+            # kernel's dw1 partials (round_to(c / sqrt(F))), so both paths agree to
+            # float32 summation order.
+            c, s = cos_sin_tile(X + rows * stride_xr, rmask, stride_xm, WR, iis, imask, M)
+            rc = round_to(c * inv_sqrt_f, COMPUTE, INTERPRET)
+            rs = round_to(s * inv_sqrt_f, COMPUTE, INTERPRET)
+            acc = mma(tl.trans(rc), b, acc, PRECISION, INTERPRET)
+            acc_s = mma(tl.trans(rs), b, acc_s, PRECISION, INTERPRET)
+        else:
+            a_t = load_as(
+                A + rows[None, :] * hidden + iis[:, None],
+                imask[:, None] & rmask[None, :],
+                COMPUTE,
+                INTERPRET,
+            )  # [BI, BR] = h[rows, iis]^T
+            acc = mma(a_t, b, acc, PRECISION, INTERPRET)
+    ws = WS + split.to(tl.int64) * stride_ws
+    accumulate = ws_fresh == 0
+    mask = imask[:, None] & jmask[None, :]
+    add_to(ws + iis[:, None] * n_j + js[None, :], acc, mask, accumulate)
+    if FEATURES:
+        add_to(ws + (iis + n_freq)[:, None] * n_j + js[None, :], acc_s, mask, accumulate)
 
 
 # Workspace budget: partial sums of all programs together stay below this many bytes
@@ -301,6 +408,90 @@ def _blocks(R: int, F2: int, H: int, DG: int, meta: dict, arch) -> tuple[dict, d
     )
 
 
+# The split-K path (module docstring) takes over when the fused kernel's per-program
+# partial sums (4 bytes per needed weight-gradient element) exceed this: beyond it the
+# workspace rows no longer stay in L2 and their read-modify-write per row tile dominates
+# (F=768, H=256, Dg=1024: 1.8 MB per program, ~118 GB of traffic for 2^20 rows). The
+# canonical H=32 case (135 kB) stays on the fused kernel.
+_SPLIT_K_BYTES = 256 * 1024
+
+# Split-K path: h and ga of one chunk of rows ([rows, H] each, compute dtype) stay below
+# this; the rows are processed chunk by chunk, so memory does not grow with N.
+_BUFFER_BYTES = 128 * 2**20
+
+# Launch options and block sizes of _lff_bwd_wgrad_kernel on the GPU, by (compute dtype
+# is float32 with IEEE products, FEATURES): (BLOCK_R, BLOCK_I, BLOCK_J, num_warps,
+# num_stages). Chosen by compiling for sm_80 / sm_90 (compile_report, no GPU): no spills;
+# tensor cores take 128 x 128 output blocks (dw2) and 64 frequencies x 128 hidden, cos and
+# sin (dw1); float32 FMA matmuls smaller ones. Timing on the GPU is pending.
+_WGRAD_CONFIGS = {
+    (False, False): (64, 128, 128, 8, 2),
+    (False, True): (32, 64, 128, 8, 2),
+    (True, False): (32, 64, 64, 8, 2),
+    (True, True): (32, 32, 64, 8, 2),
+}
+
+
+def wgrad_config(meta: dict, features: bool) -> tuple[dict, dict]:
+    """(block sizes, launch options) of _lff_bwd_wgrad_kernel on the GPU for the kernel
+    constexprs ``meta`` (COMPUTE, PRECISION); a fixed rule, no autotuning (the block
+    sizes set the summation order)."""
+    fma = meta["COMPUTE"] == tl.float32 and meta["PRECISION"] != "tf32"
+    br, bi, bj, warps, stages = _WGRAD_CONFIGS[(fma, features)]
+    return (
+        {"BLOCK_R": br, "BLOCK_I": bi, "BLOCK_J": bj},
+        {"num_warps": warps, "num_stages": stages},
+    )
+
+
+def _wgrad_blocks(meta: dict, features: bool, n_i: int, n_j: int, chunk: int, arch):
+    if INTERPRET:
+        blocks = {
+            "BLOCK_R": pow2(chunk, 16, 64),
+            "BLOCK_I": pow2(n_i, 16, 64),
+            "BLOCK_J": pow2(n_j, 16, 128),
+        }
+        return blocks, {}
+    blocks, options = wgrad_config(meta, features)
+    reason = _configs.refusal("lff_bwd_wgrad", {**meta, **blocks, "FEATURES": features},
+                              **options, arch=arch)  # fmt: skip
+    if reason is not None:
+        raise RuntimeError(
+            f"posenc_fast: the lff_bwd_wgrad configuration {blocks} cannot be compiled for "
+            f"sm_{arch} with Triton {triton.__version__}: {reason}"
+        )
+    return blocks, options
+
+
+def _sum_partials(ws, parts, n_parts, out, device):
+    """One small launch per gradient, each into its own tensor (outputs of a custom op
+    must not alias each other): the fixed-order sum of the n_parts workspace rows."""
+    block = 4096 if INTERPRET else 1024
+    for idx, ref, off in parts:
+        result = torch.empty(ref.shape, dtype=ref.dtype, device=device)
+        sum_partials_kernel[(triton.cdiv(ref.numel(), block),)](
+            ws[:, off:],
+            result,
+            n_parts,
+            ref.numel(),
+            ws.stride(0),
+            BLOCK=block,
+            INTERPRET=INTERPRET,
+        )
+        out[idx] = result
+
+
+def _workspace_parts(items) -> tuple[list, int]:
+    """[(index in the result, reference tensor, workspace offset)] of the needed
+    gradients among ``items`` (index, need, reference), and the total columns."""
+    parts, offset = [], 0
+    for idx, need, ref in items:
+        if need:
+            parts.append((idx, ref, offset))
+            offset += ref.numel()
+    return parts, offset
+
+
 def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     """Gradients (dx, dwr, dw1, db1, dw2, db2) of lff_fwd; None where needs[i] is False.
 
@@ -320,22 +511,17 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     device = x.device
     out: list = [None] * 6
 
-    # Partial sums: (index in the result, reference tensor, workspace offset) per gradient.
-    parts = []
-    offset = 0
-    for idx, need, ref in (
-        (1, need_wr, wr),
-        (2, need_w1, w1),
-        (4, need_w2, w2),
-        (3, need_b1, b1),
-        (5, need_b2, b2),
-    ):
-        if need:
-            parts.append((idx, ref, offset))
-            offset += ref.numel()
-    offsets = {idx: off for idx, _, off in parts}
-    total = offset
+    parts, total = _workspace_parts(
+        (
+            (1, need_wr, wr),
+            (2, need_w1, w1),
+            (4, need_w2, w2),
+            (3, need_b1, b1),
+            (5, need_b2, b2),
+        )
+    )
 
+    dx = None
     if need_x:
         dx = torch.empty((R, M), dtype=x.dtype, device=device)
         out[0] = dx.view(x.shape)
@@ -365,61 +551,138 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     }
     arch = None if INTERPRET else _configs.device_arch(device)
     blocks, options = _blocks(R, F2, H, width, meta, arch)
-    n_tiles = triton.cdiv(R, blocks["BLOCK_R"])
-    per_program = max(1, total) * 4
-    programs = max(1, min(n_tiles, max_programs(device), _WORKSPACE_BYTES // per_program))
-    # programs <= n_tiles: every program has a first tile, which writes its whole row.
-    ws = torch.empty((programs, max(1, total)), dtype=torch.float32, device=device)
-    dx_arg = out[0] if need_x else ws
+    flags = dict(NEED_X=need_x, NEED_WR=need_wr, NEED_B1=need_b1, NEED_B2=need_b2)
+    args = (rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, blocks, options)
     with device_guard(x):
-        _lff_bwd_kernel[(programs,)](
-            rows,
-            wr,
-            w1,
-            b1,
-            w2,
-            g,
-            dx_arg,
-            ws,
-            R,
-            F2,
-            H,
-            width,
-            n_tiles,
-            rows.stride(0),
-            rows.stride(1),
-            g.stride(0),
-            ws.stride(0),
-            offsets.get(1, 0),
-            offsets.get(2, 0),
-            offsets.get(4, 0),
-            offsets.get(3, 0),
-            offsets.get(5, 0),
-            1.0 / math.sqrt(2 * F2),
-            NEED_X=need_x,
-            NEED_WR=need_wr,
-            NEED_W1=need_w1,
-            NEED_B1=need_b1,
-            NEED_W2=need_w2,
-            NEED_B2=need_b2,
-            enable_fp_fusion=False,
-            **meta,
-            **blocks,
-            **options,
-        )
-        # One small launch per gradient, each into its own tensor (outputs of a custom
-        # op must not alias each other).
-        block = 4096 if INTERPRET else 1024
-        for idx, ref, off in parts:
-            result = torch.empty(ref.shape, dtype=ref.dtype, device=device)
-            sum_partials_kernel[(triton.cdiv(ref.numel(), block),)](
-                ws[:, off:],
-                result,
-                programs,
-                ref.numel(),
-                ws.stride(0),
-                BLOCK=block,
-                INTERPRET=INTERPRET,
-            )
-            out[idx] = result
+        if (need_w1 or need_w2) and total * 4 > _SPLIT_K_BYTES:
+            _split_k(out, args, flags, need_w1, need_w2, b2, arch, device)
+        else:
+            programs = _programs(R, blocks, total, device)
+            # programs <= tiles: every program has a first tile, which writes its row.
+            ws = torch.empty((programs, max(1, total)), dtype=torch.float32, device=device)
+            offsets = {idx: off for idx, _, off in parts}
+            _fused(args, ws, offsets, 0, R, True, None, None,
+                   dict(flags, NEED_W1=need_w1, NEED_W2=need_w2))  # fmt: skip
+            _sum_partials(ws, parts, programs, out, device)
     return out
+
+
+def _programs(rows: int, blocks: dict, total: int, device) -> int:
+    """Programs of the fused kernel: at most one per tile of ``rows`` (so that each has a
+    first tile), two per SM, and a workspace of P * total * 4 B within the budget."""
+    n_tiles = triton.cdiv(rows, blocks["BLOCK_R"])
+    per_program = max(1, total) * 4
+    return max(1, min(n_tiles, max_programs(device), _WORKSPACE_BYTES // per_program))
+
+
+def _fused(args, ws, offsets, r0, r1, fresh, hb, gab, flags):
+    """Launch _lff_bwd_kernel on rows [r0, r1) with ws.shape[0] programs; ``fresh``: the
+    workspace rows are uninitialised (written by each program's first tile), else added
+    to. hb / gab: where to store h / ga of these rows (STORE_H / STORE_GA), or None."""
+    rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, blocks, options = args
+    n = r1 - r0
+    _lff_bwd_kernel[(ws.shape[0],)](
+        rows[r0:r1],
+        wr,
+        w1,
+        b1,
+        w2,
+        g[r0:r1],
+        dx[r0:r1] if dx is not None else ws,
+        ws,
+        hb if hb is not None else ws,
+        gab if gab is not None else ws,
+        n,
+        F2,
+        H,
+        width,
+        triton.cdiv(n, blocks["BLOCK_R"]),
+        rows.stride(0),
+        rows.stride(1),
+        g.stride(0),
+        ws.stride(0),
+        offsets.get(1, 0),
+        offsets.get(2, 0),
+        offsets.get(4, 0),
+        offsets.get(3, 0),
+        offsets.get(5, 0),
+        1 if fresh else 0,
+        1.0 / math.sqrt(2 * F2),
+        STORE_H=hb is not None,
+        STORE_GA=gab is not None,
+        enable_fp_fusion=False,
+        **flags,
+        **meta,
+        **blocks,
+        **options,
+    )
+
+
+def _split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
+    """The large-weights path (module docstring): per chunk of rows, the fused kernel
+    without its dw1 / dw2 partials, storing h / ga, then one split-K launch per weight
+    gradient over the chunk; partial sums carried across chunks in fixed workspaces."""
+    rows, wr, w1, b1, w2, g, _, (F2, H, width), meta, blocks, _ = args
+    R = rows.shape[0]
+    compute = g.dtype
+    # The fused kernel's own (small) partials: dwr, db1, db2.
+    small, small_total = _workspace_parts(
+        ((1, flags["NEED_WR"], wr), (3, flags["NEED_B1"], b1), (5, flags["NEED_B2"], b2))
+    )
+    per_row = H * compute.itemsize * (int(need_w1) + int(need_w2))
+    chunk = max(128, _BUFFER_BYTES // per_row // 128 * 128)
+    chunk = min(chunk, R)
+    programs = _programs(chunk, blocks, small_total, device)
+    ws = torch.empty((programs, max(1, small_total)), dtype=torch.float32, device=device)
+    offsets = {idx: off for idx, _, off in small}
+    hb = torch.empty((chunk, H), dtype=compute, device=device) if need_w2 else None
+    gab = torch.empty((chunk, H), dtype=compute, device=device) if need_w1 else None
+    # (result index, FEATURES, gradient tensor, I size, J size)
+    grads = [(4, False, w2, H, width)] if need_w2 else []
+    grads += [(2, True, w1, F2, H)] if need_w1 else []
+    plans = []
+    for idx, features, ref, n_i, n_j in grads:
+        wb, wo = _wgrad_blocks(meta, features, n_i, n_j, chunk, arch)
+        n_blocks = triton.cdiv(n_i, wb["BLOCK_I"]) * triton.cdiv(n_j, wb["BLOCK_J"])
+        splits = max(1, min(triton.cdiv(max_programs(device), n_blocks),
+                            triton.cdiv(chunk, wb["BLOCK_R"])))  # fmt: skip
+        wws = torch.empty((splits, ref.numel()), dtype=torch.float32, device=device)
+        plans.append((idx, features, ref, wb, wo, n_blocks, splits, wws))
+    inv_sqrt_f = 1.0 / math.sqrt(2 * F2)
+    for r0 in range(0, R, chunk):
+        r1 = min(R, r0 + chunk)
+        n = r1 - r0
+        fresh = r0 == 0
+        _fused(args, ws, offsets, r0, r1, fresh, hb, gab, dict(flags, NEED_W1=False, NEED_W2=False))
+        for _, features, _, wb, wo, n_blocks, splits, wws in plans:
+            b_op = g[r0:r1] if not features else gab
+            per_split = triton.cdiv(triton.cdiv(n, splits), wb["BLOCK_R"]) * wb["BLOCK_R"]
+            _lff_bwd_wgrad_kernel[(n_blocks, splits)](
+                hb if hb is not None else wws,
+                b_op,
+                rows[r0:r1],
+                wr,
+                wws,
+                n,
+                F2,
+                H,
+                width,
+                per_split,
+                rows.stride(0),
+                rows.stride(1),
+                b_op.stride(0),
+                wws.stride(0),
+                1 if fresh else 0,
+                inv_sqrt_f,
+                FEATURES=features,
+                M=meta["M"],
+                COMPUTE=meta["COMPUTE"],
+                PRECISION=meta["PRECISION"],
+                INTERPRET=INTERPRET,
+                enable_fp_fusion=False,
+                **wb,
+                **wo,
+            )
+    _sum_partials(ws, small, programs, out, device)
+    for idx, _, ref, _, _, _, splits, wws in plans:
+        _sum_partials(wws, [(idx, ref, 0)], splits, out, device)
