@@ -142,7 +142,7 @@ def probe(case: Case, arch: int) -> str:
 _LFF = dict(M=2, MLP=True, ACT="gelu", COMPUTE=tl.bfloat16, PRECISION=None, INTERPRET=False,
             SPLIT=False)  # fmt: skip
 _ALL_NEEDS = dict(NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True, NEED_W2=True,
-                  NEED_B2=True)  # fmt: skip
+                  NEED_B2=True, STORE_H=False, STORE_GA=False)  # fmt: skip
 _FEATURE_NEEDS = dict(_ALL_NEEDS, NEED_W1=False, NEED_B1=False, NEED_W2=False, NEED_B2=False)
 
 
@@ -152,10 +152,10 @@ def _fwd_config(key: tuple) -> tuple[dict, dict]:
     return dict(BLOCK_R=br, BLOCK_K=bk, BLOCK_D=bd), dict(num_warps=w, num_stages=st)
 
 
-def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int):
+def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int, split_k: bool = False):
     """The backward's configurations for sm_{arch}: its first choice and, where the rules
     refuse that, the next (what lff_bwd launches there)."""
-    for blocks in bwd.gpu_candidates(constexprs):
+    for blocks in bwd.gpu_candidates(constexprs, split_k):
         options = dict(bwd._OPTIONS)
         yield Case(
             f"{label} BR{blocks['BLOCK_R']}", "lff_bwd", bwd._lff_bwd_kernel,
@@ -164,6 +164,26 @@ def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int):
         )  # fmt: skip
         if _configs.refusal("lff_bwd", dict(constexprs, **blocks), **options, arch=arch) is None:
             return
+
+
+def _split_k_cases(label: str, constexprs: dict, pointer: str, arch: int):
+    """The large-weights path of the backward (lff_backward._SPLIT_K_BYTES): its fused
+    pass (no dw1 / dw2 partials, h and ga stored; block sizes chosen as _bwd_cases') and
+    the two weight-gradient kernels."""
+    flags = dict(NEED_W1=False, NEED_W2=False, STORE_H=True, STORE_GA=True)
+    fused = dict(constexprs, **flags)
+    for case in _bwd_cases(f"{label} split-K fused", fused, pointer, arch, split_k=True):
+        case.pointers.update(HB=pointer, GAB=pointer)
+        yield case
+    for features, what in ((False, "dw2"), (True, "dw1")):
+        wb, wo = bwd.wgrad_config(constexprs, features)
+        yield Case(
+            f"{label} split-K {what} BR{wb['BLOCK_R']} BI{wb['BLOCK_I']} BJ{wb['BLOCK_J']}",
+            "lff_bwd_wgrad", bwd._lff_bwd_wgrad_kernel, {"A": pointer, "B": pointer},
+            dict(FEATURES=features, M=constexprs["M"], COMPUTE=constexprs["COMPUTE"],
+                 PRECISION=constexprs["PRECISION"], INTERPRET=False, **wb),
+            dict(enable_fp_fusion=False, **wo),
+        )  # fmt: skip
 
 
 def _cases(quick: bool, arch: int):
@@ -188,12 +208,18 @@ def _cases(quick: bool, arch: int):
                     "lff_fwd", fwd._lff_fwd_kernel, {"OUT": _PTR[dtype]},
                     dict(constexprs, **blocks), dict(enable_fp_fusion=False, **opts),
                 )  # fmt: skip
-            yield from _bwd_cases(
-                f"lff_bwd {shape_name} {kind}",
-                dict(constexprs, **_ALL_NEEDS, BLOCK_M=triton.next_power_of_2(M)),
-                _PTR[dtype],
-                arch,
-            )
+            bwd_constexprs = dict(constexprs, **_ALL_NEEDS, BLOCK_M=triton.next_power_of_2(M))
+            label = f"lff_bwd {shape_name} {kind}"
+            yield from _bwd_cases(label, bwd_constexprs, _PTR[dtype], arch)
+            # Weights this large take the split-K path (--quick: the compute shape only).
+            if block_h >= 128 and not (quick and shape_name != "compute"):
+                yield from _split_k_cases(label, bwd_constexprs, _PTR[dtype], arch)
+    # The split-K path in float32 (IEEE FMA and TF32 matmuls), compute shape (H=256).
+    for precision in () if quick else ("ieee", "tf32"):
+        kind = "fp32" + (" tf32" if precision == "tf32" else "")
+        constexprs = dict(_LFF, COMPUTE=tl.float32, PRECISION=precision, BLOCK_H=256,
+                          BLOCK_M=2, **_ALL_NEEDS)  # fmt: skip
+        yield from _split_k_cases(f"lff_bwd compute {kind}", constexprs, "*fp32", arch)
     # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term),
     # canonical shape (H=32): the forward's first configuration, the backward's rule.
     fwd_blocks, fwd_opts = _fwd_config(fwd.configs_for(32)[0])

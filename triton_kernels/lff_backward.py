@@ -370,9 +370,11 @@ _WORKSPACE_BYTES = 256 * 2**20
 _OPTIONS = {"num_warps": 8, "num_stages": 1}
 
 
-def gpu_candidates(meta: dict) -> list[dict]:
+def gpu_candidates(meta: dict, split_k: bool = False) -> list[dict]:
     """Block sizes for the GPU, preferred first (launched with _OPTIONS). ``meta``: the
-    kernel's constexprs (COMPUTE, BLOCK_H). A fixed rule, see the module docstring."""
+    kernel's constexprs (COMPUTE, BLOCK_H); ``split_k``: for the split-K path's first
+    pass (no dw1 / dw2 partials, h and ga stored). A fixed rule, see the module
+    docstring."""
     # Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU) and reading registers /
     # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 234
     # registers without spilling at H=32; H=128 and H=256 spill ~340 B / ~810 B with the
@@ -387,17 +389,27 @@ def gpu_candidates(meta: dict) -> list[dict]:
         block_r = 32 if block_h <= 64 else 16
     else:
         block_r = 128 if block_h <= 64 else (64 if block_h <= 128 else 32)
+    block_d = 32
+    if split_k and block_h > 64:
+        # The split-K first pass at H = 128 / 256 (sm_80 and sm_90, Triton 3.9): 32 rows
+        # (16 in float32), and 16 output columns per dY chunk at H = 256 or float32, spill
+        # at most 64 B (bf16 H=256; float32: none) where the 64-row tiles above spill
+        # 50-800 B. Without the partial tiles the pass has a, gh and ga live.
+        block_r = min(block_r, 32)
+        block_d = 16 if block_h >= 256 or meta["COMPUTE"] == tl.float32 else 32
     rows = dict.fromkeys((block_r, min(block_r, 32)))
-    return [{"BLOCK_R": r, "BLOCK_K": 16, "BLOCK_D": 32} for r in rows]
+    return [{"BLOCK_R": r, "BLOCK_K": 16, "BLOCK_D": block_d} for r in rows]
 
 
-def _blocks(R: int, F2: int, H: int, DG: int, meta: dict, arch) -> tuple[dict, dict]:
+def _blocks(
+    R: int, F2: int, H: int, DG: int, meta: dict, arch, split_k: bool = False
+) -> tuple[dict, dict]:
     """(block sizes, launch options): under the interpreter its blocks; on the GPU the
     first of gpu_candidates that _configs allows on ``arch`` (compute capability x10)."""
     if INTERPRET:
         return interpreter_blocks(R, F2, DG), {}
     why = []
-    for blocks in gpu_candidates(meta):
+    for blocks in gpu_candidates(meta, split_k):
         reason = _configs.refusal("lff_bwd", {**meta, **blocks}, **_OPTIONS, arch=arch)
         if reason is None:
             return blocks, dict(_OPTIONS)
@@ -419,16 +431,21 @@ _SPLIT_K_BYTES = 256 * 1024
 # this; the rows are processed chunk by chunk, so memory does not grow with N.
 _BUFFER_BYTES = 128 * 2**20
 
-# Launch options and block sizes of _lff_bwd_wgrad_kernel on the GPU, by (compute dtype
-# is float32 with IEEE products, FEATURES): (BLOCK_R, BLOCK_I, BLOCK_J, num_warps,
-# num_stages). Chosen by compiling for sm_80 / sm_90 (compile_report, no GPU): no spills;
-# tensor cores take 128 x 128 output blocks (dw2) and 64 frequencies x 128 hidden, cos and
-# sin (dw1); float32 FMA matmuls smaller ones. Timing on the GPU is pending.
+# Launch options and block sizes of _lff_bwd_wgrad_kernel on the GPU, by (matmul kind,
+# FEATURES): (BLOCK_R, BLOCK_I, BLOCK_J, num_warps, num_stages). Chosen by compiling for
+# sm_80 / sm_90 (compile_report, Triton 3.9, no GPU): no spills, shared memory within
+# 99 kB. dw2: 128 x 64 blocks (128 x 128 spills 16-40 B: the accumulator and the
+# workspace pointers of the read-modify-write). dw1: 32 frequencies (cos and sin) x up to
+# 256 hidden, so that H <= 256 recomputes each row's cos / sin once (64 x 128 would use
+# Hopper's warpgroup MMA but compute them H / 128 times; 32 rows use mma.sync). float32
+# FMA matmuls ("ieee") take smaller blocks. Timing on the GPU is pending.
 _WGRAD_CONFIGS = {
-    (False, False): (64, 128, 128, 8, 2),
-    (False, True): (32, 64, 128, 8, 2),
-    (True, False): (32, 64, 64, 8, 2),
-    (True, True): (32, 32, 64, 8, 2),
+    ("mma16", False): (64, 128, 64, 8, 2),
+    ("mma16", True): (32, 32, 256, 8, 2),
+    ("tf32", False): (32, 128, 64, 8, 2),
+    ("tf32", True): (32, 32, 256, 8, 2),
+    ("ieee", False): (32, 64, 64, 8, 2),
+    ("ieee", True): (32, 32, 128, 8, 2),
 }
 
 
@@ -436,8 +453,10 @@ def wgrad_config(meta: dict, features: bool) -> tuple[dict, dict]:
     """(block sizes, launch options) of _lff_bwd_wgrad_kernel on the GPU for the kernel
     constexprs ``meta`` (COMPUTE, PRECISION); a fixed rule, no autotuning (the block
     sizes set the summation order)."""
-    fma = meta["COMPUTE"] == tl.float32 and meta["PRECISION"] != "tf32"
-    br, bi, bj, warps, stages = _WGRAD_CONFIGS[(fma, features)]
+    kind = "mma16" if meta["COMPUTE"] != tl.float32 else meta["PRECISION"]
+    br, bi, bj, warps, stages = _WGRAD_CONFIGS[(kind, features)]
+    if features:  # J runs over H: no wider than the hidden layer
+        bj = min(bj, meta["BLOCK_H"])
     return (
         {"BLOCK_R": br, "BLOCK_I": bi, "BLOCK_J": bj},
         {"num_warps": warps, "num_stages": stages},
@@ -550,11 +569,14 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
         "BLOCK_M": triton.next_power_of_2(M),
     }
     arch = None if INTERPRET else _configs.device_arch(device)
-    blocks, options = _blocks(R, F2, H, width, meta, arch)
+    # The rule between the two paths (see _SPLIT_K_BYTES): the fused kernel's partial sums
+    # per program, which only the needed weight gradients occupy.
+    split_k = (need_w1 or need_w2) and total * 4 > _SPLIT_K_BYTES
+    blocks, options = _blocks(R, F2, H, width, meta, arch, split_k)
     flags = dict(NEED_X=need_x, NEED_WR=need_wr, NEED_B1=need_b1, NEED_B2=need_b2)
     args = (rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, blocks, options)
     with device_guard(x):
-        if (need_w1 or need_w2) and total * 4 > _SPLIT_K_BYTES:
+        if split_k:
             _split_k(out, args, flags, need_w1, need_w2, b2, arch, device)
         else:
             programs = _programs(R, blocks, total, device)
