@@ -166,13 +166,14 @@ def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int, split_k: b
             return
 
 
-def _split_k_cases(label: str, constexprs: dict, pointer: str, arch: int):
+def _split_k_cases(label: str, constexprs: dict, pointer: str, arch: int, quick: bool):
     """The large-weights path of the backward (lff_backward._SPLIT_K_BYTES): its fused
-    pass (no dw1 / dw2 partials, h and ga stored; block sizes chosen as _bwd_cases') and
-    the two weight-gradient kernels."""
+    pass (no dw1 / dw2 partials, h and ga stored; block sizes chosen as _bwd_cases'; not
+    with --quick: the same kernel as the fused backward) and the two weight-gradient
+    kernels."""
     flags = dict(NEED_W1=False, NEED_W2=False, STORE_H=True, STORE_GA=True)
     fused = dict(constexprs, **flags)
-    for case in _bwd_cases(f"{label} split-K fused", fused, pointer, arch, split_k=True):
+    for case in [] if quick else _bwd_cases(f"{label} split-K fused", fused, pointer, arch, True):
         case.pointers.update(HB=pointer, GAB=pointer)
         yield case
     for features, what in ((False, "dw2"), (True, "dw1")):
@@ -211,15 +212,15 @@ def _cases(quick: bool, arch: int):
             bwd_constexprs = dict(constexprs, **_ALL_NEEDS, BLOCK_M=triton.next_power_of_2(M))
             label = f"lff_bwd {shape_name} {kind}"
             yield from _bwd_cases(label, bwd_constexprs, _PTR[dtype], arch)
-            # Weights this large take the split-K path (--quick: the compute shape only).
-            if block_h >= 128 and not (quick and shape_name != "compute"):
-                yield from _split_k_cases(label, bwd_constexprs, _PTR[dtype], arch)
-    # The split-K path in float32 (IEEE FMA and TF32 matmuls), compute shape (H=256).
-    for precision in () if quick else ("ieee", "tf32"):
-        kind = "fp32" + (" tf32" if precision == "tf32" else "")
-        constexprs = dict(_LFF, COMPUTE=tl.float32, PRECISION=precision, BLOCK_H=256,
+            # The compute shape's weights take the split-K path (CI's cost: the other
+            # shapes and TF32 compiled the same way, see lff_backward._WGRAD_CONFIGS).
+            if shape_name == "compute":
+                yield from _split_k_cases(label, bwd_constexprs, _PTR[dtype], arch, quick)
+    # The split-K path in float32 (IEEE FMA matmuls), compute shape (H=256).
+    if not quick:
+        constexprs = dict(_LFF, COMPUTE=tl.float32, PRECISION="ieee", BLOCK_H=256,
                           BLOCK_M=2, **_ALL_NEEDS)  # fmt: skip
-        yield from _split_k_cases(f"lff_bwd compute {kind}", constexprs, "*fp32", arch)
+        yield from _split_k_cases("lff_bwd compute fp32", constexprs, "*fp32", arch, quick)
     # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term),
     # canonical shape (H=32): the forward's first configuration, the backward's rule.
     fwd_blocks, fwd_opts = _fwd_config(fwd.configs_for(32)[0])

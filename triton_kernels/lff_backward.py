@@ -43,6 +43,53 @@ which the register budget (234 of 255 at BLOCK_R=128) does not allow in this for
 Tensor-core work: 2*F*H (recompute) + 4*H*Dg (dY w2^T, h^T dY) + 4*F*H (dw1, gr) FLOPs
 per row ~ 0.15 MFLOP -> ~0.16 TFLOP for 2^20 rows (~0.2 ms at ~790 TFLOP/s); sincos: two
 feature passes, 2 * F/2 per row. Floor: ~0.38 ms (dY read). GPU timings: pending.
+
+Large weights: the split-K path (``_split_k``). The fused kernel's cost has a term
+tiles x |weights| that the canonical case keeps in L2 but large weights do not: at F=768,
+H=256, Dg=1024 a program's partials are 1.8 MB, so P ~ 142 and 32-row tiles
+read-modify-write 2^15 x 2 x 1.8 MB ~ 118 GB, mostly from HBM (measured on the H200,
+2026-11-27: bf16 150 ms, fp32 746 ms, against 6.7 / 42 ms for torch.compile). When the
+partials of one program exceed _SPLIT_K_BYTES (256 kB; the rule is in ``lff_bwd``), the
+weight gradients are formed as matrix products over the rows instead:
+
+    for each chunk of C rows (C: h and ga of the chunk fit _BUFFER_BYTES, 128 MB):
+        first pass = the fused kernel without its dw1 / dw2 partials (STORE_H, STORE_GA):
+            dx, and its dwr / db1 / db2 partials as before (a few kB per program); h and
+            ga, rounded to the compute dtype exactly as the fused kernel uses them, stored
+            to two [C, H] buffers
+        dw2 += h^T @ dY          _lff_bwd_wgrad_kernel, FEATURES=False
+        dw1 += [cos || sin]^T @ ga / sqrt(F)   (features recomputed)   FEATURES=True
+
+_lff_bwd_wgrad_kernel is a split-K matmul: a program owns one output block (128 x 64 of
+dw2; 32 frequencies x up to 256 hidden of dw1, cos and sin rows) and one contiguous range
+of the chunk's rows (S ranges, S ~ 2 * SMs / blocks), accumulates over it in float32
+registers, and touches its workspace row once per chunk (stored on the first chunk,
+added on the others). sum_partials_kernel adds the S rows in the fixed order, as before.
+Determinism: block sizes, C and S are fixed functions of the shapes, the dtype and the
+SM count; rows are summed in a fixed order within a range, ranges and chunks in a fixed
+order; no atomics. The operands are the fused kernel's (the same rounded h, ga, dY and
+features), so both paths agree to float32 summation order. Memory: the two buffers
+(128 MB) + S x |dw1| and S x |dw2| float32 (~27 MB bf16, ~14 MB float32 here) + the
+first pass's small partials: bounded independently of N.
+
+Counts for the compute case (2^20 rows, M=2, F=768, H=256, Dg=1024), bf16, per row:
+    first pass: HBM dY 2048 B + h, ga 1024 B stored (+ x, dx 16 B) -> 3.2 GB, 0.75 ms
+        at 4275 GB/s; 2FH + 2HDg + 2FH = 1.31 MFLOP -> 1.37 TFLOP, 2.0 ms at 687 TFLOP/s
+        (but 32-row tiles use mma.sync, not wgmma: expect ~2x that); 2 x F/2 sincos;
+        and from L2 the weights per 32-row tile (w1 twice, w2 once: 1.3 MB) -> ~43 GB
+        of L2 reads, the term this pass keeps from the fused design
+    dw2: dY 2048 B + h 512 B -> 2.7 GB, 0.63 ms; 2HDg = 0.52 MFLOP -> 0.8 ms (wgmma)
+    dw1: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP -> 0.6 ms (mma.sync, 32-row blocks:
+        ~1.2 ms); F/2 sincos (once per row for H <= 256)
+    workspaces: 8 chunks x 2 x 27 MB ~ 0.4 GB, first pass 16 kB per tile in L2: minor.
+PREDICTION (not measured: no GPU in this session), bf16 on the H200: ~6-9 ms in all
+(first pass ~4-6 ms, bounded by its matmuls at 32 rows and the L2 weight reads; dw2 +
+dw1 ~2-3 ms), against 150 ms measured for the fused kernel here and 6.7 ms for
+torch.compile. float32 ("ieee" FMA matmuls) is bounded by 2.23 MFLOP per row -> 2.34
+TFLOP at 51 TFLOP/s = 46 ms; PREDICTION ~50-75 ms (746 ms fused, 42 ms torch.compile).
+If the first pass dominates on the GPU, the next step is to split it too: a row-tile
+kernel for h, ga (64-128 rows, H in two halves) and one for gr = ga w1^T, dx, dwr,
+which would read each weight once per 128 rows instead of three times per 32.
 """
 
 from __future__ import annotations
@@ -651,8 +698,10 @@ def _split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
     small, small_total = _workspace_parts(
         ((1, flags["NEED_WR"], wr), (3, flags["NEED_B1"], b1), (5, flags["NEED_B2"], b2))
     )
-    per_row = H * compute.itemsize * (int(need_w1) + int(need_w2))
-    chunk = max(128, _BUFFER_BYTES // per_row // 128 * 128)
+    # Rows per chunk: a multiple of 128 (every block size), at least 128, the same
+    # whichever of h / ga are stored (the chunks are part of the summation order, which
+    # must not depend on ``needs``).
+    chunk = max(128, _BUFFER_BYTES // (2 * H * compute.itemsize) // 128 * 128)
     chunk = min(chunk, R)
     programs = _programs(chunk, blocks, small_total, device)
     ws = torch.empty((programs, max(1, small_total)), dtype=torch.float32, device=device)
