@@ -438,10 +438,11 @@ def gpu_candidates(meta: dict, split_k: bool = False) -> list[dict]:
         block_r = 128 if block_h <= 64 else (64 if block_h <= 128 else 32)
     block_d = 32
     if split_k and block_h > 64:
-        # The split-K first pass at H = 128 / 256 (sm_80 and sm_90, Triton 3.9): 32 rows
-        # (16 in float32), and 16 output columns per dY chunk at H = 256 or float32, spill
-        # at most 64 B (bf16 H=256; float32: none) where the 64-row tiles above spill
-        # 50-800 B. Without the partial tiles the pass has a, gh and ga live.
+        # The split-K first pass at H = 128 / 256 (sm_80 and sm_90): 32 rows (16 in
+        # float32), and 16 output columns per dY chunk at H = 256 or float32. Triton 3.9
+        # spills at most 64 B (bf16 H=256; float32 none), 3.1 / 3.6 at most 24 B in bf16
+        # and ~340 B in float32, where the 64-row tiles above spill 50-800 B. Without the
+        # partial tiles the pass has a, gh and ga live.
         block_r = min(block_r, 32)
         block_d = 16 if block_h >= 256 or meta["COMPUTE"] == tl.float32 else 32
     rows = dict.fromkeys((block_r, min(block_r, 32)))
@@ -485,7 +486,9 @@ _BUFFER_BYTES = 128 * 2**20
 # workspace pointers of the read-modify-write). dw1: 32 frequencies (cos and sin) x up to
 # 256 hidden, so that H <= 256 recomputes each row's cos / sin once (64 x 128 would use
 # Hopper's warpgroup MMA but compute them H / 128 times; 32 rows use mma.sync). float32
-# FMA matmuls ("ieee") take smaller blocks. Timing on the GPU is pending.
+# FMA matmuls ("ieee") take smaller blocks. Triton 3.1 and 3.6 compile them too (dw1
+# spills 8-40 B under 3.1); TF32 was compiled by hand (compile_report covers bf16 and
+# IEEE float32), no spills under 3.9. Timing on the GPU is pending.
 _WGRAD_CONFIGS = {
     ("mma16", False): (64, 128, 64, 8, 2),
     ("mma16", True): (32, 32, 256, 8, 2),
