@@ -82,14 +82,19 @@ Counts for the compute case (2^20 rows, M=2, F=768, H=256, Dg=1024), bf16, per r
     dw1: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP -> 0.6 ms (mma.sync, 32-row blocks:
         ~1.2 ms); F/2 sincos (once per row for H <= 256)
     workspaces: 8 chunks x 2 x 27 MB ~ 0.4 GB, first pass 16 kB per tile in L2: minor.
-PREDICTION (not measured: no GPU in this session), bf16 on the H200: ~6-9 ms in all
-(first pass ~4-6 ms, bounded by its matmuls at 32 rows and the L2 weight reads; dw2 +
-dw1 ~2-3 ms), against 150 ms measured for the fused kernel here and 6.7 ms for
-torch.compile. float32 ("ieee" FMA matmuls) is bounded by 2.23 MFLOP per row -> 2.34
-TFLOP at 51 TFLOP/s = 46 ms; PREDICTION ~50-75 ms (746 ms fused, 42 ms torch.compile).
-If the first pass dominates on the GPU, the next step is to split it too: a row-tile
-kernel for h, ga (64-128 rows, H in two halves) and one for gr = ga w1^T, dx, dwr,
-which would read each weight once per 128 rows instead of three times per 32.
+PREDICTION (not measured: no GPU in this session), bf16 on the H200. From the counts
+above: ~6-9 ms (first pass ~4-6 ms, bounded by its 32-row matmuls and the L2 weight
+reads; dw2 + dw1 ~2-3 ms). Calibrated instead by the forward, measured at 8.69 ms on
+the same case (0.45 MFLOP, 14 kB of L2 weight reads and F/2 sincos per row, 64-row
+tiles: ~7x its own count-based floor), the first pass, which has 2.9x the forward's
+FLOPs and L2 reads and 2x its sincos, would take ~17-25 ms: ~20-30 ms in all. Either
+way against 150 ms measured for the fused kernel here (and 6.7 ms for torch.compile).
+float32 ("ieee" FMA matmuls): 2.23 MFLOP per row -> 2.34 TFLOP, 46 ms at 51 TFLOP/s;
+calibrated by the float32 forward (33.6 ms, ~3.7x its count) ~100-130 ms (746 ms fused,
+42 ms torch.compile). The first pass is the part still tied to tiles x |weights| (in
+L2): if the GPU confirms it dominates, split it too -- a kernel for h and ga over
+128-row x 128-hidden tiles (a and gh as two register accumulators, each weight read once
+per 128 rows) and one for gr = ga w1^T, dx and dwr over 128-row tiles.
 """
 
 from __future__ import annotations
