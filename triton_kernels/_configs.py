@@ -185,6 +185,11 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
         else:
             operands += e * stages * bi * br
         need = max(operands, 4 * bi * bj)
+    elif kernel == "lff_bwd_phase":  # gr = ga w1^T, then the phase chain (lff_backward.py)
+        br, bk, bh = meta.get("BLOCK_R", 1), meta.get("BLOCK_K", 1), meta.get("BLOCK_H", 1)
+        e = 4 if meta.get("COMPUTE") == tl.float32 else 2
+        # ga and the two w1^T tiles, pipelined; gr converted to the features' layout
+        need = e * stages * (br * bh + 2 * bh * bk) + 4 * br * bk
     elif kernel.startswith("rotary"):  # cos and sin [BLOCK_N, BLOCK_K] float32 tiles, each
         need = 2 * 4 * meta.get("BLOCK_N", 1) * bk  # converted to the channel-pair layout
     else:  # no matmul: conversions of one [BLOCK_R, BLOCK_K or BLOCK_D] float32 tile

@@ -142,7 +142,7 @@ def probe(case: Case, arch: int) -> str:
 _LFF = dict(M=2, MLP=True, ACT="gelu", COMPUTE=tl.bfloat16, PRECISION=None, INTERPRET=False,
             SPLIT=False)  # fmt: skip
 _ALL_NEEDS = dict(NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True, NEED_W2=True,
-                  NEED_B2=True, STORE_H=False, STORE_GA=False)  # fmt: skip
+                  NEED_B2=True, STORE_H=False, STORE_GA=False, H_SPLIT=False)  # fmt: skip
 _FEATURE_NEEDS = dict(_ALL_NEEDS, NEED_W1=False, NEED_B1=False, NEED_W2=False, NEED_B2=False)
 
 
@@ -152,10 +152,10 @@ def _fwd_config(key: tuple) -> tuple[dict, dict]:
     return dict(BLOCK_R=br, BLOCK_K=bk, BLOCK_D=bd), dict(num_warps=w, num_stages=st)
 
 
-def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int, split_k: bool = False):
+def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int):
     """The backward's configurations for sm_{arch}: its first choice and, where the rules
     refuse that, the next (what lff_bwd launches there)."""
-    for blocks in bwd.gpu_candidates(constexprs, split_k):
+    for blocks in bwd.gpu_candidates(constexprs):
         options = dict(bwd._OPTIONS)
         yield Case(
             f"{label} BR{blocks['BLOCK_R']}", "lff_bwd", bwd._lff_bwd_kernel,
@@ -171,11 +171,25 @@ def _split_k_cases(label: str, constexprs: dict, pointer: str, arch: int, quick:
     pass (no dw1 / dw2 partials, h and ga stored; block sizes chosen as _bwd_cases'; not
     with --quick: the same kernel as the fused backward) and the two weight-gradient
     kernels."""
-    flags = dict(NEED_W1=False, NEED_W2=False, STORE_H=True, STORE_GA=True)
-    fused = dict(constexprs, **flags)
-    for case in [] if quick else _bwd_cases(f"{label} split-K fused", fused, pointer, arch, True):
-        case.pointers.update(HB=pointer, GAB=pointer)
-        yield case
+    flags = dict(NEED_X=False, NEED_WR=False, NEED_W1=False, NEED_W2=False, STORE_H=True,
+                 STORE_GA=True, H_SPLIT=True)  # fmt: skip
+    for blocks, options in [] if quick else bwd.first_pass_candidates(constexprs):
+        full = dict(constexprs, **flags, **blocks)
+        yield Case(
+            f"{label} split-K first pass BR{blocks['BLOCK_R']} BH{blocks['BLOCK_H']}", "lff_bwd",
+            bwd._lff_bwd_kernel, {"GRAD": pointer, "HB": pointer, "GAB": pointer}, full,
+            dict(enable_fp_fusion=False, **options),
+        )  # fmt: skip
+        if _configs.refusal("lff_bwd", full, **options, arch=arch) is None:
+            break
+    pb, po = bwd.phase_config(constexprs)
+    yield Case(
+        f"{label} split-K phase BR{pb['BLOCK_R']} BK{pb['BLOCK_K']} BH{pb['BLOCK_H']}",
+        "lff_bwd_phase", bwd._lff_bwd_phase_kernel, {"GAB": pointer},
+        dict(M=constexprs["M"], COMPUTE=constexprs["COMPUTE"], PRECISION=constexprs["PRECISION"],
+             INTERPRET=False, NEED_X=True, NEED_WR=True, BLOCK_M=constexprs["BLOCK_M"], **pb),
+        dict(enable_fp_fusion=False, **po),
+    )  # fmt: skip
     for features, what in ((False, "dw2"), (True, "dw1")):
         wb, wo = bwd.wgrad_config(constexprs, features)
         yield Case(

@@ -164,6 +164,7 @@ def _lff_bwd_kernel(
     NEED_B2: tl.constexpr,
     STORE_H: tl.constexpr,
     STORE_GA: tl.constexpr,
+    H_SPLIT: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -178,9 +179,19 @@ def _lff_bwd_kernel(
     # ws_fresh = 0: the row already holds partial sums (an earlier chunk's launch of the
     # split-K path), which every tile adds to. STORE_H / STORE_GA (split-K path): h and
     # ga rounded to the compute dtype are stored to HB / GAB [R, H] contiguous, for
-    # _lff_bwd_wgrad_kernel to form dw2 and dw1 from.
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
+    # _lff_bwd_wgrad_kernel to form dw2 and dw1 from. H_SPLIT (split-K path, without
+    # NEED_X / NEED_WR, which need every hidden column): grid (H blocks, P), program
+    # (j, p) handles hidden columns j * BLOCK_H + [0, BLOCK_H) of the tiles of p, which
+    # its db1 partials (disjoint columns of row p) and stores need alone; db2 is added
+    # by the j = 0 programs only.
+    if H_SPLIT:
+        pid = tl.program_id(1)
+        nprog = tl.num_programs(1)
+        hs = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    else:
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        hs = tl.arange(0, BLOCK_H)
     ws = WS + pid.to(tl.int64) * stride_ws
     # What the flags imply: ga (the gradient at the pre-activation) feeds db1, dw1 and
     # the phase gradient; the phase gradient feeds dx and dwr.
@@ -189,7 +200,6 @@ def _lff_bwd_kernel(
     NEED_H: tl.constexpr = MLP and (NEED_W2 or (NEED_GA or STORE_H))
     # dY is read for gh and dw2 and for db2 (h alone, for STORE_H, needs none of it).
     NEED_DY: tl.constexpr = NEED_GA or (NEED_W2 or NEED_B2)
-    hs = tl.arange(0, BLOCK_H)
     hmask = hs < hidden
     ms = tl.arange(0, BLOCK_M)
     db1_acc = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -248,7 +258,13 @@ def _lff_bwd_kernel(
                         accumulate,
                     )
                 if NEED_B2:
-                    add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask, accumulate)
+                    if H_SPLIT:
+                        if tl.program_id(0) == 0:
+                            add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask,
+                                   accumulate)  # fmt: skip
+                    else:
+                        add_to(ws + off_db2 + ds, tl.sum(g.to(tl.float32), axis=0), dmask,
+                               accumulate)  # fmt: skip
         if NEED_GA:
             ga = gh * activation_grad(a, ACT)  # [BR, BH] float32
             if NEED_B1:
@@ -323,6 +339,87 @@ def _lff_bwd_kernel(
                 )
     if MLP and NEED_B1:
         add_to(ws + off_db1 + hs, db1_acc, hmask, ws_fresh == 0)
+
+
+@triton.jit
+def _lff_bwd_phase_kernel(
+    X,
+    WR,
+    W1,
+    GAB,
+    DX,
+    WS,
+    n_rows,
+    n_freq,
+    hidden,
+    n_tiles,
+    stride_xr,
+    stride_xm,
+    stride_ws,
+    ws_fresh,
+    inv_sqrt_f,
+    M: tl.constexpr,
+    COMPUTE: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    NEED_X: tl.constexpr,
+    NEED_WR: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    # Split-K path, the chain rule below the hidden layer: gr = ga @ w1^T (the cos and
+    # sin halves), d loss / d phase, then dx and the dwr partials -- the fused kernel's
+    # second feature pass, from the stored ga (GAB [R, H] contiguous, compute dtype,
+    # the same rounded values the fused kernel multiplies) instead of registers.
+    # X [R, M] any strides, WR [F2, M], W1 [2*F2, H] contiguous; DX [R, M] contiguous;
+    # WS [P, stride_ws] float32: this program's dwr partials (ws_fresh as the fused
+    # kernel's). Grid: (P,), programs walk tiles pid, pid + P, ...; H in BLOCK_H chunks.
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ws = WS + pid.to(tl.int64) * stride_ws
+    ms = tl.arange(0, BLOCK_M)
+    for tile in range(pid, n_tiles, nprog):
+        tl.debug_barrier()  # see the fused kernel: the previous tile's workspace writes
+        accumulate = (tile >= nprog) | (ws_fresh == 0)
+        rows = tl.cast(tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < n_rows
+        x_rows = X + rows * stride_xr
+        dx_acc = tl.zeros([BLOCK_R, BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, n_freq, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            kmask = ks < n_freq
+            gr_c = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
+            gr_s = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
+            for h0 in range(0, hidden, BLOCK_H):
+                hs = h0 + tl.arange(0, BLOCK_H)
+                hmask = hs < hidden
+                ga = tl.load(
+                    GAB + rows[:, None] * hidden + hs[None, :],
+                    mask=rmask[:, None] & hmask[None, :],
+                    other=0.0,
+                )
+                tmask = hmask[:, None] & kmask[None, :]
+                w1c_t = load_as(W1 + ks[None, :] * hidden + hs[:, None], tmask, COMPUTE, INTERPRET)
+                w1s_t = load_as(
+                    W1 + (ks + n_freq)[None, :] * hidden + hs[:, None], tmask, COMPUTE, INTERPRET
+                )
+                gr_c = mma(ga, w1c_t, gr_c, PRECISION, INTERPRET)
+                gr_s = mma(ga, w1s_t, gr_s, PRECISION, INTERPRET)
+            c, s = cos_sin_tile(x_rows, rmask, stride_xm, WR, ks, kmask, M)
+            # padded rows / frequencies: ga = 0 / w1 = 0 there, so gphase = 0
+            gphase = (gr_s * c - gr_c * s) * inv_sqrt_f
+            dx_acc = phase_chain_rule(
+                gphase, x_rows, rmask, stride_xm, WR, ks, kmask, dx_acc, ms, ws, accumulate,
+                M, NEED_X, NEED_WR,
+            )  # fmt: skip
+        if NEED_X:
+            tl.store(
+                DX + rows[:, None] * M + ms[None, :],
+                round_to(dx_acc, DX.dtype.element_ty, INTERPRET),
+                mask=rmask[:, None] & (ms < M)[None, :],
+            )
 
 
 @triton.jit
@@ -422,11 +519,9 @@ _WORKSPACE_BYTES = 256 * 2**20
 _OPTIONS = {"num_warps": 8, "num_stages": 1}
 
 
-def gpu_candidates(meta: dict, split_k: bool = False) -> list[dict]:
+def gpu_candidates(meta: dict) -> list[dict]:
     """Block sizes for the GPU, preferred first (launched with _OPTIONS). ``meta``: the
-    kernel's constexprs (COMPUTE, BLOCK_H); ``split_k``: for the split-K path's first
-    pass (no dw1 / dw2 partials, h and ga stored). A fixed rule, see the module
-    docstring."""
+    kernel's constexprs (COMPUTE, BLOCK_H). A fixed rule, see the module docstring."""
     # Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU) and reading registers /
     # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 234
     # registers without spilling at H=32; H=128 and H=256 spill ~340 B / ~810 B with the
@@ -441,28 +536,17 @@ def gpu_candidates(meta: dict, split_k: bool = False) -> list[dict]:
         block_r = 32 if block_h <= 64 else 16
     else:
         block_r = 128 if block_h <= 64 else (64 if block_h <= 128 else 32)
-    block_d = 32
-    if split_k and block_h > 64:
-        # The split-K first pass at H = 128 / 256 (sm_80 and sm_90): 32 rows (16 in
-        # float32), and 16 output columns per dY chunk at H = 256 or float32. Triton 3.9
-        # spills at most 64 B (bf16 H=256; float32 none), 3.1 / 3.6 at most 24 B in bf16
-        # and ~340 B in float32, where the 64-row tiles above spill 50-800 B. Without the
-        # partial tiles the pass has a, gh and ga live.
-        block_r = min(block_r, 32)
-        block_d = 16 if block_h >= 256 or meta["COMPUTE"] == tl.float32 else 32
     rows = dict.fromkeys((block_r, min(block_r, 32)))
-    return [{"BLOCK_R": r, "BLOCK_K": 16, "BLOCK_D": block_d} for r in rows]
+    return [{"BLOCK_R": r, "BLOCK_K": 16, "BLOCK_D": 32} for r in rows]
 
 
-def _blocks(
-    R: int, F2: int, H: int, DG: int, meta: dict, arch, split_k: bool = False
-) -> tuple[dict, dict]:
+def _blocks(R: int, F2: int, H: int, DG: int, meta: dict, arch) -> tuple[dict, dict]:
     """(block sizes, launch options): under the interpreter its blocks; on the GPU the
     first of gpu_candidates that _configs allows on ``arch`` (compute capability x10)."""
     if INTERPRET:
         return interpreter_blocks(R, F2, DG), {}
     why = []
-    for blocks in gpu_candidates(meta, split_k):
+    for blocks in gpu_candidates(meta):
         reason = _configs.refusal("lff_bwd", {**meta, **blocks}, **_OPTIONS, arch=arch)
         if reason is None:
             return blocks, dict(_OPTIONS)
@@ -508,8 +592,7 @@ def wgrad_config(meta: dict, features: bool) -> tuple[dict, dict]:
     """(block sizes, launch options) of _lff_bwd_wgrad_kernel on the GPU for the kernel
     constexprs ``meta`` (COMPUTE, PRECISION); a fixed rule, no autotuning (the block
     sizes set the summation order)."""
-    kind = "mma16" if meta["COMPUTE"] != tl.float32 else meta["PRECISION"]
-    br, bi, bj, warps, stages = _WGRAD_CONFIGS[(kind, features)]
+    br, bi, bj, warps, stages = _WGRAD_CONFIGS[(_kind(meta), features)]
     if features:  # J runs over H: no wider than the hidden layer
         bj = min(bj, meta["BLOCK_H"])
     return (
@@ -532,6 +615,76 @@ def _wgrad_blocks(meta: dict, features: bool, n_i: int, n_j: int, chunk: int, ar
     if reason is not None:
         raise RuntimeError(
             f"posenc_fast: the lff_bwd_wgrad configuration {blocks} cannot be compiled for "
+            f"sm_{arch} with Triton {triton.__version__}: {reason}"
+        )
+    return blocks, options
+
+
+# The split-K path's first pass (the fused kernel, H_SPLIT) and phase kernel on the GPU:
+# (BLOCK_R, BLOCK_K, BLOCK_H, BLOCK_D, num_warps, num_stages) and (BLOCK_R, BLOCK_K,
+# BLOCK_H, num_warps, num_stages), by matmul kind. See first_pass_config / phase_config.
+_FIRST_PASS_CONFIGS = {
+    "mma16": (64, 16, 128, 16, 8, 1),
+    "tf32": (32, 16, 128, 16, 8, 1),
+    "ieee": (32, 16, 128, 16, 8, 1),
+}
+_PHASE_CONFIGS = {
+    "mma16": (128, 32, 32, 8, 2),
+    "tf32": (64, 32, 32, 8, 2),
+    "ieee": (32, 16, 32, 8, 2),
+}
+
+
+def _kind(meta: dict) -> str:
+    """The matmul kind: 16-bit tensor-core operands, TF32, or float32 FMA ("ieee")."""
+    return "mma16" if meta["COMPUTE"] != tl.float32 else meta["PRECISION"]
+
+
+def first_pass_candidates(meta: dict) -> list[tuple[dict, dict]]:
+    """(block sizes, launch options) of the split-K path's first pass on the GPU,
+    preferred first; the second (32 rows: mma.sync) where _configs refuses the first."""
+    br, bk, bh, bd, warps, stages = _FIRST_PASS_CONFIGS[_kind(meta)]
+    bh = min(bh, meta["BLOCK_H"])
+    options = {"num_warps": warps, "num_stages": stages}
+    rows = dict.fromkeys((br, min(br, 32)))
+    return [({"BLOCK_R": r, "BLOCK_K": bk, "BLOCK_H": bh, "BLOCK_D": bd}, options) for r in rows]
+
+
+def _first_pass_blocks(meta: dict, F2: int, DG: int, arch) -> tuple[dict, dict]:
+    if INTERPRET:
+        # 16 hidden columns per program: the H_SPLIT programs are exercised in CI
+        blocks = interpreter_blocks(1 << 20, F2, DG)
+        return {**blocks, "BLOCK_H": min(16, meta["BLOCK_H"])}, {}
+    flags = dict(NEED_X=False, NEED_WR=False, NEED_W1=False, NEED_W2=False, H_SPLIT=True)
+    why = []
+    for blocks, options in first_pass_candidates(meta):
+        reason = _configs.refusal("lff_bwd", {**meta, **flags, **blocks}, **options, arch=arch)
+        if reason is None:
+            return blocks, options
+        why.append(f"BLOCK_R={blocks['BLOCK_R']}: {reason}")
+    raise RuntimeError(
+        f"posenc_fast: no lff_bwd first-pass configuration can be compiled for sm_{arch} "
+        f"with Triton {triton.__version__}: " + "; ".join(why)
+    )
+
+
+def phase_config(meta: dict) -> tuple[dict, dict]:
+    """(block sizes, launch options) of _lff_bwd_phase_kernel on the GPU."""
+    br, bk, bh, warps, stages = _PHASE_CONFIGS[_kind(meta)]
+    return {"BLOCK_R": br, "BLOCK_K": bk, "BLOCK_H": min(bh, meta["BLOCK_H"])}, {
+        "num_warps": warps,
+        "num_stages": stages,
+    }
+
+
+def _phase_blocks(meta: dict, F2: int, H: int, chunk: int, arch) -> tuple[dict, dict]:
+    if INTERPRET:  # 16 hidden columns per step: the loop over H is exercised in CI
+        return {"BLOCK_R": pow2(chunk, 16, 64), "BLOCK_K": pow2(F2, 16, 64), "BLOCK_H": 16}, {}
+    blocks, options = phase_config(meta)
+    reason = _configs.refusal("lff_bwd_phase", {**meta, **blocks}, **options, arch=arch)
+    if reason is not None:
+        raise RuntimeError(
+            f"posenc_fast: the lff_bwd_phase configuration {blocks} cannot be compiled for "
             f"sm_{arch} with Triton {triton.__version__}: {reason}"
         )
     return blocks, options
@@ -627,7 +780,7 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     # The rule between the two paths (see _SPLIT_K_BYTES): the fused kernel's partial sums
     # per program, which only the needed weight gradients occupy.
     split_k = (need_w1 or need_w2) and total * 4 > _SPLIT_K_BYTES
-    blocks, options = _blocks(R, F2, H, width, meta, arch, split_k)
+    blocks, options = (None, None) if split_k else _blocks(R, F2, H, width, meta, arch)
     flags = dict(NEED_X=need_x, NEED_WR=need_wr, NEED_B1=need_b1, NEED_B2=need_b2)
     args = (rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, blocks, options)
     with device_guard(x):
@@ -652,13 +805,18 @@ def _programs(rows: int, blocks: dict, total: int, device) -> int:
     return max(1, min(n_tiles, max_programs(device), _WORKSPACE_BYTES // per_program))
 
 
-def _fused(args, ws, offsets, r0, r1, fresh, hb, gab, flags):
+def _fused(args, ws, offsets, r0, r1, fresh, hb, gab, flags, blocks=None, options=None):
     """Launch _lff_bwd_kernel on rows [r0, r1) with ws.shape[0] programs; ``fresh``: the
     workspace rows are uninitialised (written by each program's first tile), else added
-    to. hb / gab: where to store h / ga of these rows (STORE_H / STORE_GA), or None."""
-    rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, blocks, options = args
+    to. hb / gab: where to store h / ga of these rows (STORE_H / STORE_GA), or None.
+    blocks / options: instead of args' (with BLOCK_H: H_SPLIT, one program per block of
+    BLOCK_H hidden columns and workspace row)."""
+    rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, blocks0, options0 = args
+    kw = {**meta, **(blocks or blocks0), **(options if blocks else options0)}
+    h_blocks = triton.cdiv(H, kw["BLOCK_H"]) if blocks and "BLOCK_H" in blocks else 0
+    grid = (h_blocks, ws.shape[0]) if h_blocks else (ws.shape[0],)
     n = r1 - r0
-    _lff_bwd_kernel[(ws.shape[0],)](
+    _lff_bwd_kernel[grid](
         rows[r0:r1],
         wr,
         w1,
@@ -673,7 +831,7 @@ def _fused(args, ws, offsets, r0, r1, fresh, hb, gab, flags):
         F2,
         H,
         width,
-        triton.cdiv(n, blocks["BLOCK_R"]),
+        triton.cdiv(n, kw["BLOCK_R"]),
         rows.stride(0),
         rows.stride(1),
         g.stride(0),
@@ -687,36 +845,46 @@ def _fused(args, ws, offsets, r0, r1, fresh, hb, gab, flags):
         1.0 / math.sqrt(2 * F2),
         STORE_H=hb is not None,
         STORE_GA=gab is not None,
+        H_SPLIT=bool(h_blocks),
         enable_fp_fusion=False,
         **flags,
-        **meta,
-        **blocks,
-        **options,
+        **kw,
     )
 
 
 def _split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
-    """The large-weights path (module docstring): per chunk of rows, the fused kernel
-    without its dw1 / dw2 partials, storing h / ga, then one split-K launch per weight
-    gradient over the chunk; partial sums carried across chunks in fixed workspaces."""
-    rows, wr, w1, b1, w2, g, _, (F2, H, width), meta, blocks, _ = args
+    """The large-weights path (module docstring), per chunk of rows: the fused kernel over
+    blocks of hidden columns for h, ga, db1 and db2 (storing h / ga), the phase kernel for
+    dx and dwr, one split-K launch per weight gradient; partial sums carried across
+    chunks in fixed workspaces."""
+    rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, _, _ = args
     R = rows.shape[0]
     compute = g.dtype
-    # The fused kernel's own (small) partials: dwr, db1, db2.
-    small, small_total = _workspace_parts(
-        ((1, flags["NEED_WR"], wr), (3, flags["NEED_B1"], b1), (5, flags["NEED_B2"], b2))
-    )
+    need_phase = flags["NEED_X"] or flags["NEED_WR"]
     # Rows per chunk: a multiple of 128 (every block size), at least 128, the same
     # whichever of h / ga are stored (the chunks are part of the summation order, which
     # must not depend on ``needs``).
     chunk = max(128, _BUFFER_BYTES // (2 * H * compute.itemsize) // 128 * 128)
     chunk = min(chunk, R)
-    programs = _programs(chunk, blocks, small_total, device)
-    ws = torch.empty((programs, max(1, small_total)), dtype=torch.float32, device=device)
-    offsets = {idx: off for idx, _, off in small}
     hb = torch.empty((chunk, H), dtype=compute, device=device) if need_w2 else None
-    gab = torch.empty((chunk, H), dtype=compute, device=device) if need_w1 else None
-    # (result index, FEATURES, gradient tensor, I size, J size)
+    need_ga = need_w1 or need_phase
+    gab = torch.empty((chunk, H), dtype=compute, device=device) if need_ga else None
+
+    # First pass: db1 and db2 partials in its workspace rows.
+    first_blocks, first_options = _first_pass_blocks(meta, F2, width, arch)
+    small, small_total = _workspace_parts(((3, flags["NEED_B1"], b1), (5, flags["NEED_B2"], b2)))
+    p1 = _programs(chunk, first_blocks, small_total, device)
+    ws1 = torch.empty((p1, max(1, small_total)), dtype=torch.float32, device=device)
+    offsets1 = {idx: off for idx, _, off in small}
+    first_flags = dict(flags, NEED_X=False, NEED_WR=False, NEED_W1=False, NEED_W2=False)
+
+    # Phase pass: dx and the dwr partials.
+    if need_phase:
+        phase_blocks, phase_options = _phase_blocks(meta, F2, H, chunk, arch)
+        p2 = _programs(chunk, phase_blocks, wr.numel() if flags["NEED_WR"] else 0, device)
+        ws2 = torch.empty((p2, wr.numel()), dtype=torch.float32, device=device)
+
+    # Weight gradients: (result index, FEATURES, gradient tensor, I size, J size) each.
     grads = [(4, False, w2, H, width)] if need_w2 else []
     grads += [(2, True, w1, F2, H)] if need_w1 else []
     plans = []
@@ -727,12 +895,42 @@ def _split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
                             triton.cdiv(chunk, wb["BLOCK_R"])))  # fmt: skip
         wws = torch.empty((splits, ref.numel()), dtype=torch.float32, device=device)
         plans.append((idx, features, ref, wb, wo, n_blocks, splits, wws))
+
     inv_sqrt_f = 1.0 / math.sqrt(2 * F2)
     for r0 in range(0, R, chunk):
         r1 = min(R, r0 + chunk)
         n = r1 - r0
         fresh = r0 == 0
-        _fused(args, ws, offsets, r0, r1, fresh, hb, gab, dict(flags, NEED_W1=False, NEED_W2=False))
+        _fused(args, ws1, offsets1, r0, r1, fresh, hb, gab, first_flags, first_blocks,
+               first_options)  # fmt: skip
+        if need_phase:
+            _lff_bwd_phase_kernel[(p2,)](
+                rows[r0:r1],
+                wr,
+                w1,
+                gab,
+                dx[r0:r1] if dx is not None else ws2,
+                ws2,
+                n,
+                F2,
+                H,
+                triton.cdiv(n, phase_blocks["BLOCK_R"]),
+                rows.stride(0),
+                rows.stride(1),
+                ws2.stride(0),
+                1 if fresh else 0,
+                inv_sqrt_f,
+                M=meta["M"],
+                COMPUTE=meta["COMPUTE"],
+                PRECISION=meta["PRECISION"],
+                INTERPRET=INTERPRET,
+                NEED_X=flags["NEED_X"],
+                NEED_WR=flags["NEED_WR"],
+                BLOCK_M=meta["BLOCK_M"],
+                enable_fp_fusion=False,
+                **phase_blocks,
+                **phase_options,
+            )
         for _, features, _, wb, wo, n_blocks, splits, wws in plans:
             b_op = g[r0:r1] if not features else gab
             per_split = triton.cdiv(triton.cdiv(n, splits), wb["BLOCK_R"]) * wb["BLOCK_R"]
@@ -762,6 +960,8 @@ def _split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
                 **wb,
                 **wo,
             )
-    _sum_partials(ws, small, programs, out, device)
+    _sum_partials(ws1, small, p1, out, device)
+    if flags["NEED_WR"]:
+        _sum_partials(ws2, [(1, wr, 0)], p2, out, device)
     for idx, _, ref, _, _, _, splits, wws in plans:
         _sum_partials(wws, [(idx, ref, 0)], splits, out, device)
