@@ -50,15 +50,19 @@ H=256, Dg=1024 a program's partials are 1.8 MB, so P ~ 142 and 32-row tiles
 read-modify-write 2^15 x 2 x 1.8 MB ~ 118 GB, mostly from HBM (measured on the H200,
 2026-11-27: bf16 150 ms, fp32 746 ms, against 6.7 / 42 ms for torch.compile). When the
 partials of one program exceed _SPLIT_K_BYTES (256 kB; the rule is in ``lff_bwd``), the
-weight gradients are formed as matrix products over the rows instead:
+backward runs as four kernels per chunk of rows, the weight gradients as matrix products
+over the rows:
 
     for each chunk of C rows (C: h and ga of the chunk fit _BUFFER_BYTES, 128 MB):
-        first pass = the fused kernel without its dw1 / dw2 partials (STORE_H, STORE_GA):
-            dx, and its dwr / db1 / db2 partials as before (a few kB per program); h and
-            ga, rounded to the compute dtype exactly as the fused kernel uses them, stored
-            to two [C, H] buffers
-        dw2 += h^T @ dY          _lff_bwd_wgrad_kernel, FEATURES=False
-        dw1 += [cos || sin]^T @ ga / sqrt(F)   (features recomputed)   FEATURES=True
+        first pass: _lff_bwd_kernel with H_SPLIT, one program per (block of 128 hidden
+            columns, row-tile walker): a, h, gh = dY w2^T and ga for its columns only
+            (half the registers: 64-row tiles), db1 / db2 partials (a few kB per
+            program, as in the fused kernel); h and ga, rounded to the compute dtype
+            exactly as the fused kernel uses them, stored to two [C, H] buffers
+        phase: _lff_bwd_phase_kernel, 128-row tiles: gr = ga w1^T (cos and sin halves),
+            d loss / d phase, dx, dwr partials (the fused kernel's second feature pass)
+        dw2 += h^T @ dY                        _lff_bwd_wgrad_kernel, FEATURES=False
+        dw1 += [cos || sin]^T @ ga / sqrt(F)   (features recomputed), FEATURES=True
 
 _lff_bwd_wgrad_kernel is a split-K matmul: a program owns one output block (128 x 64 of
 dw2; 32 frequencies x up to 256 hidden of dw1, cos and sin rows) and one contiguous range
@@ -66,35 +70,33 @@ of the chunk's rows (S ranges, S ~ 2 * SMs / blocks), accumulates over it in flo
 registers, and touches its workspace row once per chunk (stored on the first chunk,
 added on the others). sum_partials_kernel adds the S rows in the fixed order, as before.
 Determinism: block sizes, C and S are fixed functions of the shapes, the dtype and the
-SM count; rows are summed in a fixed order within a range, ranges and chunks in a fixed
-order; no atomics. The operands are the fused kernel's (the same rounded h, ga, dY and
-features), so both paths agree to float32 summation order. Memory: the two buffers
-(128 MB) + S x |dw1| and S x |dw2| float32 (~27 MB bf16, ~14 MB float32 here) + the
-first pass's small partials: bounded independently of N.
+SM count (C not of ``needs``); rows are summed in a fixed order within a range, ranges
+and chunks in a fixed order; no atomics. The operands are the fused kernel's (the same
+rounded h, ga, dY and features), so both paths agree to float32 summation order.
+Memory: the two buffers (128 MB) + S x |dw1| and S x |dw2| float32 (~27 MB bf16, ~14 MB
+float32 here) + the small partials: ~160 MB, bounded independently of N (eager: 9 GB).
 
 Counts for the compute case (2^20 rows, M=2, F=768, H=256, Dg=1024), bf16, per row:
-    first pass: HBM dY 2048 B + h, ga 1024 B stored (+ x, dx 16 B) -> 3.2 GB, 0.75 ms
-        at 4275 GB/s; 2FH + 2HDg + 2FH = 1.31 MFLOP -> 1.37 TFLOP, 2.0 ms at 687 TFLOP/s
-        (but 32-row tiles use mma.sync, not wgmma: expect ~2x that); 2 x F/2 sincos;
-        and from L2 the weights per 32-row tile (w1 twice, w2 once: 1.3 MB) -> ~43 GB
-        of L2 reads, the term this pass keeps from the fused design
-    dw2: dY 2048 B + h 512 B -> 2.7 GB, 0.63 ms; 2HDg = 0.52 MFLOP -> 0.8 ms (wgmma)
-    dw1: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP -> 0.6 ms (mma.sync, 32-row blocks:
-        ~1.2 ms); F/2 sincos (once per row for H <= 256)
-    workspaces: 8 chunks x 2 x 27 MB ~ 0.4 GB, first pass 16 kB per tile in L2: minor.
-PREDICTION (not measured: no GPU in this session), bf16 on the H200. From the counts
-above: ~6-9 ms (first pass ~4-6 ms, bounded by its 32-row matmuls and the L2 weight
-reads; dw2 + dw1 ~2-3 ms). Calibrated instead by the forward, measured at 8.69 ms on
-the same case (0.45 MFLOP, 14 kB of L2 weight reads and F/2 sincos per row, 64-row
-tiles: ~7x its own count-based floor), the first pass, which has 2.9x the forward's
-FLOPs and L2 reads and 2x its sincos, would take ~17-25 ms: ~20-30 ms in all. Either
-way against 150 ms measured for the fused kernel here (and 6.7 ms for torch.compile).
-float32 ("ieee" FMA matmuls): 2.23 MFLOP per row -> 2.34 TFLOP, 46 ms at 51 TFLOP/s;
-calibrated by the float32 forward (33.6 ms, ~3.7x its count) ~100-130 ms (746 ms fused,
-42 ms torch.compile). The first pass is the part still tied to tiles x |weights| (in
-L2): if the GPU confirms it dominates, split it too -- a kernel for h and ga over
-128-row x 128-hidden tiles (a and gh as two register accumulators, each weight read once
-per 128 rows) and one for gr = ga w1^T, dx and dwr over 128-row tiles.
+    first pass: HBM dY 2048 B (the second hidden block's read mostly from L2: both
+        blocks of a tile run side by side) + h, ga 1024 B stored -> 3.2 GB, 0.75 ms at
+        4275 GB/s; 2FH + 2HDg = 0.92 MFLOP (wgmma, 64 rows); 2 x F/2 sincos (once per
+        hidden block); from L2 each weight once per 64 rows (~14 kB per row, as the
+        forward; the fused kernel: three weight reads per 32 rows, ~41 kB)
+    phase: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP; F/2 sincos; w1 once per 128 rows
+    dw2: dY 2048 B + h 512 B -> 2.7 GB, 0.63 ms; 2HDg = 0.52 MFLOP (wgmma)
+    dw1: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP (mma.sync: 32-row blocks); F/2 sincos
+    workspaces: 8 chunks x 2 x 27 MB ~ 0.4 GB; the walkers' small partials in L2.
+    In all ~7 GB of HBM traffic (1.6 ms), 2.23 MFLOP per row -> 2.34 TFLOP (3.4 ms at
+    687 TFLOP/s), 4 x F/2 sincos per row (~1.6e9, ~60 FP32 instructions each: ~3 ms of
+    FP32 issue, partly overlapping the tensor cores).
+PREDICTION (not measured: no GPU in this session), bf16 on the H200: ~5-8 ms from the
+counts. Calibrated instead by the forward, measured at 8.69 ms on the same case (0.45
+MFLOP, ~14 kB of L2 weight reads and F/2 sincos per row: ~7x its count-based floor):
+the first pass has 2x its FLOPs and sincos and the same weight reads, ~13-17 ms, the
+other three kernels ~3-6 ms, ~16-23 ms in all. Either way against 150 ms measured for
+the fused kernel here (and 6.7 ms for torch.compile). float32 ("ieee" FMA matmuls):
+2.34 TFLOP -> 46 ms at 51 TFLOP/s; ~60-120 ms calibrated by the float32 forward (33.6
+ms, ~3.7x its count), against 746 ms fused and 42 ms for torch.compile.
 """
 
 from __future__ import annotations
