@@ -624,7 +624,14 @@ def _wgrad_blocks(meta: dict, features: bool, n_i: int, n_j: int, chunk: int, ar
 
 # The split-K path's first pass (the fused kernel, H_SPLIT) and phase kernel on the GPU:
 # (BLOCK_R, BLOCK_K, BLOCK_H, BLOCK_D, num_warps, num_stages) and (BLOCK_R, BLOCK_K,
-# BLOCK_H, num_warps, num_stages), by matmul kind. See first_pass_config / phase_config.
+# BLOCK_H, num_warps, num_stages), by matmul kind. Chosen by compiling for sm_80 / sm_90
+# (H=256; no GPU). First pass, bf16: 64 rows x 128 hidden columns, 16 dY columns per
+# step spill 24-32 B (Triton 3.9), 8-48 B (3.6), 112 B (3.1 sm_80; on sm_90 3.1 takes
+# the 32-row second choice, no spill); 64 hidden columns would not spill but evaluate
+# each row's sincos H / 64 times, 32 dY columns spill 112 B, 128 rows 1.3 kB. float32
+# (FMA and TF32): 32 rows, no spill. Phase kernel: 128 rows (bf16; 64 TF32, 32 float32
+# FMA) x 32 frequencies, 32 hidden columns per step: no spill with 3.9, at most 24 B
+# with 3.1 / 3.6. Timing on the GPU is pending.
 _FIRST_PASS_CONFIGS = {
     "mma16": (64, 16, 128, 16, 8, 1),
     "tf32": (32, 16, 128, 16, 8, 1),
