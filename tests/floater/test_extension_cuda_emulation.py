@@ -183,4 +183,3 @@ def test_cluster_plans_run_in_one_wave(emulator, shape, backward):
     mode, _blocks, G, Sg = map(int, r.stdout.split()[:4])
     assert mode == CLUSTER, r.stdout
     assert G <= 8 and G * Sg >= S, r.stdout
-
