@@ -43,9 +43,9 @@
 #          call2 = build ceilings floater summary
 #          call3 = build compile lff rotary bench summary
 #          proof = build verify tests ceilings lff floater rotary summary, within 480 s,
-#                  limits and arguments of its own (PROOF_LIMIT, proof_args below): LFF at
-#                  N = 2^20 (F=768 H=256 D=1024, bf16 and fp32, then the tables and fused
-#                  adds, then the memory-bound canonical case), FLOATER L=1024 S=12
+#                  limits and arguments of its own (PROOF_LIMIT, proof_args below): LFF
+#                  (the memory-bound canonical case, then N = 2^20 F=768 H=256 D=1024 in
+#                  bf16, the tables and fused adds, the same in fp32), FLOATER L=1024 S=12
 #                  d=H=512, rotary at LightGlue and ViT sizes. Files back: gpu_validate.log,
 #                  tests_junit.xml, ceilings.json, lff_gpu.json, floater_gpu.json,
 #                  rotary_gpu.json, summary.json, summary.md (stages.jsonl and verify.txt
@@ -91,8 +91,8 @@ declare -A MIN_TIME=([build]=60 [tests]=60 [tests-large]=30 [verify]=20 [ceiling
 # The proof: 480 s in all. Installing the prebuilt extension takes ~30 s of the build's
 # limit (compiling sm_90 instead, 2-4 min, leaves less to the rest, which the deadline cuts
 # in reverse order of value).
-declare -A PROOF_LIMIT=([build]=240 [verify]=70 [tests]=80 [ceilings]=20 [lff]=130
-  [floater]=60 [rotary]=45 [summary]=30)
+declare -A PROOF_LIMIT=([build]=240 [verify]=90 [tests]=70 [ceilings]=15 [lff]=130
+  [floater]=60 [rotary]=60 [summary]=30)
 declare -A PROOF_MIN_TIME=([build]=30 [verify]=20 [tests]=30 [ceilings]=10 [lff]=40
   [floater]=30 [rotary]=25 [summary]=5)
 # The proof's tests: one pytest -k term per kind of test worth its seconds on the GPU (the
@@ -426,12 +426,33 @@ stage_tests_large() {
     "${args[@]}" tests/common/test_large_gpu.py tests/common/test_triton.py::test_more_than_2_31_output_elements
 }
 
+# verify's op groups, one process each, run side by side: on a fresh GPU machine verify's
+# time is Triton compiling its kernels, one core per process (the first H200 run, 2026-11-27:
+# ~18 s per LFF dtype; one process reached 11 of its lines in 70 s), and that machine has
+# 16 cores. The dry run checks one group (the same code path).
+VERIFY_GROUPS=(lff encoding,encoding_nd lff_rotary,apply_lff_rotary floater)
 stage_verify() {
-  local device=cuda ops=()
-  if ((DRY)); then device=cpu; ops=(--ops floater); fi
-  # kept beside the log for the summary (verify.txt: one line per op / backend / dtype)
-  POSENC_FAST_TRITON_AUTOTUNE=$AUTOTUNE POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" -m posenc_fast verify --device "$device" \
-    "${ops[@]}" | tee "$WORK_DIR/verify.txt"
+  local device=cuda groups=("${VERIFY_GROUPS[@]}")
+  if ((DRY)); then device=cpu; groups=(floater); fi
+  # one seed for all groups, printed in each part (verify --seed replays it)
+  local seed="${VERIFY_SEED:-$(((RANDOM << 15) | RANDOM))}"
+  local parts="$WORK_DIR/verify_parts" i rc=0 pids=()
+  rm -rf "$parts"
+  mkdir -p "$parts"
+  for i in "${!groups[@]}"; do
+    POSENC_FAST_TRITON_AUTOTUNE=$AUTOTUNE POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" \
+      -m posenc_fast verify --device "$device" --seed "$seed" --ops "${groups[$i]}" \
+      >"$parts/$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { local r=$?; ((rc == 0 || r == 124)) && rc=$r; }
+  done
+  # kept beside the log for the summary (verify.txt: one line per op / backend / dtype, the
+  # parts in group order; a part cut at the limit has no closing line)
+  for i in "${!groups[@]}"; do cat "$parts/$i.txt"; done | tee "$WORK_DIR/verify.txt"
+  rm -rf "$parts"
+  return "$rc"
 }
 
 stage_ceilings() {
@@ -452,7 +473,9 @@ stage_floater() {
   local default=""
   # the PERFORMANCE.md case: L=1024, S=12, d=H=512, against torchdiffeq (odeint and the
   # adjoint) and the CUDA-graphed loop
-  ((PROOF)) && default="--lengths 1024 --states 12 --dims 512 --impls cuda,torchdiffeq,adjoint,graph"
+  # (one method: the first run spent its 45 s on rk38 and rk4 of the subject and reached no
+  # baseline)
+  ((PROOF)) && default="--lengths 1024 --states 12 --dims 512 --methods rk38 --impls cuda,torchdiffeq,adjoint,graph"
   # shellcheck disable=SC2086
   POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/floater_gpu.py \
     --out "$OUT_DIR/floater_gpu.json" --time-budget "$budget" ${FLOATER_ARGS:-$default}
@@ -461,15 +484,16 @@ stage_floater() {
 stage_lff() {
   if ((DRY)); then
     local cases=canonical
-    ((PROOF)) && cases=compute,compute-fp32,sinusoidal-add,dft-add
+    ((PROOF)) && cases=canonical,compute,sinusoidal-add,dft-add,compute-fp32
     run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run --cases "$cases" --modes fwd \
       --out "$OUT_DIR/lff_gpu.json"
     return
   fi
   local default=""
-  # in order of value: the compute-bound LFF case in bf16 and fp32 (PERFORMANCE.md), the
-  # tables and fused adds, then the memory-bound canonical case; forward and backward
-  ((PROOF)) && default="--cases compute,compute-fp32,sinusoidal-table,sinusoidal-add,dft-add,canonical --modes fwd,bwd --impls eager,compile,triton"
+  # in order of value: PERFORMANCE.md's memory-bound canonical LFF case, the compute-bound
+  # one in bf16, the tables and fused adds, then compute in fp32; forward and backward (the
+  # first run, with compute-fp32 second and canonical last, never reached canonical)
+  ((PROOF)) && default="--cases canonical,compute,sinusoidal-table,sinusoidal-add,dft-add,compute-fp32 --modes fwd,bwd --impls eager,compile,triton"
   # shellcheck disable=SC2086
   run_limited "$PYTHON" benchmarks/lff_gpu.py --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
 }

@@ -272,9 +272,11 @@ def encoding_rows(name, spec, copy_gbps) -> list[dict]:
         nbytes = 2 * x.numel() * x.element_size()
     else:
         pos = torch.arange(rows, device=DEVICE)
-        fn = pf.dft if kind == "dft" else pf.sinusoidal
+        encode = pf.dft if kind == "dft" else pf.sinusoidal
         fns["eager"] = lambda: eager_table(kind, pos, dim)
-        fns["triton"] = lambda: fn(pos, dim, backend="triton")
+        # (not named fn: the loop below rebinds fn, which this closure would then call;
+        # the first GPU run failed so, 2026-11-27)
+        fns["triton"] = lambda: encode(pos, dim, backend="triton")
         nbytes = rows * dim * 4 + rows * 8
     if "compile" in ARGS.impls.split(",") and not ARGS.dry_run:
         fns["compile"] = torch.compile(fns["eager"])

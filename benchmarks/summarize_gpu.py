@@ -80,7 +80,9 @@ def junit(path: str) -> dict:
 def verify(path: str) -> dict:
     """``python -m posenc_fast verify`` output: PASS / FAIL / SKIP lines per op, backend and
     dtype (and the failures' detail lines under a FAIL)."""
-    rows, failures, skipped, seed, complete = [], [], [], None, False
+    # gpu_validate.sh runs verify's op groups side by side and concatenates their outputs:
+    # complete when every part (one header line each) reached its closing line
+    rows, failures, skipped, seed, parts, closed = [], [], [], None, 0, 0
     with open(path, errors="replace") as f:
         for ln in f:
             words = ln.split()
@@ -97,8 +99,10 @@ def verify(path: str) -> dict:
                 failures.append(ln.strip())
             elif ln.startswith("posenc_fast verify:") and "seed" in words:
                 seed = words[words.index("seed") + 1].rstrip(",")
+                parts += 1
             elif ln.startswith(("all backends agree", "1 mismatching")) or "mismatching op" in ln:
-                complete = True
+                closed += 1
+    complete = closed > 0 and closed >= parts
     return {"file": os.path.basename(path), "seed": seed, "complete": complete,
             "passed": sum(r["status"] == "PASS" for r in rows),
             "failed": sum(r["status"] == "FAIL" for r in rows),

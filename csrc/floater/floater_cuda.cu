@@ -918,37 +918,71 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
     }
   }
   // 2. cluster (sm_90): the smallest cluster whose shared memory holds the weights
-  //    (with the exchanged vectors staged in shared memory, else read from L2).
-  for (int stage = 1; stage >= 0 && !found && dev.cluster; --stage) {
-    for (int C = 2; C <= std::min<long>({kMaxCluster, pr.d, pr.H}) && !found; ++C) {
+  //    (with the exchanged vectors staged in shared memory, else read from L2), with all
+  //    G = ceil(S / Sg) clusters co-resident. A cluster's blocks share one GPC, so fewer
+  //    clusters than SMs / C may run at once (8 of 10 blocks on the H200); teams beyond
+  //    that would run in a second wave: the first H200 run (2026-11-27, S=12, d=H=512)
+  //    launched 12 clusters of 10 where 8 fit, twice the time. Then each team takes more
+  //    states (Sg = ceil(S / active clusters)) if its shared memory still fits, else the
+  //    next cluster size is tried. If no size runs in one wave, the first that fits runs
+  //    in waves (as before) rather than falling to the cooperative grid.
+  bool no_clusters = !dev.cluster, waves = false;
+  Plan in_waves{};
+  for (int stage = 1; stage >= 0 && !found && !no_clusters; --stage) {
+    for (int C = 2; C <= std::min<long>({kMaxCluster, pr.d, pr.H}) && !found && !no_clusters; ++C) {
       const int teams = std::max(1, dev.sms / C);
-      const int Sg = static_cast<int>(std::max<long>(1, (S + teams - 1) / teams));
-      const size_t smem = smem_bytes_for(pr, stages, C, Sg, true, false, stage != 0);
-      if (smem > limit) continue;
-      const void* k = pick_kernel(pr.dtype_size, kCluster, pr.backward);
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr{};
-      if (cluster_config(k, C, dim3(C, 1, 1), smem, nullptr, &cfg, &attr) != cudaSuccess) {
-        cudaGetLastError();
-        break;
+      int Sg = static_cast<int>(std::max<long>(1, (S + teams - 1) / teams));
+      for (int attempt = 0; attempt < 2 && !found; ++attempt) {
+        const size_t smem = smem_bytes_for(pr, stages, C, Sg, true, false, stage != 0);
+        if (smem > limit) break;  // more states per team need more
+        const void* k = pick_kernel(pr.dtype_size, kCluster, pr.backward);
+        cudaLaunchConfig_t cfg{};
+        cudaLaunchAttribute attr{};
+        if (cluster_config(k, C, dim3(C, 1, 1), smem, nullptr, &cfg, &attr) != cudaSuccess) {
+          cudaGetLastError();
+          no_clusters = true;  // this device or driver launches no clusters: the grid below
+          break;
+        }
+        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
+            cudaSuccess) {
+          cudaGetLastError();
+          break;
+        }
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess || clusters < 1) {
+          cudaGetLastError();
+          break;
+        }
+        const long G = (S + Sg - 1) / Sg;
+        if (G > clusters) {  // a second wave: fewer, fuller teams, if they fit
+          if (!waves) {
+            waves = true;
+            in_waves.mode = kCluster;
+            in_waves.C = C;
+            in_waves.Sg = Sg;
+            in_waves.stage_x = stage != 0;
+          }
+          const int fuller = static_cast<int>((S + clusters - 1) / clusters);
+          if (fuller <= Sg) break;
+          Sg = fuller;
+          continue;
+        }
+        pl.mode = kCluster;
+        pl.C = C;
+        pl.Sg = Sg;
+        pl.resident = true;
+        pl.stage_x = stage != 0;
+        found = true;
       }
-      if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) !=
-          cudaSuccess) {
-        cudaGetLastError();
-        continue;
-      }
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess || clusters < 1) {
-        cudaGetLastError();
-        continue;
-      }
-      pl.mode = kCluster;
-      pl.C = C;
-      pl.Sg = Sg;
-      pl.resident = true;
-      pl.stage_x = stage != 0;
-      found = true;
     }
+  }
+  if (!found && waves) {
+    pl.mode = kCluster;
+    pl.C = in_waves.C;
+    pl.Sg = in_waves.Sg;
+    pl.resident = true;
+    pl.stage_x = in_waves.stage_x;
+    found = true;
   }
   // 3. cooperative grid: the weights spread over as many co-resident blocks as needed,
   //    or, when even the whole GPU's shared memory cannot hold them, read from L2.

@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 from _timm import import_timm
-from conftest import backend_params
+from conftest import DEVICE, backend_params
 from torch import nn
 
 from posenc_fast import Floater, FloaterAttentionBias, _testing
@@ -36,15 +36,16 @@ def encoder(depth=3, seed=0):
 
 
 def images(seed=0):
-    return _testing.randn((2, 3, 16, 16), _testing.generator(seed))
+    return _testing.randn((2, 3, 16, 16), _testing.generator(seed), device=DEVICE)
 
 
 def tokens(seed=0):
-    return _testing.randn((2, 11, 16), _testing.generator(seed))
+    return _testing.randn((2, 11, 16), _testing.generator(seed), device=DEVICE)
 
 
 def with_biases(make, backend, share=True, seed=1, **kwargs):
-    model = make()
+    """The model on the test device, FLOATER biases added (on the model's device)."""
+    model = make().to(DEVICE)
     biases = add_floater_biases(model, share_integration=share, backend=backend, **kwargs)
     _testing.randomize_parameters(biases, seed, scale=0.3)  # the init is near zero
     return model, biases

@@ -298,7 +298,9 @@ def test_gpu_validate_dry_run_proof(tmp_path):
     ]  # fmt: skip
     assert all(r["status"] == "ok" and r["dry_run"] for r in stages), stages
     limits = {r["stage"]: r["limit_s"] for r in stages}
-    assert limits["verify"] <= 70 and limits["lff"] <= 130 and limits["tests"] <= 80
+    # the stages after the build fit the deadline with the summary's 30 s and the carried
+    # build's install (11 s on the first H200 run) to spare
+    assert sum(v for k, v in limits.items() if k not in ("build", "summary")) + 30 + 15 <= 480
     for term in ("gradcheck", "determinis", "2_31", "compile_fullgraph", "export"):
         count = re.search(rf"proof tests '-k {term}': (\d+) tests", log)
         assert count and int(count.group(1)) > 0, term
@@ -334,3 +336,18 @@ def test_summarize_reads_verify_output(tmp_path):
     assert len(v["skipped"]) == 1
     md = summarize.markdown(s)
     assert "1 passed, 1 failed" in md and "floater/cuda" in md
+
+
+def test_summarize_verify_parts_complete_only_when_every_part_closed(tmp_path):
+    """gpu_validate.sh concatenates verify's op groups (run side by side): a part cut at
+    the stage's limit (no closing line) leaves the whole incomplete."""
+    head = "posenc_fast verify: device cuda, seed 7 (replay with --seed 7)\n"
+    line = "PASS  {op}  triton  float32  6 cases  max fwd err 1.0e-06  (1.0 s)\n"
+    done = "all backends agree with the reference\n"
+    summarize = _module("summarize_gpu")
+    for parts, complete in (([True, True], True), ([True, False], False)):
+        text = "".join(head + line.format(op=f"op{i}") + (done if c else "")
+                       for i, c in enumerate(parts))  # fmt: skip
+        (tmp_path / "verify.txt").write_text(text)
+        v = summarize.summarize([str(tmp_path)])["verify"]
+        assert (v["passed"], v["complete"]) == (2, complete)

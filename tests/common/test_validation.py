@@ -829,7 +829,8 @@ def test_floater_cached_path_gives_times_gradients(op, backend):
     """In eval mode the module serves cached states; gradients to times still flow."""
     spec = SPECS["Floater"]
     a = spec.make(19)
-    m = pf.Floater(4, 3, hidden_dim=5, substeps=2, activation="tanh", backend=backend).eval()
+    m = pf.Floater(4, 3, hidden_dim=5, substeps=2, activation="tanh", backend=backend)
+    m = m.to(DEVICE).eval()
     with torch.no_grad():
         for k in FL_WEIGHTS:
             getattr(m, k).copy_(a[k])

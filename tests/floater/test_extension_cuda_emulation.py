@@ -168,3 +168,18 @@ def test_plan_on_an_h100_like_device(emulator, shape, expected):
     r = subprocess.run([str(emulator), "--plan", *map(str, shape)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert expected in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("backward", [0, 1], ids=["fwd", "bwd"])
+@pytest.mark.parametrize("shape", [(12, 512, 512), (36, 384, 384), (40, 256, 256)])
+def test_cluster_plans_run_in_one_wave(emulator, shape, backward):
+    """All teams of a cluster plan are co-resident (the emulated device runs 8 clusters at
+    once, as the H200 does for clusters of 9+ blocks): no second wave. The first H200 run
+    launched 12 clusters of 10 blocks for S=12, d=H=512, and took twice the time."""
+    S, d, H = shape
+    r = subprocess.run([str(emulator), "--plan", str(S), str(d), str(H), "1024", "5", "2", "4",
+                        str(backward)], capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    mode, _blocks, G, Sg = map(int, r.stdout.split()[:4])
+    assert mode == CLUSTER, r.stdout
+    assert G <= 8 and G * Sg >= S, r.stdout
