@@ -173,6 +173,23 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
             second += e * stages * br * bd + e * br * bh
             first += e * br * bk + e * bk * bh
         need = max(first, second, hidden)
+    elif kernel == "lff_bwd_wgrad":  # split-K dw2 = h^T dY / dw1 = r^T ga (lff_backward.py)
+        br, bi, bj = meta.get("BLOCK_R", 1), meta.get("BLOCK_I", 1), meta.get("BLOCK_J", 1)
+        e = 4 if meta.get("COMPUTE") == tl.float32 else 2
+        # The B tile (dY or ga), pipelined; then the A side: h^T tiles (pipelined) for dw2,
+        # the recomputed cos and sin tiles (float32, converted to the operand layout) for
+        # dw1; and the float32 accumulator(s) converted for the workspace update.
+        operands = e * stages * br * bj
+        if meta.get("FEATURES", False):
+            operands += 2 * (4 * br * bi + e * br * bi)
+        else:
+            operands += e * stages * bi * br
+        need = max(operands, 4 * bi * bj)
+    elif kernel == "lff_bwd_phase":  # gr = ga w1^T, then the phase chain (lff_backward.py)
+        br, bk, bh = meta.get("BLOCK_R", 1), meta.get("BLOCK_K", 1), meta.get("BLOCK_H", 1)
+        e = 4 if meta.get("COMPUTE") == tl.float32 else 2
+        # ga and the two w1^T tiles, pipelined; gr converted to the features' layout
+        need = e * stages * (br * bh + 2 * bh * bk) + 4 * br * bk
     elif kernel.startswith("rotary"):  # cos and sin [BLOCK_N, BLOCK_K] float32 tiles, each
         need = 2 * 4 * meta.get("BLOCK_N", 1) * bk  # converted to the channel-pair layout
     else:  # no matmul: conversions of one [BLOCK_R, BLOCK_K or BLOCK_D] float32 tile

@@ -142,7 +142,7 @@ def probe(case: Case, arch: int) -> str:
 _LFF = dict(M=2, MLP=True, ACT="gelu", COMPUTE=tl.bfloat16, PRECISION=None, INTERPRET=False,
             SPLIT=False)  # fmt: skip
 _ALL_NEEDS = dict(NEED_X=True, NEED_WR=True, NEED_W1=True, NEED_B1=True, NEED_W2=True,
-                  NEED_B2=True)  # fmt: skip
+                  NEED_B2=True, STORE_H=False, STORE_GA=False, H_SPLIT=False)  # fmt: skip
 _FEATURE_NEEDS = dict(_ALL_NEEDS, NEED_W1=False, NEED_B1=False, NEED_W2=False, NEED_B2=False)
 
 
@@ -164,6 +164,41 @@ def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int):
         )  # fmt: skip
         if _configs.refusal("lff_bwd", dict(constexprs, **blocks), **options, arch=arch) is None:
             return
+
+
+def _split_k_cases(label: str, constexprs: dict, pointer: str, arch: int, quick: bool):
+    """The large-weights path of the backward (lff_backward._SPLIT_K_BYTES): its fused
+    pass (no dw1 / dw2 partials, h and ga stored; block sizes chosen as _bwd_cases'; not
+    with --quick: the same kernel as the fused backward) and the two weight-gradient
+    kernels."""
+    flags = dict(NEED_X=False, NEED_WR=False, NEED_W1=False, NEED_W2=False, STORE_H=True,
+                 STORE_GA=True, H_SPLIT=True)  # fmt: skip
+    for blocks, options in [] if quick else bwd.first_pass_candidates(constexprs):
+        full = dict(constexprs, **flags, **blocks)
+        yield Case(
+            f"{label} split-K first pass BR{blocks['BLOCK_R']} BH{blocks['BLOCK_H']}", "lff_bwd",
+            bwd._lff_bwd_kernel, {"GRAD": pointer, "HB": pointer, "GAB": pointer}, full,
+            dict(enable_fp_fusion=False, **options),
+        )  # fmt: skip
+        if _configs.refusal("lff_bwd", full, **options, arch=arch) is None:
+            break
+    pb, po = bwd.phase_config(constexprs)
+    yield Case(
+        f"{label} split-K phase BR{pb['BLOCK_R']} BK{pb['BLOCK_K']} BH{pb['BLOCK_H']}",
+        "lff_bwd_phase", bwd._lff_bwd_phase_kernel, {"GAB": pointer},
+        dict(M=constexprs["M"], COMPUTE=constexprs["COMPUTE"], PRECISION=constexprs["PRECISION"],
+             INTERPRET=False, NEED_X=True, NEED_WR=True, BLOCK_M=constexprs["BLOCK_M"], **pb),
+        dict(enable_fp_fusion=False, **po),
+    )  # fmt: skip
+    for features, what in ((False, "dw2"), (True, "dw1")):
+        wb, wo = bwd.wgrad_config(constexprs, features)
+        yield Case(
+            f"{label} split-K {what} BR{wb['BLOCK_R']} BI{wb['BLOCK_I']} BJ{wb['BLOCK_J']}",
+            "lff_bwd_wgrad", bwd._lff_bwd_wgrad_kernel, {"A": pointer, "B": pointer},
+            dict(FEATURES=features, M=constexprs["M"], COMPUTE=constexprs["COMPUTE"],
+                 PRECISION=constexprs["PRECISION"], INTERPRET=False, **wb),
+            dict(enable_fp_fusion=False, **wo),
+        )  # fmt: skip
 
 
 def _cases(quick: bool, arch: int):
@@ -188,12 +223,18 @@ def _cases(quick: bool, arch: int):
                     "lff_fwd", fwd._lff_fwd_kernel, {"OUT": _PTR[dtype]},
                     dict(constexprs, **blocks), dict(enable_fp_fusion=False, **opts),
                 )  # fmt: skip
-            yield from _bwd_cases(
-                f"lff_bwd {shape_name} {kind}",
-                dict(constexprs, **_ALL_NEEDS, BLOCK_M=triton.next_power_of_2(M)),
-                _PTR[dtype],
-                arch,
-            )
+            bwd_constexprs = dict(constexprs, **_ALL_NEEDS, BLOCK_M=triton.next_power_of_2(M))
+            label = f"lff_bwd {shape_name} {kind}"
+            yield from _bwd_cases(label, bwd_constexprs, _PTR[dtype], arch)
+            # The compute shape's weights take the split-K path (CI's cost: the other
+            # shapes and TF32 compiled the same way, see lff_backward._WGRAD_CONFIGS).
+            if shape_name == "compute":
+                yield from _split_k_cases(label, bwd_constexprs, _PTR[dtype], arch, quick)
+    # The split-K path in float32 (IEEE FMA matmuls), compute shape (H=256).
+    if not quick:
+        constexprs = dict(_LFF, COMPUTE=tl.float32, PRECISION="ieee", BLOCK_H=256,
+                          BLOCK_M=2, **_ALL_NEEDS)  # fmt: skip
+        yield from _split_k_cases("lff_bwd compute fp32", constexprs, "*fp32", arch, quick)
     # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term),
     # canonical shape (H=32): the forward's first configuration, the backward's rule.
     fwd_blocks, fwd_opts = _fwd_config(fwd.configs_for(32)[0])

@@ -260,6 +260,14 @@ def test_every_hidden_size_keeps_a_configuration(triton_version, arch, monkeypat
             bmeta = dict(meta, BLOCK_M=2)
             blocks, options = bwd._blocks(1 << 20, 128, block_h, 768, bmeta, arch)
             assert _configs.refusal("lff_bwd", {**bmeta, **blocks}, **options, arch=arch) is None
+            # the split-K path (large weights): each of its kernels has a configuration
+            # (the _*_blocks functions raise where the rules refuse theirs)
+            blocks, options = bwd._first_pass_blocks(bmeta, 384, 1024, arch)
+            split = dict(bmeta, H_SPLIT=True, **blocks)
+            assert _configs.refusal("lff_bwd", split, **options, arch=arch) is None
+            assert bwd._phase_blocks(bmeta, 384, block_h, 1 << 17, arch)[0]
+            for features in (False, True):
+                assert bwd._wgrad_blocks(bmeta, features, 384, 1024, 1 << 17, arch)[0]
 
 
 def test_autotune_off_offers_one_configuration(monkeypatch):

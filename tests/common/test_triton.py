@@ -172,6 +172,72 @@ def test_partial_sums_independent_of_program_count(monkeypatch):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"d{name}")
 
 
+@pytest.fixture
+def split_k(monkeypatch):
+    """The backward's large-weights path (split-K, lff_backward._split_k) for every MLP
+    case, with h / ga buffers of 128 rows (so 300 rows take 3 chunks); yields the list of
+    the calls it received, to show that the path was taken."""
+    from posenc_fast.triton_kernels import lff_backward
+
+    calls = []
+    real = lff_backward._split_k
+
+    def spy(out, args, *rest):
+        calls.append(args[0].shape[0])
+        return real(out, args, *rest)
+
+    monkeypatch.setattr(lff_backward, "_SPLIT_K_BYTES", 0)
+    monkeypatch.setattr(lff_backward, "_split_k", spy)
+    monkeypatch.setattr(lff_backward, "_BUFFER_BYTES", 1)  # the smallest chunk: 128 rows
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_split_k_backward_against_float64(dtype, split_k):
+    """The split-K path: 300 rows in 3 chunks of h / ga, each weight-gradient block summed
+    over 2 row ranges (the interpreter's 4 programs), partials carried across the chunks;
+    every gradient against float64 autograd of the reference."""
+    _grads_vs_reference(_case(300, 2, 20, 24, 40, "gelu_tanh"), dtype, seed=61)
+    assert split_k == [300]
+
+
+def test_split_k_bitwise_deterministic_and_close_to_the_fused_kernel(split_k, monkeypatch):
+    """Two split-K runs give the same bits; the fused kernel (other summation order)
+    agrees to float32 rounding."""
+    from posenc_fast.triton_kernels import lff_backward
+
+    case = _case(300, 2, 16, 24, 40)
+    args = _testing.lff_inputs(case, torch.float32, DEVICE, seed=63)
+    g = _testing.randn((300, 40), _testing.generator(64), torch.float32, DEVICE)
+    first = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
+    second = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
+    assert split_k == [300, 300]
+    for name, a, b in zip(NAMES, first, second):
+        assert torch.equal(a, b), f"d{name} differs between two runs"
+    monkeypatch.setattr(lff_backward, "_SPLIT_K_BYTES", 1 << 30)
+    fused = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
+    assert split_k == [300, 300]
+    for name, a, b in zip(NAMES, first, fused):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"d{name}")
+
+
+def test_split_k_only_needed_gradients(split_k):
+    """Needs subsets on the split-K path: dw1 and dw2 alone (one split-K launch each, the
+    first pass storing only h or ga) and with dx equal the full run bitwise; without them
+    the fused kernel runs (other summation order for dwr, db1, db2)."""
+    case = _case(300, 2, 16, 24, 40)
+    args = _testing.lff_inputs(case, torch.bfloat16, DEVICE, seed=65)
+    g = _testing.randn((300, 40), _testing.generator(66), torch.bfloat16, DEVICE)
+    everything = LFF["triton"].backward(g, *args, "relu", [True] * 6)
+    for which in ({2}, {4}, {0, 2}, {1, 3, 4, 5}):
+        needs = [i in which for i in range(6)]
+        got = LFF["triton"].backward(g, *args, "relu", needs)
+        assert [t is not None for t in got] == needs
+        for i in which:
+            assert torch.equal(got[i], everything[i]), f"d{NAMES[i]} with needs {needs}"
+    assert len(split_k) == 5
+
+
 @pytest.mark.parametrize("mlp", [True, False], ids=["mlp", "features"])
 def test_only_needed_gradients_are_computed(mlp):
     """Each gradient alone: the others are None, and it equals (bitwise) the same
