@@ -350,11 +350,28 @@ def _try_load(part: str = "cpu") -> tuple[Optional[ModuleType], list[str], Optio
     state["ignored"] = ignored
     if not_built:  # the install's own decision or failure says most
         return None, ignored, None
+    failure = _cached_failure(part)
+    if failure:  # an explicit build (`python -m posenc_fast build`) that failed says why
+        return None, [*ignored, failure], None
     how = (
         "`python -m posenc_fast build` builds it where torch has CUDA and a CUDA toolkit of "
         "the same major version is found"
     )
     return None, [*ignored, f"{_what(part)} is not built: {how}"], None
+
+
+def _cached_failure(part: str) -> Optional[str]:
+    """The remembered failure of the last build of ``part`` into the cache for this torch
+    and these sources (``<part>.failed.json``), as a reason; None if there is none."""
+    target = cache_dir(part)
+    record = _read_record(target.parent / f"{part}.failed.json") if target is not None else None
+    if record is None:
+        return None
+    return (
+        f"building {_what(part)} failed at {record.get('build_time')} "
+        f"({_cfg.error_summary(record.get('error'))}; the log: {record.get('log')}): fix it, "
+        f"then {BUILD_HINT}"
+    )
 
 
 def load(part: str = "cpu") -> Optional[ModuleType]:
