@@ -614,15 +614,18 @@ __device__ void load_start(Block<T, Team>& b, const Params<T>& p, int j) {
 //      trip per batch: for that case, 1 per chunk, 2 chunks). Solo teams skip this: their
 //      exchange buffers are shared memory already.
 //   2. A thread owns a column n and kWgU consecutive rows k: the kWgU old dw values are
-//      loaded together (one round trip per kWgU elements: 24 instead of 94 here), the
-//      sums read only shared memory (G_i[m][n] once per row r for kWgU FMAs; X broadcast
+//      loaded together (one round trip per kWgU elements, 4 floats: 24 instead of 94 here),
+//      the sums read only shared memory (G_i[m][n] once per row r for kWgU FMAs; X broadcast
 //      across the warp), and dw is stored once.
 // So ~26 instead of ~850 dependent L2 round trips per thread per call for that case; the
 // summation order within a chunk of rows is the old one, and rows are only split into
 // several chunks (each added to dw in turn) when R exceeds the scratch (R > 2048).
 // Accumulating dw over an interval's substeps on chip was not done: one block's share of
 // one layer (K x N: 512 x 47 floats = 94 KB here) does not fit beside its resident weights.
-constexpr int kWgU = 4;          // elements (consecutive rows k) per thread and pass
+// elements (consecutive rows k) per thread and pass: 4 floats, 2 doubles (old and acc are
+// live across the sums; the solo backward kernels sit at 128 registers and spill already)
+template <typename T>
+constexpr int kWgU = sizeof(T) >= 8 ? 2 : 4;
 constexpr int kStageBatch = 8;   // independent loads per thread when staging X
 template <typename T, class Team>
 __device__ void add_weight_grads(const Tableau& tb, T t, T h, int M, const T* X, long x_stage, int K, const T* G,
@@ -658,32 +661,32 @@ __device__ void add_weight_grads(const Tableau& tb, T t, T h, int M, const T* X,
           }
           __syncthreads();
         }
-        // row r's columns: xrow(r)[k - k0] (staged) or X_i[m] (direct, k0 = 0)
-        const int groups = (nk + kWgU - 1) / kWgU;
+        // a thread item: column n, rows kg .. kg + kWgU - 1 of dw
+        const int groups = (nk + kWgU<T> - 1) / kWgU<T>;
         for (int it = threadIdx.x; it < groups * N; it += kThreads) {
-          const int n = it % N, kg = k0 + (it / N) * kWgU;
-          const int nu = min(kWgU, k0 + nk - kg);  // valid rows k of this group
+          const int n = it % N, kg = k0 + (it / N) * kWgU<T>;
+          const int nu = min(kWgU<T>, k0 + nk - kg);  // valid rows k of this group
           T* dst = dw + static_cast<long>(kg) * ldw + c0 + n;
-          T old[kWgU], acc[kWgU];
+          T old[kWgU<T>], acc[kWgU<T>];
 #pragma unroll
-          for (int u = 0; u < kWgU; ++u) {
+          for (int u = 0; u < kWgU<T>; ++u) {
             old[u] = u < nu ? dst[u * ldw] : T(0);
             acc[u] = T(0);
           }
-          int i = r0 / M, m = r0 % M;
+          int i = r0 / M, m = r0 % M;  // row r = i * M + m
           for (int r = r0; r < r0 + nr; ++r) {
             const T* xr = direct ? X + i * x_stage + static_cast<long>(m) * K + kg
                                  : scratch + static_cast<long>(r - r0) * nk + (kg - k0);
             const T g = G[i * g_stage + m * N + n];
 #pragma unroll
-            for (int u = 0; u < kWgU; ++u) acc[u] += xr[u < nu ? u : 0] * g;
+            for (int u = 0; u < kWgU<T>; ++u) acc[u] += xr[u < nu ? u : 0] * g;
             if (++m == M) {
               m = 0;
               ++i;
             }
           }
 #pragma unroll
-          for (int u = 0; u < kWgU; ++u)
+          for (int u = 0; u < kWgU<T>; ++u)
             if (u < nu) dst[u * ldw] = old[u] + acc[u];
         }
         if constexpr (!direct) __syncthreads();  // the scratch is restaged next
