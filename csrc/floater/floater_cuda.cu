@@ -649,9 +649,11 @@ __device__ void add_weight_grads(const Tableau& tb, T t, T h, int M, const T* X,
             T v[kStageBatch];
 #pragma unroll
             for (int u = 0; u < kStageBatch; ++u) {
-              const int e = e0 + u * kThreads;
+              // past the end: a valid address (the last element) instead of a branch, so
+              // that the loads are issued back to back
+              const int e = min(e0 + u * kThreads, total - 1);
               const int r = r0 + e / nk, kk = e % nk;
-              v[u] = e < total ? __ldcg(X + (r / M) * x_stage + static_cast<long>(r % M) * K + k0 + kk) : T(0);
+              v[u] = __ldcg(X + (r / M) * x_stage + static_cast<long>(r % M) * K + k0 + kk);
             }
 #pragma unroll
             for (int u = 0; u < kStageBatch; ++u) {
@@ -670,7 +672,7 @@ __device__ void add_weight_grads(const Tableau& tb, T t, T h, int M, const T* X,
           T old[kWgU<T>], acc[kWgU<T>];
 #pragma unroll
           for (int u = 0; u < kWgU<T>; ++u) {
-            old[u] = u < nu ? dst[u * ldw] : T(0);
+            old[u] = dst[min(u, nu - 1) * ldw];  // (nu >= 1) unconditional: loads back to back
             acc[u] = T(0);
           }
           int i = r0 / M, m = r0 % M;  // row r = i * M + m
