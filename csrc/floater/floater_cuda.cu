@@ -598,21 +598,101 @@ __device__ void load_start(Block<T, Team>& b, const Params<T>& p, int j) {
 // weights are dw [K+1][ldw] (row K: the time row) and bias db: for k < K, n < N,
 //   dw[k][c0 + n] += sum_i sum_m X_i[m][k] G_i[m][n],
 //   dw[K][c0 + n] += sum_i tau_i sum_m G_i[m][n],   db[c0 + n] += sum_i sum_m G_i[m][n],
-// X_i = X + i * x_stage ([M][K], an exchange buffer), G_i = G + i * g_stage ([M][N]),
-// summed over the stages i, then the states m, in order (determinism).
+// X_i = X + i * x_stage ([M][K], an exchange buffer), G_i = G + i * g_stage ([M][N], shared),
+// summed over the rows r = i * M + m in order (determinism), then added to dw.
+//
+// Why this shape (the first H200 run: this loop was ~61% of the backward). The previous
+// version gave each thread one element at a time and walked (i, m) reading X_i[m][k] from
+// the global exchange buffer (ld.global.cg, L2) with one FMA after each load, then a
+// load-add-store of dw: with R = stages x M rows, R + 1 dependent L2 round trips per
+// element (at Sg = 2 the loop was not even unrolled): S=12 d=H=512 rk38 on 11-block
+// clusters is 94 elements per thread per call, ~850 dependent round trips (~0.24 us each).
+// Now, per call:
+//   1. X's rows are staged in shared memory in chunks of kc columns (the block's block_gemm
+//      scratch `red`, free between products: kc = kRedElems / R, 256 columns at R = 8),
+//      each thread's share loaded in batches of kStageBatch independent loads (one round
+//      trip per batch: for that case, 1 per chunk, 2 chunks). Solo teams skip this: their
+//      exchange buffers are shared memory already.
+//   2. A thread owns a column n and kWgU consecutive rows k: the kWgU old dw values are
+//      loaded together (one round trip per kWgU elements, 4 floats: 24 instead of 94 here),
+//      the sums read only shared memory (G_i[m][n] once per row r for kWgU FMAs; X broadcast
+//      across the warp), and dw is stored once.
+// So ~26 instead of ~850 dependent L2 round trips per thread per call for that case; the
+// summation order within a chunk of rows is the old one, and rows are only split into
+// several chunks (each added to dw in turn) when R exceeds the scratch (R > 2048).
+// Accumulating dw over an interval's substeps on chip was not done: one block's share of
+// one layer (K x N: 512 x 47 floats = 94 KB here) does not fit beside its resident weights.
+// elements (consecutive rows k) per thread and pass: 4 floats, 2 doubles (old and acc are
+// live across the sums; the solo backward kernels sit at 128 registers and spill already)
+template <typename T>
+constexpr int kWgU = sizeof(T) >= 8 ? 2 : 4;
+constexpr int kStageBatch = 8;   // independent loads per thread when staging X
 template <typename T, class Team>
 __device__ void add_weight_grads(const Tableau& tb, T t, T h, int M, const T* X, long x_stage, int K, const T* G,
-                                 long g_stage, int N, int c0, T* dw, long ldw, T* db, bool need_w, bool need_b) {
+                                 long g_stage, int N, int c0, T* dw, long ldw, T* db, bool need_w, bool need_b,
+                                 T* scratch) {
   if (!need_w && !need_b) return;
   const int S_ = tb.stages;
-  if (need_w) {
-    for (long e = threadIdx.x; e < static_cast<long>(K) * N; e += kThreads) {
-      const int k = static_cast<int>(e / N), n = static_cast<int>(e % N);
-      T v = T(0);
-      for (int i = 0; i < S_; ++i)
-        for (int m = 0; m < M; ++m)
-          v += xload<Team>(X + i * x_stage + static_cast<long>(m) * K + k) * G[i * g_stage + m * N + n];
-      dw[static_cast<long>(k) * ldw + c0 + n] += v;
+  if (need_w && M > 0 && N > 0) {
+    const int R = S_ * M;
+    constexpr bool direct = Team::kSmemExchange;  // X is in shared memory already
+    const int rc = direct ? R : min(R, kRedElems);
+    for (int r0 = 0; r0 < R; r0 += rc) {
+      const int nr = min(rc, R - r0);
+      const int kc = direct ? K : kRedElems / nr;  // >= 1: nr <= kRedElems
+      for (int k0 = 0; k0 < K; k0 += kc) {
+        const int nk = min(kc, K - k0);
+        if constexpr (!direct) {
+          // stage rows r0 .. r0+nr, columns k0 .. k0+nk of X: scratch[(r - r0) * nk + kk]
+          const int total = nr * nk;
+          for (int e0 = threadIdx.x; e0 < total; e0 += kStageBatch * kThreads) {
+            T v[kStageBatch];
+#pragma unroll
+            for (int u = 0; u < kStageBatch; ++u) {
+              // past the end: a valid address (the last element) instead of a branch, so
+              // that the loads are issued back to back
+              const int e = min(e0 + u * kThreads, total - 1);
+              const int r = r0 + e / nk, kk = e % nk;
+              v[u] = __ldcg(X + (r / M) * x_stage + static_cast<long>(r % M) * K + k0 + kk);
+            }
+#pragma unroll
+            for (int u = 0; u < kStageBatch; ++u) {
+              const int e = e0 + u * kThreads;
+              if (e < total) scratch[e] = v[u];
+            }
+          }
+          __syncthreads();
+        }
+        // a thread item: column n, rows kg .. kg + kWgU - 1 of dw
+        const int groups = (nk + kWgU<T> - 1) / kWgU<T>;
+        for (int it = threadIdx.x; it < groups * N; it += kThreads) {
+          const int n = it % N, kg = k0 + (it / N) * kWgU<T>;
+          const int nu = min(kWgU<T>, k0 + nk - kg);  // valid rows k of this group
+          T* dst = dw + static_cast<long>(kg) * ldw + c0 + n;
+          T old[kWgU<T>], acc[kWgU<T>];
+#pragma unroll
+          for (int u = 0; u < kWgU<T>; ++u) {
+            old[u] = dst[min(u, nu - 1) * ldw];  // (nu >= 1) unconditional: loads back to back
+            acc[u] = T(0);
+          }
+          int i = r0 / M, m = r0 % M;  // row r = i * M + m
+          for (int r = r0; r < r0 + nr; ++r) {
+            const T* xr = direct ? X + i * x_stage + static_cast<long>(m) * K + kg
+                                 : scratch + static_cast<long>(r - r0) * nk + (kg - k0);
+            const T g = G[i * g_stage + m * N + n];
+#pragma unroll
+            for (int u = 0; u < kWgU<T>; ++u) acc[u] += xr[u < nu ? u : 0] * g;
+            if (++m == M) {
+              m = 0;
+              ++i;
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kWgU<T>; ++u)
+            if (u < nu) dst[u * ldw] = old[u] + acc[u];
+        }
+        if constexpr (!direct) __syncthreads();  // the scratch is restaged next
+      }
     }
   }
   for (int n = threadIdx.x; n < N; n += kThreads) {
@@ -736,10 +816,10 @@ __global__ void __launch_bounds__(kThreads) floater_bwd_kernel(const Params<T> p
       // ---- weight gradients of step k: own elements, sums over (stage, state) in order ----
       // w1 (own columns hs): rows c < d: sum_i sum_m Y_i[m][c] gz_i[m][h]
       add_weight_grads<T, Team>(tb, t, h, M, b.yx, static_cast<long>(Sg) * d, d, b.GZ, SgNh, nh, b.hb0, dw1, H, db1,
-                                p.need_w1, p.need_b1);
+                                p.need_w1, p.need_b1, b.red);
       // w2 (own columns ds): rows h < H: sum_i sum_m A_i[m][h] gk_i[m][c]
       add_weight_grads<T, Team>(tb, t, h, M, b.ax, static_cast<long>(Sg) * H, H, b.gK, SgNd, nd, b.db0, dw2, d, db2,
-                                p.need_w2, p.need_b2);
+                                p.need_w2, p.need_b2, b.red);
       // time gradients of step k: t_k = tp + k h, h = (times[j] - tp) / n
       const double dt_sum = block_sum(dt_acc, b.dscratch);
       const double dh_sum = block_sum(dh_acc, b.dscratch);

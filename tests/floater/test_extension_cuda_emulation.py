@@ -114,6 +114,12 @@ CASES = [
     (3, 5, 7, 4, 2, "midpoint", "identity", torch.float64, GRID, 3, 1, VECTORS_FROM_L2),
     (5, 9, 6, 3, 1, "rk4", "gelu", torch.float32, GRID, 2, 3, RESIDENT),
     (7, 40, 3, 2, 2, "rk38", "relu", torch.float64, GRID, 3, 2, RESIDENT),
+    # the weight-gradient pass stages X in chunks of the block's scratch (64 threads: 512
+    # elements): H=70 with 4 stages x 2 states = 8 rows takes two column chunks (64 + 6),
+    # the second team has one state, d=9 and 6 leave partial groups of 4 rows
+    (3, 9, 70, 3, 2, "rk4", "tanh", torch.float32, CLUSTER, 2, 2, RESIDENT | VECTORS_FROM_L2),
+    # ... and 4 stages x 130 states = 520 rows take two row chunks (512 + 8)
+    (130, 3, 5, 2, 1, "rk4", "gelu", torch.float64, GRID, 2, 130, 0),
 ]
 
 
