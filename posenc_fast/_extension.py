@@ -365,10 +365,13 @@ def _cached_failure(part: str) -> Optional[str]:
     and these sources (``<part>.failed.json``), as a reason; None if there is none."""
     target = cache_dir(part)
     record = _read_record(target.parent / f"{part}.failed.json") if target is not None else None
-    if record is None:
-        return None
+    return None if record is None else _failure_reason(part, record)
+
+
+def _failure_reason(part: str, record: dict, when: str = "") -> str:
+    """A remembered failed build (``<part>.failed.json``'s record) as a reason."""
     return (
-        f"building {_what(part)} failed at {record.get('build_time')} "
+        f"building {_what(part)}{when} failed at {record.get('build_time')} "
         f"({_cfg.error_summary(record.get('error'))}; the log: {record.get('log')}): fix it, "
         f"then {BUILD_HINT}"
     )
@@ -584,11 +587,7 @@ def build_part(
                 return cached, ""
             record = _read_record(failed)
             if first_use and record is not None:
-                return None, (
-                    f"building {what} on first use failed at {record.get('build_time')} "
-                    f"({_cfg.error_summary(record.get('error'))}; the log: "
-                    f"{record.get('log')}): fix it, then {BUILD_HINT}"
-                )
+                return None, _failure_reason(part, record, " on first use")
         return _compile_into(part, target, failed, verbose=verbose, plan=plan)
 
 
