@@ -1006,8 +1006,14 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
   //    states (Sg = ceil(S / active clusters)) if its shared memory still fits, else the
   //    next cluster size is tried. If no size runs in one wave, the first that fits runs
   //    in waves (as before) rather than falling to the cooperative grid.
-  bool no_clusters = !dev.cluster, waves = false;
-  Plan in_waves{};
+  bool no_clusters = !dev.cluster, waves = false;  // waves: pl holds the first plan in waves
+  auto take_cluster = [&pl](int C, int Sg, bool stage_x) {
+    pl.mode = kCluster;
+    pl.C = C;
+    pl.Sg = Sg;
+    pl.resident = true;
+    pl.stage_x = stage_x;
+  };
   for (int stage = 1; stage >= 0 && !found && !no_clusters; --stage) {
     for (int C = 2; C <= std::min<long>({kMaxCluster, pr.d, pr.H}) && !found && !no_clusters; ++C) {
       const int teams = std::max(1, dev.sms / C);
@@ -1037,33 +1043,19 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
         if (G > clusters) {  // a second wave: fewer, fuller teams, if they fit
           if (!waves) {
             waves = true;
-            in_waves.mode = kCluster;
-            in_waves.C = C;
-            in_waves.Sg = Sg;
-            in_waves.stage_x = stage != 0;
+            take_cluster(C, Sg, stage != 0);
           }
           const int fuller = static_cast<int>((S + clusters - 1) / clusters);
           if (fuller <= Sg) break;
           Sg = fuller;
           continue;
         }
-        pl.mode = kCluster;
-        pl.C = C;
-        pl.Sg = Sg;
-        pl.resident = true;
-        pl.stage_x = stage != 0;
+        take_cluster(C, Sg, stage != 0);
         found = true;
       }
     }
   }
-  if (!found && waves) {
-    pl.mode = kCluster;
-    pl.C = in_waves.C;
-    pl.Sg = in_waves.Sg;
-    pl.resident = true;
-    pl.stage_x = in_waves.stage_x;
-    found = true;
-  }
+  found = found || waves;  // no plan in one wave: the first one in waves, already in pl
   // 3. cooperative grid: the weights spread over as many co-resident blocks as needed,
   //    or, when even the whole GPU's shared memory cannot hold them, read from L2.
   //    Preference: resident weights, staged vectors, fewest states per team (the most
