@@ -51,7 +51,11 @@ from posenc_fast.cli._environment import describe
 from posenc_fast.integrations.attention import add_floater_biases
 
 ROOT = Path(__file__).resolve().parent.parent
-OPS = {"fwd": "posenc_fast::floater", "bwd": "posenc_fast::floater_backward"}
+# the integration's forward (taped in eager training on the cpp backend) and its backward
+OPS = {
+    "fwd": ("posenc_fast::floater", "posenc_fast::floater_taped"),
+    "bwd": ("posenc_fast::floater_backward",),
+}
 
 
 def import_timm():
@@ -129,13 +133,13 @@ def step(model, opt, x, loss_fn, profile=False) -> tuple[float, dict]:
     ops = {}
     if profile:
         for ev in prof.key_averages():
-            for key, name in OPS.items():
-                if ev.key == name:
+            for key, names in OPS.items():
+                if ev.key in names:
                     total = ev.cpu_time_total
                     if x.is_cuda:  # the kernels' time (named cuda_time_total before 2.4)
                         total = getattr(ev, "device_time_total", None)
                         total = getattr(ev, "cuda_time_total", 0) if total is None else total
-                    ops[key] = total / 1e6
+                    ops[key] = ops.get(key, 0.0) + total / 1e6
     return seconds, ops
 
 

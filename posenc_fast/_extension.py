@@ -393,6 +393,12 @@ def load(part: str = "cpu") -> Optional[ModuleType]:
         return state["module"]
 
 
+def loaded_module(part: str = "cpu") -> Optional[ModuleType]:
+    """The module of ``part`` if a call already loaded it, else None (never loads or builds)."""
+    state = _state[part]
+    return state["module"] if state["tried"] else None
+
+
 def reasons(part: str = "cpu") -> list[str]:
     """Why ``part`` is unavailable ([] when it is loaded)."""
     load(part)

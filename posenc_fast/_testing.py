@@ -290,18 +290,21 @@ def count_floater_integrations():
     for impl in FLOATER.values():
         if impl.differentiable:  # the reference integrates without the op: not counted
             continue
-        forward = impl.forward
+        for name in ("forward", "forward_taped"):  # the taped forward integrates too
+            forward = getattr(impl, name, None)
+            if forward is None:
+                continue
 
-        def counting(*args, _forward=forward, **kwargs):
-            seen.append(args[5].shape[0])  # times [L]
-            return _forward(*args, **kwargs)
+            def counting(*args, _forward=forward, **kwargs):
+                seen.append(args[5].shape[0])  # times [L]
+                return _forward(*args, **kwargs)
 
-        impl.forward = counting
-        patched.append((impl, forward))
+            setattr(impl, name, counting)
+            patched.append((impl, name, forward))
 
     def restore():
-        for impl, forward in patched:
-            impl.forward = forward
+        for impl, name, forward in patched:
+            setattr(impl, name, forward)
 
     return seen, restore
 

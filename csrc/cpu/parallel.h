@@ -40,9 +40,16 @@ struct WorkQueue {
 // runs in the scheduler's time slices (milliseconds): the others wait for it at every
 // barrier and at the region's end, and a call takes several times its single-thread time.
 // A region in which a thread waited at barriers for more than kLateNs in all, or the
-// threads reached its end more than kLateNs apart, and that for more than a quarter of the
+// threads reached its end more than kLateNs apart, and that for more than half of the
 // region's duration, marks the machine contended; calls then run on one thread (the same
-// bits) for kSoloNs, after which a call tries the team again. POSENC_FAST_CPU_ALWAYS_TEAM=1
+// bits) for kSoloNs, after which a call tries the team again. Why half: a team of two whose
+// slower member runs at a fraction s of full speed takes W / (2 s) for work W, during
+// which the other waits a fraction 1 - s; one thread takes W. The team is the faster while
+// the waits stay under half the region (s > 1/2; more threads only lower that bar). A
+// quarter (the earlier bound) sent the FLOATER integrator at S = 36, d = 384 to one
+// thread most of the time on the quiet 2-core VM, whose vCPUs stall now and then: 12% of
+// its team regions waited over a quarter, 0.3% over half; forward 1.28 s against 0.81 s
+// with teams throughout (2026-11-27). POSENC_FAST_CPU_ALWAYS_TEAM=1
 // turns this off (the tests of thread-count independence must really run teams, on a CI
 // machine that may be busy).
 constexpr int64_t kLateNs = 1'000'000;
@@ -138,7 +145,7 @@ void parallel_region(int threads, const F& body, bool watch_end = true) {
     const int64_t end_spread = watch_end ? clock.last_end.load() - clock.first_end.load() : 0;
     const int64_t late = std::max(clock.waited.load(), end_spread);
     const int64_t took = now_ns() - begin;
-    if (late > kLateNs && 4 * late > took) solo_until_ns().store(now_ns() + kSoloNs, std::memory_order_relaxed);
+    if (late > kLateNs && 2 * late > took) solo_until_ns().store(now_ns() + kSoloNs, std::memory_order_relaxed);
     return;
   }
 #endif

@@ -453,6 +453,7 @@ struct Kernels {
   void (*bwd1)(const Bwd<T>&, const Panel<T>&);
   void (*bwd2)(const Bwd<T>&, const Panel<T>&);
   void (*flush)(const Flush<T>&, int64_t, int64_t);
+  void (*activate)(Activation, const T*, T*, int64_t);  // a = act(z) over n elements (layer 1's)
 };
 
 #define PF_ISA_WRAPPERS(NAME, ATTR, BYTES)                                                   \
@@ -477,9 +478,13 @@ struct Kernels {
     flush_impl<T, BYTES>(f, u0, u1);                                                          \
   }                                                                                           \
   template <typename T>                                                                       \
+  ATTR void activate_##NAME(Activation act, const T* z, T* a, int64_t n) {                    \
+    Act<T, BYTES>::forward(act, z, a, n);                                                     \
+  }                                                                                           \
+  template <typename T>                                                                       \
   Kernels<T> kernels_##NAME() {                                                               \
     return Kernels<T>{#NAME,           col_block<T, BYTES>(), &layer1_##NAME<T>, &layer2_##NAME<T>, \
-                      &bwd1_##NAME<T>, &bwd2_##NAME<T>,       &flush_##NAME<T>};              \
+                      &bwd1_##NAME<T>, &bwd2_##NAME<T>,       &flush_##NAME<T>,  &activate_##NAME<T>}; \
   }
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -540,6 +545,30 @@ Plan make_plan(int64_t S, int64_t d, int64_t H) {
 struct Chunk {
   int64_t r0 = 0, rows = 0, R = 0;  // first state, real states, padded rows
 };
+
+// The forward's stage values kept for the backward (floater_cpu.h: the taped forward):
+// Y_i and Z_i of every sub-step and stage of the first `intervals` intervals, the states'
+// rows in order (no padding rows: a padding row is a copy of its chunk's first state, so
+// its stage values are that state's, bitwise),
+//   Y: [intervals][substeps][stages][S][d], then Z: [intervals][substeps][stages][S][H].
+// With it the backward skips the forward pass it would otherwise make over each of those
+// intervals (a third of its multiply-adds), and is bitwise the same.
+template <typename T>
+struct Tape {
+  T* data = nullptr;  // nullptr: no tape
+  int64_t intervals = 0, n = 0, stages = 0, S = 0, d = 0, H = 0;
+  int64_t slot(int64_t j, int64_t k, int64_t i) const { return (j * n + k) * stages + i; }
+  T* y(int64_t j, int64_t k, int64_t i) const { return data + slot(j, k, i) * S * d; }
+  T* z(int64_t j, int64_t k, int64_t i) const { return data + intervals * n * stages * S * d + slot(j, k, i) * S * H; }
+  bool has(int64_t j) const { return data != nullptr && j < intervals; }
+};
+
+// Columns c of rows [0, rows) between two row-major blocks of row strides ld_dst, ld_src.
+template <typename T>
+void copy_rows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t c0, int64_t c1) {
+  if (c1 <= c0) return;
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst + c0, src + r * ld_src + c0, sizeof(T) * (c1 - c0));
+}
 
 // The threads that integrate one chunk together. A team of more than one thread is one
 // parallel region (cpu/parallel.h) around the whole integration: every member runs the same
@@ -676,6 +705,12 @@ class Integrator {
       const int64_t rr = r < ch.rows ? r : 0;
       copy_cols(dst + r * d, src + (ch.r0 + rr) * ld, c);
     }
+  }
+  // Columns c of the chunk's R-row block of a tape slot ([S, n] rows of width n): its real
+  // rows, then each padding row a copy of the first.
+  static void load_taped(T* dst, const T* slot, int64_t n, const Chunk& ch, const Cols& c) {
+    copy_rows(dst, n, slot + ch.r0 * n, n, ch.rows, c.c0, c.c1);
+    for (int64_t r = ch.rows; r < ch.R; ++r) copy_rows(dst + r * n, n, dst, n, 1, c.c0, c.c1);
   }
   static void copy_cols(T* dst, const T* src, const Cols& c) {
     if (c.c1 > c.c0) std::memcpy(dst + c.c0, src + c.c0, sizeof(T) * (c.c1 - c.c0));
@@ -814,19 +849,34 @@ class Integrator {
   };
 
   // ---- forward of one chunk (on `threads` threads: a team when more than one) ----
-  void forward_chunk(const T* p0, T* out, const Chunk& ch, int threads, LayerCopies<T>* cp) const {
+  void forward_chunk(const T* p0, T* out, const Chunk& ch, int threads, LayerCopies<T>* cp,
+                     const Tape<T>& tape) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R;
     std::vector<T> P(R * d), init1(H), init2(d);
-    // The forward keeps one Y buffer (stage i+1 overwrites stage i's input after layer 1
-    // has read it) and one Z/A buffer; the slopes K_i all live until the step ends.
-    std::vector<T> Y(R * d), Z(R * H), A(R * H), K(kMaxStages * R * d);
+    // Without a tape the forward keeps one Y buffer (stage i+1 overwrites stage i's input
+    // after layer 1 has read it) and one Z/A buffer; with one, a Y and a Z buffer per
+    // stage, copied to the tape after each step. The slopes K_i all live until the step ends.
+    const int64_t nbuf = tape.data ? kMaxStages : 1;
+    std::vector<T> Y(nbuf * R * d), Z(nbuf * R * H), A(R * H), K(kMaxStages * R * d);
     StageStore st{};
     for (int i = 0; i < kMaxStages; ++i) {
-      st.y[i] = Y.data();
-      st.z[i] = Z.data();
+      st.y[i] = Y.data() + (tape.data ? i : 0) * R * d;
+      st.z[i] = Z.data() + (tape.data ? i : 0) * R * H;
       st.a[i] = A.data();
       st.k[i] = K.data() + i * R * d;
     }
+    // A member copies its own columns (those it wrote: no barrier needed) of the chunk's
+    // real rows; stage 0's input is the state P itself.
+    auto record = [&](const Share& sh, int64_t j, int64_t k, bool before) {
+      if (before) {
+        copy_rows(tape.y(j, k, 0) + ch.r0 * d, d, P.data(), d, ch.rows, sh.cd.c0, sh.cd.c1);
+        return;
+      }
+      for (int i = 0; i < tab_.stages; ++i) {
+        if (i > 0) copy_rows(tape.y(j, k, i) + ch.r0 * d, d, st.y[i], d, ch.rows, sh.cd.c0, sh.cd.c1);
+        copy_rows(tape.z(j, k, i) + ch.r0 * H, H, st.z[i], H, ch.rows, sh.ch.c0, sh.ch.c1);
+      }
+    };
     Segments seg(*this, R, 1.0, threads);
     for (int64_t j0 = 0; j0 < L_; j0 += seg.intervals) {
       const int64_t j1 = std::min(L_, j0 + seg.intervals);
@@ -838,8 +888,11 @@ class Integrator {
         for (int64_t j = j0; j < j1; ++j) {
           const T tp = interval_start(j);
           const T h = (times_[j] - tp) / static_cast<T>(n_);
-          for (int64_t k = 0; k < n_; ++k)
+          for (int64_t k = 0; k < n_; ++k) {
+            if (tape.has(j)) record(sh, j, k, true);
             step(sh, P.data(), R, tp + static_cast<T>(k) * h, h, st, init1.data(), init2.data());
+            if (tape.has(j)) record(sh, j, k, false);
+          }
           for (int64_t r = 0; r < ch.rows; ++r)
             copy_cols(out + ((ch.r0 + r) * L_ + j) * d, P.data() + r * d, sh.cd);
         }
@@ -851,7 +904,7 @@ class Integrator {
   // ---- backward of one chunk (on `threads` threads: a team when more than one) ----
   // dW: accumulators of this chunk (dw1, db1, dw2, db2 may be nullptr), dtimes [L] (or null)
   void backward_chunk(const T* grad, const T* out, const T* p0, T* dp0, T* dw1, T* db1, T* dw2, T* db2,
-                      T* dtimes, const Chunk& ch, int threads, LayerCopies<T>* cp) const {
+                      T* dtimes, const Chunk& ch, int threads, LayerCopies<T>* cp, const Tape<T>& tape) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R, S_ = tab_.stages;
     const int64_t Rd = R * d, RH = R * H;
     // The stage values of every sub-step of an interval (and their adjoints) are kept when
@@ -926,7 +979,20 @@ class Integrator {
             load_rows(P.data(), p0, d, ch, sh.cd);
           else
             load_rows(P.data(), out + (j - 1) * d, L_ * d, ch, sh.cd);
-          if (keep_all) {
+          if (keep_all && tape.has(j)) {
+            // the forward's stage values from the tape (the chunk's padding rows: its first
+            // state's), the activations recomputed from Z
+            for (int64_t k = 0; k < n_; ++k) {
+              for (int i = 0; i < S_; ++i) {
+                load_taped(keep[k].y[i], tape.y(j, k, i), d, ch, sh.cd);
+                load_taped(keep[k].z[i], tape.z(j, k, i), H, ch, sh.ch);
+                for (int64_t r = 0; r < R && sh.ch.c1 > sh.ch.c0; ++r)
+                  kern_.activate(dyn_.act, keep[k].z[i] + r * H + sh.ch.c0, keep[k].a[i] + r * H + sh.ch.c0,
+                                 sh.ch.c1 - sh.ch.c0);
+              }
+            }
+            sh.tm.barrier();  // the members' columns (and, at the first interval, the panels) ready
+          } else if (keep_all) {
             // one forward pass over the interval, keeping every stage value (Y_0 = the state)
             sh.tm.barrier();  // P (and, at the first interval, the panels) ready
             for (int64_t k = 0; k < n_; ++k) {
@@ -1149,7 +1215,7 @@ inline int chunk_threads(const Plan& plan, int64_t L, int64_t d, int64_t H, cons
 
 template <typename T>
 void forward_impl(const T* p0, const Dyn<T>& dyn, const T* times, int64_t S, int64_t L, const Options& opt,
-                  T* out) {
+                  T* out, const Tape<T>& tape) {
   const int64_t d = dyn.d, H = dyn.H;
   if (S == 0 || L == 0 || d == 0) return;
   const Plan plan = make_plan<T>(S, d, H);
@@ -1158,18 +1224,21 @@ void forward_impl(const T* p0, const Dyn<T>& dyn, const T* times, int64_t S, int
   const Integrator<T> integ(dyn, make_layers(dyn, plan.team, cp, false), opt, times, L, kern);
   if (plan.team) {
     const Chunk ch = chunk_of(plan, S, 0);
-    integ.forward_chunk(p0, out, ch, team_size(ch.R, d, H, kern.block), &cp);
+    integ.forward_chunk(p0, out, ch, team_size(ch.R, d, H, kern.block), &cp, tape);
     return;
   }
   for_each_item(
       chunk_threads(plan, L, d, H, opt), plan.nchunks,
-      [&](int, int64_t c) { integ.forward_chunk(p0, out, chunk_of(plan, S, c), 1, nullptr); }, false);
+      [&](int, int64_t c) { integ.forward_chunk(p0, out, chunk_of(plan, S, c), 1, nullptr, tape); }, false);
 }
 
 template <typename T>
 void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, const T* times, int64_t S,
-                   int64_t L, const Options& opt, T* const* grads) {
+                   int64_t L, const Options& opt, T* const* grads, Tape<T> tape) {
   T *dp0 = grads[0], *dw1 = grads[1], *db1 = grads[2], *dw2 = grads[3], *db2 = grads[4], *dtimes = grads[5];
+  // The times' gradient needs every stage's slope K_i, which the tape does not hold: that
+  // backward recomputes every interval.
+  if (dtimes) tape.data = nullptr;
   const int64_t d = dyn.d, H = dyn.H;
   if (S == 0 || L == 0 || d == 0) return;  // outputs are zero-initialised by the caller
   const Plan plan = make_plan<T>(S, d, H);
@@ -1203,7 +1272,7 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   auto run = [&](int64_t c, int threads, LayerCopies<T>* copies) {
     const Grads g = grads_of(c);
     integ.backward_chunk(grad, out, p0, dp0, g.p[0], g.p[1], g.p[2], g.p[3], g.p[4], chunk_of(plan, S, c), threads,
-                         copies);
+                         copies, tape);
   };
   if (plan.team) {
     run(0, team_size(chunk_of(plan, S, 0).R, d, H, kern.block), &cp);
@@ -1227,18 +1296,42 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
 // Entry points (floater_cpu.h)
 // ------------------------------------------------------------------------------------
 
-void forward_cpu(const Inputs& in, const Options& opt, at::Tensor& out) {
+namespace {
+
+// The tape of a problem in `t` (undefined or empty: none); floater_ops.cpp checked its size.
+template <typename T>
+Tape<T> tape_of(const at::Tensor& t, const Inputs& in, const Options& opt) {
+  Tape<T> tape;
+  const int64_t per = tape_numel(in.p0.size(0), in.p0.size(1), in.w1.size(1), 1, opt);
+  if (!t.defined() || t.numel() == 0 || per == 0) return tape;
+  tape.data = t.data_ptr<T>();
+  tape.intervals = t.numel() / per;
+  tape.n = opt.substeps;
+  tape.stages = tableau(opt.method).stages;
+  tape.S = in.p0.size(0);
+  tape.d = in.p0.size(1);
+  tape.H = in.w1.size(1);
+  return tape;
+}
+
+}  // namespace
+
+int64_t tape_numel(int64_t S, int64_t d, int64_t H, int64_t intervals, const Options& opt) {
+  return intervals * opt.substeps * tableau(opt.method).stages * S * (d + H);
+}
+
+void forward_cpu(const Inputs& in, const Options& opt, at::Tensor& out, const at::Tensor& tape) {
   const int64_t S = in.p0.size(0), d = in.p0.size(1), H = in.w1.size(1), L = in.times.size(0);
   AT_DISPATCH_FLOATING_TYPES(in.p0.scalar_type(), "floater_integrate_cpu", [&] {
     const Dyn<scalar_t> dyn{in.w1.data_ptr<scalar_t>(), in.b1.data_ptr<scalar_t>(), in.w2.data_ptr<scalar_t>(),
                             in.b2.data_ptr<scalar_t>(), d, H, opt.act};
     forward_impl<scalar_t>(in.p0.data_ptr<scalar_t>(), dyn, in.times.data_ptr<scalar_t>(), S, L, opt,
-                           out.data_ptr<scalar_t>());
+                           out.data_ptr<scalar_t>(), tape_of<scalar_t>(tape, in, opt));
   });
 }
 
 void backward_cpu(const at::Tensor& grad, const at::Tensor& out, const Inputs& in, const Options& opt,
-                  std::array<at::Tensor, 6>& grads) {
+                  std::array<at::Tensor, 6>& grads, const at::Tensor& tape) {
   const int64_t S = in.p0.size(0), d = in.p0.size(1), H = in.w1.size(1), L = in.times.size(0);
   AT_DISPATCH_FLOATING_TYPES(in.p0.scalar_type(), "floater_integrate_backward_cpu", [&] {
     scalar_t* g[6];
@@ -1246,7 +1339,7 @@ void backward_cpu(const at::Tensor& grad, const at::Tensor& out, const Inputs& i
     const Dyn<scalar_t> dyn{in.w1.data_ptr<scalar_t>(), in.b1.data_ptr<scalar_t>(), in.w2.data_ptr<scalar_t>(),
                             in.b2.data_ptr<scalar_t>(), d, H, opt.act};
     backward_impl<scalar_t>(grad.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), in.p0.data_ptr<scalar_t>(), dyn,
-                            in.times.data_ptr<scalar_t>(), S, L, opt, g);
+                            in.times.data_ptr<scalar_t>(), S, L, opt, g, tape_of<scalar_t>(tape, in, opt));
   });
 }
 

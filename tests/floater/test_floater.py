@@ -311,7 +311,7 @@ def test_opcheck(backend, needs, device):
     grad = torch.randn_like(out)
     opcheck(
         torch.ops.posenc_fast.floater_backward.default,
-        (grad, out, *inputs, 2, "rk38", "gelu", backend, list(needs)),
+        (grad, out, *inputs, 2, "rk38", "gelu", backend, list(needs), None),
     )
 
 

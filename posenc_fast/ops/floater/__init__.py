@@ -2,8 +2,9 @@
 ``Floater``, ``FloaterAttentionBias``.
 
     api.py         the public function and modules (checks, dispatch, the module's cache)
-    op.py          the custom ops posenc_fast::floater / floater_backward / floater_cached
-                   with their autograd
+    op.py          the custom ops posenc_fast::floater / floater_taped / floater_backward /
+                   floater_cached with their autograd
+    tape.py        how much of the solver's work the cpp backend keeps for its backward
     registry.py    backend name -> SUPPORT table + implementation
     reference.py   the float64 specification (and FloaterOptions)
     torch_impl.py  the pure-PyTorch integrator and its discrete adjoint

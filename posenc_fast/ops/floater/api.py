@@ -4,7 +4,9 @@ Path of a call: ``floater`` (checks) -> the dispatcher picks an implementation f
 registry (registry.py) -> the custom op ``posenc_fast::floater`` (op.py) -> the
 implementation's integrator (torch_impl.py, or the C++/CUDA extension: csrc/floater/) ->
 backward: ``posenc_fast::floater_backward``, the discrete adjoint, recomputing each
-interval from the states saved at the sample times. The semantics are written out in
+interval from the states saved at the sample times (an eager training call on the cpp
+backend runs ``posenc_fast::floater_taped`` instead, whose backward reads most intervals
+from its tape: tape.py). The semantics are written out in
 reference.py; the module's result cache is cache.py.
 """
 
@@ -17,9 +19,11 @@ import torch
 from torch import Tensor, nn
 
 from ... import _checks, _dispatch
+from .._torch_common import onnx_exporting
 from . import cache as _floater_cache
 from . import reference as _reference
-from .op import FLOATER_CACHED, FLOATER_OP, gradients, implementation
+from . import tape as _tape
+from .op import FLOATER_CACHED, FLOATER_OP, FLOATER_TAPED, gradients, implementation
 from .reference import FloaterOptions
 from .registry import FLOATER
 
@@ -128,7 +132,18 @@ def integrate(
         _dispatch.validate_name(backend)
         return FLOATER_OP(p0, w1, b1, w2, b2, times, *options, backend), backend
     impl = implementation(backend, p0, w1, times, options)
+    if _tape.wanted(impl, p0, w1, b1, w2, b2, times) and not _traced():
+        intervals = _tape.intervals(p0, w1, times, options)
+        if intervals:
+            out, _ = FLOATER_TAPED(p0, w1, b1, w2, b2, times, *options, impl.name, intervals)
+            return out, impl.name
     return FLOATER_OP.run(impl, p0, w1, b1, w2, b2, times, *options), impl.name
+
+
+def _traced() -> bool:
+    """A jit trace or an ONNX export: they see the plain op (whose ONNX form is the solver
+    unrolled), never the taped one."""
+    return torch.jit.is_tracing() or onnx_exporting()
 
 
 def _without_op(backend: str) -> bool:
@@ -171,8 +186,11 @@ def floater(
     Returns:
         [S, L, d] in p0's dtype: out[:, j] = p(times[j]). Gradients (to p0, the weights and
         times) are exact for the discretised solution (backpropagation through the solver
-        steps), with memory O(S*L*d). Autocast does not apply: the dtype follows p0 under
-        torch.autocast too, and the same holds for the modules.
+        steps), with memory O(S*L*d); on the cpp backend a training call also keeps the
+        solver's stage values (up to POSENC_FAST_FLOATER_TAPE_MB, default 1024 MiB; see
+        posenc_fast/ops/floater/tape.py), which makes its backward a third cheaper.
+        Autocast does not apply: the dtype follows p0 under torch.autocast too, and the
+        same holds for the modules.
     """
     options = FloaterOptions(substeps, method, activation)
     return integrate(p0, w1, b1, w2, b2, times, options, backend)[0].to(p0.dtype)

@@ -3,8 +3,12 @@
     posenc_fast::floater(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)
         -> out [S, L, d]
     posenc_fast::floater_backward(grad, out, p0, w1, b1, w2, b2, times, substeps, method,
-                                  activation, backend, needs)
+                                  activation, backend, needs, tape)
         -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is False)
+    posenc_fast::floater_taped(p0, w1, b1, w2, b2, times, substeps, method, activation,
+                               backend, intervals) -> (out [S, L, d], tape)
+        floater(...) keeping the stage values of the first ``intervals`` intervals for its
+        backward (tape.py): what an eager training call on the cpp backend runs
     posenc_fast::floater_cached(p0, w1, b1, w2, b2, times, substeps, method, activation,
                                 backend, cache_id, mode) -> out [S, L, d]
         floater(...) served from the cache of the Floater module with this id: what a
@@ -16,15 +20,16 @@ before the call, or "auto" in calls traced by torch.compile, resolved by
 :func:`implementation` when the op runs (the same function the public API calls). The
 autograd registration saves the inputs and the output: the states at the sample times are
 all the backward (the discrete adjoint) needs, since it recomputes each interval's
-substeps from its starting state. When a double backward is requested (grad mode on
-inside backward), the gradient is instead built by differentiating the reference
-integrator run in the inputs' dtype, so gradgradcheck works.
+substeps from its starting state (or, after floater_taped, reads them from the tape).
+When a double backward is requested (grad mode on inside backward), the gradient is
+instead built by differentiating the reference integrator run in the inputs' dtype, so
+gradgradcheck works.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import List  # noqa: UP035 (torch 2.5: see ops/_common.CustomOp)
+from typing import List, Optional, Tuple  # noqa: UP035 (torch 2.5: see ops/_common.CustomOp)
 
 import torch
 from torch import Tensor
@@ -34,6 +39,7 @@ from ..._dispatch import Implementation, Problem
 from .._common import CustomOp, autocast_disabled, differentiable_grads
 from . import cache as _cache
 from . import reference
+from . import tape as _tape
 from .reference import FloaterOptions
 from .registry import FLOATER
 
@@ -111,16 +117,17 @@ def _backward_body(
     activation: str,
     backend: str,
     needs: List[bool],  # noqa: UP006
+    tape: Optional[Tensor],
 ) -> List[Tensor]:  # noqa: UP006
     options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
         impl = _in_op(backend, p0, w1, times, options)
-        grads = impl.backward(grad, out, p0, w1, b1, w2, b2, times, options, needs)
+        grads = impl.backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape)
     return [g if g is not None else grad.new_empty(0) for g in grads]
 
 
 def _backward_fake(
-    grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, needs
+    grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, needs, tape
 ):
     refs = (p0, w1, b1, w2, b2, times)
     return [torch.empty_like(t) if need else grad.new_empty(0) for need, t in zip(needs, refs)]
@@ -129,10 +136,10 @@ def _backward_fake(
 FLOATER_BACKWARD = CustomOp("posenc_fast::floater_backward", _backward_body, _backward_fake)
 
 
-def gradients(grad, out, inputs, options: FloaterOptions, backend: str, needs) -> list:
+def gradients(grad, out, inputs, options: FloaterOptions, backend: str, needs, tape=None) -> list:
     """(dp0, dw1, db1, dw2, db2, dtimes) of ``out`` = floater(*inputs, options), None where
-    ``needs`` is False. Used by the op's autograd registration and by the module's cache,
-    which attaches this backward to stored states."""
+    ``needs`` is False (``tape``: what floater_taped kept). Used by the ops' autograd
+    registrations and by the module's cache, which attaches this backward to stored states."""
     if not any(needs):
         return [None] * 6
     if torch.is_grad_enabled():
@@ -145,7 +152,7 @@ def gradients(grad, out, inputs, options: FloaterOptions, backend: str, needs) -
             grad,
             zero_fill=True,
         )
-    grads = FLOATER_BACKWARD(grad, out, *inputs, *options, backend, needs)
+    grads = FLOATER_BACKWARD(grad, out, *inputs, *options, backend, needs, tape)
     return [g if n else None for g, n in zip(grads, needs)]
 
 
@@ -178,6 +185,55 @@ FLOATER_OP = CustomOp(
     onnx=lambda p0, w1, b1, w2, b2, times, substeps, method, activation, backend: reference.floater(
         p0, w1, b1, w2, b2, times, substeps, method, activation, None, p0.dtype
     ),
+)
+
+
+def _floater_taped(
+    p0: Tensor,
+    w1: Tensor,
+    b1: Tensor,
+    w2: Tensor,
+    b2: Tensor,
+    times: Tensor,
+    substeps: int,
+    method: str,
+    activation: str,
+    backend: str,
+    intervals: int,
+) -> Tuple[Tensor, Tensor]:  # noqa: UP006
+    options = FloaterOptions(substeps, method, activation)
+    with autocast_disabled(p0.device.type):
+        return FLOATER[backend].forward_taped(p0, w1, b1, w2, b2, times, options, intervals)
+
+
+def _floater_taped_fake(
+    p0, w1, b1, w2, b2, times, substeps, method, activation, backend, intervals
+):
+    options = FloaterOptions(substeps, method, activation)
+    n = _tape.numel(p0.shape[0], p0.shape[1], w1.shape[1], intervals, options)
+    return _states_like(p0, times), p0.new_empty(n)
+
+
+def _setup_taped(ctx, inputs, output):
+    out, tape = output
+    ctx.mark_non_differentiable(tape)
+    _setup_context(ctx, inputs[:10], out)
+    ctx.tape = tape  # made by the op, read once by its backward
+
+
+def _backward_taped(ctx, grad, _grad_tape):
+    *inputs, out = ctx.saved_tensors
+    needs = [bool(n) for n in ctx.needs_input_grad[:6]]
+    grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs, ctx.tape)
+    return (*grads, None, None, None, None, None)
+
+
+FLOATER_TAPED = CustomOp(
+    "posenc_fast::floater_taped",
+    _floater_taped,
+    _floater_taped_fake,
+    backward=_backward_taped,
+    setup_context=_setup_taped,
 )
 
 

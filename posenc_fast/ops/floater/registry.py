@@ -2,10 +2,14 @@
 
 Every implementation has
     forward(p0, w1, b1, w2, b2, times, options) -> out [S, L, d]
-    backward(grad, out, p0, w1, b1, w2, b2, times, options, needs)
+    backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape=None)
         -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
 (the reference only ``forward``: autograd differentiates it). ``options`` is a
-:class:`~.reference.FloaterOptions` (substeps, method, activation).
+:class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` backend
+also has
+    forward_taped(p0, w1, b1, w2, b2, times, options, intervals) -> (out, tape)
+which keeps the stage values of the first ``intervals`` intervals for its backward
+(``tape=``; tape.py); the other backends are never given a tape.
 
 The extension's integrator is ``posenc_fast::floater_integrate`` /
 ``floater_integrate_backward``: defined with their CPU kernels by posenc_fast._C ("cpp"
@@ -34,8 +38,9 @@ def _scalars(options: FloaterOptions) -> tuple:
     return int(options.substeps), str(options.method), str(options.activation)
 
 
-def _extension(backend: str) -> dict:
-    """forward / backward of the extension's integrator, run by ``backend``'s parts."""
+def _extension(backend: str, taped: bool = False) -> dict:
+    """forward / backward of the extension's integrator, run by ``backend``'s parts (and
+    the taped forward: the CPU kernels only)."""
 
     def forward(p0, w1, b1, w2, b2, times, options: FloaterOptions):
         return extension_ops(backend).floater_integrate(
@@ -43,15 +48,26 @@ def _extension(backend: str) -> dict:
         )
 
     def backward(
-        grad, out, p0, w1, b1, w2, b2, times, options: FloaterOptions, needs
+        grad, out, p0, w1, b1, w2, b2, times, options: FloaterOptions, needs, tape=None
     ) -> list[Optional[torch.Tensor]]:
         needs = [bool(n) for n in needs]
-        grads = extension_ops(backend).floater_integrate_backward(
-            grad, out, p0, w1, b1, w2, b2, times, *_scalars(options), needs
-        )
+        args = (grad, out, p0, w1, b1, w2, b2, times, *_scalars(options), needs)
+        ops = extension_ops(backend)
+        if tape is None:
+            grads = ops.floater_integrate_backward(*args)
+        else:
+            grads = ops.floater_integrate_backward_taped(*args, tape)
         return [g if n else None for g, n in zip(grads, needs)]
 
-    return {"forward": forward, "backward": backward}
+    def forward_taped(p0, w1, b1, w2, b2, times, options: FloaterOptions, intervals: int):
+        return extension_ops(backend).floater_integrate_taped(
+            p0, w1, b1, w2, b2, times, *_scalars(options), intervals
+        )
+
+    functions = {"forward": forward, "backward": backward}
+    if taped:
+        functions["forward_taped"] = forward_taped
+    return functions
 
 
 _OPTIONS = {"method": METHODS, "activation": ACTIVATIONS}
@@ -68,7 +84,7 @@ FLOATER = register(
     Implementation(
         "cpp",
         OpSupport(devices=("cpu",), dtypes=_STATE_DTYPES, options=_OPTIONS),
-        **_extension("cpp"),
+        **_extension("cpp", taped=True),
     ),
     Implementation(
         "cuda",

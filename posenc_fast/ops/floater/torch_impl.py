@@ -227,7 +227,7 @@ def floater_forward(p0, w1, b1, w2, b2, times, options: FloaterOptions) -> Tenso
 
 
 def floater_backward(
-    grad, out, p0, w1, b1, w2, b2, times, options: FloaterOptions, needs
+    grad, out, p0, w1, b1, w2, b2, times, options: FloaterOptions, needs, tape=None
 ) -> list[Optional[Tensor]]:
     """Exact gradients of the discretised solution: (dp0, dw1, db1, dw2, db2, dtimes),
     None where ``needs`` is False.
@@ -240,6 +240,7 @@ def floater_backward(
         dLoss/dy = ybar + sum_i Ybar_i
     and dLoss/dh = sum_i <u_i, k_i> + sum_i tbar_i (k + c_i), because stage i of step k sits
     at t_prev + (k + c_i) h, with h = (times[j] - t_prev) / K.
+    (``tape``: the registry's signature; this backend has no taped forward, so never one.)
     """
     substeps, method, activation = options
     need_p0, need_w1, need_b1, need_w2, need_b2, need_t = (bool(n) for n in needs)

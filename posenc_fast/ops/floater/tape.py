@@ -1,0 +1,82 @@
+"""The taped forward of the ``cpp`` backend: what it keeps, and how much.
+
+A training forward (gradients needed for p0 or the dynamics) on the ``cpp`` backend keeps
+every stage's input Y_i [S, d] and pre-activation Z_i [S, H] of every sub-step of its
+first intervals, a "tape" of
+
+    intervals x substeps x stages x S x (d + H) elements in the state dtype,
+
+and its backward (the discrete adjoint) reads them instead of integrating each of those
+intervals again: a third of its multiply-adds, bitwise the same gradients. The tape
+lives until the backward has run (it is saved for it like any activation).
+
+Its size: as many leading intervals as fit in ``POSENC_FAST_FLOATER_TAPE_MB`` mebibytes
+(default 1024; 0 turns the tape off). At the models' shapes of the FLOATER training
+benchmark: timm ViT-S/16 (S = 36, d = H = 384, L = 197, 5 RK4 steps) needs 416 MiB for
+every interval; the BERT-base-like encoder (d = H = 768, L = 512) 2160 MiB, so the
+default keeps 47% of its intervals. The memory comes from one spare block that the C++
+runtime keeps for the next tape (each training step makes one and frees it; fresh memory
+that large pays a page fault per 4 KiB, csrc/cpu/spare.h): :func:`release_memory` frees it.
+
+A backward that needs the gradient of the times recomputes every interval (the tape does
+not hold the slopes that gradient reads), so no tape is made for such calls.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .reference import FloaterOptions
+
+TAPE_ENV = "POSENC_FAST_FLOATER_TAPE_MB"
+DEFAULT_TAPE_MB = 1024
+STAGES = {"euler": 1, "midpoint": 2, "rk4": 4, "rk38": 4}
+
+
+def budget_bytes() -> int:
+    """The tape's budget in bytes (``POSENC_FAST_FLOATER_TAPE_MB``, read at each call)."""
+    raw = os.environ.get(TAPE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TAPE_MB << 20
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0:  # also NaN
+        raise ValueError(f"{TAPE_ENV} must be a number of MiB >= 0, got {raw!r}")
+    return int(mb * (1 << 20))
+
+
+def numel(S: int, d: int, H: int, intervals: int, options: FloaterOptions) -> int:
+    """Elements of the tape of ``intervals`` intervals (the C++ op's tape_numel)."""
+    return intervals * options.substeps * STAGES[options.method] * S * (d + H)
+
+
+def intervals(p0, w1, times, options: FloaterOptions) -> int:
+    """How many leading intervals a taped forward keeps within the budget (0: no tape)."""
+    S, d = p0.shape
+    per = numel(S, d, w1.shape[1], 1, options) * p0.element_size()
+    if per == 0:
+        return 0
+    return min(times.shape[0], budget_bytes() // per)
+
+
+def release_memory() -> int:
+    """Free the memory kept for the next tape (see the module docstring); returns its
+    size in bytes (0 when none is kept or the extension is not loaded)."""
+    from ... import _extension
+
+    ext = _extension.loaded_module()
+    return int(ext.release_spare_memory()) if ext is not None else 0
+
+
+def wanted(impl, p0, w1, b1, w2, b2, times) -> bool:
+    """Whether a call with ``impl`` should tape: the implementation has a taped forward,
+    autograd will want a gradient of p0 or the dynamics, and not of the times."""
+    if getattr(impl, "forward_taped", None) is None or not torch.is_grad_enabled():
+        return False
+    if times.requires_grad:
+        return False
+    return any(t.requires_grad for t in (p0, w1, b1, w2, b2))
