@@ -39,19 +39,23 @@ struct WorkQueue {
 // Contention fallback. When another process keeps a core busy, a team thread on that core
 // runs in the scheduler's time slices (milliseconds): the others wait for it at every
 // barrier and at the region's end, and a call takes several times its single-thread time.
-// A region in which a thread waited at barriers for more than kLateNs in all, or the
-// threads reached its end more than kLateNs apart, and that for more than half of the
-// region's duration, marks the machine contended; calls then run on one thread (the same
-// bits) for kSoloNs, after which a call tries the team again. Why half: a team of two whose
-// slower member runs at a fraction s of full speed takes W / (2 s) for work W, during
-// which the other waits a fraction 1 - s; one thread takes W. The team is the faster while
-// the waits stay under half the region (s > 1/2; more threads only lower that bar). A
-// quarter (the earlier bound) sent the FLOATER integrator at S = 36, d = 384 to one
-// thread most of the time on the quiet 2-core VM, whose vCPUs stall now and then: 12% of
-// its team regions waited over a quarter, 0.3% over half; forward 1.28 s against 0.81 s
-// with teams throughout (2026-11-27). POSENC_FAST_CPU_ALWAYS_TEAM=1
-// turns this off (the tests of thread-count independence must really run teams, on a CI
-// machine that may be busy).
+// A region marks the machine contended when one of two signs exceeds kLateNs and a share
+// of the region's duration:
+// - waits at barriers (teams that advance in lockstep, FLOATER's), over half of it. A team
+//   of two whose slower member runs at a fraction s of full speed takes W / (2 s) for work
+//   W, the other waiting a fraction 1 - s of it; one thread takes W: the team is the
+//   faster while the waits stay under half (more threads only lower that bar). A quarter
+//   (the bound until 2026-11-27) sent the FLOATER integrator at S = 36, d = 384 to one
+//   thread most of the time on the quiet 2-core VM, whose vCPUs stall now and then: with
+//   teams forced, 12% of its regions waited over a quarter, 0.3% over half (forward 1.28 s
+//   against 0.81 s with teams throughout).
+// - threads reaching its end apart (work-queue regions, LFF's), over a quarter of it. The
+//   late thread held at most one item while it waited for its slice, so the spread is time
+//   added to what one thread would have taken: with the half bound here too, an LFF forward
+//   beside a busy core took 16.0 ms against 7.7 ms on one thread (N = 4096, 2026-11-27).
+// Calls then run on one thread (the same bits) for kSoloNs, after which a call tries the
+// team again. POSENC_FAST_CPU_ALWAYS_TEAM=1 turns this off (the tests of thread-count
+// independence must really run teams, on a CI machine that may be busy).
 constexpr int64_t kLateNs = 1'000'000;
 constexpr int64_t kSoloNs = 250'000'000;
 
@@ -143,9 +147,11 @@ void parallel_region(int threads, const F& body, bool watch_end = true) {
       tc = outer;
     }
     const int64_t end_spread = watch_end ? clock.last_end.load() - clock.first_end.load() : 0;
-    const int64_t late = std::max(clock.waited.load(), end_spread);
+    const int64_t waited = clock.waited.load();
     const int64_t took = now_ns() - begin;
-    if (late > kLateNs && 2 * late > took) solo_until_ns().store(now_ns() + kSoloNs, std::memory_order_relaxed);
+    const bool lockstep_late = waited > kLateNs && 2 * waited > took;
+    const bool end_late = end_spread > kLateNs && 4 * end_spread > took;
+    if (lockstep_late || end_late) solo_until_ns().store(now_ns() + kSoloNs, std::memory_order_relaxed);
     return;
   }
 #endif

@@ -7,6 +7,10 @@
 //   posenc_fast::floater_integrate_backward(grad [S,L,d], out [S,L,d], p0, w1, b1, w2, b2,
 //                                  times, substeps, method, activation, needs[6])
 //       -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is false)
+//   posenc_fast::floater_integrate_taped(..., intervals) -> (out, tape)   (CPU only: the
+//       stage values of the first `intervals` intervals, floater_cpu.h)
+//   posenc_fast::floater_integrate_backward_taped(..., needs, tape) -> the same gradients
+//       bitwise, without integrating the taped intervals again
 //
 // Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
 // torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).

@@ -60,6 +60,34 @@ def cpu_model() -> str:
     return platform.machine()
 
 
+def cpu_family_model() -> str:
+    """The CPU's family and model numbers from /proc/cpuinfo, as "family F model M" (VMs
+    often name only the brand, e.g. "AMD EPYC", whose generations differ twofold in vector
+    width), else ""."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in ("cpu family", "model") and key not in fields:
+                    fields[key] = line.split(":", 1)[1].strip()
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        return ""
+    if len(fields) < 2:
+        return ""
+    return f"family {fields['cpu family']} model {fields['model']}"
+
+
+def cpu_isa() -> str:
+    """The instruction set the C++ CPU kernels run with (extension loaded), else ""."""
+    from .. import _extension
+
+    ext = _extension.loaded_module()
+    return str(ext.cpu_isa()) if ext is not None else ""
+
+
 def describe() -> dict:
     info = {
         "posenc_fast": __version__,
@@ -67,6 +95,8 @@ def describe() -> dict:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_model": cpu_model(),
+        "cpu_family_model": cpu_family_model(),
+        "cpu_isa": cpu_isa(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
