@@ -563,13 +563,6 @@ struct Tape {
   bool has(int64_t j) const { return data != nullptr && j < intervals; }
 };
 
-// Columns c of rows [0, rows) between two row-major blocks of row strides ld_dst, ld_src.
-template <typename T>
-void copy_rows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t c0, int64_t c1) {
-  if (c1 <= c0) return;
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld_dst + c0, src + r * ld_src + c0, sizeof(T) * (c1 - c0));
-}
-
 // The threads that integrate one chunk together. A team of more than one thread is one
 // parallel region (cpu/parallel.h) around the whole integration: every member runs the same
 // loops on its own columns, and barrier() separates a region from the next one that reads
@@ -612,6 +605,14 @@ inline Cols member_cols(int64_t n, int64_t block, const Team& tm) {
   const int64_t nb = (n + block - 1) / block;
   const int64_t b0 = nb * tm.rank / tm.size, b1 = nb * (tm.rank + 1) / tm.size;
   return Cols{std::min(n, b0 * block), std::min(n, b1 * block)};
+}
+
+// Columns c of rows [0, rows) between two row-major blocks of row strides ld_dst, ld_src.
+template <typename T>
+void copy_rows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, const Cols& c) {
+  if (c.c1 <= c.c0) return;
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * ld_dst + c.c0, src + r * ld_src + c.c0, sizeof(T) * (c.c1 - c.c0));
 }
 
 // Panel width of packed weights: 64 columns (a multiple of every instruction set's column
@@ -698,26 +699,18 @@ class Integrator {
     return Share{tm, member_cols(dyn_.d, kern_.block, tm), member_cols(dyn_.H, kern_.block, tm)};
   }
 
-  // Fill columns c of the padded [R, d] block of rows r0..r0+rows of src (row stride ld).
-  void load_rows(T* dst, const T* src, int64_t ld, const Chunk& ch, const Cols& c) const {
-    const int64_t d = dyn_.d;
+  // Fill columns c of the padded [R, width] block (each padding row a copy of the chunk's
+  // first state's) from rows r0..r0+rows of src (row stride ld): states, or a tape slot.
+  static void load_rows(T* dst, int64_t width, const T* src, int64_t ld, const Chunk& ch, const Cols& c) {
     for (int64_t r = 0; r < ch.R; ++r) {
       const int64_t rr = r < ch.rows ? r : 0;
-      copy_cols(dst + r * d, src + (ch.r0 + rr) * ld, c);
+      copy_cols(dst + r * width, src + (ch.r0 + rr) * ld, c);
     }
   }
-  // Columns c of the chunk's R-row block of a tape slot ([S, n] rows of width n): its real
-  // rows, then each padding row a copy of the first.
-  static void load_taped(T* dst, const T* slot, int64_t n, const Chunk& ch, const Cols& c) {
-    copy_rows(dst, n, slot + ch.r0 * n, n, ch.rows, c.c0, c.c1);
-    for (int64_t r = ch.rows; r < ch.R; ++r) copy_rows(dst + r * n, n, dst, n, 1, c.c0, c.c1);
-  }
-  static void copy_cols(T* dst, const T* src, const Cols& c) {
-    if (c.c1 > c.c0) std::memcpy(dst + c.c0, src + c.c0, sizeof(T) * (c.c1 - c.c0));
-  }
+  static void copy_cols(T* dst, const T* src, const Cols& c) { copy_rows(dst, 0, src, 0, 1, c); }
   // dst[r, c] = src[r, c] for rows < R (row stride d), the member's columns
   void copy_block(T* dst, const T* src, int64_t R, const Cols& c) const {
-    for (int64_t r = 0; r < R; ++r) copy_cols(dst + r * dyn_.d, src + r * dyn_.d, c);
+    copy_rows(dst, dyn_.d, src, dyn_.d, R, c);
   }
 
   void stage_times(T t, T h, int i, T* init1, T* init2, const Share& sh) const {
@@ -869,12 +862,12 @@ class Integrator {
     // real rows; stage 0's input is the state P itself.
     auto record = [&](const Share& sh, int64_t j, int64_t k, bool before) {
       if (before) {
-        copy_rows(tape.y(j, k, 0) + ch.r0 * d, d, P.data(), d, ch.rows, sh.cd.c0, sh.cd.c1);
+        copy_rows(tape.y(j, k, 0) + ch.r0 * d, d, P.data(), d, ch.rows, sh.cd);
         return;
       }
       for (int i = 0; i < tab_.stages; ++i) {
-        if (i > 0) copy_rows(tape.y(j, k, i) + ch.r0 * d, d, st.y[i], d, ch.rows, sh.cd.c0, sh.cd.c1);
-        copy_rows(tape.z(j, k, i) + ch.r0 * H, H, st.z[i], H, ch.rows, sh.ch.c0, sh.ch.c1);
+        if (i > 0) copy_rows(tape.y(j, k, i) + ch.r0 * d, d, st.y[i], d, ch.rows, sh.cd);
+        copy_rows(tape.z(j, k, i) + ch.r0 * H, H, st.z[i], H, ch.rows, sh.ch);
       }
     };
     Segments seg(*this, R, 1.0, threads);
@@ -883,7 +876,7 @@ class Integrator {
       run_team(seg.team(), [&](const Team& tm) {
         Share sh = share(tm);
         if (cp && seg.repack(tm)) pack(sh, *cp, false);
-        if (j0 == 0) load_rows(P.data(), p0, d, ch, sh.cd);
+        if (j0 == 0) load_rows(P.data(), d, p0, d, ch, sh.cd);
         sh.tm.barrier();  // P and every member's panels are ready
         for (int64_t j = j0; j < j1; ++j) {
           const T tp = interval_start(j);
@@ -974,18 +967,17 @@ class Integrator {
           }
           const T tp = interval_start(j);
           const T h = (times_[j] - tp) / nT;
-          // the interval's starting state (the forward's own values: out[:, j-1] or p0)
-          if (j == 0)
-            load_rows(P.data(), p0, d, ch, sh.cd);
-          else
-            load_rows(P.data(), out + (j - 1) * d, L_ * d, ch, sh.cd);
-          if (keep_all && tape.has(j)) {
+          const bool taped = keep_all && tape.has(j);
+          // the interval's starting state (the forward's own values: out[:, j-1] or p0),
+          // unless the tape holds the interval's stage values
+          if (!taped) load_rows(P.data(), d, j == 0 ? p0 : out + (j - 1) * d, j == 0 ? d : L_ * d, ch, sh.cd);
+          if (taped) {
             // the forward's stage values from the tape (the chunk's padding rows: its first
             // state's), the activations recomputed from Z
             for (int64_t k = 0; k < n_; ++k) {
               for (int i = 0; i < S_; ++i) {
-                load_taped(keep[k].y[i], tape.y(j, k, i), d, ch, sh.cd);
-                load_taped(keep[k].z[i], tape.z(j, k, i), H, ch, sh.ch);
+                load_rows(keep[k].y[i], d, tape.y(j, k, i), d, ch, sh.cd);
+                load_rows(keep[k].z[i], H, tape.z(j, k, i), H, ch, sh.ch);
                 for (int64_t r = 0; r < R && sh.ch.c1 > sh.ch.c0; ++r)
                   kern_.activate(dyn_.act, keep[k].z[i] + r * H + sh.ch.c0, keep[k].a[i] + r * H + sh.ch.c0,
                                  sh.ch.c1 - sh.ch.c0);

@@ -165,7 +165,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad):
     *inputs, out = ctx.saved_tensors
     needs = [bool(n) for n in ctx.needs_input_grad[:6]]
-    grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs)
+    tape = getattr(ctx, "tape", None)  # floater_taped's context holds its tape (_setup_taped)
+    grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs, tape)
     return (*grads, None, None, None, None)
 
 
@@ -222,10 +223,7 @@ def _setup_taped(ctx, inputs, output):
 
 
 def _backward_taped(ctx, grad, _grad_tape):
-    *inputs, out = ctx.saved_tensors
-    needs = [bool(n) for n in ctx.needs_input_grad[:6]]
-    grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs, ctx.tape)
-    return (*grads, None, None, None, None, None)
+    return (*_backward(ctx, grad), None)  # and none for intervals
 
 
 FLOATER_TAPED = CustomOp(

@@ -29,10 +29,10 @@ import os
 import torch
 
 from .reference import FloaterOptions
+from .torch_impl import TABLEAUX
 
 TAPE_ENV = "POSENC_FAST_FLOATER_TAPE_MB"
 DEFAULT_TAPE_MB = 1024
-STAGES = {"euler": 1, "midpoint": 2, "rk4": 4, "rk38": 4}
 
 
 def budget_bytes() -> int:
@@ -51,7 +51,7 @@ def budget_bytes() -> int:
 
 def numel(S: int, d: int, H: int, intervals: int, options: FloaterOptions) -> int:
     """Elements of the tape of ``intervals`` intervals (the C++ op's tape_numel)."""
-    return intervals * options.substeps * STAGES[options.method] * S * (d + H)
+    return intervals * options.substeps * TABLEAUX[options.method].stages * S * (d + H)
 
 
 def intervals(p0, w1, times, options: FloaterOptions) -> int:
