@@ -15,6 +15,12 @@ each with AdamW on random inputs:
   (t_exact + (k - 1) t_reuse) / k, with t_reuse measured on reuse steps (the warm-up step
   is its refresh).
 
+``--compile``: every variant runs as ``torch.compile(model)`` (inductor, the default; the
+first warm-up step compiles, ~1 min for ViT-S here), and "reuse k" (ignored under
+torch.compile) gives way to "per block": ``add_floater_biases(model,
+share_integration=False)``, each block integrating its own three states (what compiled
+training ran before the shared integration was traced).
+
 Models: timm ``vit_small_patch16_224`` (224 px, L = 197, d = 384, 12 blocks: S = 36 states;
 cross-entropy loss) at each ``--vit-batches``, and a BERT-base-like
 ``nn.TransformerEncoder`` (12 layers, d = 768, 12 heads, FFN 3072, GELU, L = 512, S = 36;
@@ -151,46 +157,55 @@ def run_setting(model_name, batch, threads, args) -> dict:
     exact = copy.deepcopy(base)
     add_floater_biases(exact)
     variants["exact"] = exact
-    reuse = copy.deepcopy(base)
-    add_floater_biases(reuse, refresh_every=args.reuse)
-    variants[f"reuse{args.reuse}"] = reuse
+    third = copy.deepcopy(base)
+    if args.compile:
+        add_floater_biases(third, share_integration=False)
+        variants["per_block"] = third
+    else:
+        add_floater_biases(third, refresh_every=args.reuse)
+        variants[f"reuse{args.reuse}"] = third
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in variants.items()}
+    run = {k: torch.compile(m) if args.compile else m for k, m in variants.items()}
     times = {k: [] for k in variants}
     ops = {}
     total = args.warmup + args.steps
     for i in range(total):
-        for k, m in variants.items():
+        for k in variants:
             last_exact = k == "exact" and i == total - 1 and not args.no_profile
-            s, o = step(m, opts[k], x, loss_fn, profile=last_exact)
+            s, o = step(run[k], opts[k], x, loss_fn, profile=last_exact)
             if i >= args.warmup:
                 times[k].append(s)
             if o:
                 ops = o
     med = {k: statistics.median(v) for k, v in times.items()}
-    k = args.reuse
-    t_without, t_exact, t_reuse = med["without"], med["exact"], med[f"reuse{k}"]
-    amortised = (t_exact + (k - 1) * t_reuse) / k
+    t_without, t_exact = med["without"], med["exact"]
     row = {
         "model": model_name,
         "batch": batch,
         "device": args.device,
         "threads": threads,
         "contention": args.busy,
+        "compiled": args.compile,
         "load_average_1min": os.getloadavg()[0],
         "steps": {k2: v for k2, v in times.items()},
         "without_s": t_without,
         "exact_s": t_exact,
-        "reuse_step_s": t_reuse,
-        "reuse_amortised_s": amortised,
         "exact_overhead_pct": 100 * (t_exact / t_without - 1),
-        "reuse_overhead_pct": 100 * (amortised / t_without - 1),
         "integration_fwd_s": ops.get("fwd"),
         "integration_bwd_s": ops.get("bwd"),
     }
+    if args.compile:
+        row["per_block_s"] = med["per_block"]
+        row["per_block_overhead_pct"] = 100 * (med["per_block"] / t_without - 1)
+    else:
+        k, t_reuse = args.reuse, med[f"reuse{args.reuse}"]
+        row["reuse_step_s"] = t_reuse
+        row["reuse_amortised_s"] = (t_exact + (k - 1) * t_reuse) / k
+        row["reuse_overhead_pct"] = 100 * (row["reuse_amortised_s"] / t_without - 1)
     extra = t_exact - t_without
     if ops:
         row["rest_of_overhead_s"] = extra - ops.get("fwd", 0.0) - ops.get("bwd", 0.0)
-    del variants, opts, base, exact, reuse
+    del variants, run, opts, base, exact, third
     return row
 
 
@@ -257,35 +272,46 @@ def fmt(row) -> str:
     b = row["integration_bwd_s"]
     prof = f"  fwd {f:6.2f}  bwd {b:6.2f}" if f is not None and b is not None else ""
     busy = "  busy" if row["contention"] else ""
+    third, pct = _third(row)
     return (
         f"{row['model']:8s} b{row['batch']:<3d} t{row['threads']}{busy:6s} "
-        f"{row['without_s']:8.2f} {row['exact_s']:8.2f} {row['reuse_amortised_s']:8.2f} "
-        f"{row['exact_overhead_pct']:+8.1f}% {row['reuse_overhead_pct']:+8.1f}%{prof}"
+        f"{row['without_s']:8.2f} {row['exact_s']:8.2f} {third:8.2f} "
+        f"{row['exact_overhead_pct']:+8.1f}% {pct:+8.1f}%{prof}"
     )
+
+
+def _third(row) -> tuple[float, float]:
+    """(s/step, overhead %) of the third variant: reuse k amortised, or per block under
+    --compile."""
+    if row.get("compiled"):
+        return row["per_block_s"], row["per_block_overhead_pct"]
+    return row["reuse_amortised_s"], row["reuse_overhead_pct"]
 
 
 def render(paths: list[Path]) -> str:
     """The overhead table (markdown) of the training rows of one or more --json files."""
+    rows = [r for path in paths for r in json.loads(path.read_text())["rows"] if "model" in r]
+    third = "per block" if any(r.get("compiled") for r in rows) else "reuse 10"
     out = [
-        "| model | batch | threads | load (1 min) | without (s/step) | exact (s/step) | reuse 10 "
-        "(amortised s/step) | exact overhead | reuse 10 overhead | integration fwd / bwd (s) |",
+        f"| model | batch | threads | load (1 min) | without (s/step) | exact (s/step) | {third} "
+        f"(s/step) | exact overhead | {third} overhead | integration fwd / bwd (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for path in paths:
-        for r in json.loads(path.read_text())["rows"]:
-            if "model" not in r:
-                continue
-            f, b = r.get("integration_fwd_s"), r.get("integration_bwd_s")
-            prof = f"{f:.2f} / {b:.2f}" if f is not None and b is not None else "-"
-            busy = " + busy core" if r["contention"] else ""
-            if r.get("device", "cpu") != "cpu":
-                busy += f" ({r['device']})"
-            name = "ViT-S/16" if r["model"] == "vit_s16" else "BERT-base-like"
-            out.append(
-                f"| {name} | {r['batch']} | {r['threads']}{busy} | {r['load_average_1min']:.1f} | "
-                f"{r['without_s']:.2f} | {r['exact_s']:.2f} | {r['reuse_amortised_s']:.2f} | "
-                f"{r['exact_overhead_pct']:+.0f}% | {r['reuse_overhead_pct']:+.0f}% | {prof} |"
-            )
+    for r in rows:
+        f, b = r.get("integration_fwd_s"), r.get("integration_bwd_s")
+        prof = f"{f:.2f} / {b:.2f}" if f is not None and b is not None else "-"
+        busy = " + busy core" if r["contention"] else ""
+        if r.get("device", "cpu") != "cpu":
+            busy += f" ({r['device']})"
+        if r.get("compiled"):
+            busy += " (compiled)"
+        name = "ViT-S/16" if r["model"] == "vit_s16" else "BERT-base-like"
+        t3, pct3 = _third(r)
+        out.append(
+            f"| {name} | {r['batch']} | {r['threads']}{busy} | {r['load_average_1min']:.1f} | "
+            f"{r['without_s']:.2f} | {r['exact_s']:.2f} | {t3:.2f} | "
+            f"{r['exact_overhead_pct']:+.0f}% | {pct3:+.0f}% | {prof} |"
+        )
     return "\n".join(out)
 
 
@@ -311,6 +337,7 @@ def main(argv=None) -> int:
         default="cpu",
         help="cpu or cuda (the models and inputs on it; steps timed to the device's end)",
     )
+    p.add_argument("--compile", action="store_true", help="torch.compile every variant")
     p.add_argument("--shapes", default="384x197", help="--integrator: d x L, e.g. 384x197,768x512")
     p.add_argument("--json", type=Path, help="write the rows and the environment here")
     p.add_argument("--render", type=Path, nargs="+", help="only print the table of --json files")
@@ -320,7 +347,7 @@ def main(argv=None) -> int:
         return 0
     if args.steps < 1 or args.warmup < 1 or args.reuse < 2:
         p.error("--steps and --warmup must be >= 1, --reuse >= 2 (its warm-up is the refresh)")
-    if args.warmup + args.steps > args.reuse:
+    if args.warmup + args.steps > args.reuse and not args.compile:
         p.error("--warmup + --steps must be <= --reuse (measured steps must be reuse steps)")
     threads = [int(t) for t in args.threads.split(",")]
     if args.device != "cpu":
@@ -338,9 +365,10 @@ def main(argv=None) -> int:
     if args.quick:  # one batch of 2 per model
         cases = [(m, 2) for m in dict.fromkeys(m for m, _ in cases)]
     print(f"load average before: {os.getloadavg()}", flush=True)
+    third = "perblock" if args.compile else f"reuse{args.reuse}"
     print(
         f"{'model':8s} {'batch':4s} {'thr':8s} {'without':>8s} {'exact':>8s} "
-        f"{'reuse' + str(args.reuse):>8s} {'exact %':>9s} {'reuse %':>9s}  (s/step; "
+        f"{third:>8s} {'exact %':>9s} {third[:5] + ' %':>9s}  (s/step; "
         "integration fwd/bwd s from torch.profiler)",
         flush=True,
     )

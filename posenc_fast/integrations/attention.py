@@ -16,17 +16,17 @@ Each projection asks for its block's biases when it runs (:func:`block_bias`).
 - Training (train mode, gradients enabled): ONE integration of all S = num_layers * 3
   states per forward, shared by every block of that forward and by its backward (one
   discrete-adjoint pass for all blocks). The first layer (layer 0) integrates all states
-  and leaves the result, a tensor with its autograd graph, in a module-level
-  ``weakref.WeakKeyDictionary`` keyed by the shared bias module; the other layers take
-  their slice of it when it still describes the module: the same length, the same
-  parameter tensors at the same version counters, and not yet consumed by a backward (a
-  tensor hook on the result drops it when its gradient arrives, i.e. when the backward of
-  the integration runs and its graph is freed). Nothing is stored on any module, so the
-  model deep-copies and pickles at any time (a copy is another key: it integrates its
-  own), and state_dict, DDP and FSDP see only parameters. Every forward starts afresh at
-  layer 0 (gradient accumulation, several forwards before one backward, parameters
-  changed by fused optimizers that keep version counters all work); a layer that finds no
-  valid shared result integrates only its own three states (the per-block path).
+  and leaves the result, a tensor with its autograd graph, in the bias module's slot (a
+  plain attribute, ``_floater_share``, that copies and pickles of the module leave empty:
+  the model deep-copies and pickles at any time, a copy integrates its own, and
+  state_dict, DDP and FSDP see only parameters); the other layers take their slice of it
+  when it still describes the module: the same length, the same parameter tensors at the
+  same version counters, and not yet consumed by a backward (a tensor hook on the result
+  empties the slot when its gradient arrives, i.e. when the backward of the integration
+  runs and its graph is freed). Every forward starts afresh at layer 0 (gradient
+  accumulation, several forwards before one backward, parameters changed by fused
+  optimizers that keep version counters all work); a layer that finds no valid shared
+  result integrates only its own three states (the per-block path).
   On the cpp backend outputs are bitwise those of the per-block path, the states'
   gradients too; the weight gradients are the same sums in another order (within the
   "grad" tolerance of posenc_fast/tolerances.py; on the torch backend everything is within
@@ -39,9 +39,17 @@ Each projection asks for its block's biases when it runs (:func:`block_bias`).
   never stores a shared result, each block integrates its own states. Reentrant
   checkpointing of only some blocks is not supported: a recomputed block would backpropagate
   through the shared integration early (pass ``share_integration=False``).
-- torch.compile: each block integrates its own three states (the shared result is
-  Python-side bookkeeping that one compiled graph cannot carry); the blocks together do
-  the work of one integration, with 12 adjoint passes instead of one.
+- torch.compile: the same sharing, traced. Layer 0 integrates all states and writes the
+  result to the slot; dynamo records the write, so the later layers read the traced
+  tensor (one graph) or the stored one (graph breaks, blocks compiled one by one): one
+  integration and one adjoint per step. The eager key (pointers, version counters) and
+  the hook cannot be traced, so there a result serves the layers that follow layer 0 in
+  its forward (and the blocks a checkpoint recomputes), which layer 0 running first in
+  every forward makes right. Activation checkpointing under torch.compile: dynamo refuses
+  a write from inside a checkpointed block with ``fullgraph=True`` ("Unsafe side effect");
+  set ``torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True`` (the
+  write is not needed when the backward recomputes) or pass ``share_integration=False``.
+  Without fullgraph the checkpoints run eagerly, recomputing from the shared result.
 - Eval mode or no_grad: the shared module's cache serves every block after the first
   call (no integration at all after the first call).
 - ``refresh_every=k`` (the paper's "cache the positional bias vectors for some
@@ -95,14 +103,41 @@ def _all_blocks(source: FloaterAttentionBias, length: int) -> Tensor:
 
 @dataclass(eq=False)
 class _Shared:
-    """One training forward's biases of all blocks [N, P, L, dim] and what they describe."""
+    """One training forward's biases of all blocks [N, P, L, dim] and what they describe
+    (``key`` None: made under torch.compile, which cannot compute the eager key)."""
 
     biases: Tensor
-    key: tuple
+    key: Optional[tuple]
 
 
-# shared bias module -> _Shared of its current training forward (see the module docstring)
-_shared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+class _Slot:
+    """Where a bias module's current training forward leaves its shared result (``entry``,
+    a :class:`_Shared` or None). A plain attribute of the bias module (``_floater_share``),
+    so torch.compile traces reads and writes of it; copies and pickles of the module get an
+    empty slot of their own (the result is derived data, and its tensor, with an autograd
+    graph, could not be deep-copied)."""
+
+    def __init__(self):
+        self.entry: Optional[_Shared] = None
+
+    def __deepcopy__(self, memo) -> _Slot:
+        return _Slot()
+
+    def __reduce__(self):
+        return (_Slot, ())
+
+
+_SLOT = "_floater_share"
+
+
+def _slot(source: FloaterAttentionBias) -> Optional[_Slot]:
+    """The bias module's slot, made on first use outside torch.compile (None under it when
+    no eager call or projection made it: the per-block path then)."""
+    slot = getattr(source, _SLOT, None)
+    if slot is None and not torch.compiler.is_compiling():
+        slot = _Slot()
+        object.__setattr__(source, _SLOT, slot)  # a plain attribute, not a submodule
+    return slot
 
 
 def _share_key(source: FloaterAttentionBias, length: int) -> tuple:
@@ -113,15 +148,15 @@ def _share_key(source: FloaterAttentionBias, length: int) -> tuple:
     return (length, fl.options, fl.backend, fl.refresh_every, params)
 
 
-def _drop_when_consumed(source: FloaterAttentionBias, entry: _Shared):
+def _drop_when_consumed(slot: _Slot, entry: _Shared):
     """A hook on ``entry.biases``: its gradient arrives when the backward reaches the
     integration, whose graph is then freed: the entry must not serve another forward."""
-    source_ref, entry_ref = weakref.ref(source), weakref.ref(entry)
+    slot_ref, entry_ref = weakref.ref(slot), weakref.ref(entry)
 
     def hook(grad):
-        src, current = source_ref(), entry_ref()
-        if src is not None and current is not None and _shared.get(src) is current:
-            del _shared[src]
+        current = slot_ref()
+        if current is not None and current.entry is not None and current.entry is entry_ref():
+            current.entry = None
 
     return hook
 
@@ -129,6 +164,26 @@ def _drop_when_consumed(source: FloaterAttentionBias, entry: _Shared):
 def _in_backward() -> bool:
     """Whether autograd's engine runs this code (activation checkpointing recomputes)."""
     return torch._C._current_graph_task_id() != -1
+
+
+def _compiled_block(source: FloaterAttentionBias, n: int, length: int, share: bool) -> Tensor:
+    """block_bias of a training forward traced by torch.compile: layer 0 integrates all
+    blocks' states and leaves the result in the slot, where the later layers of the same
+    forward find it (within one graph, the traced tensor itself; across graph breaks, a
+    graph input). The eager key (pointers, version counters) and the consumption hook
+    cannot be traced: here a result serves the layers that follow layer 0 in its
+    forward, and the blocks a non-reentrant checkpoint recomputes in its backward."""
+    slot = getattr(source, _SLOT, None)
+    if not share or slot is None:
+        return _per_block(source, n, length)
+    if n == 0:
+        biases = source(length)
+        slot.entry = _Shared(biases, None)
+        return biases[0]
+    entry = slot.entry  # (its key is never read here: a guard on it would recompile each step)
+    if entry is None or entry.biases.shape[2] != length:
+        return _per_block(source, n, length)
+    return entry.biases[n]
 
 
 def block_bias(source: FloaterAttentionBias, n: int, length: int, share: bool = True) -> Tensor:
@@ -141,13 +196,14 @@ def block_bias(source: FloaterAttentionBias, n: int, length: int, share: bool = 
     if fl.frozen:
         return source(length)[n]
     training_step = fl.training and torch.is_grad_enabled()
-    if torch.compiler.is_compiling():
-        return _per_block(source, n, length) if training_step else source(length)[n]
     if not training_step:
         return source(length)[n]
+    if torch.compiler.is_compiling():
+        return _compiled_block(source, n, length, share)
     if not share:
         return _per_block(source, n, length)
-    entry = _shared.get(source)
+    slot = _slot(source)
+    entry = slot.entry
     valid = entry is not None and entry.key == _share_key(source, length)
     if _in_backward():  # activation checkpointing recomputes; nothing new is shared here
         if not valid:  # reentrant: the forward ran under no_grad
@@ -163,9 +219,9 @@ def block_bias(source: FloaterAttentionBias, n: int, length: int, share: bool = 
         return _per_block(source, n, length)
     biases = source(length)  # all blocks: one integration (or the refresh bookkeeping)
     entry = _Shared(biases, _share_key(source, length))
-    _shared[source] = entry
+    slot.entry = entry
     if biases.requires_grad:
-        biases.register_hook(_drop_when_consumed(source, entry))
+        biases.register_hook(_drop_when_consumed(slot, entry))
     return biases[n]
 
 
@@ -175,6 +231,7 @@ class _Source:
 
     def __init__(self, module: FloaterAttentionBias, layer: int, share: bool = True):
         self.module, self.layer, self.share = module, layer, share
+        _slot(module)  # made now, so that a first forward under torch.compile shares too
 
 
 class FloaterQKV(nn.Linear):

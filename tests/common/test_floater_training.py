@@ -194,6 +194,98 @@ def test_reentrant_checkpointing_of_every_block_integrates_per_block(calls):
         torch.testing.assert_close(g, ref[name], msg=name)
 
 
+# -- torch.compile -------------------------------------------------------------------------
+
+
+def compiled_step(model, x, **compile_kwargs):
+    """A training step of torch.compile(model) (aot_eager: the graphs torch.compile
+    traces, without inductor's C++ compile of CPU kernels)."""
+    return train_step(torch.compile(model, backend="aot_eager", **compile_kwargs), x)
+
+
+@pytest.mark.parametrize("how", ["fullgraph", "graph breaks", "blocks compiled"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_training_shares_one_integration(how, backend, calls, adjoints):
+    """Under torch.compile, one integration and one adjoint of all 3 x 3 states per step
+    (the whole model in one graph, in several graphs, or each block compiled on its own)
+    and the eager step's outputs and gradients; the next step's new parameters are used."""
+    model, _ = with_biases(vit, backend)
+    eager, _ = with_biases(vit, backend)
+    run = torch.compile(model, backend="aot_eager", fullgraph=how == "fullgraph")
+    if how == "graph breaks":  # a graph ends before block 1 (a no-op when not compiling)
+        model.blocks[1].register_forward_pre_hook(lambda *_: torch._dynamo.graph_break())
+    elif how == "blocks compiled":
+        for block in model.blocks:
+            block.compile(backend="aot_eager")
+        run = model
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    exact = set(grads(model)) if backend == "cpp" else set()
+    for step in range(2):
+        ref = train_step(eager, images(step))
+        calls.clear()
+        adjoints.clear()
+        out = train_step(run, images(step))
+        assert calls == [calls[0]] and adjoints == [9], (calls, adjoints)
+        assert torch.equal(out, ref) if backend == "cpp" else torch.allclose(out, ref)
+        assert_grads_match(grads(model), grads(eager), exact)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+
+
+def test_compiled_training_with_activation_checkpointing(calls):
+    """Non-reentrant checkpointing of every block under torch.compile: with graph breaks
+    (the checkpoints run eagerly, recomputing from the shared result), with fullgraph and
+    share_integration=False, and with fullgraph and dynamo's flag that lets a checkpointed
+    forward keep its side effects (the shared result's bookkeeping: without the flag,
+    dynamo refuses it inside a checkpoint); the eager step's outputs and gradients."""
+    eager, _ = with_biases(encoder, "auto")
+    ref = train_step(eager, tokens())
+
+    def checkpointed(model):
+        def forward(x):
+            for layer in model.layers:
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+            return x
+
+        return forward
+
+    flag = "skip_fwd_side_effects_in_bwd_under_checkpoint"
+    cases = [(True, False, {}), (False, True, {})]
+    if hasattr(torch._dynamo.config, flag):
+        cases.append((True, True, {flag: True}))
+    for share, fullgraph, config in cases:
+        model, _ = with_biases(encoder, "auto", share=share)
+        calls.clear()
+        with torch._dynamo.config.patch(**config):
+            run = torch.compile(checkpointed(model), backend="aot_eager", fullgraph=fullgraph)
+            out = train_step(run, tokens())
+        assert len(calls) == (2 if share else 6)  # the forward's and the recomputation's
+        torch.testing.assert_close(out, ref)
+        for name, g in grads(model).items():
+            torch.testing.assert_close(g, grads(eager)[name], msg=name)
+        torch._dynamo.reset()
+
+
+def test_compiled_training_copies_and_pickles(calls, adjoints):
+    """The shared result of a compiled forward sits in a slot of the bias module that
+    copies and pickles leave behind: the model copies with it alive, and a copy shares."""
+    model, _ = with_biases(vit, "auto")
+    run = torch.compile(model, backend="aot_eager", fullgraph=True)
+    out = run(images())
+    twin = copy.deepcopy(model)
+    clone = pickle.loads(pickle.dumps(model))
+    out.square().sum().backward()
+    for other in (twin, clone):
+        calls.clear()
+        adjoints.clear()
+        twin_out = train_step(torch.compile(other, backend="aot_eager", fullgraph=True), images())
+        assert len(calls) == 1 and adjoints == [9]
+        assert torch.equal(twin_out, out.detach())
+        for name, g in grads(other).items():
+            torch.testing.assert_close(g, grads(model)[name], msg=name)
+
+
 # -- the paper's training options ------------------------------------------------------------
 
 
