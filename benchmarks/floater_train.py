@@ -151,6 +151,8 @@ def step(model, opt, x, loss_fn, profile=False) -> tuple[float, dict]:
 
 def run_setting(model_name, batch, threads, args) -> dict:
     torch.set_num_threads(threads)
+    if args.compile:  # compile afresh: dynamo's recompile limit counts every earlier model
+        torch._dynamo.reset()
     base, x, loss_fn = make_case(model_name, batch, args.quick, args.device)
     base.train()
     variants = {"without": base}

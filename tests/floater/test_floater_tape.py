@@ -180,3 +180,50 @@ def test_opcheck_taped_ops():
         ops().floater_integrate_backward_taped.default,
         (torch.randn_like(out), out, *args, 2, "rk38", "gelu", NEEDS_NO_TIMES, tape),
     )
+
+
+@pytest.mark.parametrize("backend", ["cpp", "auto"])
+def test_compiled_training_call_tapes(monkeypatch, backend):
+    """Under torch.compile a training call tapes too (decided while dynamo traces): the
+    backward gets the tape, and outputs and gradients are bitwise the eager call's; with
+    dynamic sizes the intervals follow each call's length."""
+    taped, backward_tapes = [], []
+    impl = pf.ops.floater.registry.FLOATER["cpp"]
+    forward_taped, backward = impl.forward_taped, impl.backward
+    monkeypatch.setattr(impl, "forward_taped", lambda *a: taped.append(a[-1]) or forward_taped(*a))
+
+    def spy_backward(*args):
+        backward_tapes.append(args[-1] is not None)
+        return backward(*args)
+
+    monkeypatch.setattr(impl, "backward", spy_backward)
+    monkeypatch.setenv(tape_mod.TAPE_ENV, "1024")
+    args = floater_inputs(FloaterCase(6, 12, 10, 5, substeps=2), torch.float32, "cpu", seed=9)
+    expect = impl is pf.ops.floater.op.implementation(
+        backend, args[0], args[1], args[5], FloaterOptions(2, "rk4", "tanh")
+    )
+
+    def call(fn, length):
+        leaves = [a.clone().requires_grad_(i < 5) for i, a in enumerate(args)]
+        leaves[5] = leaves[5][:length]
+        out = fn(*leaves)
+        out.backward(torch.ones_like(out))
+        return out, [leaf.grad for leaf in leaves[:5]]
+
+    def eager(*t):
+        return pf.floater(*t, 2, "rk4", "tanh", backend=backend)
+
+    for dynamic in (False, True):
+        run = torch.compile(eager, backend="aot_eager", fullgraph=True, dynamic=dynamic)
+        for length in (5, 3) if dynamic else (5,):
+            want, want_grads = call(eager, length)
+            taped.clear()
+            backward_tapes.clear()
+            got, grads = call(run, length)
+            assert torch.equal(got, want)
+            for g, w in zip(grads, want_grads):
+                assert torch.equal(g, w)
+            assert taped == ([length] if expect else []) and backward_tapes == (
+                [True] if expect else []
+            )
+        torch._dynamo.reset()

@@ -23,7 +23,14 @@ from .._torch_common import onnx_exporting
 from . import cache as _floater_cache
 from . import reference as _reference
 from . import tape as _tape
-from .op import FLOATER_CACHED, FLOATER_OP, FLOATER_TAPED, gradients, implementation
+from .op import (
+    FLOATER_CACHED,
+    FLOATER_OP,
+    FLOATER_TAPED,
+    gradients,
+    implementation,
+    problem_of,
+)
 from .reference import FloaterOptions
 from .registry import FLOATER
 
@@ -130,6 +137,10 @@ def integrate(
         # extension under a lock: dynamo cannot trace that. The op resolves "auto" when it
         # runs instead (op.implementation, the same function: same answer).
         _dispatch.validate_name(backend)
+        intervals, name = _compiled_tape(p0, w1, b1, w2, b2, times, options, backend)
+        if intervals:
+            out, _ = FLOATER_TAPED(p0, w1, b1, w2, b2, times, *options, name, intervals)
+            return out, name
         return FLOATER_OP(p0, w1, b1, w2, b2, times, *options, backend), backend
     impl = implementation(backend, p0, w1, times, options)
     if _tape.wanted(impl, p0, w1, b1, w2, b2, times) and not _traced():
@@ -138,6 +149,34 @@ def integrate(
             out, _ = FLOATER_TAPED(p0, w1, b1, w2, b2, times, *options, impl.name, intervals)
             return out, impl.name
     return FLOATER_OP.run(impl, p0, w1, b1, w2, b2, times, *options), impl.name
+
+
+def _compiled_tape(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str):
+    """Under torch.compile: (the intervals a training call keeps on the tape (tape.py), 0
+    for none; the implementation that runs it), decided while dynamo traces: the backend
+    comes from :func:`_taped_backend`, the intervals from the sizes (symbolic ones too)
+    and the budget POSENC_FAST_FLOATER_TAPE_MB as it is then, which stays in the
+    compiled code."""
+    name = _taped_backend(backend, p0.device.type, p0.dtype, *options)
+    impl = FLOATER.get(name)
+    if impl is None or not _tape.wanted(impl, p0, w1, b1, w2, b2, times):
+        return 0, backend
+    return _tape.intervals(p0, w1, times, options), name
+
+
+@torch._dynamo.assume_constant_result
+def _taped_backend(backend, device, dtype, substeps, method, activation) -> str:
+    """The backend ``backend`` ("auto" or a name) resolves to on this device and dtype,
+    or "" when the dispatcher refuses. Dynamo runs it for real while tracing (the
+    dispatcher may load the C++ extension, which it could not trace) and keeps the answer
+    as a constant. The sizes are not known as numbers then: their limits are checked when
+    the op runs (op.implementation), which raises the dispatcher's refusal."""
+    options = FloaterOptions(substeps, method, activation)
+    problem = problem_of(device, dtype, None, options)
+    try:
+        return _dispatch.choose(FLOATER, problem, backend).name
+    except (_dispatch.BackendError, ValueError):
+        return ""
 
 
 def _traced() -> bool:

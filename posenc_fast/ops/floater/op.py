@@ -46,17 +46,20 @@ from .registry import FLOATER
 
 def problem(p0: Tensor, w1: Tensor, times: Tensor, options: FloaterOptions) -> Problem:
     """What the dispatcher decides a FLOATER call on."""
+    sizes = (p0.shape[0], p0.shape[1], w1.shape[1], times.shape[0])
+    return problem_of(p0.device.type, p0.dtype, sizes, options)
+
+
+def problem_of(device: str, dtype: torch.dtype, sizes, options: FloaterOptions) -> Problem:
+    """The same from the metadata alone: sizes = (S, d, H, L), or None when they are not
+    known as numbers (no size limit is checked then)."""
+    names = ("num_states", "dim", "hidden_dim", "length")
+    known = {} if sizes is None else dict(zip(names, sizes), substeps=options.substeps)
     return Problem(
         op="floater",
-        device=p0.device.type,
-        dtype=p0.dtype,
-        sizes={
-            "num_states": p0.shape[0],
-            "dim": p0.shape[1],
-            "hidden_dim": w1.shape[1],
-            "length": times.shape[0],
-            "substeps": options.substeps,
-        },
+        device=device,
+        dtype=dtype,
+        sizes=known,
         options={"method": options.method, "activation": options.activation},
     )
 
@@ -204,7 +207,9 @@ def _floater_taped(
 ) -> Tuple[Tensor, Tensor]:  # noqa: UP006
     options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
-        return FLOATER[backend].forward_taped(p0, w1, b1, w2, b2, times, options, intervals)
+        # the dispatcher checks the sizes (a compiled call names its backend while tracing)
+        impl = implementation(backend, p0, w1, times, options)
+        return impl.forward_taped(p0, w1, b1, w2, b2, times, options, intervals)
 
 
 def _floater_taped_fake(

@@ -18,6 +18,10 @@ default keeps 47% of its intervals. The memory comes from one spare block that t
 runtime keeps for the next tape (each training step makes one and frees it; fresh memory
 that large pays a page fault per 4 KiB, csrc/cpu/spare.h): :func:`release_memory` frees it.
 
+Under torch.compile the decision is made while dynamo traces (api._compiled_tape): a
+training call tapes as in eager mode, its intervals computed from the sizes (symbolic
+ones too) with the budget as it is then, which stays in the compiled code.
+
 A backward that needs the gradient of the times recomputes every interval (the tape does
 not hold the slopes that gradient reads), so no tape is made for such calls.
 """
