@@ -293,10 +293,12 @@ def _third(row) -> tuple[float, float]:
 def render(paths: list[Path]) -> str:
     """The overhead table (markdown) of the training rows of one or more --json files."""
     rows = [r for path in paths for r in json.loads(path.read_text())["rows"] if "model" in r]
-    third = "per block" if any(r.get("compiled") for r in rows) else "reuse 10"
+    compiled = any(r.get("compiled") for r in rows)
+    third = "per block" if compiled else "reuse 10"
+    unit = "s/step" if compiled else "amortised s/step"
     out = [
         f"| model | batch | threads | load (1 min) | without (s/step) | exact (s/step) | {third} "
-        f"(s/step) | exact overhead | {third} overhead | integration fwd / bwd (s) |",
+        f"({unit}) | exact overhead | {third} overhead | integration fwd / bwd (s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

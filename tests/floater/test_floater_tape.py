@@ -227,3 +227,17 @@ def test_compiled_training_call_tapes(monkeypatch, backend):
                 [True] if expect else []
             )
         torch._dynamo.reset()
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.compiler, "_is_exporting_flag"),
+    reason="torch 2.5 has no export flag: an export cannot be told from a compile",
+)
+def test_export_of_a_training_module_keeps_the_plain_op():
+    """torch.export of a module in training mode records the plain op, not the taped one
+    (an exported program is for deployment; ONNX knows only the plain op)."""
+    fl = pf.Floater(8, 3, hidden_dim=6, backend="cpp").train()
+    ep = torch.export.export(fl, (), {"length": 4}, strict=False)
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert any("posenc_fast.floater.default" in t for t in targets), targets
+    assert not any("floater_taped" in t for t in targets), targets

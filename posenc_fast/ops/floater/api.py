@@ -157,6 +157,8 @@ def _compiled_tape(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: 
     comes from :func:`_taped_backend`, the intervals from the sizes (symbolic ones too)
     and the budget POSENC_FAST_FLOATER_TAPE_MB as it is then, which stays in the
     compiled code."""
+    if _is_exporting():  # an exported program keeps the plain op (ONNX knows only that one)
+        return 0, backend
     name = _taped_backend(backend, p0.device.type, p0.dtype, *options)
     impl = FLOATER.get(name)
     if impl is None or not _tape.wanted(impl, p0, w1, b1, w2, b2, times):
