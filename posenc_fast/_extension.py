@@ -52,6 +52,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Optional
@@ -390,7 +391,26 @@ def load(part: str = "cpu") -> Optional[ModuleType]:
         if not state["tried"]:
             module, reasons, origin = _try_load(part)
             state.update(tried=True, module=module, reasons=reasons, origin=origin)
+            if part == "cpu" and module is not None:
+                check_isa_env()
         return state["module"]
+
+
+ISA_ENV = "POSENC_FAST_CPU_ISA"
+ISA_NAMES = ("generic", "avx2", "avx512")  # csrc/cpu/isa.h's levels, lowest first
+
+
+def check_isa_env() -> None:
+    """Warn when POSENC_FAST_CPU_ISA names no instruction set the C++ kernels know: they
+    read it once and would silently run with the best one the CPU has."""
+    raw = os.environ.get(ISA_ENV)
+    if raw and raw != "auto" and raw not in ISA_NAMES:
+        warnings.warn(
+            f"posenc_fast: {ISA_ENV}={raw!r} is not one of {', '.join(ISA_NAMES)} (or auto): "
+            "ignored, the C++ kernels use the best instruction set this CPU has",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def loaded_module(part: str = "cpu") -> Optional[ModuleType]:

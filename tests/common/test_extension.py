@@ -576,6 +576,32 @@ def test_bad_options():
         EXT.set_cpu_isa("sse9")
 
 
+@pytest.mark.parametrize(
+    "value,warns",
+    [("baseline", True), ("AVX2", True), ("avx2", False), ("generic", False), ("auto", False)],
+)
+def test_unknown_cpu_isa_variable_is_reported(monkeypatch, value, warns):
+    """The kernels read POSENC_FAST_CPU_ISA once and ignore a name they do not know: the
+    load says so instead of silence."""
+    monkeypatch.setenv(_extension.ISA_ENV, value)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _extension.check_isa_env()
+    messages = [str(w.message) for w in seen if _extension.ISA_ENV in str(w.message)]
+    assert bool(messages) == warns, messages
+    if warns:
+        assert repr(value) in messages[0] and "ignored" in messages[0]
+
+
+@needs_ext
+def test_isa_names_are_the_kernels_names():
+    try:
+        for name in _extension.ISA_NAMES:
+            EXT.set_cpu_isa(name)  # accepted (the C++ refuses a name it does not know)
+    finally:
+        EXT.set_cpu_isa("auto")
+
+
 @needs_ext
 def test_opcheck_low_level_ops():
     args = floater_inputs(FloaterCase(3, 4, 5, 3), torch.float64, "cpu", seed=10)
