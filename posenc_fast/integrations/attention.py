@@ -173,7 +173,7 @@ def _compiled_block(source: FloaterAttentionBias, n: int, length: int, share: bo
     graph input). The eager key (pointers, version counters) and the consumption hook
     cannot be traced: here a result serves the layers that follow layer 0 in its
     forward, and the blocks a non-reentrant checkpoint recomputes in its backward."""
-    slot = getattr(source, _SLOT, None)
+    slot = _slot(source)
     if not share or slot is None:
         return _per_block(source, n, length)
     if n == 0:
