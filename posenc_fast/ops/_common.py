@@ -26,6 +26,7 @@ of the graph (README, "Deploying").
 from __future__ import annotations
 
 import contextlib
+import typing
 from typing import Callable, Optional
 
 import torch
@@ -116,6 +117,19 @@ def _same(*args):
     return args
 
 
+def _resolve_annotations(body: Callable) -> None:
+    """Replace ``body``'s annotations, strings under ``from __future__ import annotations``,
+    by the objects they name. torch 2.5-2.6's ``infer_schema`` evaluates string annotations
+    in its own module, where ``List`` and ``Optional`` exist but ``Tuple`` does not: a
+    tuple return failed there ("Unsupported type annotation Tuple[Tensor, Tensor]. It is
+    not a type"), which made ``import posenc_fast`` fail on torch 2.5."""
+    body.__annotations__ = typing.get_type_hints(body)
+
+
+# Every CustomOp made, in order: what the compatibility tests walk.
+CUSTOM_OPS: list[CustomOp] = []
+
+
 class CustomOp:
     """A ``posenc_fast::`` torch.library custom op (schema inferred from ``body``'s
     annotations, which spell lists ``typing.List``: torch 2.5's ``infer_schema`` raises on
@@ -149,8 +163,10 @@ class CustomOp:
         onnx: Optional[Callable] = None,
     ):
         kwargs = {"tags": tags} if tags else {}
+        _resolve_annotations(body)
         self.op = torch.library.custom_op(qualname, body, mutates_args=(), **kwargs)
         self.op.register_fake(fake)
+        CUSTOM_OPS.append(self)
         self.body = body
         self.op_function = op_function
         self.impl_args = impl_args
