@@ -64,10 +64,10 @@ export MAX_JOBS="${MAX_JOBS:-2}"
 
 find_python() {
   if [[ -n "${GPU_PYTHON:-}" ]]; then echo "$GPU_PYTHON"; return; fi
-  if command -v python3.12 >/dev/null 2>&1; then command -v python3.12; return; fi
+  # a candidate must run: pyenv's shim is on PATH but fails when 3.12 is not selected
   local p
-  for p in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
-    [[ -x "$p" ]] && { echo "$p"; return; }
+  for p in "$(command -v python3.12 || true)" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
+    [[ -x "$p" ]] && "$p" -c pass >/dev/null 2>&1 && { echo "$p"; return; }
   done
   return 1
 }
