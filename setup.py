@@ -87,13 +87,30 @@ loading, so a mismatch is reported instead of crashing.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import sys
 import time
 import warnings
 
+import setuptools
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# pyproject.toml's `license = "Apache-2.0"` (an SPDX string) needs setuptools >= 77; older
+# ones reject it with "project.license must be valid exactly by one definition". A plain
+# `pip install` builds in isolation with the setuptools pyproject.toml asks for; with
+# --no-build-isolation the environment's own is used (a new Python 3.11 venv has 65), so
+# say so first, in one line.
+MIN_SETUPTOOLS = (77, 0)
+_have = tuple(int(x) for x in re.findall(r"\d+", setuptools.__version__)[:2])
+if _have < MIN_SETUPTOOLS:
+    sys.exit(
+        f"posenc_fast: building needs setuptools>=77 (this environment has "
+        f"{setuptools.__version__}): `pip install 'setuptools>=77'` first, or install "
+        "without --no-build-isolation"
+    )
 
 
 def _load_build_config() -> dict:

@@ -256,7 +256,8 @@ def eager_table(kind, positions, dim):
     return torch.cat([c0, s2 * torch.cos(a), s2 * torch.sin(a), last], dim=-1)
 
 
-def encoding_rows(name, spec, copy_gbps) -> list[dict]:
+def encoding_case(spec) -> tuple[dict, int]:
+    """({"eager": fn, "triton": fn}, bytes moved) of a table / fused-add case."""
     kind, rows, L, dim, add = spec
     fns = {}
     if add:
@@ -269,15 +270,39 @@ def encoding_rows(name, spec, copy_gbps) -> list[dict]:
 
         fns["eager"] = eager
         fns["triton"] = lambda: module(x)
-        nbytes = 2 * x.numel() * x.element_size()
-    else:
-        pos = torch.arange(rows, device=DEVICE)
-        encode = pf.dft if kind == "dft" else pf.sinusoidal
-        fns["eager"] = lambda: eager_table(kind, pos, dim)
-        # (not named fn: the loop below rebinds fn, which this closure would then call;
-        # the first GPU run failed so, 2026-11-27)
-        fns["triton"] = lambda: encode(pos, dim, backend="triton")
-        nbytes = rows * dim * 4 + rows * 8
+        return fns, 2 * x.numel() * x.element_size()
+    pos = torch.arange(rows, device=DEVICE)
+    encode = pf.dft if kind == "dft" else pf.sinusoidal
+    fns["eager"] = lambda: eager_table(kind, pos, dim)
+    # (not named fn: encoding_rows' loop rebinds fn, which this closure would then call;
+    # the first GPU run failed so, 2026-11-27)
+    fns["triton"] = lambda: encode(pos, dim, backend="triton")
+    return fns, rows * dim * 4 + rows * 8
+
+
+def triton_calls(device: str):
+    """(name, call) for each Triton path this script times (every LFF case forward, and
+    backward to the weights as ``runner`` takes it; every table / fused-add case), with the
+    inputs on ``device``: what tools/prepare_gpu_build.sh compiles ahead for the GPU (on
+    `meta` tensors, triton_kernels/ahead.py), so that the GPU run compiles none of it."""
+    global DEVICE
+    DEVICE = device
+    for name, spec in CASES.items():
+
+        def lff_fwd_bwd(spec=spec, name=name):
+            case = make_case(name, spec)
+            N, _, _, _, _, D, _ = spec
+            y = pf.lff(case["x"], *case["weights"], backend="triton")
+            grad = _testing.randn((N, D), _testing.generator(1), case["dtype"], DEVICE)
+            torch.autograd.grad(y, case["weights"], grad)
+
+        yield name, lff_fwd_bwd
+    for name, spec in ENC_CASES.items():
+        yield name, lambda spec=spec: encoding_case(spec)[0]["triton"]()
+
+
+def encoding_rows(name, spec, copy_gbps) -> list[dict]:
+    fns, nbytes = encoding_case(spec)
     if "compile" in ARGS.impls.split(",") and not ARGS.dry_run:
         fns["compile"] = torch.compile(fns["eager"])
     expected = fns["triton"]().double()

@@ -101,6 +101,21 @@ def run_case(name, dtype, device, compile_=True):
             "speedups": speedups, "speedups_by": "ms"}  # fmt: skip
 
 
+def triton_calls(device: str):
+    """(name, call) for each Triton path this script times, every case and dtype, with the
+    inputs on ``device``: what tools/prepare_gpu_build.sh compiles ahead for the GPU (on
+    `meta` tensors, triton_kernels/ahead.py), so that the GPU run compiles none of it."""
+    for name in CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            for mode in bench.MODES:
+
+                def call(name=name, dtype=dtype, mode=mode):
+                    case = _cases.rotary_case(name, device, dtype, sizes=CASES[name])
+                    bench._runner(case, bench._impls(case, ())["triton"], mode)()
+
+                yield f"{name} {str(dtype)[6:]} {mode}", call
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (the CPU: bench --ops rotary)")

@@ -14,6 +14,11 @@ calls can be merged afterwards on any machine (no GPU, no torch needed):
     lff_gpu*.json          benchmarks/lff_gpu.py (LFF and table goals)
     bench_cli*.json        python -m posenc_fast bench --json
     compile_report*.txt    python -m posenc_fast.triton_kernels.compile_report
+    triton_compiles*.jsonl every Triton compilation of the run, a hit or a miss of the cache
+                           prepared ahead (POSENC_FAST_TRITON_LOG, triton_kernels/ahead.py)
+    triton_records*.jsonl  every Triton launcher call of the run (POSENC_FAST_TRITON_RECORD):
+                           kept whole in summary.json, what the next preparation compiles
+    triton_cache_check*.txt  whether the prepared cache matched this machine's Triton
 A figure that is missing is reported as pending, never filled in.
 """
 
@@ -254,12 +259,42 @@ def bench_cli(report: dict) -> dict:
     return {"device": report.get("device"), "rows": rows, "errors": errors[:50]}
 
 
+def _lines(path: str) -> list[str]:
+    with open(path) as f:
+        return [ln.strip() for ln in f if ln.strip()]
+
+
+def triton_compiles(path: str, into: dict) -> None:
+    """Add a compile log's hits and misses to ``into``: posenc_fast's kernels (by name, the
+    misses with their compile seconds) and the others (torch.compile's, in this process)."""
+    for line in _lines(path):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        side = "posenc_fast" if str(row.get("module") or "").startswith("posenc_fast") else "other"
+        entry = into.setdefault(side, {"hits": 0, "misses": 0, "miss_s": 0.0, "missed": {}})
+        if row.get("hit"):
+            entry["hits"] += 1
+            continue
+        entry["misses"] += 1
+        entry["miss_s"] = round(entry["miss_s"] + (row.get("us") or 0) / 1e6, 2)
+        if side == "posenc_fast":
+            entry["missed"][row.get("kernel", "?")] = entry["missed"].get(row.get("kernel"), 0) + 1
+
+
 def summarize(paths: list[str]) -> dict:
     summary: dict = {"sources": [], "stages": [], "tests": [], "environment": None}
     for path in _files(paths):
         name = os.path.basename(path)
         src = os.path.relpath(path)
-        if name.endswith(".jsonl") and name.startswith("stages"):
+        if name.startswith("triton_compiles") and name.endswith(".jsonl"):
+            triton_compiles(path, summary.setdefault("triton", {}).setdefault("compiles", {}))
+        elif name.startswith("triton_records") and name.endswith(".jsonl"):
+            summary.setdefault("triton", {})["records"] = _lines(path)
+        elif name.startswith("triton_cache_check") and name.endswith(".txt"):
+            summary.setdefault("triton", {})["cache_check"] = "; ".join(_lines(path))
+        elif name.endswith(".jsonl") and name.startswith("stages"):
             with open(path) as f:
                 for ln in f:
                     if ln.strip():
@@ -336,6 +371,21 @@ def markdown(s: dict) -> str:
                 f"| {r.get('stage')} | {r.get('status')} | "
                 f"{secs if secs is not None else '-'} | {r.get('note', '')} |"
             )
+        out.append("")
+    tr = s.get("triton")
+    if tr:
+        ours = tr.get("compiles", {}).get("posenc_fast", {})
+        other = tr.get("compiles", {}).get("other", {})
+        out.append(
+            f"**Triton cache** ({tr.get('cache_check') or 'no prepared cache checked'}): "
+            f"posenc_fast kernels {ours.get('hits', 0)} hits, {ours.get('misses', 0)} misses "
+            f"({ours.get('miss_s', 0)} s compiling); other Triton kernels in these processes "
+            f"{other.get('hits', 0)} hits, {other.get('misses', 0)} misses "
+            f"({other.get('miss_s', 0)} s); {len(tr.get('records', []))} launcher calls "
+            "recorded for the next preparation"
+        )
+        missed = ours.get("missed") or {}
+        out += [f"- compiled here: {k} x{n}" for k, n in sorted(missed.items())[:20]]
         out.append("")
     v = s.get("verify")
     if v:

@@ -68,7 +68,16 @@ class OpSupport:
     input_dtypes: Mapping[str, tuple[torch.dtype, ...]] = field(default_factory=dict)
 
     def implements(self, device: str) -> bool:
-        return self.devices is ANY or device in self.devices
+        return self.devices is ANY or stands_for(device) in self.devices
+
+
+def stands_for(device: str) -> str:
+    """The device type a call's tensors stand for: while the Triton kernels are compiled
+    ahead for a GPU that is not here (triton_kernels/ahead.py), `meta` tensors are that
+    GPU's; otherwise their own."""
+    if device == "meta" and _triton_env.compile_target() is not None:
+        return "cuda"
+    return device
 
 
 # The dtype sets the SUPPORT tables name.
@@ -118,7 +127,12 @@ def lazy(module: str, attr: str) -> Callable:
 
     def call(*args):
         if not loaded:
-            loaded.append(getattr(importlib.import_module(f"posenc_fast.{module}"), attr))
+            fn = getattr(importlib.import_module(f"posenc_fast.{module}"), attr)
+            if _triton_env.recording():  # POSENC_FAST_TRITON_RECORD: calls written down
+                from .triton_kernels import ahead
+
+                fn = ahead.recorded(f"{module}:{attr}", fn)
+            loaded.append(fn)
         return loaded[0](*args)
 
     call.__name__ = call.__qualname__ = attr
@@ -170,6 +184,8 @@ def _triton_reasons() -> list[str]:
     err = _triton_env.import_error()
     if err:
         return [err]
+    if _triton_env.compile_target() is not None:
+        return []  # compiling ahead: nothing runs, the target is given
     if _triton_env.interpreter_enabled():
         reason = _triton_env.installed_interpreter_reason()
         return [reason] if reason else []
@@ -287,7 +303,7 @@ def _dtype_name(dt: torch.dtype) -> str:
 def support_reasons(sup: OpSupport, problem: Problem) -> list[str]:
     """Why a backend whose SUPPORT table for ``problem.op`` is ``sup`` refuses it."""
     out = []
-    if sup.devices is not ANY and problem.device not in sup.devices:
+    if not sup.implements(problem.device):
         out.append(f"runs on {'/'.join(sup.devices)} tensors, got {problem.device}")
     if sup.dtypes is not ANY and problem.dtype not in sup.dtypes:
         names = ", ".join(_dtype_name(d) for d in sup.dtypes)
@@ -323,7 +339,7 @@ def auto_eligible(name: str, registry: Registry, device: str) -> bool:
     """Whether "auto" may consider backend ``name`` for the op of ``registry`` on ``device``."""
     impl = registry.get(name)
     auto_devices = BACKENDS[name].auto_devices
-    allowed = auto_devices is None or device in auto_devices
+    allowed = auto_devices is None or stands_for(device) in auto_devices
     return allowed and impl is not None and impl.support.implements(device)
 
 

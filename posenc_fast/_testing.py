@@ -30,12 +30,16 @@ def generator(seed: int) -> torch.Generator:
 
 
 def randn(shape, gen, dtype=torch.float32, device="cpu", scale=1.0) -> torch.Tensor:
+    if torch.device(device).type == "meta":  # no values (compiling kernels ahead: sizes only)
+        return torch.empty(shape, dtype=dtype, device=device)
     return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(
         dtype=dtype, device=device
     )
 
 
 def rand(shape, gen, low, high, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    if torch.device(device).type == "meta":
+        return torch.empty(shape, dtype=dtype, device=device)
     u = torch.rand(shape, generator=gen, dtype=torch.float64)
     return (low + (high - low) * u).to(dtype=dtype, device=device)
 

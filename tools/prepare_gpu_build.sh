@@ -2,8 +2,10 @@
 # Build the extension for the GPU machine's software here, on the CPU machine, so that the
 # GPU proof (benchmarks/gpu_validate.sh proof) spends none of its 15 minutes compiling.
 #
-#   tools/prepare_gpu_build.sh            build, check the import, pack into .gpu_build/
+#   tools/prepare_gpu_build.sh            build, check the import, pack into .gpu_build/;
+#                                         then the Triton kernels (5.)
 #   tools/prepare_gpu_build.sh --check    only check that .gpu_build/ imports and is current
+#                                         (the extension and the Triton cache)
 #   tools/prepare_gpu_build.sh --sources-sha   print the hash of the sources (see 4.)
 #
 # The GPU machine (the device tool's H100 / H200) runs Python 3.12, torch 2.11.0+cu130,
@@ -20,7 +22,10 @@
 #   4. packs them into .gpu_build/extension_build.tar.gz (the archive the `build` stage of
 #      gpu_validate.sh installs instead of compiling) with .gpu_build/manifest.json: the
 #      versions, architectures, git SHA and a hash of the sources it was built from (the
-#      `build` stage compiles instead when the sources changed since).
+#      `build` stage compiles instead when the sources changed since);
+#   5. runs tools/prepare_triton_cache.sh: the Triton kernels the GPU run launches,
+#      compiled for sm_90 with that venv's Triton into .gpu_build/triton_cache.tar.gz
+#      (PREPARE_TRITON=0 skips it).
 # .gpu_build/ is git-ignored; the device call names it in `carry` (benchmarks/README.md).
 #
 # Environment: GPU_PYTHON (a Python 3.12 interpreter; default: python3.12 on PATH, else
@@ -161,5 +166,12 @@ sys.exit(2 if stale else 0)
 PY
 ) || { rc=$?; rm -rf "$check"; ((rc == 2)) && die "the prebuilt module is stale: rerun tools/prepare_gpu_build.sh"; die "the prebuilt module does not import"; }
 rm -rf "$check"
+
+# ------------------------------------------------------------------ 5. the Triton kernels
+if ((CHECK_ONLY)); then
+  GPU_VENV="$GPU_VENV" "$ROOT/tools/prepare_triton_cache.sh" --check
+elif [[ "${PREPARE_TRITON:-1}" != 0 ]]; then
+  GPU_VENV="$GPU_VENV" "$ROOT/tools/prepare_triton_cache.sh"
+fi
 size=$(du -sb "$OUT_DIR" | cut -f1)
 say "ok: $OUT_DIR ($size bytes) imports against torch $torch_version; carry it: \"carry\": [\".gpu_build\"]"

@@ -224,6 +224,11 @@ def refusal(
 def device_arch(device) -> int:
     import torch
 
+    from ._env import compile_target
+
+    target = compile_target()
+    if target is not None and torch.device(device).type == "meta":
+        return target["arch"]  # compiling ahead (ahead.py) for a GPU that is not here
     major, minor = torch.cuda.get_device_capability(device)
     return 10 * major + minor
 

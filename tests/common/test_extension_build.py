@@ -804,3 +804,28 @@ def test_plain_pip_install_builds_on_first_use_then_reuses(tmp_path):
     assert "backend 'cpp' is unavailable" in warning and "POSENC_FAST_NO_BUILD" in warning
     assert "python -m posenc_fast build" in warning
     assert got["close"], got
+
+
+@pytest.mark.parametrize("version, stops", [("76.1.0", True), ("77.0.3", False)])
+def test_a_setuptools_too_old_for_the_license_field_stops_the_build_in_one_line(version, stops):
+    """`pip install --no-build-isolation` uses the environment's setuptools: before 77 it
+    cannot read pyproject.toml's license string, and says so cryptically. setup.py says it
+    first, in one line naming the version it needs."""
+    code = (
+        "import setuptools, sys, runpy\n"
+        f"setuptools.__version__ = {version!r}\n"
+        "sys.argv = ['setup.py', '--version']\n"
+        "runpy.run_path('setup.py', run_name='__main__')\n"
+    )
+    env = {**os.environ, "POSENC_FAST_SKIP_EXTENSION": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    if stops:
+        assert run.returncode == 1
+        assert run.stderr.strip().splitlines() == [
+            f"posenc_fast: building needs setuptools>=77 (this environment has {version}): "
+            "`pip install 'setuptools>=77'` first, or install without --no-build-isolation"
+        ]
+    else:
+        assert run.returncode == 0, run.stderr[-2000:]

@@ -281,15 +281,15 @@ PROOF_FILES = {
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_gpu_validate_dry_run_proof(tmp_path):
-    """Issue 18's one command in its CPU form: every stage of the proof in order, its own
-    480 s deadline, at most 8 files in OUT (stage records and verify output in the scratch
-    folder, carried home by summary.json), and the test selection still finding every kind
-    of test it names."""
+    """The GPU run's one command in its CPU form: every stage of the proof in order, its own
+    420 s deadline (one rerun fits a session's 15 minutes), at most 8 files in OUT (stage
+    records, verify output and the Triton logs in the scratch folder, carried home by
+    summary.json), and the test selection still finding every kind of test it names."""
     out, work = tmp_path / "out", tmp_path / "work"
     proc = _run(["--dry-run", "proof"], out, timeout=400, GPU_VALIDATE_WORK=str(work))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
-    assert "deadline 480 s" in log
+    assert "deadline 420 s" in log
     files = {p.name for p in out.iterdir()}
     assert files == PROOF_FILES, files
     stages = [json.loads(ln) for ln in (work / "stages.jsonl").read_text().splitlines()]
@@ -300,7 +300,7 @@ def test_gpu_validate_dry_run_proof(tmp_path):
     limits = {r["stage"]: r["limit_s"] for r in stages}
     # the stages after the build fit the deadline with the summary's 30 s and the carried
     # build's install (11 s on the first H200 run) to spare
-    assert sum(v for k, v in limits.items() if k not in ("build", "summary")) + 30 + 15 <= 480
+    assert sum(v for k, v in limits.items() if k not in ("build", "summary")) + 30 + 15 <= 420
     for term in ("gradcheck", "determinis", "2_31", "compile_fullgraph", "export"):
         count = re.search(rf"proof tests '-k {term}': (\d+) tests", log)
         assert count and int(count.group(1)) > 0, term
@@ -313,6 +313,13 @@ def test_gpu_validate_dry_run_proof(tmp_path):
     lff_cases = {r["case"] for r in summary["lff"]["rows"]}
     assert {"compute", "compute-fp32", "sinusoidal-add", "dft-add"} <= lff_cases, lff_cases
     assert "**verify**" in (out / "summary.md").read_text()
+    # the Triton accounting: no prepared cache here, and every launcher call recorded for
+    # the next preparation (the dry run's LFF stage runs the kernels interpreted)
+    triton = summary["triton"]
+    assert triton["cache_check"].startswith("no Triton cache carried"), triton
+    calls = [json.loads(r) for r in triton["records"]]
+    assert any(c.get("launcher", "").endswith(":lff_fwd") for c in calls), calls[:3]
+    assert "**Triton cache**" in (out / "summary.md").read_text()
 
 
 def test_summarize_reads_verify_output(tmp_path):

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The oldest torch the README claims, installed as a new user installs it, on every change
+# (CI runs this beside the main suite, which runs the newest):
+#
+#   tools/check_oldest_torch.sh [--download-only]
+#
+#   1. a fresh venv (`python -m venv`: the pip and setuptools it brings), then
+#      `pip install torch==$OLDEST_TORCH` from the index: its CUDA 12.4 build with the
+#      Triton it pins (~3.5 GB; --download-only stops after this, so that CI can start it
+#      early, while the main suite runs, and finish later);
+#   2. the --no-build-isolation route with the venv's own setuptools (65 on Python 3.11):
+#      it must stop at once, with the one line naming setuptools>=77;
+#   3. `pip install .`, plain (an isolated build: nothing is compiled ahead);
+#   4. `import posenc_fast` and `python -m posenc_fast info`;
+#   5. `python -m posenc_fast build --cuda no`: the first-use build of the C++ CPU part
+#      against that torch, into a cache of its own (POSENC_FAST_DEBUG=1 builds at -O0:
+#      quicker to compile; CI uses it, the optimised build is the version matrix's);
+#   6. `python -m posenc_fast verify`: every CPU backend (reference, torch, cpp) of every op
+#      against the float64 reference.
+# Environment: OLDEST_TORCH (2.5.1), OLDEST_DIR (the venv and cache; default a temporary
+# folder, removed at the end unless --download-only or OLDEST_KEEP=1), MAX_JOBS (2).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TORCH_VERSION="${OLDEST_TORCH:-2.5.1}"
+DIR="${OLDEST_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/posenc-oldest.XXXXXX")}"
+export MAX_JOBS="${MAX_JOBS:-2}" PIP_DISABLE_PIP_VERSION_CHECK=1
+start=$SECONDS
+say() { echo "[oldest torch $((SECONDS - start)) s] $*"; }
+die() { echo "check_oldest_torch: FAILED: $*" >&2; exit 1; }
+DOWNLOAD_ONLY=0
+[[ "${1:-}" == --download-only ]] && DOWNLOAD_ONLY=1
+if ((!DOWNLOAD_ONLY)) && [[ "${OLDEST_KEEP:-0}" != 1 ]]; then
+  trap 'rm -rf "$DIR"' EXIT
+fi
+py="$DIR/venv/bin/python"
+
+# ------------------------------------------------------------------ 1. torch
+if [[ ! -f "$DIR/torch.done" ]]; then
+  python3 -m venv "$DIR/venv"
+  say "installing torch==$TORCH_VERSION from the index into $DIR/venv"
+  "$py" -m pip install -q --no-cache-dir "torch==$TORCH_VERSION" > "$DIR/torch.log" 2>&1 ||
+    { tail -20 "$DIR/torch.log"; die "pip install torch==$TORCH_VERSION"; }
+  touch "$DIR/torch.done"
+  say "torch $("$py" -c 'import torch; print(torch.__version__)'), triton $("$py" -c 'import triton; print(triton.__version__)' 2>/dev/null || echo none)"
+fi
+((DOWNLOAD_ONLY)) && exit 0
+
+# ------------------------------------------------------------------ 2. --no-build-isolation
+old="$("$py" -c 'import setuptools; print(setuptools.__version__)')"
+if "$py" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) >= 77)'; then
+  out="$(cd "$ROOT" && "$py" -m pip install --no-build-isolation --no-deps . 2>&1 || true)"
+  grep -q "posenc_fast: building needs setuptools>=77 (this environment has $old)" <<<"$out" ||
+    { echo "$out" | tail -20; die "--no-build-isolation with setuptools $old did not stop with its one line"; }
+  say "--no-build-isolation with the venv's setuptools $old: stopped with the line naming setuptools>=77"
+else
+  say "the venv's setuptools is $old: the --no-build-isolation check does not apply"
+fi
+
+# ------------------------------------------------------------------ 3-4. plain install
+"$py" -m pip install -q --no-cache-dir "$ROOT" > "$DIR/install.log" 2>&1 ||
+  { tail -20 "$DIR/install.log"; die "pip install ."; }
+cd "$DIR"  # not the source tree: the installed package
+export POSENC_FAST_CACHE="$DIR/cache"
+"$py" -c "import posenc_fast, torch; print('import posenc_fast', posenc_fast.__version__, 'on torch', torch.__version__)" ||
+  die "import posenc_fast"
+"$py" -m posenc_fast info > "$DIR/info.txt" 2>&1 || { cat "$DIR/info.txt"; die "python -m posenc_fast info"; }
+say "installed; info ok"
+
+# ------------------------------------------------------------------ 5. first-use build
+t0=$SECONDS
+"$py" -m posenc_fast build --cuda no > "$DIR/build.log" 2>&1 ||
+  { tail -30 "$DIR/build.log"; die "python -m posenc_fast build --cuda no"; }
+say "the C++ CPU part built in $((SECONDS - t0)) s$([[ "${POSENC_FAST_DEBUG:-0}" == 1 ]] && echo ' (-O0)')"
+
+# ------------------------------------------------------------------ 6. verify
+"$py" -m posenc_fast verify > "$DIR/verify.txt" 2>&1 || { cat "$DIR/verify.txt"; die "verify"; }
+grep -q "^PASS  lff       cpp" "$DIR/verify.txt" || { cat "$DIR/verify.txt"; die "verify did not check the cpp backend"; }
+say "verify: $(grep -c '^PASS' "$DIR/verify.txt") lines passed ($(tail -1 "$DIR/verify.txt"))"
+say "ok: torch $TORCH_VERSION"
