@@ -140,7 +140,7 @@ def reference_tape(args, n, method, act, intervals) -> torch.Tensor:
 
 
 def check_case(exe, tmp, case, needs=NO_TIMES, seed=None):
-    S, d, H, L, n, method, act, dtype = case[:8]
+    S, d, H, _, n, method, act, dtype = case[:8]
     tape = case[12]
     seed = S + d + H if seed is None else seed
     args, grad, parts, log = run_emulated(exe, tmp, case, seed, needs)
