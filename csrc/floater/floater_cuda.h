@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace posenc_fast {
 namespace floater {
@@ -98,6 +100,10 @@ struct GradSink {
 size_t backward_workspace_bytes(const Problem& pr, const Plan& fplan, const Plan& aplan, TapeRef tape);
 cudaError_t backward(const Problem& pr, const Plan& fplan, const Plan& aplan, const Pointers& ptr, TapeRef tape,
                      GradSink& sink, cudaStream_t stream);
+
+// Every layout the CUDA ops chose in this process, one line each (the problem, then
+// Plan::why): what the benchmarks record (floater_cuda_ops.cpp).
+std::vector<std::string> plan_log();
 
 int compiled_version();  // CUDART_VERSION the kernels were compiled with
 int runtime_version();   // the CUDA runtime's version, -1 if it cannot tell (floater_cuda_ops.cpp)

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <map>
@@ -89,17 +90,32 @@ bool forced_plan(const Problem& cp, Plan* plan) {
   return true;
 }
 
+std::mutex plans_lock;
+std::vector<std::string> plans_made;  // plan_log()
+
+void log_plan(const Problem& cp, const at::Tensor& p0, const Plan& plan) {
+  std::string line = std::string(cp.backward ? "adjoint" : "forward") + " S=" + std::to_string(cp.S) +
+                     " d=" + std::to_string(cp.d) + " H=" + std::to_string(cp.H) +
+                     " stages=" + std::to_string(cp.method == 0 ? 1 : (cp.method == 1 ? 2 : 4)) +
+                     (cp.dtype_size == 8 ? " float64" : " float32") + " on cuda:" + std::to_string(p0.get_device()) +
+                     ": " + plan.why;
+  const std::lock_guard<std::mutex> g(plans_lock);
+  if (std::find(plans_made.begin(), plans_made.end(), line) == plans_made.end()) plans_made.push_back(line);
+}
+
 // plan() asks the device for occupancies (dozens of queries): its answer is kept per
 // device and everything it depends on (not L: the plan does not depend on it).
 Plan make_plan(const Problem& cp, const at::Tensor& p0) {
   Plan plan{};
-  if (forced_plan(cp, &plan)) return plan;
+  if (forced_plan(cp, &plan)) {
+    log_plan(cp, p0, plan);
+    return plan;
+  }
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, bool, bool>;
-  static std::mutex lock;
   static std::map<Key, Plan> plans;
   const Key key{p0.get_device(), cp.S, cp.d, cp.H, cp.method, cp.dtype_size, cp.backward, cp.needs[5]};
   {
-    const std::lock_guard<std::mutex> g(lock);
+    const std::lock_guard<std::mutex> g(plans_lock);
     const auto it = plans.find(key);
     if (it != plans.end()) return it->second;
   }
@@ -107,7 +123,8 @@ Plan make_plan(const Problem& cp, const at::Tensor& p0) {
   if (err != cudaSuccess) cudaGetLastError();
   TORCH_CHECK(err == cudaSuccess, "floater (cuda): no launch configuration fits d=", cp.d, ", H=", cp.H, ", S=", cp.S,
               " on ", p0.device(), " (", cudaGetErrorString(err), ")");
-  const std::lock_guard<std::mutex> g(lock);
+  log_plan(cp, p0, plan);
+  const std::lock_guard<std::mutex> g(plans_lock);
   plans.emplace(key, plan);
   return plan;
 }
@@ -291,6 +308,12 @@ std::vector<at::Tensor> integrate_backward_taped_cuda(const at::Tensor& grad, co
 }
 
 }  // namespace
+
+std::vector<std::string> plan_log() {
+  const std::lock_guard<std::mutex> g(plans_lock);
+  return plans_made;
+}
+
 }  // namespace cuda
 }  // namespace floater
 }  // namespace posenc_fast

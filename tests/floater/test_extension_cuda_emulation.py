@@ -209,6 +209,24 @@ def test_emulated_times_gradient(emulator, tmp_path, case):
     check_case(emulator, tmp_path, case, needs=ALL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_emulated_tape_matches_the_cpu_tape(emulator, tmp_path, dtype):
+    """The GPU tape has the CPU tape's layout and values: the cpp backend's taped forward
+    (posenc_fast::floater_integrate_taped) on the same inputs."""
+    from posenc_fast import _dispatch
+
+    try:
+        ops = _dispatch.extension_ops("cpp")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    case = (3, 5, 7, 4, 2, "rk38", "tanh", dtype, CLUSTER, 3, 2, RESIDENT, 3, 0)
+    args, _, parts, _ = run_emulated(emulator, tmp_path, case, 11)
+    out, tape = ops.floater_integrate_taped(*[a.to(dtype) for a in args], 2, "rk38", "tanh", 3)
+    assert parts[7].shape == tape.shape
+    assert_close(parts[7], tape.double(), dtype, "floater", what="tape")
+    assert_close(parts[0], out.double(), dtype, "floater", what="forward")
+
+
 def test_emulated_needs_subset(emulator, tmp_path):
     """Gradients not asked for stay zero (the kernels and GEMMs skip them), the others
     agree bitwise with a call that asked for everything."""
