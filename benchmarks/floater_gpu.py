@@ -716,7 +716,10 @@ def goals(rows: list[dict], subject: str) -> dict:
         else:
             entry["met"] = v >= threshold if op == ">=" else v <= threshold
         out[name] = entry
+    measured = {r["impl"] for r in rows}
     for name, (impl, mode) in INFO_RATIOS.items():
+        if impl not in measured:  # not asked for (--impls): no entry
+            continue
         v, why = ratio(find(impl, mode), sub[mode])
         out[name] = {"value": v, "goal": None} if v is not None else {"value": None, "pending": why}
     return out
