@@ -97,8 +97,9 @@ def test_floater_gpu_guard_skips_and_records(tmp_path, monkeypatch):
     assert fg.main([*argv, "--max-seconds-per-impl", "1e-9"]) == 0
     report = json.loads(out.read_text())
     case = report["cases"][0]
-    baseline_rows = [r for r in case["rows"] if r["impl"] != report["subject"]]
-    assert len(baseline_rows) == 8 and all("ms" not in r for r in baseline_rows)
+    baseline_rows = [r for r in case["rows"] if r["impl"] in fg.BASELINES]
+    want = [m for m in fg.MEASUREMENTS if m[0] in report["config"]["impls"]]
+    assert len(baseline_rows) == len(want) and all("ms" not in r for r in baseline_rows)
     assert all("--max-seconds-per-impl" in r["skipped"] for r in baseline_rows), baseline_rows
     assert all("probe on 3 sample times" in r["estimate"]["from"] for r in baseline_rows)
     goals = case["goals"]
