@@ -37,6 +37,9 @@
 #   bench        python -m posenc_fast bench --device cuda -> bench_cli.json
 #   compile      Triton compile report for sm_90 (fails on sin.approx / cos.approx in the
 #                PTX) -> compile_report.txt
+#   sanitize     benchmarks/gpu_sanitize.py: compute-sanitizer's memcheck over every CUDA
+#                and Triton kernel on small shapes, racecheck and synccheck over the CUDA
+#                FLOATER integrator in every layout -> sanitize.json
 #   summary      benchmarks/summarize_gpu.py over the folder -> summary.json, summary.md
 # Presets (one device call each; benchmarks/README.md has the plan):
 #          call1 = build tests-large verify tests summary
@@ -75,7 +78,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-ALL_STAGES=(build tests tests-large verify ceilings floater lff rotary bench compile summary)
+ALL_STAGES=(build tests tests-large verify ceilings floater lff rotary bench compile sanitize summary)
 declare -A PRESETS=(
   [call1]="build tests-large verify tests summary"
   [call2]="build ceilings floater summary"
@@ -85,9 +88,9 @@ declare -A PRESETS=(
 )
 # stage: default time limit, minimum worth starting (seconds)
 declare -A LIMIT=([build]=420 [tests]=480 [tests-large]=180 [verify]=120 [ceilings]=90
-  [floater]=480 [lff]=300 [rotary]=120 [bench]=240 [compile]=150 [summary]=60)
+  [floater]=480 [lff]=300 [rotary]=120 [bench]=240 [compile]=150 [sanitize]=90 [summary]=60)
 declare -A MIN_TIME=([build]=60 [tests]=60 [tests-large]=30 [verify]=20 [ceilings]=20
-  [floater]=60 [lff]=60 [rotary]=30 [bench]=40 [compile]=30 [summary]=5)
+  [floater]=60 [lff]=60 [rotary]=30 [bench]=40 [compile]=30 [sanitize]=30 [summary]=5)
 # The proof: 480 s in all. Installing the prebuilt extension takes ~30 s of the build's
 # limit (compiling sm_90 instead, 2-4 min, leaves less to the rest, which the deadline cuts
 # in reverse order of value).
@@ -533,6 +536,13 @@ stage_compile() {
   # shellcheck disable=SC2086
   (unset TRITON_INTERPRET; run_limited "$PYTHON" -m posenc_fast.triton_kernels.compile_report \
     --arch 90 ${COMPILE_ARGS:---quick}) | tee "$report"
+}
+
+stage_sanitize() {
+  local dry=()
+  ((DRY)) && dry=(--dry-run)
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/gpu_sanitize.py "${dry[@]}" \
+    --budget "$((STAGE_LIMIT - 5))" --out "$OUT_DIR/sanitize.json"
 }
 
 stage_summary() {

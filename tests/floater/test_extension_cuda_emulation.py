@@ -9,6 +9,8 @@ model, timing or resource limits: that is the GPU run (POSENC_FAST_TEST_DEVICE=c
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,6 +39,12 @@ SOLO, CLUSTER, GRID = 0, 1, 2
 RESIDENT, VECTORS_FROM_L2 = 1, 2
 
 
+# Extra compiler flags of the emulator, e.g. "-fsanitize=thread -g" (tools/check_sanitizers.sh
+# runs these tests so: a data race between emulated CUDA threads, blocks or teams is then a
+# failed case, with ThreadSanitizer's report).
+FLAGS_ENV = "POSENC_FAST_EMULATION_CXXFLAGS"
+
+
 def _build(tmp_path_factory, threads):
     exe = tmp_path_factory.mktemp("emu") / f"emulate_floater_{threads}"
     cmd = [
@@ -56,6 +64,7 @@ def _build(tmp_path_factory, threads):
         str(ROOT / "tools" / "cuda_emulation" / "emulate_floater.cpp"),
         "-o",
         str(exe),
+        *shlex.split(os.environ.get(FLAGS_ENV, "")),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -92,7 +101,7 @@ def run_emulated(
         for a in (*args, grad):
             f.write(a.numpy().astype(np.float64).tobytes())
     r = subprocess.run([str(exe), str(inp), str(outp)], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"emulator rc={r.returncode}: {r.stderr[-2000:]}"
+    assert r.returncode == 0, f"emulator rc={r.returncode}: {_report(r.stderr)}"
     data = torch.from_numpy(np.fromfile(outp, dtype=np.float64))
     shapes = [(S, L, d), (S, d), (d + 1, H), (H,), (H + 1, d), (d,), (L,)]
     parts, o = [], 0
@@ -101,6 +110,14 @@ def run_emulated(
         parts.append(data[o : o + k].reshape(shp))
         o += k
     return args, grad, parts, r.stderr
+
+
+def _report(stderr: str) -> str:
+    """The emulator's error output: a sanitizer's first report from its start, else the end."""
+    start = stderr.find("WARNING: ThreadSanitizer")
+    if start < 0:
+        start = stderr.find("ERROR: ")
+    return stderr[start : start + 6000] if start >= 0 else stderr[-2000:]
 
 
 # (S, d, H, L, substeps, method, activation, dtype, mode, C, Sg, layout)
