@@ -38,12 +38,15 @@
 #   bench        python -m posenc_fast bench --device cuda -> bench_cli.json
 #   compile      Triton compile report for sm_90 (fails on sin.approx / cos.approx in the
 #                PTX) -> compile_report.txt
+#   sanitize     benchmarks/gpu_sanitize.py: compute-sanitizer's memcheck over every CUDA
+#                and Triton kernel on small shapes, racecheck and synccheck over the CUDA
+#                FLOATER integrator in every layout -> sanitize.json
 #   summary      benchmarks/summarize_gpu.py over the folder -> summary.json, summary.md
 # Presets (one device call each; benchmarks/README.md has the plan):
 #          call1 = build tests-large verify tests summary
 #          call2 = build ceilings floater summary
 #          call3 = build compile lff rotary bench summary
-#          proof = build verify tests ceilings lff floater rotary summary, within 420 s,
+#          proof = build verify tests ceilings lff floater rotary sanitize summary, within 420 s,
 #                  limits and arguments of its own (PROOF_LIMIT, proof_args below): LFF
 #                  (the memory-bound canonical case, then N = 2^20 F=768 H=256 D=1024 in
 #                  bf16, the tables and fused adds, the same in fp32), FLOATER L=1024 S=12
@@ -76,28 +79,28 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-ALL_STAGES=(build tests tests-large verify ceilings floater lff rotary bench compile summary)
+ALL_STAGES=(build tests tests-large verify ceilings floater lff rotary bench compile sanitize summary)
 declare -A PRESETS=(
   [call1]="build tests-large verify tests summary"
   [call2]="build ceilings floater summary"
   [call3]="build compile lff rotary bench summary"
-  [proof]="build verify tests ceilings lff floater rotary summary"
+  [proof]="build verify tests ceilings lff floater rotary sanitize summary"
   [all]="${ALL_STAGES[*]}"
 )
 # stage: default time limit, minimum worth starting (seconds)
 declare -A LIMIT=([build]=420 [tests]=480 [tests-large]=180 [verify]=120 [ceilings]=90
-  [floater]=480 [lff]=300 [rotary]=120 [bench]=240 [compile]=150 [summary]=60)
+  [floater]=480 [lff]=300 [rotary]=120 [bench]=240 [compile]=150 [sanitize]=90 [summary]=60)
 declare -A MIN_TIME=([build]=60 [tests]=60 [tests-large]=30 [verify]=20 [ceilings]=20
-  [floater]=60 [lff]=60 [rotary]=30 [bench]=40 [compile]=30 [summary]=5)
+  [floater]=60 [lff]=60 [rotary]=30 [bench]=40 [compile]=30 [sanitize]=30 [summary]=5)
 # The proof: 420 s in all, so that one rerun still fits a session's 15 minutes of device
 # time. Installing the prebuilt extension and unpacking the Triton cache take ~30 s of the
 # build's limit (compiling sm_90 instead, 2-4 min, leaves less to the rest, which the
 # deadline cuts in reverse order of value); with the cache, verify and the tests compile
-# none of posenc_fast's kernels.
-declare -A PROOF_LIMIT=([build]=240 [verify]=60 [tests]=65 [ceilings]=15 [lff]=110
-  [floater]=60 [rotary]=50 [summary]=30)
+# none of posenc_fast's kernels. compute-sanitizer comes last: the first stage cut.
+declare -A PROOF_LIMIT=([build]=240 [verify]=60 [tests]=60 [ceilings]=15 [lff]=100
+  [floater]=60 [rotary]=45 [sanitize]=35 [summary]=30)
 declare -A PROOF_MIN_TIME=([build]=30 [verify]=20 [tests]=30 [ceilings]=10 [lff]=40
-  [floater]=30 [rotary]=25 [summary]=5)
+  [floater]=30 [rotary]=25 [sanitize]=20 [summary]=5)
 # The proof's tests: one pytest -k term per kind of test worth its seconds on the GPU (the
 # dry run checks that each still selects tests, so a rename cannot silently drop a kind).
 PROOF_TESTS=(gradcheck gradient determinis 2_31 compile_fullgraph export)
@@ -585,6 +588,13 @@ stage_compile() {
   # shellcheck disable=SC2086
   (unset TRITON_INTERPRET; run_limited "$PYTHON" -m posenc_fast.triton_kernels.compile_report \
     --arch 90 ${COMPILE_ARGS:---quick}) | tee "$report"
+}
+
+stage_sanitize() {
+  local dry=()
+  ((DRY)) && dry=(--dry-run)
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/gpu_sanitize.py "${dry[@]}" \
+    --budget "$((STAGE_LIMIT - 5))" --out "$WORK_DIR/sanitize.json"  # (the proof: home in summary.json)
 }
 
 stage_summary() {

@@ -19,6 +19,7 @@ calls can be merged afterwards on any machine (no GPU, no torch needed):
     triton_records*.jsonl  every Triton launcher call of the run (POSENC_FAST_TRITON_RECORD):
                            kept whole in summary.json, what the next preparation compiles
     triton_cache_check*.txt  whether the prepared cache matched this machine's Triton
+    sanitize*.json         benchmarks/gpu_sanitize.py (compute-sanitizer per tool and workload)
 A figure that is missing is reported as pending, never filled in.
 """
 
@@ -124,6 +125,19 @@ def compile_report(path: str) -> dict:
         "failed": [ln.strip()[:300] for ln in lines if ln.startswith("FAIL")],
         "wgmma_kernels": sum(1 for ln in lines if ln.startswith("ok  ") and "wgmma" in ln),
     }
+
+
+def sanitize(report: dict) -> dict:
+    """compute-sanitizer's runs: tool, workload, status (clean / errors / unavailable /
+    timeout), error count and seconds each, and whether all were clean."""
+    runs = [
+        {k: r.get(k) for k in ("tool", "workload", "status", "errors", "hazards", "seconds")}
+        | {"report": (r.get("report") or [])[:10], "unsupported": r.get("unsupported")}
+        for r in report.get("runs", [])
+    ]
+    clean = bool(runs) and all(r["status"] == "clean" for r in runs)
+    return {"dry_run": report.get("dry_run"), "version": report.get("version"),
+            "clean": clean, "runs": runs}  # fmt: skip
 
 
 def floater(report: dict) -> dict:
@@ -323,6 +337,8 @@ def summarize(paths: list[str]) -> dict:
                 summary["lff"] = lff(data)
             elif kind == "rotary":
                 summary["rotary"] = rotary(data)
+            elif kind == "sanitize":
+                summary["sanitize"] = sanitize(data)
             elif "gpu_ceilings" in kind:
                 summary["ceilings"] = data.get("ceilings")
                 summary["nvidia_smi"] = data.get("nvidia_smi_before")
@@ -507,6 +523,28 @@ def markdown(s: dict) -> str:
         if b["errors"]:
             out.append("")
             out += [f"- failed: {e}" for e in b["errors"][:10]]
+        out.append("")
+    sz = s.get("sanitize")
+    if sz:
+        dry = " (dry run: no sanitizer)" if sz.get("dry_run") else ""
+        out += [
+            f"compute-sanitizer{dry}: {'clean' if sz['clean'] else 'NOT clean'}"
+            + (f" ({sz['version']})" if sz.get("version") else ""),
+            "",
+            "| tool | workload | status | errors | seconds |",
+            "|---|---|---|---|---|",
+        ]
+        for r in sz["runs"]:
+            errors = "-" if r["errors"] is None else r["errors"]
+            if r.get("hazards"):
+                errors = f"{errors} ({r['hazards']} hazards)"
+            out.append(
+                f"| {r['tool']} | {r['workload']} | {r['status']} | {errors} | {r['seconds']} |"
+            )
+        for r in sz["runs"]:
+            out += [f"- {r['tool']}: {ln}" for ln in r["report"][:5]]
+            if r.get("unsupported"):
+                out.append(f"- {r['tool']}: {r['unsupported']}")
         out.append("")
     cr = s.get("compile_report")
     if cr:

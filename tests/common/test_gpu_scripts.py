@@ -254,12 +254,12 @@ def test_gpu_validate_dry_run_every_stage(tmp_path):
     stages = _stages(tmp_path)
     assert [r["stage"] for r in stages] == [
         "build", "tests", "tests-large", "verify", "ceilings", "floater", "lff", "rotary",
-        "bench", "compile", "summary",
+        "bench", "compile", "sanitize", "summary",
     ]  # fmt: skip
     assert all(r["status"] == "ok" and r["dry_run"] for r in stages), stages
     for name in ("tests_junit.xml", "tests_large_junit.xml", "ceilings.json", "floater_gpu.json",
                  "lff_gpu.json", "rotary_gpu.json", "bench_cli.json", "compile_report.txt",
-                 "summary.json", "summary.md", "gpu_validate.log"):  # fmt: skip
+                 "sanitize.json", "summary.json", "summary.md", "gpu_validate.log"):  # fmt: skip
         assert (tmp_path / name).exists(), name
     assert "unpacked: _build_info.json" in log  # the build's pack / unpack path
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -271,6 +271,47 @@ def test_gpu_validate_dry_run_every_stage(tmp_path):
     assert summary["rotary"]["dry_run"] and {r["impl"] for r in rotary_rows} >= {"eager", "torch"}
     assert all(r["max_abs_err"] < 1e-5 for r in rotary_rows), rotary_rows
     assert "Rotary LFF" in (tmp_path / "summary.md").read_text()
+    assert summary["sanitize"]["dry_run"] and summary["sanitize"]["clean"], summary["sanitize"]
+    # gpu_sanitize.py's workloads ran on the CPU, each checked against the reference
+    report = json.loads((tmp_path / "sanitize.json").read_text())
+    assert [(r["tool"], r["workload"]) for r in report["runs"]] == [
+        ("memcheck", "kernels"), ("racecheck", "floater"), ("synccheck", "floater"),
+    ]  # fmt: skip
+    ran = report["runs"][0]["ran"]
+    for name in ("triton lff", "triton sinusoidal", "triton dft", "triton rotary", "floater"):
+        assert any(name in r for r in ran), (name, ran)
+    assert "compute-sanitizer (dry run" in (tmp_path / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------- gpu_sanitize.py
+
+MEMCHECK_CLEAN = "========= COMPUTE-SANITIZER\n   ran: x\n========= ERROR SUMMARY: 0 errors\n"
+MEMCHECK_BAD = """========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at lff_fwd_kernel+0x1b0 in lff_forward.py:120
+=========     by thread (37,0,0) in block (2,0,0)
+========= ERROR SUMMARY: 1 error
+"""
+RACECHECK_BAD = """========= Error: Race reported between Write access at block_gemm+0x90
+=========     and Read access at block_gemm+0x120 [16 hazards]
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+REFUSED = "========= Error: Device not supported\n========= ERROR SUMMARY: 0 errors\n"
+
+
+def test_gpu_sanitize_reads_compute_sanitizer_output():
+    gs = _module("gpu_sanitize")
+    clean = gs.parse_output(MEMCHECK_CLEAN)
+    assert clean["errors"] == 0 and gs.verdict(0, clean) == "clean"
+    bad = gs.parse_output(MEMCHECK_BAD)
+    assert bad["errors"] == 1 and gs.verdict(86, bad) == "errors"
+    assert any("Invalid __global__ read" in ln for ln in bad["report"])
+    race = gs.parse_output(RACECHECK_BAD + "========= ERROR SUMMARY: 1 error\n")
+    assert race["hazards"] == 1 and gs.verdict(86, race) == "errors"
+    refused = gs.parse_output(REFUSED)
+    assert refused["unsupported"] and gs.verdict(1, refused) == "unavailable"
+    # a workload that failed under the sanitizer (rc != 0) is not clean, whatever it printed
+    assert gs.verdict(1, gs.parse_output(MEMCHECK_CLEAN)) == "errors"
 
 
 # The files the proof brings back: a device call returns at most 8.

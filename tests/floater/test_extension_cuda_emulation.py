@@ -14,6 +14,7 @@ beyond barrier order, timing or resource limits: that is the GPU run
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,11 @@ RESIDENT, VECTORS_FROM_L2, HALF_RESIDENT = 1, 2, 4
 NO_TIMES = (1, 1, 1, 1, 1, 0)  # every gradient but the times': the taped backward
 ALL = (1,) * 6
 
+# Extra compiler flags of the emulator, e.g. "-fsanitize=thread -g" (tools/check_sanitizers.sh
+# runs these tests so: a data race between emulated CUDA threads, blocks or teams is then a
+# failed case, with ThreadSanitizer's report).
+FLAGS_ENV = "POSENC_FAST_EMULATION_CXXFLAGS"
+
 
 def _build(tmp_path_factory, threads):
     exe = tmp_path_factory.mktemp("emu") / f"emulate_floater_{threads}"
@@ -63,6 +69,7 @@ def _build(tmp_path_factory, threads):
         str(ROOT / "tools" / "cuda_emulation" / "emulate_floater.cpp"),
         "-o",
         str(exe),
+        *shlex.split(os.environ.get(FLAGS_ENV, "")),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -103,7 +110,7 @@ def run_emulated(exe, tmp, case, seed, needs=NO_TIMES, env=None, check=True):
     )
     if not check:
         return r
-    assert r.returncode == 0, f"emulator rc={r.returncode}: {r.stderr[-2000:]}"
+    assert r.returncode == 0, f"emulator rc={r.returncode}: {_report(r.stderr)}"
     data = torch.from_numpy(np.fromfile(outp, dtype=np.float64))
     stages = {"euler": 1, "midpoint": 2, "rk4": 4, "rk38": 4}[method]
     shapes = [(S, L, d), (S, d), (d + 1, H), (H,), (H + 1, d), (d,), (L,)]
@@ -115,6 +122,14 @@ def run_emulated(exe, tmp, case, seed, needs=NO_TIMES, env=None, check=True):
         o += k
     assert o == data.numel()
     return args, grad, parts, r.stderr
+
+
+def _report(stderr: str) -> str:
+    """The emulator's error output: a sanitizer's first report from its start, else the end."""
+    start = stderr.find("WARNING: ThreadSanitizer")
+    if start < 0:
+        start = stderr.find("ERROR: ")
+    return stderr[start : start + 6000] if start >= 0 else stderr[-2000:]
 
 
 def reference_tape(args, n, method, act, intervals) -> torch.Tensor:
