@@ -336,7 +336,7 @@ def test_gpu_validate_dry_run_proof(tmp_path):
     assert files == PROOF_FILES, files
     stages = [json.loads(ln) for ln in (work / "stages.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in stages] == [
-        "build", "verify", "tests", "ceilings", "lff", "floater", "rotary", "summary",
+        "build", "verify", "tests", "ceilings", "lff", "floater", "rotary", "sanitize", "summary",
     ]  # fmt: skip
     assert all(r["status"] == "ok" and r["dry_run"] for r in stages), stages
     limits = {r["stage"]: r["limit_s"] for r in stages}
@@ -348,7 +348,8 @@ def test_gpu_validate_dry_run_proof(tmp_path):
         assert count and int(count.group(1)) > 0, term
     summary = json.loads((out / "summary.json").read_text())
     # the stage records made it into the summary (all but the summary's own)
-    assert [r["stage"] for r in summary["stages"]][:7] == [r["stage"] for r in stages][:7]
+    assert [r["stage"] for r in summary["stages"]][:8] == [r["stage"] for r in stages][:8]
+    assert summary["sanitize"]["dry_run"], summary.get("sanitize")  # home from the scratch folder
     verify = summary["verify"]
     assert verify["complete"] and verify["passed"] > 0 and verify["failed"] == 0, verify
     assert {r["op"] for r in verify["rows"]} == {"floater"}
