@@ -108,7 +108,7 @@ import triton
 import triton.language as tl
 
 from . import _configs
-from ._common import add_to, cos_sin_tile, max_programs, phase_chain_rule, sum_partials_kernel
+from ._common import add_to, cos_sin_tile, max_programs, phase_chain_rule, sum_partials
 from ._launch import (
     INTERPRET,
     device_guard,
@@ -702,19 +702,8 @@ def _phase_blocks(meta: dict, F2: int, H: int, chunk: int, arch) -> tuple[dict, 
 def _sum_partials(ws, parts, n_parts, out, device):
     """One small launch per gradient, each into its own tensor (outputs of a custom op
     must not alias each other): the fixed-order sum of the n_parts workspace rows."""
-    block = 4096 if INTERPRET else 1024
     for idx, ref, off in parts:
-        result = torch.empty(ref.shape, dtype=ref.dtype, device=device)
-        sum_partials_kernel[(triton.cdiv(ref.numel(), block),)](
-            ws[:, off:],
-            result,
-            n_parts,
-            ref.numel(),
-            ws.stride(0),
-            BLOCK=block,
-            INTERPRET=INTERPRET,
-        )
-        out[idx] = result
+        out[idx] = sum_partials(ws, ref, n_parts, off)
 
 
 def _workspace_parts(items) -> tuple[list, int]:
