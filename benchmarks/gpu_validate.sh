@@ -481,21 +481,29 @@ stage_floater() {
     --out "$OUT_DIR/floater_gpu.json" --time-budget "$budget" ${FLOATER_ARGS:-$default}
 }
 
+# The proof's LFF rows, in order of value (the stage's limit cuts the tail; lff_gpu.py writes
+# its JSON after every case): the compute-bound case in bf16, forward and backward, where
+# the first run measured 0.60x / 0.04x torch.compile (auto takes the cuBLAS plan there;
+# the fused plan beside it); the memory-bound canonical case (auto: the fused pass, retuned);
+# <= 64k positions, forward (and its CUDA-graph replay); compute in fp32; the tables and
+# fused adds. Each beside eager and torch.compile(default). With one Triton configuration
+# per shape (POSENC_FAST_TRITON_AUTOTUNE=0: the first, the retuned one; autotuning ~6
+# configurations per shape would spend the stage compiling).
+LFF_PROOF_ARGS="--cases compute,canonical,small:fwd,compute-fp32,sinusoidal-table,sinusoidal-add,dft-add --modes fwd,bwd --impls eager,compile,auto,fused"
+
 stage_lff() {
   if ((DRY)); then
     local cases=canonical
-    ((PROOF)) && cases=canonical,compute,sinusoidal-add,dft-add,compute-fp32
+    ((PROOF)) && cases=compute,canonical,small:fwd,compute-fp32,sinusoidal-add,dft-add
     run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run --cases "$cases" --modes fwd \
-      --out "$OUT_DIR/lff_gpu.json"
+      --impls eager,auto,fused --out "$OUT_DIR/lff_gpu.json"
     return
   fi
-  local default=""
-  # in order of value: PERFORMANCE.md's memory-bound canonical LFF case, the compute-bound
-  # one in bf16, the tables and fused adds, then compute in fp32; forward and backward (the
-  # first run, with compute-fp32 second and canonical last, never reached canonical)
-  ((PROOF)) && default="--cases canonical,compute,sinusoidal-table,sinusoidal-add,dft-add,compute-fp32 --modes fwd,bwd --impls eager,compile,triton"
+  local default="" autotune="${POSENC_FAST_TRITON_AUTOTUNE:-1}"
+  ((PROOF)) && default="$LFF_PROOF_ARGS" && autotune=0
   # shellcheck disable=SC2086
-  run_limited "$PYTHON" benchmarks/lff_gpu.py --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
+  POSENC_FAST_TRITON_AUTOTUNE=$autotune run_limited "$PYTHON" benchmarks/lff_gpu.py \
+    --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
 }
 
 stage_rotary() {

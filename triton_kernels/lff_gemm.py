@@ -50,11 +50,14 @@ from .lff_forward import split_features
 
 # Launch configurations on the GPU (fixed: the reductions' order depends on them). Under
 # the interpreter: few, large programs (it pays per program).
+# Compiled for sm_80 / sm_90 (compile_report, Triton 3.9; no GPU): no spills; the
+# streaming kernels (act_fwd, act_bwd, phase) with 8 warps, so that their ~110-140
+# registers per thread (4 warps: phase 255 on sm_80) leave room for several blocks per SM.
 _GPU = {
     "features": ({"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 4}),
-    "act_fwd": ({"BLOCK_R": 64, "BLOCK_H": 64}, {"num_warps": 4}),
-    "act_bwd": ({"BLOCK_R": 32, "BLOCK_H": 64}, {"num_warps": 4}),
-    "phase": ({"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 4}),
+    "act_fwd": ({"BLOCK_R": 64, "BLOCK_H": 64}, {"num_warps": 8}),
+    "act_bwd": ({"BLOCK_R": 32, "BLOCK_H": 64}, {"num_warps": 8}),
+    "phase": ({"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 8}),
 }
 
 

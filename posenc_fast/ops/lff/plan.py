@@ -516,10 +516,11 @@ def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None
 
 def _timer(device: torch.device):
     """measure(plans) for ``device``: each plan run once to compile / autotune, then
-    timed (median of 3 runs); None while a CUDA graph is being captured."""
+    timed (median of 3 runs); None when measuring is off or a CUDA graph is being
+    captured."""
     from ...triton_kernels import _launch
 
-    if _launch.capturing(device):
+    if not _flag(ENV_MEASURE) or _launch.capturing(device):
         return None
 
     def make(runners: dict):
