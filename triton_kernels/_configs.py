@@ -168,7 +168,8 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
         # With 64-frequency blocks Triton 3.9 keeps each pipelined w1 chunk twice and the
         # wr chunk per stage, beside the features in the operand layout: 74752 B for the
         # 128-row, 3-stage bf16 forward at H=32 on sm_90 (the line above: 57344 B).
-        first = max(first, stages * (4 * e * bk * bh + 4 * meta.get("M", 4) * bk) + 3 * br * bk)
+        if bk >= 64:
+            first = max(first, stages * (4 * e * bk * bh + 4 * meta.get("M", 4) * bk) + 3 * br * bk)
         second = e * stages * bh * bd + 4 * br * bd + e * br * bh  # w2; y conversion; h
         hidden = 4 * br * bh + e * stages * bh * bd
         if arch >= 90 and _warpgroups_split_columns(meta, num_warps):

@@ -20,7 +20,7 @@ def bytes_per_row(F2: int, H: int, itemsize: int, backward: bool, split: bool) -
     feats = (4 if split else 2) * F2
     if not backward:
         return (feats + H) * itemsize
-    return (feats + (H + 8) + H + 2 * F2) * itemsize
+    return (feats + (H + 8) // 8 * 8 + H + 2 * F2) * itemsize
 
 
 def chunk_rows(R: int, F2: int, H: int, itemsize: int, backward: bool, split: bool) -> int:

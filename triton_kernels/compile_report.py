@@ -250,7 +250,7 @@ def _cases(quick: bool, arch: int):
                 continue
             kind = f"{dtype}" + (f" {precision}" if precision == "tf32" else "")
             constexprs = dict(_LFF, M=M, COMPUTE=dtype, PRECISION=precision, BLOCK_H=block_h)
-            configs = fwd.configs_for(block_h)
+            configs = fwd.offered(constexprs)
             for key in configs[:1] if quick else configs:
                 blocks, opts = _fwd_config(key)
                 br, bk, bd, w, st = key
@@ -276,7 +276,7 @@ def _cases(quick: bool, arch: int):
     yield from _gemm_cases(quick)
     # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term),
     # canonical shape (H=32): the forward's first configuration, the backward's rule.
-    fwd_blocks, fwd_opts = _fwd_config(fwd.configs_for(32)[0])
+    fwd_blocks, fwd_opts = _fwd_config(fwd.offered(dict(_LFF, SPLIT=True, BLOCK_H=32))[0])
     yield Case(
         "lff_fwd canonical bf16 relu SPLIT", "lff_fwd", fwd._lff_fwd_kernel, {"OUT": "*bf16"},
         dict(_LFF, ACT="relu", SPLIT=True, BLOCK_H=32, **fwd_blocks),

@@ -214,8 +214,10 @@ _CONFIGS = {
     (64, 32, 64, 8, 2): (128,),  # 189 at H=128
     (32, 32, 64, 4, 2): (*_MEMORY_BOUND, 128),  # 140 at H=32: small problems, more programs
     (64, 16, 32, 8, 3): (256,),
-    (64, 16, 32, 8, 1): (256,),  # 244 at H=256
-    (32, 16, 32, 8, 1): (256,),  # 202 at H=256 (sm_80); where 64 rows with 8 warps are refused
+    (64, 16, 32, 8, 1): (128, 256),  # 244 at H=256
+    # 202 at H=256 (sm_80); where 64 rows with 8 warps are refused, and float32 at H=128 on
+    # the 99 kB GPUs (sm_86 / 89 / 120)
+    (32, 16, 32, 8, 1): (128, 256),
 }
 
 
@@ -230,9 +232,25 @@ def _config_key(c) -> tuple:
     return (blocks["BLOCK_R"], blocks["BLOCK_K"], blocks["BLOCK_D"], c.num_warps, c.num_stages)
 
 
+def offered(meta) -> list[tuple]:
+    """The _CONFIGS entries offered for a call's constexprs ``meta`` (BLOCK_H, COMPUTE,
+    PRECISION, M, SPLIT): those meant for its BLOCK_H, without 64-frequency blocks where
+    the phases and products need more registers than they leave: IEEE float32 (FMA
+    matmuls: 160-544 B spilled), M > 2 coordinates (32-240 B at M = 4) and relu's SPLIT
+    second product (8-128 B); sm_80 / sm_90, Triton 3.6 and 3.9. The 32-frequency
+    entries spill none of these on sm_90."""
+    keys = configs_for(meta.get("BLOCK_H", 16))
+    heavy = (
+        (meta.get("COMPUTE") == tl.float32 and meta.get("PRECISION") == "ieee")
+        or meta.get("M", 2) > 2
+        or meta.get("SPLIT", False)
+    )
+    return [key for key in keys if not (heavy and key[1] >= 64)]
+
+
 def _meant(configs, meta):
-    """The configurations meant for this BLOCK_H (see _CONFIGS)."""
-    meant = set(configs_for(meta.get("BLOCK_H", 16)))
+    """The configurations offered for this call (``offered``)."""
+    meant = set(offered(meta))
     return [c for c in configs if _config_key(c) in meant]
 
 

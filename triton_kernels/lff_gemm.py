@@ -203,9 +203,10 @@ def gemm_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
 
     feats = torch.empty((C, (4 if split else 2) * F2), dtype=compute, device=device)
     # a, then h in place; with dw2, the columns H.. hold [1, 0, ...]: the product with dY
-    # gives db2 in row H of [dw2; db2] (8 columns keep the rows 16-byte aligned for cuBLAS)
+    # gives db2 in row H of [dw2; db2] (a multiple of 8 columns: rows 16-byte aligned for
+    # cuBLAS)
     ones = need_w2 and need_b2
-    width_h = H + 8 if ones else H
+    width_h = (H + 8) // 8 * 8 if ones else H
     hbuf = torch.empty((C, width_h), dtype=compute, device=device)
     if ones:
         hbuf[:, H:].zero_()

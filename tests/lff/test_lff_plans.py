@@ -113,6 +113,26 @@ def test_gemm_plan_deterministic_and_only_needed_gradients(gemm_plan):
 
 
 @needs_triton
+def test_gemm_plan_under_autocast(gemm_plan):
+    """float32 weights feeding a bf16 MLP (autocast): converted once per call; float32
+    gradients for float32 weights."""
+    case = _testing.LffCase((40,), 1, 2, 32, 16, 24)
+    x, *w = _testing.lff_inputs(case, torch.float32, DEVICE, seed=3)
+    leaves = [t.clone().requires_grad_(True) for t in w]
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        y = pf.lff(x, *leaves, backend="triton")
+    assert y.dtype == torch.bfloat16
+    assert_close(y, ref.lff(x.double(), *w), torch.bfloat16, "lff")
+    g = _testing.randn(y.shape, _testing.generator(4), torch.bfloat16, DEVICE)
+    y.backward(g)
+    w64 = [t.detach().double().requires_grad_(True) for t in w]
+    ref.lff(x.double(), *w64).backward(g.double())
+    for name, got, want in zip(NAMES[1:], leaves, w64):
+        assert got.grad.dtype == torch.float32, name
+        assert_close(got.grad, want.grad, torch.bfloat16, "grad", what=f"d{name}")
+
+
+@needs_triton
 def test_gemm_plan_agrees_with_the_fused_plan(monkeypatch):
     """float32: both plans agree to float32 rounding (other summation orders)."""
     case = _testing.LffCase((200,), 1, 3, 24, 16, 20, "gelu_tanh")
@@ -196,10 +216,12 @@ def test_the_ceilings_decide(monkeypatch):
     assert other.mma16_TFLOPs == lff_plan.H200.mma16_TFLOPs and "H200" in other.source
 
 
-def test_features_only_has_one_plan():
+def test_features_only_has_one_plan(monkeypatch):
     w = lff_plan.Work("fwd", 2**20, 2, 128, 0, 0, "mma16", 2)
     d = lff_plan.decide(w, "NVIDIA H200", _never_measure)
     assert (d.plan, d.how) == ("fused", "only") and "features only" in d.why
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "gemm")  # a global setting: features still run
+    assert lff_plan.decide(w, "NVIDIA H200", None).plan == "fused"
 
 
 def test_deterministic_algorithms_need_the_cublas_workspace_config(monkeypatch):
@@ -262,11 +284,14 @@ def test_measured_choice_is_remembered_per_gpu_and_versions(monkeypatch, tmp_pat
 
 
 def test_no_measuring_while_capturing(monkeypatch):
-    """measure=None (a CUDA graph being captured): the model decides, nothing is stored."""
+    """measure=None (a CUDA graph being captured): the model decides, nothing is stored,
+    and the bucket is measured on its next call where measuring is possible."""
     monkeypatch.setenv(lff_plan.ENV_MEASURE, "1")
-    d = lff_plan.decide(_work("compute", "bf16", "fwd"), "NVIDIA H200", None)
-    assert d.how == "model"
+    w = _work("compute", "bf16", "fwd")
+    assert lff_plan.decide(w, "NVIDIA H200", None).how == "model"
     assert lff_plan.load_measured("NVIDIA H200") == {}
+    d = lff_plan.decide(w, "NVIDIA H200", lambda plans: {"fused": 3.0, "gemm": 2.0})
+    assert (d.plan, d.how) == ("gemm", "measured")
 
 
 def test_debug_line_once_per_bucket(monkeypatch, capsys):

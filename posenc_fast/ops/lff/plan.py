@@ -452,7 +452,7 @@ def decide(w: Work, gpu: str, measure: Optional[Callable[[list], dict]] = None) 
             return _memo[key]
     estimates = predict(w, ceilings_for(gpu))
     candidates = [p for p in PLANS if p in estimates and not (p == "gemm" and refusal)]
-    if requested != "auto":
+    if requested != "auto" and w.H:
         if requested == "gemm" and refusal:
             raise RuntimeError(f"posenc_fast: {ENV_PLAN}=gemm cannot run: {refusal}")
         decision = Decision(requested, "forced", f"{ENV_PLAN}={requested}", estimates)
@@ -461,8 +461,9 @@ def decide(w: Work, gpu: str, measure: Optional[Callable[[list], dict]] = None) 
         decision = Decision(candidates[0], "only", why, estimates)
     else:
         decision = _measured_or_model(w, gpu, candidates, estimates, measure)
-    with _lock:
-        _memo[key] = decision
+    if not (decision.how == "model" and _flag(ENV_MEASURE) and measure is None):
+        with _lock:  # (a bucket to measure is decided again once measuring is possible)
+            _memo[key] = decision
     if _flag(ENV_DEBUG) and key not in _printed:
         _printed.add(key)
         print(decision.line(w), file=sys.stderr)
