@@ -430,3 +430,29 @@ def test_gemm_path_reads_nothing_on_the_host(gemm_plan, monkeypatch):
         LFF["triton"].forward(x, *w, "gelu", torch.bfloat16)
         LFF["triton"].backward(g, x, *w, "gelu", [True] * 6)
     assert len(launched) == 3 * 2 + 3 * 3  # per chunk (256, 256, 88 rows): 2 fwd, 3 bwd
+
+
+@needs_triton
+def test_measured_choice_through_the_backend(monkeypatch, tmp_path):
+    """POSENC_FAST_LFF_PLAN_MEASURE=1 through the backend's forward: both plans are handed
+    to the device timer once (mocked: no timing on the CPU), the faster runs and is
+    remembered; the next call of the bucket times nothing."""
+    monkeypatch.setenv(lff_plan.ENV_MEASURE, "1")
+    timed = []
+
+    def time_ms(fn, device, repeats=3):
+        timed.append(fn)
+        return {0: 5.0, 1: 1.0}[len(timed) - 1]  # fused first, then gemm: gemm faster
+
+    monkeypatch.setattr(_launch, "time_ms", time_ms)
+    ran = []
+    real_gemm = lff_gemm.gemm_fwd
+    monkeypatch.setattr(lff_gemm, "gemm_fwd", lambda *a: ran.append("gemm") or real_gemm(*a))
+    case = _testing.LffCase((40,), 1, 2, 16, 8, 12)
+    inputs = _testing.lff_inputs(case, torch.float32, DEVICE, seed=9)
+    for _ in range(2):
+        y = LFF["triton"].forward(*inputs, "gelu", torch.float32)
+    assert len(timed) == 2 and ran == ["gemm", "gemm"]
+    assert_close(y, ref.lff(*inputs), torch.float32, "lff")
+    (record,) = json.loads((tmp_path / "lff_plans.json").read_text()).values()
+    assert [r["plan"] for r in record.values()] == ["gemm"]

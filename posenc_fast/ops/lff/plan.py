@@ -496,72 +496,70 @@ def _measured_or_model(w, gpu, candidates, estimates, measure) -> Decision:
 # ---------------------------------------------------------------- the backend's entry points
 
 
-def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None) -> Work:
-    from ...triton_kernels._launch import matmul_kind
-    from ...triton_kernels.lff_forward import split_features
+_KERNELS: list = []
 
+
+def _kernels():
+    """The kernel modules, imported on the first call (triton is optional and slow to
+    import) and kept: the per-call path pays no import machinery."""
+    if not _KERNELS:
+        from ...triton_kernels import _launch, lff_backward, lff_forward, lff_gemm
+
+        _KERNELS.append((_launch, lff_forward, lff_backward, lff_gemm))
+    return _KERNELS[0]
+
+
+def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None) -> Work:
+    launch, lff_forward, _, _ = _kernels()
     M = x.shape[-1]
     return Work(
-        mode=mode,
-        rows=x.numel() // M if M else 0,
-        M=M,
-        F2=wr.shape[0],
-        H=w1.shape[1] if w1 is not None else 0,
-        Dg=w2.shape[1] if w2 is not None else 0,
-        kind=matmul_kind(compute),
-        itemsize=compute.itemsize,
-        split=w1 is not None and split_features(activation, compute),
-        needs=tuple(bool(n) for n in needs) if needs is not None else (True,) * 6,
+        mode,
+        x.numel() // M if M else 0,
+        M,
+        wr.shape[0],
+        w1.shape[1] if w1 is not None else 0,
+        w2.shape[1] if w2 is not None else 0,
+        launch.matmul_kind(compute),
+        compute.itemsize,
+        w1 is not None and lff_forward.split_features(activation, compute),
+        tuple(bool(n) for n in needs) if needs is not None else (True,) * 6,
     )
 
 
-def _timer(device: torch.device):
+def _timer(device: torch.device, runners: dict, args: tuple):
     """measure(plans) for ``device``: each plan run once to compile / autotune, then
     timed (median of 3 runs); None when measuring is off or a CUDA graph is being
     captured."""
-    from ...triton_kernels import _launch
-
-    if not _flag(ENV_MEASURE) or _launch.capturing(device):
+    launch = _kernels()[0]
+    if not _flag(ENV_MEASURE) or launch.capturing(device):
         return None
 
-    def make(runners: dict):
-        def measure(plans: list) -> dict:
-            return {p: _launch.time_ms(runners[p], device) for p in plans}
+    def measure(plans: list) -> dict:
+        return {p: launch.time_ms(lambda f=runners[p]: f(*args), device) for p in plans}
 
-        return measure
-
-    return make
+    return measure
 
 
 def forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype):
     """The triton backend's forward: the chosen plan's."""
-    from ...triton_kernels import _launch, lff_forward, lff_gemm
-
-    runners = {
-        "fused": lambda: lff_forward.lff_fwd(x, wr, w1, b1, w2, b2, activation, out_dtype),
-        "gemm": lambda: lff_gemm.gemm_fwd(x, wr, w1, b1, w2, b2, activation, out_dtype),
-    }
+    launch, lff_forward, _, lff_gemm = _kernels()
+    args = (x, wr, w1, b1, w2, b2, activation, out_dtype)
+    runners = {"fused": lff_forward.lff_fwd, "gemm": lff_gemm.gemm_fwd}
     w = _work("fwd", x, wr, w1, w2, out_dtype, activation)
-    make = _timer(x.device)
-    decision = decide(w, _launch.device_name(x.device), make(runners) if make else None)
-    return runners[decision.plan]()
+    measure = _timer(x.device, runners, args)
+    return runners[decide(w, launch.device_name(x.device), measure).plan](*args)
 
 
 def backward(grad, x, wr, w1, b1, w2, b2, activation: str, needs):
     """The triton backend's backward: the chosen plan's."""
-    from ...triton_kernels import _launch, lff_backward, lff_gemm
-
+    launch, _, lff_backward, lff_gemm = _kernels()
     args = (grad, x, wr, w1, b1, w2, b2, activation, needs)
-    runners = {
-        "fused": lambda: lff_backward.lff_bwd(*args),
-        "gemm": lambda: lff_gemm.gemm_bwd(*args),
-    }
+    runners = {"fused": lff_backward.lff_bwd, "gemm": lff_gemm.gemm_bwd}
     # Decided for all six gradients whatever ``needs`` asks: a gradient computed alone is
     # then bitwise the one computed with the others (the same plan, the same order).
     w = _work("bwd", x, wr, w1, w2, grad.dtype, activation)
-    make = _timer(x.device)
-    decision = decide(w, _launch.device_name(x.device), make(runners) if make else None)
-    return runners[decision.plan]()
+    measure = _timer(x.device, runners, args)
+    return runners[decide(w, launch.device_name(x.device), measure).plan](*args)
 
 
 # ---------------------------------------------------------------- reporting
