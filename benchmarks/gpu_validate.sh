@@ -97,10 +97,10 @@ declare -A MIN_TIME=([build]=60 [tests]=60 [tests-large]=30 [verify]=20 [ceiling
 # build's limit (compiling sm_90 instead, 2-4 min, leaves less to the rest, which the
 # deadline cuts in reverse order of value); with the cache, verify and the tests compile
 # none of posenc_fast's kernels. compute-sanitizer comes last: the first stage cut.
-declare -A PROOF_LIMIT=([build]=240 [verify]=60 [tests]=60 [ceilings]=15 [lff]=100
-  [floater]=60 [rotary]=45 [sanitize]=35 [summary]=30)
+declare -A PROOF_LIMIT=([build]=240 [verify]=60 [tests]=60 [ceilings]=15 [lff]=115
+  [floater]=60 [rotary]=45 [sanitize]=20 [summary]=30)
 declare -A PROOF_MIN_TIME=([build]=30 [verify]=20 [tests]=30 [ceilings]=10 [lff]=40
-  [floater]=30 [rotary]=25 [sanitize]=20 [summary]=5)
+  [floater]=30 [rotary]=25 [sanitize]=15 [summary]=5)
 # The proof's tests: one pytest -k term per kind of test worth its seconds on the GPU (the
 # dry run checks that each still selects tests, so a rename cannot silently drop a kind).
 PROOF_TESTS=(gradcheck gradient determinis 2_31 compile_fullgraph export)
@@ -536,21 +536,29 @@ stage_floater() {
     --out "$OUT_DIR/floater_gpu.json" --time-budget "$budget" ${FLOATER_ARGS:-$default}
 }
 
+# The proof's LFF rows, in order of value (the stage's limit cuts the tail; lff_gpu.py writes
+# its JSON after every case): the compute-bound case in bf16, forward and backward, where
+# the first run measured 0.60x / 0.04x torch.compile (auto takes the cuBLAS plan there;
+# the fused plan beside it); the memory-bound canonical case (auto: the fused pass, retuned);
+# <= 64k positions, forward (and its CUDA-graph replay); compute in fp32; the tables and
+# fused adds. Each beside eager and torch.compile(default). With one Triton configuration
+# per shape (POSENC_FAST_TRITON_AUTOTUNE=0: the first, the retuned one; autotuning ~6
+# configurations per shape would spend the stage compiling).
+LFF_PROOF_ARGS="--cases compute,canonical,small:fwd,compute-fp32,sinusoidal-table,sinusoidal-add,dft-add --modes fwd,bwd --impls eager,compile,auto,fused"
+
 stage_lff() {
   if ((DRY)); then
     local cases=canonical
-    ((PROOF)) && cases=canonical,compute,sinusoidal-add,dft-add,compute-fp32
+    ((PROOF)) && cases=compute,canonical,small:fwd,compute-fp32,sinusoidal-add,dft-add
     run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run --cases "$cases" --modes fwd \
-      --out "$OUT_DIR/lff_gpu.json"
+      --impls eager,auto,fused --out "$OUT_DIR/lff_gpu.json"
     return
   fi
-  local default=""
-  # in order of value: PERFORMANCE.md's memory-bound canonical LFF case, the compute-bound
-  # one in bf16, the tables and fused adds, then compute in fp32; forward and backward (the
-  # first run, with compute-fp32 second and canonical last, never reached canonical)
-  ((PROOF)) && default="--cases canonical,compute,sinusoidal-table,sinusoidal-add,dft-add,compute-fp32 --modes fwd,bwd --impls eager,compile,triton"
+  local default="" autotune="${POSENC_FAST_TRITON_AUTOTUNE:-1}"
+  ((PROOF)) && default="$LFF_PROOF_ARGS" && autotune=0
   # shellcheck disable=SC2086
-  run_limited "$PYTHON" benchmarks/lff_gpu.py --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
+  POSENC_FAST_TRITON_AUTOTUNE=$autotune run_limited "$PYTHON" benchmarks/lff_gpu.py \
+    --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
 }
 
 stage_rotary() {
