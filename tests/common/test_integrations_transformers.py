@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import io
 import os
-import sys
+import warnings
 
 import pytest
 import torch
@@ -66,7 +67,15 @@ FAMILIES = {
     "distilbert": (
         tf.DistilBertConfig,
         tf.DistilBertModel,
-        dict(vocab_size=40, dim=16, n_layers=2, n_heads=2, hidden_dim=32, dropout=0.0),
+        dict(
+            vocab_size=40,
+            dim=16,
+            n_layers=2,
+            n_heads=2,
+            hidden_dim=32,
+            dropout=0.0,
+            attention_dropout=0.0,
+        ),
     ),
     "vit": (tf.ViTConfig, tf.ViTModel, VISION),
     "deit": (tf.DeiTConfig, tf.DeiTModel, VISION),
@@ -230,7 +239,7 @@ def test_fine_tuning_shares_one_integration_per_step_and_every_parameter_learns(
     opt = torch.optim.AdamW(floater_param_groups(model, lr=3e-3, flow_lr_scale=10.0))
     ids, labels = batch()
     losses = []
-    for step in range(8):
+    for step in range(6):
         opt.zero_grad()
         loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
@@ -239,7 +248,7 @@ def test_fine_tuning_shares_one_integration_per_step_and_every_parameter_learns(
                 assert p.grad is not None and p.grad.abs().sum() > 0, name
         opt.step()
         losses.append(loss.item())
-    assert calls == [9] * 8, "one integration per step, shared by both layers"
+    assert calls == [9] * 6, "one integration per step, shared by both layers"
     assert losses[-1] < losses[0]
 
 
@@ -262,18 +271,23 @@ def test_refresh_every_and_the_eval_cache(calls):
     torch.testing.assert_close(again, first)
 
 
-def test_compile_matches_eager():
-    model, biases = classifier(seed=3)
-    model.train()
-    ids, labels = batch(1)
-    compiled = torch.compile(model, backend="aot_eager")
-    out = compiled(input_ids=ids, labels=labels)
-    out.loss.backward()
+def test_compile_fullgraph_matches_eager(calls):
+    """One traced graph (DistilBERT): layer 0's shared integration is read by layer 1
+    inside it; outputs and gradients equal the eager step's. (backend="eager": dynamo's
+    tracing is what is tested; the bias modules under AOT autograd are tested with timm.)"""
+    model = build("distilbert", "sdpa").train()
+    biases = add_floater_biases(model)
+    randomize(biases)
+    x = inputs("distilbert", length=9)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    out = hidden(compiled, **x)
+    out.square().sum().backward()
+    assert calls == [9], "one integration for both layers, in the graph"
     grad = biases.floater.w1.grad.clone()
     model.zero_grad()
-    ref = model(input_ids=ids, labels=labels)
-    ref.loss.backward()
-    torch.testing.assert_close(out.logits, ref.logits)
+    ref = hidden(model, **x)
+    ref.square().sum().backward()
+    torch.testing.assert_close(out, ref)
     torch.testing.assert_close(grad, biases.floater.w1.grad)
 
 
@@ -330,9 +344,10 @@ def test_save_pretrained_and_reload(tmp_path, frozen):
 
 def test_fine_tune_freeze_and_export_to_onnx():
     """The README's deployment route: fine-tune, freeze the biases, export with dynamic
-    batch and length, run in onnxruntime."""
+    batch and length, run in onnxruntime. (The TorchScript-based exporter: ~1 s here
+    against 10-20 s for dynamo=True on this model, which exports the same graph ops.)"""
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
-    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    pytest.importorskip("onnx", reason="onnx is in the test extra")
     model, biases = classifier(substeps=2)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     ids, labels = batch()
@@ -352,23 +367,20 @@ def test_fine_tune_freeze_and_export_to_onnx():
             return self.m(input_ids=input_ids, attention_mask=attention_mask).logits
 
     wrapped = Logits(model).eval()
-    mask = torch.ones_like(ids)
-    B, L = torch.export.Dim("batch"), torch.export.Dim("length", max=16)
-    import warnings
-
+    axes = {0: "batch", 1: "length"}
+    f = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
+        torch.onnx.export(
             wrapped,
-            (ids, mask),
-            dynamo=True,
-            dynamic_shapes=({0: B, 1: L}, {0: B, 1: L}),
+            (ids, torch.ones_like(ids)),
+            f,
+            dynamo=False,
             input_names=["input_ids", "attention_mask"],
-            verbose=False,
+            dynamic_axes={"input_ids": axes, "attention_mask": axes},
+            opset_version=17,
         )
-    session = ort.InferenceSession(
-        program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"]
-    )
+    session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
     for b, length in [(3, 5), (2, 16)]:
         x = torch.randint(3, 40, (b, length), generator=_testing.generator(b))
         m = torch.ones_like(x)
