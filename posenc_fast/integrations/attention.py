@@ -3,7 +3,9 @@
     biases = posenc_fast.integrations.attention.add_floater_biases(model)
 
 finds the attention layers of ``model`` in module order (timm's ``Attention`` and any
-layer with a fused ``qkv`` nn.Linear and ``num_heads``; torch's ``nn.MultiheadAttention``)
+layer with a fused ``qkv`` nn.Linear and ``num_heads``; torch's ``nn.MultiheadAttention``;
+the Hugging Face transformers self-attention classes of
+posenc_fast.integrations.transformers, with separate q / k / v projections)
 and adds to block n's query, key and value projections the biases ``bias[n, 0..2]`` of one
 shared :class:`~posenc_fast.FloaterAttentionBias`, registered as ``model.floater_bias``.
 Only the projections change, and their parameters keep their names, so a pretrained
