@@ -468,6 +468,8 @@ def from_pretrained(model_class, pretrained_model_name_or_path=None, *, state_di
     recorded = getattr(config, CONFIG_KEY, None) or {}
     ours = {k: v for k, v in state_dict.items() if _is_ours(k)}
     plain = {k: v for k, v in state_dict.items() if k not in ours}
+    if "lff" in recorded:
+        plain.update(_removed_tables(model_class, config, plain))
     model = model_class.from_pretrained(None, config=config, state_dict=plain, **kwargs)
     if not recorded:
         if ours:
@@ -486,6 +488,23 @@ def from_pretrained(model_class, pretrained_model_name_or_path=None, *, state_di
             f"{sorted(result.unexpected_keys)}, missing {missing}"
         )
     return model
+
+
+def _removed_tables(model_class, config, plain: dict) -> dict[str, Tensor]:
+    """Zeros for the learned tables use_lff removed (not in the checkpoint), so that
+    transformers loads without reporting them as newly initialised; use_lff then drops
+    them again. Their shapes come from the model built on the meta device (no memory)."""
+    with torch.device("meta"):
+        build = getattr(model_class, "from_config", None)  # Auto classes
+        probe = build(config) if build is not None else model_class(config)
+    tables = {}
+    for name, module in probe.named_modules():
+        if _class_names(module) & set(SUPPORTED_EMBEDDINGS):
+            key = f"{name}.position_embeddings" if name else "position_embeddings"
+            table = module.position_embeddings
+            if key not in plain and isinstance(table, Tensor):
+                tables[key] = torch.zeros(table.shape, dtype=table.dtype)
+    return tables
 
 
 def _is_ours(key: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import io
+import logging
 import os
 import warnings
 
@@ -291,6 +292,25 @@ def test_compile_fullgraph_matches_eager(calls):
     torch.testing.assert_close(grad, biases.floater.w1.grad)
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_gradient_checkpointing_gives_the_same_step(reentrant):
+    """transformers' gradient checkpointing of every layer: the same outputs and FLOATER
+    gradients as without (non-reentrant recomputes from the shared integration, reentrant
+    integrates per block in the backward)."""
+    model, biases = classifier()
+    ids, labels = batch()
+    ref = model(input_ids=ids, labels=labels)
+    ref.loss.backward()
+    want = [p.grad.clone() for p in biases.parameters()]
+    model.zero_grad()
+    model.activation_checkpointing_enable({"use_reentrant": reentrant})
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()
+    torch.testing.assert_close(out.logits, ref.logits)
+    for p, g in zip(biases.parameters(), want):
+        torch.testing.assert_close(p.grad, g)
+
+
 def test_deepcopy_after_a_training_forward():
     model, _ = classifier()
     ids, labels = batch()
@@ -445,7 +465,7 @@ def test_lff_encodes_the_patch_grid_of_any_size(family):
     assert out.last_hidden_state.shape == (1, prefix + 10, 16)
 
 
-def test_lff_vit_trains_saves_and_reloads(tmp_path):
+def test_lff_vit_trains_saves_and_reloads(tmp_path, caplog):
     cls = tf.ViTForImageClassification
     model = build("vit", model_class=cls, num_labels=3)
     enc = pf_hf.use_lff(model, gamma=3.0, fourier_dim=16, hidden_dim=8)
@@ -459,7 +479,9 @@ def test_lff_vit_trains_saves_and_reloads(tmp_path):
         want = model(pixel_values=x).logits
     model.save_pretrained(tmp_path)
     assert model.config.posenc_fast["lff"]["gamma"] == 3.0
-    loaded = pf_hf.from_pretrained(cls, tmp_path).eval()
+    with caplog.at_level(logging.WARNING, logger="transformers"):
+        loaded = pf_hf.from_pretrained(cls, tmp_path).eval()
+    assert "MISSING" not in caplog.text, "the replaced table is not reported as missing"
     assert loaded.vit.embeddings.pos_encoding.lff.fourier_dim == 16
     with torch.no_grad():
         torch.testing.assert_close(loaded(pixel_values=x).logits, want)
