@@ -39,6 +39,17 @@ if importlib.util.find_spec("transformers") is None:
 
 import transformers as tf  # noqa: E402
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: more threads only add synchronisation (several times slower on a
+    busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 TEXT = dict(
     vocab_size=40,
     hidden_size=16,
