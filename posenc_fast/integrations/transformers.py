@@ -29,7 +29,8 @@ tensor stays on the model between calls (copies, pickles and checkpoints at any 
   attention layers (BERT, RoBERTa and XLM-R pass the ``position_ids`` given to their
   forward; DistilBERT and ViT pass none): then block n's biases are those of positions
   0..max(position_ids), gathered per sequence. Reading that maximum is a host
-  synchronisation (under torch.compile, a graph break).
+  synchronisation (under torch.compile, a graph break). RoBERTa-style position_ids
+  start at padding_idx + 1: passed explicitly, FLOATER sees them so (shifted by 2).
 - Masks: untouched. Padding, causal and packed-sequence masks are applied by the
   model's own attention function (eager, sdpa, flash, flex: whichever the config
   selects), after the projections.
@@ -440,6 +441,8 @@ def from_pretrained(model_class, pretrained_model_name_or_path=None, *, state_di
     weights (reported as unexpected keys). This builds the model from the config, applies
     what ``config.posenc_fast`` records (use_lff, add_floater_biases with their options),
     and loads every weight, the encodings' (frozen FLOATER states included) strictly.
+    The integrations are applied to the whole model, as they were when it was saved (a
+    model whose FLOATER biases were added to a submodule gets an error naming the keys).
 
     Args:
         model_class: a transformers model class (``RobertaForSequenceClassification``,
@@ -510,4 +513,4 @@ def _removed_tables(model_class, config, plain: dict) -> dict[str, Tensor]:
 def _is_ours(key: str) -> bool:
     """Whether a state_dict key belongs to a module posenc_fast added (add_floater_biases
     registers ``floater_bias`` on the model, use_lff ``pos_encoding`` on the embeddings)."""
-    return key.startswith(FLOATER_NAME + ".") or f".{LFF_NAME}." in f".{key}"
+    return any(f".{name}." in f".{key}" for name in (FLOATER_NAME, LFF_NAME))
