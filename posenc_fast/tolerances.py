@@ -4,7 +4,7 @@ An output passes when, elementwise, |out - ref| <= atol + rtol * |ref|, where ``
 the float64 reference evaluated on the same inputs (already rounded to their dtype).
 
 - "encoding": outputs that are sines and cosines of a phase (sinusoidal, DFT, LFF
-  features without MLP). ACCURACY.md: within 1e-6 of float64 math for |phase| <= 1e5 in
+  features without MLP). docs/precision.md: within 1e-6 of float64 math for |phase| <= 1e5 in
   float32; within about one ulp (+1e-6) in bfloat16 / float16.
 - "lff": LFF with its MLP. float32: accumulation of two small matmuls. Half precision:
   features and hidden layer are rounded to the dtype before the tensor-core matmuls.

@@ -92,7 +92,7 @@ def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ``turns`` is float64, so for float32 results the reduction is error-free for any
     |phase| up to ~1e12 (frac of a float64 is exact) and the only errors left are the
     final rounding of the angle to float32 (<= 2.4e-7 rad) and the float32 sine itself
-    (ACCURACY.md). torch.frac is one fast pass; torch.round on float64 is ~8x slower.
+    (docs/precision.md). torch.frac is one fast pass; torch.round on float64 is ~8x slower.
     """
     if onnx_exporting():
         # The TorchScript-based ONNX exporter has no aten::frac; x - floor(x), in [0, 1),
@@ -110,7 +110,7 @@ def reduced_angle_(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # -- when float32 phases are accurate enough -----------------------------------------------
 #
-# The contract (ACCURACY.md, tolerances.PHASE_ATOL): every cos/sin feature within 1e-6 of
+# The contract (docs/precision.md, tolerances.PHASE_ATOL): every cos/sin feature within 1e-6 of
 # float64 math on the same float32 inputs. The float64 path above meets it for any phase.
 # A phase p_k = sum_m x_m wr_km evaluated in float32 (M products and M - 1 sums, in any
 # order, fused or not) differs from the exact phase by at most

@@ -100,7 +100,7 @@ def lff(
         [..., D] with D = G * D/G: y[..., g*D/G + j] = y_g[..., j]; without the MLP the
         features [cos(x wr^T) || sin(x wr^T)] / sqrt(F) of every group, [..., G * F].
         The dtype is the weights' dtype (the autocast dtype under autocast); phases are
-        always computed in float32 or better and reduced accurately (ACCURACY.md).
+        always computed in float32 or better and reduced accurately (docs/precision.md).
     """
     x, mlp = _check_lff_args(x, wr, w1, b1, w2, b2, activation)
     out_dtype = _output_dtype(x, wr)
