@@ -20,7 +20,7 @@ are unchanged: they still see the custom op (tests/common/test_compat.py). The
 compositions run the phase reduction in float64 like the torch backend (docs/precision.md),
 so the ONNX graph holds a few float64 ops (MatMul, Mul, Floor, Sub, Cast): onnxruntime
 runs them (tested); a runtime without float64 support (TensorRT) cannot run that part
-of the graph (README, "Deploying").
+of the graph (docs/deploying.md).
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ class LearnableFourierFeatures(nn.Module):
       gamma is the kernel width in units of the positions: features of positions gamma
       apart have cosine similarity exp(-1/2) = 0.61, of neighbours at distance delta
       exp(-delta^2 / (2 gamma^2)). Choose it on the scale of the positions you feed in
-      (README, "Choosing gamma"): gamma = 1 with integer grid indices makes neighbouring
+      (docs/ops/lff.md, "Choosing gamma"): gamma = 1 with integer grid indices makes neighbouring
       patches distinct; gamma = 1 with positions normalised to (0, 1) makes a 14 x 14
       grid's neighbours nearly identical (0.9975).
     - ``w1`` [F, H], ``b1`` [H], ``w2`` [H, D/G], ``b2`` [D/G]: one MLP serves every group.
