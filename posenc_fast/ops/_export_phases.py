@@ -170,11 +170,10 @@ def sum_turns(p: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:
     """The products of a phase's M coordinates, p and e [..., M] (product_turns), summed
     over the last axis as an unevaluated pair (hi, lo) in turns: the p with two-sum, so
     nothing is lost (triton_kernels/_phase.py's accumulate_phase)."""
-    ps, es = p.unbind(-1), e.unbind(-1)
-    hi, lo = ps[0], es[0]
-    for pm, em in zip(ps[1:], es[1:]):
-        hi, err = two_sum(hi, pm)
-        lo = lo + (err + em)
+    hi, lo = p.select(-1, 0), e.select(-1, 0)  # select: one Gather (unbind: Slice + Squeeze)
+    for m in range(1, p.shape[-1]):
+        hi, err = two_sum(hi, p.select(-1, m))
+        lo = lo + (err + e.select(-1, m))
     return hi, lo
 
 
