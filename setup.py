@@ -50,6 +50,9 @@ Build flags (environment variables)
 |                                 |                    | other major version than torch's).  |
 |                                 |                    | By default: one warning, CPU only   |
 | POSENC_FAST_DEBUG=1             | unset              | -O0 -g (host), -G (device)          |
+| POSENC_FAST_SANITIZE=           | unset              | the CPU module with ASan and UBSan  |
+|   address,undefined             |                    | (-O1 -g; tools/check_sanitizers.sh):|
+|                                 |                    | loads only with libasan preloaded   |
 | TORCH_CUDA_ARCH_LIST            | 8.0;8.6;8.9;9.0;   | CUDA targets: A100, A10/RTX 30xx,   |
 |                                 | 10.0;12.0+PTX      | L4/L40/RTX 40xx, H100/H200, B200,   |
 |                                 | (toolkit and torch | RTX 50xx/RTX PRO 6000; PTX of the   |
@@ -128,6 +131,13 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def _sanitize() -> tuple:
+    names, problem = _CFG["sanitizers"]()
+    if problem:
+        raise RuntimeError(f"posenc_fast: {problem}")
+    return names
+
+
 def _plan(torch, cpp_extension) -> dict:
     """What to build (posenc_fast._build_config.plan_build), never asking a GPU."""
     plan = _CFG["plan_build"](
@@ -138,6 +148,7 @@ def _plan(torch, cpp_extension) -> dict:
         force_cuda="POSENC_FAST_FORCE_CUDA is set" if _flag("POSENC_FAST_FORCE_CUDA") else None,
         cxx11_abi=getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None),
         source_root=ROOT,
+        sanitize=_sanitize(),
     )
     if plan["cuda"]["build"]:
         note = _CFG["use_toolkit"](cpp_extension, plan["toolkit"])
@@ -199,7 +210,7 @@ def _extension_setup() -> dict:
             sources=cpu["sources"],
             include_dirs=include,
             extra_compile_args={"cxx": cpu["cxx"]},
-            extra_link_args=["-fopenmp"],
+            extra_link_args=cpu["ldflags"],
         )
     ]
     if cuda["build"]:

@@ -38,12 +38,15 @@
 #   bench        python -m posenc_fast bench --device cuda -> bench_cli.json
 #   compile      Triton compile report for sm_90 (fails on sin.approx / cos.approx in the
 #                PTX) -> compile_report.txt
+#   sanitize     benchmarks/gpu_sanitize.py: compute-sanitizer's memcheck over every CUDA
+#                and Triton kernel on small shapes, racecheck and synccheck over the CUDA
+#                FLOATER integrator in every layout -> sanitize.json
 #   summary      benchmarks/summarize_gpu.py over the folder -> summary.json, summary.md
 # Presets (one device call each; benchmarks/README.md has the plan):
 #          call1 = build tests-large verify tests summary
 #          call2 = build ceilings floater summary
 #          call3 = build compile lff rotary bench summary
-#          proof = build verify tests ceilings lff floater rotary summary, within 420 s,
+#          proof = build verify tests ceilings lff floater rotary sanitize summary, within 420 s,
 #                  limits and arguments of its own (PROOF_LIMIT, proof_args below): LFF
 #                  (the memory-bound canonical case, then N = 2^20 F=768 H=256 D=1024 in
 #                  bf16, the tables and fused adds, the same in fp32), FLOATER L=1024 S=12
@@ -76,28 +79,28 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-ALL_STAGES=(build tests tests-large verify ceilings floater lff rotary bench compile summary)
+ALL_STAGES=(build tests tests-large verify ceilings floater lff rotary bench compile sanitize summary)
 declare -A PRESETS=(
   [call1]="build tests-large verify tests summary"
   [call2]="build ceilings floater summary"
   [call3]="build compile lff rotary bench summary"
-  [proof]="build verify tests ceilings lff floater rotary summary"
+  [proof]="build verify tests ceilings lff floater rotary sanitize summary"
   [all]="${ALL_STAGES[*]}"
 )
 # stage: default time limit, minimum worth starting (seconds)
 declare -A LIMIT=([build]=420 [tests]=480 [tests-large]=180 [verify]=120 [ceilings]=90
-  [floater]=480 [lff]=300 [rotary]=120 [bench]=240 [compile]=150 [summary]=60)
+  [floater]=480 [lff]=300 [rotary]=120 [bench]=240 [compile]=150 [sanitize]=90 [summary]=60)
 declare -A MIN_TIME=([build]=60 [tests]=60 [tests-large]=30 [verify]=20 [ceilings]=20
-  [floater]=60 [lff]=60 [rotary]=30 [bench]=40 [compile]=30 [summary]=5)
+  [floater]=60 [lff]=60 [rotary]=30 [bench]=40 [compile]=30 [sanitize]=30 [summary]=5)
 # The proof: 420 s in all, so that one rerun still fits a session's 15 minutes of device
 # time. Installing the prebuilt extension and unpacking the Triton cache take ~30 s of the
 # build's limit (compiling sm_90 instead, 2-4 min, leaves less to the rest, which the
 # deadline cuts in reverse order of value); with the cache, verify and the tests compile
-# none of posenc_fast's kernels.
-declare -A PROOF_LIMIT=([build]=240 [verify]=60 [tests]=65 [ceilings]=15 [lff]=110
-  [floater]=60 [rotary]=50 [summary]=30)
+# none of posenc_fast's kernels. compute-sanitizer comes last: the first stage cut.
+declare -A PROOF_LIMIT=([build]=240 [verify]=60 [tests]=60 [ceilings]=15 [lff]=115
+  [floater]=60 [rotary]=45 [sanitize]=20 [summary]=30)
 declare -A PROOF_MIN_TIME=([build]=30 [verify]=20 [tests]=30 [ceilings]=10 [lff]=40
-  [floater]=30 [rotary]=25 [summary]=5)
+  [floater]=30 [rotary]=25 [sanitize]=15 [summary]=5)
 # The proof's tests: one pytest -k term per kind of test worth its seconds on the GPU (the
 # dry run checks that each still selects tests, so a rename cannot silently drop a kind).
 PROOF_TESTS=(gradcheck gradient determinis 2_31 compile_fullgraph export)
@@ -521,31 +524,41 @@ stage_floater() {
     return
   fi
   local default=""
-  # the PERFORMANCE.md case: L=1024, S=12, d=H=512, against torchdiffeq (odeint and the
-  # adjoint) and the CUDA-graphed loop
-  # (one method: the first run spent its 45 s on rk38 and rk4 of the subject and reached no
-  # baseline)
-  ((PROOF)) && default="--lengths 1024 --states 12 --dims 512 --methods rk38 --impls cuda,torchdiffeq,adjoint,graph"
+  # the PERFORMANCE.md case: L=1024, S=12, d=H=512, rk38. Rows, in this order, within 60 s:
+  # the subject (its float64 check on 17 sample times; fwd: the cluster integrator; bwd:
+  # the adjoint over the GPU tape; bwd without a tape), then the CUDA-graphed loop (fwd,
+  # bwd) and torchdiffeq's forward, each skipped when its estimate does not fit. Not here:
+  # the adjoint's backward (~18 s a run at this length) and rk4 (the first run spent its
+  # 45 s on rk38 and rk4 of the subject and reached no baseline).
+  ((PROOF)) && default="--lengths 1024 --states 12 --dims 512 --methods rk38 --impls cuda,graph,torchdiffeq"
   # shellcheck disable=SC2086
   POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/floater_gpu.py \
     --out "$OUT_DIR/floater_gpu.json" --time-budget "$budget" ${FLOATER_ARGS:-$default}
 }
 
+# The proof's LFF rows, in order of value (the stage's limit cuts the tail; lff_gpu.py writes
+# its JSON after every case): the compute-bound case in bf16, forward and backward, where
+# the first run measured 0.60x / 0.04x torch.compile (auto takes the cuBLAS plan there;
+# the fused plan beside it); the memory-bound canonical case (auto: the fused pass, retuned);
+# <= 64k positions, forward (and its CUDA-graph replay); compute in fp32; the tables and
+# fused adds. Each beside eager and torch.compile(default). With one Triton configuration
+# per shape (POSENC_FAST_TRITON_AUTOTUNE=0: the first, the retuned one; autotuning ~6
+# configurations per shape would spend the stage compiling).
+LFF_PROOF_ARGS="--cases compute,canonical,small:fwd,compute-fp32,sinusoidal-table,sinusoidal-add,dft-add --modes fwd,bwd --impls eager,compile,auto,fused"
+
 stage_lff() {
   if ((DRY)); then
     local cases=canonical
-    ((PROOF)) && cases=canonical,compute,sinusoidal-add,dft-add,compute-fp32
+    ((PROOF)) && cases=compute,canonical,small:fwd,compute-fp32,sinusoidal-add,dft-add
     run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run --cases "$cases" --modes fwd \
-      --out "$OUT_DIR/lff_gpu.json"
+      --impls eager,auto,fused --out "$OUT_DIR/lff_gpu.json"
     return
   fi
-  local default=""
-  # in order of value: PERFORMANCE.md's memory-bound canonical LFF case, the compute-bound
-  # one in bf16, the tables and fused adds, then compute in fp32; forward and backward (the
-  # first run, with compute-fp32 second and canonical last, never reached canonical)
-  ((PROOF)) && default="--cases canonical,compute,sinusoidal-table,sinusoidal-add,dft-add,compute-fp32 --modes fwd,bwd --impls eager,compile,triton"
+  local default="" autotune="${POSENC_FAST_TRITON_AUTOTUNE:-1}"
+  ((PROOF)) && default="$LFF_PROOF_ARGS" && autotune=0
   # shellcheck disable=SC2086
-  run_limited "$PYTHON" benchmarks/lff_gpu.py --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
+  POSENC_FAST_TRITON_AUTOTUNE=$autotune run_limited "$PYTHON" benchmarks/lff_gpu.py \
+    --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
 }
 
 stage_rotary() {
@@ -583,6 +596,13 @@ stage_compile() {
   # shellcheck disable=SC2086
   (unset TRITON_INTERPRET; run_limited "$PYTHON" -m posenc_fast.triton_kernels.compile_report \
     --arch 90 ${COMPILE_ARGS:---quick}) | tee "$report"
+}
+
+stage_sanitize() {
+  local dry=()
+  ((DRY)) && dry=(--dry-run)
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/gpu_sanitize.py "${dry[@]}" \
+    --budget "$((STAGE_LIMIT - 5))" --out "$WORK_DIR/sanitize.json"  # (the proof: home in summary.json)
 }
 
 stage_summary() {

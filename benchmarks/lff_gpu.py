@@ -8,7 +8,11 @@ Side by side in one process, per case and mode (fwd = inference forward, bwd = b
 only through a retained graph, fwd+bwd = one training step): the eager PyTorch
 implementation of Algorithm 1 ("eager", phases in float32, everything materialised),
 torch.compile of it ("compile"; "compile-max" with --max-autotune), the package's torch
-backend ("torch", chunked) and the fused kernels ("triton"). Reported: median ms with 20th
+backend ("torch", chunked) and its Triton backend: "auto" (what users get: the plan
+posenc_fast/ops/lff/plan.py chooses, named in the row with its reason), and each plan
+forced, "fused" (one Triton pass) and "gemm" (cuBLAS products + Triton elementwise
+kernels); a plan row that is auto's own choice is not timed twice (``same_as``: auto).
+"triton" is accepted as another name of "auto". Reported: median ms with 20th
 / 80th percentiles (triton.testing.do_bench: device events, L2 flushed), achieved GB/s
 and % of a device-to-device copy ceiling measured in the same run, tensor-core TFLOP/s and
 % of a measured bf16 matmul ceiling, % of the predicted floor, speed-ups over eager and
@@ -41,6 +45,7 @@ Measured figures: pending (no GPU in the session that wrote this script).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -60,6 +65,7 @@ CASES = {
 # --dry-run: the same cases shrunk so the interpreter gets through them in seconds.
 DRY_CASES = {
     "canonical": (96, 2, 1, 32, 16, 48, "bfloat16"),
+    "small": (32, 2, 1, 16, 16, 24, "bfloat16"),
     "compute": (64, 2, 1, 48, 32, 64, "bfloat16"),
     "compute-fp32": (64, 2, 1, 48, 32, 64, "float32"),
     "canonical-fp32": (96, 2, 1, 32, 16, 48, "float32"),
@@ -76,7 +82,8 @@ DRY_ENC_CASES = {
     "dft-add": ("dft", 128, 64, 16, True),
 }
 MODES = ("fwd", "bwd", "fwd+bwd")
-IMPLS = ("eager", "compile", "compile-max", "torch", "triton")
+IMPLS = ("eager", "compile", "compile-max", "torch", "auto", "fused", "gemm")
+PLAN_OF = {"auto": None, "fused": "fused", "gemm": "gemm"}  # the Triton backend's rows
 
 
 def _args(argv=None):
@@ -87,10 +94,12 @@ def _args(argv=None):
         default=None,
         help=f"comma-separated, run in the order given: LFF cases ({', '.join(CASES)}) and "
         f"table / fused-add cases ({', '.join(ENC_CASES)}); default: every LFF case, then "
-        "every table case",
+        "every table case. An LFF case may name its own modes: small:fwd, compute:fwd+bwd",
     )
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--impls", default="eager,compile,torch,triton", help=f"subset of {IMPLS}")
+    p.add_argument(
+        "--impls", default="eager,compile,torch,auto,fused,gemm", help=f"subset of {IMPLS}"
+    )
     p.add_argument("--max-autotune", action="store_true", help="also compile-max")
     p.add_argument("--rep-ms", type=int, default=200, help="do_bench measuring time per point")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
@@ -108,6 +117,7 @@ import torch  # noqa: E402
 
 import posenc_fast as pf  # noqa: E402
 from posenc_fast import _testing  # noqa: E402
+from posenc_fast.ops.lff import plan as lff_plan  # noqa: E402
 from posenc_fast.ops.lff import reference as lff_ref  # noqa: E402
 from posenc_fast.tolerances import mismatch  # noqa: E402
 
@@ -171,10 +181,46 @@ def make_case(name, spec):
     return {"name": name, "spec": spec, "dtype": dtype, "x": x, "weights": weights}
 
 
+def wanted_impls() -> set:
+    wanted = set(ARGS.impls.replace("triton", "auto").split(","))
+    unknown = wanted - set(IMPLS)
+    if unknown:
+        raise SystemExit(f"unknown --impls {sorted(unknown)}; choose from {IMPLS}")
+    return wanted
+
+
+@contextlib.contextmanager
+def plan_env(plan):
+    """POSENC_FAST_LFF_PLAN set to ``plan`` (None: auto) while a row is checked, built and
+    timed (the backward of a "bwd" row runs after its forward: both inside)."""
+    old = os.environ.get(lff_plan.ENV_PLAN)
+    os.environ[lff_plan.ENV_PLAN] = plan or "auto"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[lff_plan.ENV_PLAN]
+        else:
+            os.environ[lff_plan.ENV_PLAN] = old
+
+
+def auto_plan(case, mode) -> dict:
+    """The plan auto takes for this case and mode, and why (the backend's own decision)."""
+    from posenc_fast.triton_kernels import _launch
+
+    x, (wr, w1, _, w2, _) = case["x"], case["weights"]
+    w = lff_plan._work("bwd" if mode == "bwd" else "fwd", x, wr, w1, w2, case["dtype"], "gelu")
+    with plan_env(None):
+        d = lff_plan.decide(w, _launch.device_name(x.device), None)
+    out = {"plan": d.plan, "plan_how": d.how, "plan_why": d.why}
+    out["predicted_ms"] = {p: e.ms for p, e in d.estimates.items()}
+    return out
+
+
 def implementations(case) -> dict:
     x, weights = case["x"], case["weights"]
     impls = {}
-    wanted = set(ARGS.impls.split(","))
+    wanted = wanted_impls()
     if ARGS.max_autotune:
         wanted.add("compile-max")
     if "eager" in wanted:
@@ -187,8 +233,9 @@ def implementations(case) -> dict:
         impls["compile-max"] = lambda: f_max(x, *weights)
     if "torch" in wanted:
         impls["torch"] = lambda: pf.lff(x, *weights, backend="torch")
-    if "triton" in wanted:
-        impls["triton"] = lambda: pf.lff(x, *weights, backend="triton")
+    for name in ("auto", "fused", "gemm"):
+        if name in wanted:
+            impls[name] = lambda: pf.lff(x, *weights, backend="triton")
     return impls
 
 
@@ -227,6 +274,13 @@ def runner(fn, mode, weights, grad):
 
 
 # ---------------------------------------------------------------- main
+
+
+def _launch_tf32() -> bool:
+    """torch's TF32 setting for float32 matmuls, as the kernels read it."""
+    from posenc_fast.triton_kernels import _launch
+
+    return _launch.tf32_allowed()
 
 
 def forward_config() -> dict | None:
@@ -281,22 +335,25 @@ def encoding_case(spec) -> tuple[dict, int]:
 
 
 def triton_calls(device: str):
-    """(name, call) for each Triton path this script times (every LFF case forward, and
-    backward to the weights as ``runner`` takes it; every table / fused-add case), with the
+    """(name, call) for each Triton path this script times (every LFF case with each plan,
+    forward and backward to the weights as ``runner`` takes it; every table / fused-add
+    case), with the
     inputs on ``device``: what tools/prepare_gpu_build.sh compiles ahead for the GPU (on
     `meta` tensors, triton_kernels/ahead.py), so that the GPU run compiles none of it."""
     global DEVICE
     DEVICE = device
     for name, spec in CASES.items():
+        for plan in ("fused", "gemm"):  # auto takes one of them
 
-        def lff_fwd_bwd(spec=spec, name=name):
-            case = make_case(name, spec)
-            N, _, _, _, _, D, _ = spec
-            y = pf.lff(case["x"], *case["weights"], backend="triton")
-            grad = _testing.randn((N, D), _testing.generator(1), case["dtype"], DEVICE)
-            torch.autograd.grad(y, case["weights"], grad)
+            def lff_fwd_bwd(spec=spec, name=name, plan=plan):
+                case = make_case(name, spec)
+                N, _, _, _, _, D, _ = spec
+                with plan_env(plan):
+                    y = pf.lff(case["x"], *case["weights"], backend="triton")
+                    grad = _testing.randn((N, D), _testing.generator(1), case["dtype"], DEVICE)
+                    torch.autograd.grad(y, case["weights"], grad)
 
-        yield name, lff_fwd_bwd
+            yield f"{name} {plan}", lff_fwd_bwd
     for name, spec in ENC_CASES.items():
         yield name, lambda spec=spec: encoding_case(spec)[0]["triton"]()
 
@@ -340,12 +397,16 @@ def main() -> int:
         names = ARGS.cases.split(",")
     else:
         names = list(cases) + ([] if ARGS.no_encodings else list(enc_cases))
+    # "name:fwd+bwd" runs that case in those modes only ("+"-separated), else --modes
+    case_modes = {n.split(":")[0]: n.split(":")[1].split("+") for n in names if ":" in n}
+    names = [n.split(":")[0] for n in names]
     unknown = [n for n in names if n not in cases and n not in enc_cases]
     if unknown:
         print(f"unknown cases {unknown}; choose from {list(cases) + list(enc_cases)}",
               file=sys.stderr)  # fmt: skip
         return 2
     env = _gpu_common.environment()
+    env["triton_autotune"] = os.environ.get("POSENC_FAST_TRITON_AUTOTUNE", "1") != "0"
     out_path = ARGS.out or _gpu_common.default_out("lff_gpu", env)
     ceil = ceilings()
     report = {
@@ -367,30 +428,43 @@ def main() -> int:
         N, M, G, F, H, D, _ = case["spec"]
         cnt = counts(N, M, G, F, H, D, case["dtype"].itemsize)
         # float32 products run on the fp32 units (TF32 off, torch's default): their ceiling
-        fp32 = case["dtype"] == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+        fp32 = case["dtype"] == torch.float32 and not _launch_tf32()
         mma_case = (ceil.get("fp32_mm_TFLOPs") or FP32_TFLOPS_DATASHEET) if fp32 else mma_tflops
         impls = implementations(case)
         grad = _testing.randn((N, D), _testing.generator(1), case["dtype"], DEVICE)
         errors = {}
         for impl, fn in impls.items():
             try:
-                errors[impl] = check(case, fn)
+                with plan_env(PLAN_OF.get(impl)):
+                    errors[impl] = check(case, fn)
             except Exception as exc:  # record and skip: a broken baseline is a result too
                 errors[impl] = f"failed: {type(exc).__name__}: {exc}"
-        for mode in ARGS.modes.split(","):
+        for mode in case_modes.get(name, ARGS.modes.split(",")):
             nbytes, flops = cnt[mode]
             floor_ms = max(nbytes / (copy_gbps * 1e9), flops / (mma_case * 1e12)) * 1e3
             row_base = {"case": name, "mode": mode, "N": N, "M": M, "G": G, "F": F, "H": H}
             row_base.update({"D": D, "dtype": str(case["dtype"]), "bytes": nbytes, "flops": flops})
             rows = {}
+            chosen = auto_plan(case, mode) if set(impls) & set(PLAN_OF) else {}
             for impl, fn in impls.items():
                 row = dict(row_base, impl=impl, correctness=errors[impl])
+                if impl == "auto":
+                    row.update(chosen)
                 if isinstance(errors[impl], str):
                     rows[impl] = row
                     continue
+                if PLAN_OF.get(impl) and PLAN_OF[impl] == chosen.get("plan") and "auto" in rows:
+                    # the same function as auto's row: its figures, not timed twice
+                    same = {k: v for k, v in rows["auto"].items() if k not in row_base}
+                    same.pop("impl", None)
+                    row.update({k: v for k, v in same.items() if not k.startswith("plan")})
+                    row["same_as"] = "auto"
+                    rows[impl] = row
+                    continue
                 try:
-                    run = runner(fn, mode, case["weights"], grad)
-                    med, p20, p80 = bench(run)
+                    with plan_env(PLAN_OF.get(impl)):
+                        run = runner(fn, mode, case["weights"], grad)
+                        med, p20, p80 = bench(run)
                     row.update(ms=med, ms_p20=p20, ms_p80=p80)
                     row["GBps"] = nbytes / (med * 1e-3) / 1e9
                     row["pct_copy_ceiling"] = 100 * row["GBps"] / copy_gbps
@@ -399,7 +473,8 @@ def main() -> int:
                     row["mma_ceiling"] = "fp32" if fp32 else "bf16"
                     row["floor_ms"] = floor_ms
                     row["pct_of_floor"] = 100 * floor_ms / med
-                    row["peak_bytes"] = peak_bytes(run)
+                    with plan_env(PLAN_OF.get(impl)):
+                        row["peak_bytes"] = peak_bytes(run)
                     del run
                 except Exception as exc:
                     row["error"] = f"{type(exc).__name__}: {exc}"
@@ -410,8 +485,8 @@ def main() -> int:
                         row[f"speedup_vs_{base}"] = rows[base]["ms"] / row["ms"]
                 report["results"].append(row)
                 print(_line(row))
-        if name == "small" and "triton" in impls and DEVICE == "cuda":
-            report["results"].append(_graph_replay(case, impls["triton"], cnt["fwd"][0]))
+        if name in ("small", "seq1d") and "auto" in impls and DEVICE == "cuda":
+            report["results"].append(_graph_replay(case, impls["auto"], cnt["fwd"][0]))
         del case, impls, grad
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
@@ -426,8 +501,9 @@ def _write(report, path) -> None:
 
 
 def _graph_replay(case, fn, nbytes) -> dict:
-    """Small case: the forward replayed from a CUDA graph (launch overhead removed)."""
-    row = {"case": case["name"], "mode": "fwd (CUDA graph replay)", "impl": "triton"}
+    """Small inputs: the forward replayed from a CUDA graph (launch overhead removed; the
+    capture itself shows that the path never synchronises)."""
+    row = {"case": case["name"], "mode": "fwd (CUDA graph replay)", "impl": "auto"}
     try:
         with torch.no_grad():
             fn()  # autotune and compile outside the capture

@@ -4,14 +4,16 @@
 // rotary/rotary_ops.cpp). The CUDA kernels are a separate module,
 // posenc_fast._C_cuda (module_cuda.cpp), built and loaded on its own, so that a failed CUDA
 // build never costs the CPU part. The pybind11 functions here describe the build and give
-// tests the CPU runtime's instruction-set override (cpu/isa.h) and FLOATER's backward budget,
-// and release the spare block of the FLOATER tapes (cpu/spare.h).
+// tests the CPU runtime's instruction-set override (cpu/isa.h), its contention fallback
+// (cpu/parallel.h) and FLOATER's backward budget, and release the spare block of the FLOATER
+// tapes (cpu/spare.h).
 #include <torch/extension.h>
 #include <torch/version.h>
 
 #include <string>
 
 #include "cpu/isa.h"
+#include "cpu/parallel.h"
 #include "cpu/spare.h"
 #include "floater/floater_cpu.h"
 #include "module_info.h"
@@ -42,6 +44,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Force the CPU kernels' instruction set ('generic', 'avx2', 'avx512', or 'auto'); for tests");
   m.def("set_backward_keep_budget", &posenc_fast::floater::set_backward_keep_budget, pybind11::arg("bytes"),
         "Memory (bytes) the CPU backward may use to keep an interval's stage values; for tests");
+  m.def("judge_regions_contended", &posenc_fast::cpu::judge_regions_contended, pybind11::arg("regions"),
+        "Judge the next `regions` team regions of the CPU kernels contended (the contention fallback: calls "
+        "then run on one thread for 250 ms); 0 also ends the current one-thread period; for tests");
+  m.def("cpu_contended", &posenc_fast::cpu::contended,
+        "Whether the CPU kernels run on one thread for now (the contention fallback)");
   m.def("release_spare_memory", &posenc_fast::cpu::release_spare,
         "Free the block kept for the next FLOATER tape (cpu/spare.h); returns its size in bytes");
 }

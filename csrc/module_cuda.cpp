@@ -34,4 +34,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("build_info", &posenc_fast::build_info, "How this module was built");
   m.def("cuda_runtime_version", &posenc_fast::floater::cuda::runtime_version,
         "Version of the CUDA runtime loaded in this process (-1 when unavailable)");
+  m.def("floater_plans", &posenc_fast::floater::cuda::plan_log,
+        "The FLOATER integrator's launch layouts chosen in this process, one line each");
 }

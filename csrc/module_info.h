@@ -14,6 +14,15 @@ inline pybind11::dict common_build_info() {
   info["ops_version"] = 3;  // bump when the op schemas change
   info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                           std::to_string(TORCH_VERSION_PATCH);
+  // The sanitizers it was built with (_build_config.sanitizer_flags defines the macro),
+  // joined by '_' ("address_undefined"); "" for a normal build.
+#ifdef POSENC_FAST_SANITIZE
+#define POSENC_FAST_STR2(x) #x
+#define POSENC_FAST_STR(x) POSENC_FAST_STR2(x)
+  info["sanitize"] = std::string(POSENC_FAST_STR(POSENC_FAST_SANITIZE));
+#else
+  info["sanitize"] = std::string();
+#endif
   return info;
 }
 

@@ -105,10 +105,55 @@ CUDA_ARCHS = ("8.0", "8.6", "8.9", "9.0")
 CUDA_ARCHS_SINCE_12_8 = ("10.0", "12.0")
 
 
-def cxx_flags(debug: bool = False) -> list[str]:
-    """Host compiler flags."""
-    opt = ["-O0", "-g"] if debug else ["-O3"]
-    return [*opt, "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]
+# POSENC_FAST_SANITIZE=address,undefined: the CPU part built with AddressSanitizer and
+# UndefinedBehaviorSanitizer (tools/check_sanitizers.sh). Such a binary only loads into a
+# process whose sanitizer runtime came first (LD_PRELOAD of libasan), so it is cached under
+# its own key and recorded: no other process ever loads it.
+SANITIZE_ENV = "POSENC_FAST_SANITIZE"
+SANITIZERS = ("address", "undefined")
+
+
+def sanitizers(environ=None) -> tuple[tuple[str, ...], str | None]:
+    """(the sanitizers POSENC_FAST_SANITIZE asks for, sorted; None or why the value is
+    refused). Empty, "0", "no" or "off": none."""
+    env = os.environ if environ is None else environ
+    raw = (env.get(SANITIZE_ENV) or "").strip().lower()
+    if raw in ("", "0", "no", "off", "false"):
+        return (), None
+    names = tuple(sorted({n.strip() for n in raw.split(",") if n.strip()}))
+    unknown = [n for n in names if n not in SANITIZERS]
+    if unknown:
+        return (), (
+            f"{SANITIZE_ENV}={raw!r}: {', '.join(map(repr, unknown))} is not a sanitizer the "
+            f"build offers ({', '.join(SANITIZERS)})"
+        )
+    return names, None
+
+
+def sanitizer_flags(names=()) -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) of the sanitizers ``names``. -O1 -g: what the sanitizers'
+    own documentation recommends (reports name source lines; the build takes a third of
+    -O3's time); every undefined behaviour is fatal (the first report fails the run)."""
+    if not names:
+        return [], []
+    flag = "-fsanitize=" + ",".join(names)
+    cxx = ["-O1", "-g", flag, "-fno-omit-frame-pointer"]
+    if "undefined" in names:
+        cxx.append("-fno-sanitize-recover=undefined")
+    cxx.append("-DPOSENC_FAST_SANITIZE=" + "_".join(names))
+    return cxx, [flag]
+
+
+def cxx_flags(debug: bool = False, sanitize=()) -> list[str]:
+    """Host compiler flags (sanitize: see :func:`sanitizer_flags`, which replaces -O3)."""
+    san, _ = sanitizer_flags(sanitize)
+    opt = ["-O0", "-g"] if debug else [] if san else ["-O3"]
+    return [*opt, *san, "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]
+
+
+def cpu_ldflags(sanitize=()) -> list[str]:
+    """Link flags of the CPU part."""
+    return ["-fopenmp", *sanitizer_flags(sanitize)[1]]
 
 
 def nvcc_flags(debug: bool = False) -> list[str]:
@@ -316,17 +361,19 @@ def plan_build(
     environ=None,
     cxx11_abi: bool | None = None,
     source_root: str | os.PathLike | None = None,
+    sanitize: tuple[str, ...] = (),
 ) -> dict:
     """What to build and the metadata each part records (the builder adds built,
     build_time, binary or error). no_cuda / force_cuda: None, or the reason given (e.g.
     "POSENC_FAST_NO_CUDA is set") to skip the CUDA part, or to attempt it whatever the
     checks say (its failure is then handled like any other). cxx11_abi: torch's
     ``torch._C._GLIBCXX_USE_CXX11_ABI``; source_root: the directory holding csrc/ (both
-    recorded: :func:`abi_tag`, :func:`sources_hash`).
+    recorded: :func:`abi_tag`, :func:`sources_hash`); sanitize: :func:`sanitizers`' names,
+    for the CPU part only (recorded: a sanitized binary loads only where they are asked for).
 
     Returns {"toolkit": find_cuda_toolkit(), "cpu": part, "cuda": part}; a part is
-    {"module", "sources", "cxx", "record"}, and the CUDA part adds "build", "warn",
-    "archs" and "nvcc" (with the toolkit root in its record)."""
+    {"module", "sources", "cxx", "record"}, the CPU part adds "ldflags", the CUDA part
+    "build", "warn", "archs" and "nvcc" (with the toolkit root in its record)."""
     toolkit = find_cuda_toolkit(environ)
     nvcc_line = nvcc_version(toolkit["root"])
     release = nvcc_release(nvcc_line)
@@ -341,6 +388,7 @@ def plan_build(
     if decision["build"]:
         archs = resolve_cuda_archs(default_cuda_archs(release, torch_cuda_version))
     cxx = cxx_flags(debug)
+    cpu_cxx = cxx_flags(debug, sanitize)
     base = {
         "package_version": package_version(),
         "torch_version": torch_version,
@@ -358,8 +406,15 @@ def plan_build(
     cpu = {
         "module": cpu_module,
         "sources": list(CPU_SOURCES),
-        "cxx": cxx,
-        "record": dict(base, part="cpu", module=f"posenc_fast.{cpu_module}"),
+        "cxx": cpu_cxx,
+        "ldflags": cpu_ldflags(sanitize),
+        "record": dict(
+            base,
+            part="cpu",
+            module=f"posenc_fast.{cpu_module}",
+            cxx_flags=cpu_cxx,
+            sanitize=list(sanitize),
+        ),
     }
     cuda_cxx = [*cxx, f'-DPOSENC_FAST_CUDA_ARCHS="{archs}"'] if archs else cxx
     cuda = {

@@ -30,7 +30,10 @@ dispatcher reports (one warning when "auto" falls back).
 Run-time variables: POSENC_FAST_DISABLE_EXTENSION=1 (ignore every binary),
 POSENC_FAST_NO_BUILD=1 (never build on first use), POSENC_FAST_CACHE (the cache folder),
 POSENC_FAST_BUILD_WAIT (seconds to wait for another process's build, default 1800),
-POSENC_FAST_DEBUG=1 (first-use builds at -O0 -g, cached under their own key), MAX_JOBS.
+POSENC_FAST_DEBUG=1 (first-use builds at -O0 -g, cached under their own key),
+POSENC_FAST_SANITIZE=address,undefined (the CPU part built with ASan and UBSan, cached under
+its own key, loaded only where the ASan runtime was preloaded: tools/check_sanitizers.sh),
+MAX_JOBS.
 """
 
 from __future__ import annotations
@@ -189,6 +192,13 @@ def _mismatch(info: dict) -> list[str]:
             f"the extension's ABI tag {tag} (recorded at build time) is not this process's "
             f"{now}: rebuild it ({BUILD_HINT})"
         )
+    built_san, want_san = list(info.get("sanitize") or []), list(_sanitizers())
+    if built_san != want_san:
+        built_with = ",".join(built_san) or "no sanitizer"
+        reasons.append(
+            f"the extension was built with {built_with}, this process asks for "
+            f"{','.join(want_san) or 'none'} ({_cfg.SANITIZE_ENV})"
+        )
     built_from, ours = info.get("sources_hash"), sources_hash()
     if built_from and ours and built_from != ours:
         reasons.append(
@@ -266,6 +276,33 @@ def _debug() -> bool:
     return _flag("POSENC_FAST_DEBUG")
 
 
+def _sanitizers() -> tuple[str, ...]:
+    """The sanitizers POSENC_FAST_SANITIZE asks for (none when its value is refused:
+    :func:`_sanitize_problem` says why)."""
+    return _cfg.sanitizers()[0]
+
+
+def _sanitize_problem() -> Optional[str]:
+    """Why a sanitized build cannot load in this process (None: it can, or none is asked
+    for): a value of POSENC_FAST_SANITIZE the build does not offer, or AddressSanitizer
+    asked for without its runtime loaded first (a library built with it aborts the process
+    on import otherwise)."""
+    names, problem = _cfg.sanitizers()
+    if problem:
+        return problem
+    if "address" in names:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            maps = ""
+        if "libasan" not in maps:
+            return (
+                f"{_cfg.SANITIZE_ENV}=address needs the ASan runtime loaded before anything "
+                "else: LD_PRELOAD=$(c++ -print-file-name=libasan.so) (tools/check_sanitizers.sh)"
+            )
+    return None
+
+
 def cache_key() -> Optional[str]:
     """The cache folder's name for this process: ABI tag (torch version and C++ ABI, Python,
     machine), then the sources' hash, so that a build is reused only where it is valid.
@@ -273,7 +310,8 @@ def cache_key() -> Optional[str]:
     digest = sources_hash()
     if digest is None:
         return None
-    return f"{current_abi_tag()}-src{digest[:16]}" + ("-debug" if _debug() else "")
+    san = "".join(f"-{name}" for name in _sanitizers())
+    return f"{current_abi_tag()}-src{digest[:16]}" + ("-debug" if _debug() else "") + san
 
 
 def cache_dir(part: str = "cpu") -> Optional[Path]:
@@ -307,6 +345,9 @@ def _try_load(part: str = "cpu") -> tuple[Optional[ModuleType], list[str], Optio
     state["source"], state["ignored"] = None, []
     if _flag("POSENC_FAST_DISABLE_EXTENSION"):
         return None, ["disabled by POSENC_FAST_DISABLE_EXTENSION"], None
+    problem = _sanitize_problem()
+    if problem:
+        return None, [problem], None
     if part != "cpu" and load("cpu") is None:  # the ops it implements are defined there
         return None, [f"{_what(part)} needs {_what('cpu')}, which is unavailable"], None
 
@@ -664,6 +705,7 @@ def _compile_into(
         no_cuda="first-use build: CPU part only" if part == "cpu" else None,
         cxx11_abi=getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None),
         source_root=root,
+        sanitize=_sanitizers(),
     )
     spec = plan[part]
     tmp = Path(tempfile.mkdtemp(prefix=f".{part}.tmp", dir=target.parent))
@@ -677,7 +719,7 @@ def _compile_into(
         # the shell would strip the quotes of -DPOSENC_FAST_CUDA_ARCHS="..." and split at ';'
         "extra_cflags": [shlex.quote(flag) for flag in spec["cxx"]],
         "extra_cuda_cflags": spec.get("nvcc") if part == "cuda" else None,
-        "extra_ldflags": ["-fopenmp"] if part == "cpu" else None,
+        "extra_ldflags": spec["ldflags"] if part == "cpu" else None,
         "extra_include_paths": [str(root / "csrc")],
         "build_directory": str(build_dir),
         "with_cuda": part == "cuda",
@@ -784,6 +826,7 @@ def build(
         ),
         cxx11_abi=getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None),
         source_root=source_root(),
+        sanitize=_sanitizers(),
     )
     if plan["cuda"]["build"]:
         _cfg.use_toolkit(cpp_extension, plan["toolkit"])

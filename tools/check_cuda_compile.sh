@@ -3,8 +3,10 @@
 # CPU-only torch, so setup.py builds no CUDA part there):
 #   1. nvcc compiles csrc/floater/floater_cuda.cu for every architecture given, in one
 #      invocation: the host side once, the device code of each architecture on its own
-#      thread (JOBS at a time); a warning or an error fails. Registers, stack and spills of
-#      every kernel are printed per architecture, for the log.
+#      thread (JOBS at a time); a warning or an error fails. Registers, stack, spills and
+#      static shared memory of every kernel are printed per architecture, for the log (the
+#      integrator's shared memory is dynamic: its planner sizes it per problem and device,
+#      up to the device's opt-in limit, and reports it in the plan's summary).
 #   2. the host glue of the CUDA module posenc_fast._C_cuda (csrc/module_cuda.cpp,
 #      csrc/floater/floater_cuda_ops.cpp) is syntax-checked against torch's headers and the
 #      toolkit's.
@@ -52,12 +54,13 @@ start=$SECONDS
 echo "   compiled in $((SECONDS - start)) s"
 # Per architecture and kernel: registers; stack frame and spills (ptxas -v, demangled).
 for arch in "${ARCHS[@]}"; do
-  echo "== sm_${arch}: registers, stack and spills per kernel"
+  echo "== sm_${arch}: registers, stack, spills and static shared memory per kernel"
   awk -v want="'sm_${arch}'" '
     /Compiling entry function/ { name = $7; on = ($9 == want) }
     on && /spill stores/ { sp = $0; sub(/^ +/, "", sp); spill = $5 + 0 }
     on && /Used [0-9]+ registers/ {
-      gsub(/\047/, "", name); print name "\t" $5 " registers;\t" sp
+      smem = 0; if (match($0, /[0-9]+ bytes smem/)) smem = substr($0, RSTART, RLENGTH) + 0
+      gsub(/\047/, "", name); print name "\t" $5 " registers;\t" sp ";\t" smem " bytes static smem"
       n++; if ($5 + 0 > regs) regs = $5 + 0
       if (spill > 0) { spilled++; if (spill > most) most = spill } }
     END { printf "summary: %d kernels, at most %d registers, %d with spills (at most %d bytes of spill stores)\n", n, regs, spilled, most }' \

@@ -11,10 +11,11 @@
 #   2. the --no-build-isolation route with the venv's own setuptools (65 on Python 3.11):
 #      it must stop at once, with the one line naming setuptools>=77;
 #   3. `pip install .`, plain (an isolated build: nothing is compiled ahead);
-#   4. `import posenc_fast` and `python -m posenc_fast info`;
+#   4. `import posenc_fast`;
 #   5. `python -m posenc_fast build --cuda no`: the first-use build of the C++ CPU part
 #      against that torch, into a cache of its own (POSENC_FAST_DEBUG=1 builds at -O0:
-#      quicker to compile; CI uses it, the optimised build is the version matrix's);
+#      quicker to compile; CI uses it, the optimised build is the version matrix's); then
+#      `python -m posenc_fast info` must show the cpp backend available;
 #   6. `python -m posenc_fast verify`: every CPU backend (reference, torch, cpp) of every op
 #      against the float64 reference.
 # Environment: OLDEST_TORCH (2.5.1), OLDEST_DIR (the venv and cache; default a temporary
@@ -63,14 +64,15 @@ cd "$DIR"  # not the source tree: the installed package
 export POSENC_FAST_CACHE="$DIR/cache"
 "$py" -c "import posenc_fast, torch; print('import posenc_fast', posenc_fast.__version__, 'on torch', torch.__version__)" ||
   die "import posenc_fast"
-"$py" -m posenc_fast info > "$DIR/info.txt" 2>&1 || { cat "$DIR/info.txt"; die "python -m posenc_fast info"; }
-say "installed; info ok"
+say "installed and imported"
 
 # ------------------------------------------------------------------ 5. first-use build
 t0=$SECONDS
 "$py" -m posenc_fast build --cuda no > "$DIR/build.log" 2>&1 ||
   { tail -30 "$DIR/build.log"; die "python -m posenc_fast build --cuda no"; }
 say "the C++ CPU part built in $((SECONDS - t0)) s$([[ "${POSENC_FAST_DEBUG:-0}" == 1 ]] && echo ' (-O0)')"
+"$py" -m posenc_fast info > "$DIR/info.txt" 2>&1 || { cat "$DIR/info.txt"; die "python -m posenc_fast info"; }
+grep -q "cpp        available" "$DIR/info.txt" || { cat "$DIR/info.txt"; die "info: the cpp backend is not available"; }
 
 # ------------------------------------------------------------------ 6. verify
 "$py" -m posenc_fast verify > "$DIR/verify.txt" 2>&1 || { cat "$DIR/verify.txt"; die "verify"; }

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import sm_count
+from ._launch import INTERPRET, launch, sm_count
 from ._phase import accumulate_phase, phase_term, sincos_turns, turns_hi_lo
 from ._round import round_to
 
@@ -86,3 +86,15 @@ def max_programs(device: torch.device) -> int:
     """Programs of the backward: two per SM (each walks its share of the row tiles);
     2 under the interpreter. Part of the summation order, so fixed per device."""
     return 2 * sm_count(device)
+
+
+def sum_partials(ws: torch.Tensor, ref: torch.Tensor, n_parts: int, offset: int = 0):
+    """A new tensor shaped and typed like ``ref``: the sum of the first n_parts rows of
+    the float32 workspace ``ws`` over the columns [offset, offset + ref.numel()), added in
+    the fixed order 0, 1, ..., n_parts - 1 (sum_partials_kernel) and rounded once."""
+    block = 4096 if INTERPRET else 1024
+    result = torch.empty(ref.shape, dtype=ref.dtype, device=ws.device)
+    grid = (triton.cdiv(ref.numel(), block),)
+    launch(sum_partials_kernel, grid, ws[:, offset:], result, n_parts, ref.numel(),
+           ws.stride(0), BLOCK=block, INTERPRET=INTERPRET)  # fmt: skip
+    return result

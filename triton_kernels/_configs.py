@@ -165,6 +165,11 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
     if kernel in ("lff_fwd", "lff_bwd") and meta.get("MLP", False):
         e = 4 if meta.get("COMPUTE") == tl.float32 else 2  # operand bytes
         first = e * stages * 2 * bk * bh + 4 * br * bk  # w1 chunks; cos/sin conversion
+        # With 64-frequency blocks Triton 3.9 keeps each pipelined w1 chunk twice and the
+        # wr chunk per stage, beside the features in the operand layout: 74752 B for the
+        # 128-row, 3-stage bf16 forward at H=32 on sm_90 (the line above: 57344 B).
+        if bk >= 64:
+            first = max(first, stages * (4 * e * bk * bh + 4 * meta.get("M", 4) * bk) + 3 * br * bk)
         second = e * stages * bh * bd + 4 * br * bd + e * br * bh  # w2; y conversion; h
         hidden = 4 * br * bh + e * stages * bh * bd
         if arch >= 90 and _warpgroups_split_columns(meta, num_warps):
@@ -190,6 +195,10 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
         e = 4 if meta.get("COMPUTE") == tl.float32 else 2
         # ga and the two w1^T tiles, pipelined; gr converted to the features' layout
         need = e * stages * (br * bh + 2 * bh * bk) + 4 * br * bk
+    elif kernel == "lff_gemm_phase":  # gr and the features, loaded as [BR, BK] tiles
+        need = 4 * 4 * br * bk
+    elif kernel == "lff_gemm_act":  # one float32 [BR, BH] tile (db1's column sums)
+        need = 4 * br * meta.get("BLOCK_H", 1)
     elif kernel.startswith("rotary"):  # cos and sin [BLOCK_N, BLOCK_K] float32 tiles, each
         need = 2 * 4 * meta.get("BLOCK_N", 1) * bk  # converted to the channel-pair layout
     else:  # no matmul: conversions of one [BLOCK_R, BLOCK_K or BLOCK_D] float32 tile

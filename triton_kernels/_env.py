@@ -19,7 +19,8 @@ _COMPILE_TARGET: dict | None = None
 
 
 def compile_target() -> dict | None:
-    """``{"arch": 90, "sm_count": 132}`` while compiling ahead for a GPU that is not here."""
+    """``{"arch": 90, "sm_count": 132, "name": "NVIDIA H200"}`` while compiling ahead for a
+    GPU that is not here."""
     return _COMPILE_TARGET
 
 

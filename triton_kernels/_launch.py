@@ -35,13 +35,35 @@ def tl_dtype(dtype: torch.dtype):
     return _TL_DTYPES[dtype]
 
 
+def tf32_allowed() -> bool:
+    """Whether torch's settings let float32 matmuls use TF32, read as cuBLAS (torch.mm)
+    reads them: ``torch.backends.cuda.matmul.fp32_precision`` ("tf32" / "ieee"; torch >=
+    2.9, also set by ``torch.set_float32_matmul_precision`` and ``allow_tf32``), else
+    ``torch.backends.cuda.matmul.allow_tf32`` (older torch, or "none": not set that way).
+    The new attribute is asked first: torch 2.9+ raises on reading ``allow_tf32`` once the
+    new API has set the precision."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision in ("tf32", "ieee"):
+        return precision == "tf32"
+    return bool(matmul.allow_tf32)
+
+
 def dot_precision(compute_dtype: torch.dtype):
-    """input_precision of tl.dot: float32 MLPs are IEEE-exact float32 unless the user
-    opted into TF32 through torch.backends.cuda.matmul.allow_tf32; bf16 / fp16 operands
-    use the tensor cores natively (the argument does not apply: None)."""
+    """input_precision of tl.dot: float32 MLPs are IEEE-exact float32 unless the user's
+    torch settings allow TF32 (``tf32_allowed``: the same switch torch.mm obeys); bf16 /
+    fp16 operands use the tensor cores natively (the argument does not apply: None)."""
     if compute_dtype != torch.float32:
         return None
-    return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    return "tf32" if tf32_allowed() else "ieee"
+
+
+def matmul_kind(compute_dtype: torch.dtype) -> str:
+    """What runs a matmul of this compute dtype: "mma16" (bf16 / fp16 tensor cores),
+    "tf32" (float32 on tensor cores, where allowed) or "ieee" (float32 FMA)."""
+    if compute_dtype != torch.float32:
+        return "mma16"
+    return dot_precision(compute_dtype)
 
 
 def device_guard(t: torch.Tensor):
@@ -64,6 +86,28 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 2  # the interpreter: a couple of programs exercise the partial sums
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name as torch reports it ("NVIDIA H200"); "cpu (Triton interpreter)" for
+    CPU tensors."""
+    target = _env.compile_target()
+    if device.type == "meta" and target is not None:
+        return target["name"]  # compiling ahead (ahead.py): the target's
+    if device.type != "cuda":
+        return "cpu (Triton interpreter)"
+    return _device_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph (nothing may synchronise
+    or time then); False for CPU tensors."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def pow2(n: int, lo: int = 16, hi: int = 1 << 30) -> int:
@@ -103,6 +147,38 @@ def launch_rows(kernel, tuned, n_rows: int, args: tuple, meta: dict, blocks: dic
         tuned[lambda cfg: (triton.cdiv(n_rows, cfg["BLOCK_R"]),)](
             *args, **meta, enable_fp_fusion=False
         )
+
+
+def time_ms(fn, device: torch.device, repeats: int = 3) -> float:
+    """Median milliseconds of fn() on ``device`` (CUDA events; the host clock for CPU
+    tensors), after one untimed call that compiles and autotunes. Synchronises: only
+    for measured choices (posenc_fast/ops/lff/plan.py), never during graph capture."""
+    import time
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
+def launch(kernel, grid: tuple, *args, **meta) -> None:
+    """Launch a Triton kernel with a fixed configuration (block sizes, num_warps and
+    num_stages in ``meta``) on ``grid``, with enable_fp_fusion=False (the phase
+    reduction needs it, see _phase.py): the one path of such launches, so that a
+    compile-ahead shim sees every one."""
+    kernel[grid](*args, **meta, enable_fp_fusion=False)
 
 
 def _tensor_device(values) -> torch.device:
@@ -179,9 +255,9 @@ def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Auto
     on the device of the call (its Triton-version defects and shared memory limit), after
     ``select(configs, meta)``, the kernel's own choice for the call's constexprs; and
     guarded, so that a configuration whose compilation raises is dropped, not fatal.
-    ``name`` is the kernel's name in _configs' rules. With POSENC_FAST_TRITON_AUTOTUNE=0
-    (``_env.autotune_enabled``) only the first allowed configuration is offered; where
-    tuned.json has the architecture and key, only the configuration recorded there."""
+    ``name`` is the kernel's name in _configs' rules. Where tuned.json has the architecture
+    and key, only the configuration recorded there is offered; otherwise, with
+    POSENC_FAST_TRITON_AUTOTUNE=0 (``_env.autotune_enabled``), only the first allowed one."""
     wrapper: _Autotuned
 
     def early_prune(candidates, named_args, **kwargs):
@@ -195,14 +271,14 @@ def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Auto
                 f"posenc_fast: no {name} configuration can be compiled for sm_{arch} with "
                 f"Triton {triton.__version__}: " + "; ".join(why)
             )
-        if not _env.autotune_enabled():
-            return kept[:1]
         tkey = tuning_key(key, meta)
-        if not _env.retune_all():
+        if not _env.retune_all():  # a choice measured on this architecture comes first
             chosen = tuned_table().get(f"sm_{arch}", {}).get(name, {}).get(tkey)
             match = [c for c in kept if _configs.describe(c) == chosen]
             if match:
                 return match
+        if not _env.autotune_enabled():
+            return kept[:1]
         if len(kept) > 1:
             wrapper.tuning = (arch, tkey)
         return kept

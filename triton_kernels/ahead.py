@@ -321,7 +321,9 @@ class Compiled:
 
 
 @contextlib.contextmanager
-def compiling_for(arch: int, sm_count: int, launchers: bool = True) -> Iterator[Compiled]:
+def compiling_for(
+    arch: int, sm_count: int, launchers: bool = True, name: str = "NVIDIA H200"
+) -> Iterator[Compiled]:
     """Within: Triton compiles every kernel the launchers run for sm_``arch`` into its
     cache and launches nothing; `meta` tensors stand for the target's (``_env``); every
     configuration an autotuner may offer there is compiled, none is timed (the first is
@@ -375,7 +377,7 @@ def compiling_for(arch: int, sm_count: int, launchers: bool = True) -> Iterator[
     driver.set_active(_target_driver(arch))
     jit_module.JITFunction.run = compile_only
     tuner_module.Autotuner._bench = no_timing
-    _env.set_compile_target({"arch": arch, "sm_count": sm_count})
+    _env.set_compile_target({"arch": arch, "sm_count": sm_count, "name": name})
     try:
         if launchers:
             _build_driver_utils(compiled)
@@ -565,7 +567,8 @@ def _compile_main(args) -> int:
     t0 = time.time()
     failures: list[str] = []
     calls = 0
-    with compiling_for(args.arch, args.sm_count, launchers=not args.no_launchers) as compiled:
+    target = {"launchers": not args.no_launchers, "name": args.device_name}
+    with compiling_for(args.arch, args.sm_count, **target) as compiled:
         # Autotuned calls first: an autotuner decides once per key, and a key first met
         # with one configuration offered would not compile the others later.
         for name, call in benchmark_calls(args.benchmarks or []):
@@ -586,6 +589,7 @@ def _compile_main(args) -> int:
         "identity": identity(args.arch),
         "cache_dir": os.path.abspath(os.environ["TRITON_CACHE_DIR"]),
         "sm_count": args.sm_count,
+        "device_name": args.device_name,
         "calls": calls,
         "records": len(records),
         "kernels": sorted(compiled.kernels.values(), key=lambda k: (k["module"], k["kernel"])),
@@ -619,6 +623,7 @@ def main(argv=None) -> int:
     c.add_argument("records", nargs="*", help="record files (POSENC_FAST_TRITON_RECORD)")
     c.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90)")
     c.add_argument("--sm-count", type=int, default=132, help="the target's SMs (H200: 132)")
+    c.add_argument("--device-name", default="NVIDIA H200", help="the target's name, as torch's")
     c.add_argument("--benchmarks", nargs="*", help="GPU benchmark scripts (their triton_calls)")
     c.add_argument("--manifest", help="write the manifest (identity, kernels) here")
     c.add_argument("--no-launchers", action="store_true", help="no C launchers")

@@ -46,7 +46,10 @@ from triton.compiler import ASTSource
 from . import _common, _configs
 from . import encodings as enc
 from . import lff_backward as bwd
+from . import lff_backward_split_k as split_k
 from . import lff_forward as fwd
+from . import lff_gemm as gemm
+from . import lff_gemm_kernels as gemm_k
 from . import rotary as rot
 from ._launch import pow2
 
@@ -167,13 +170,13 @@ def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int):
 
 
 def _split_k_cases(label: str, constexprs: dict, pointer: str, arch: int, quick: bool):
-    """The large-weights path of the backward (lff_backward._SPLIT_K_BYTES): its fused
+    """The large-weights path of the backward (lff_backward_split_k.py): its fused
     pass (no dw1 / dw2 partials, h and ga stored; block sizes chosen as _bwd_cases'; not
     with --quick: the same kernel as the fused backward) and the two weight-gradient
     kernels."""
     flags = dict(NEED_X=False, NEED_WR=False, NEED_W1=False, NEED_W2=False, STORE_H=True,
                  STORE_GA=True, H_SPLIT=True)  # fmt: skip
-    for blocks, options in [] if quick else bwd.first_pass_candidates(constexprs):
+    for blocks, options in [] if quick else split_k.first_pass_candidates(constexprs):
         full = dict(constexprs, **flags, **blocks)
         yield Case(
             f"{label} split-K first pass BR{blocks['BLOCK_R']} BH{blocks['BLOCK_H']}", "lff_bwd",
@@ -182,22 +185,55 @@ def _split_k_cases(label: str, constexprs: dict, pointer: str, arch: int, quick:
         )  # fmt: skip
         if _configs.refusal("lff_bwd", full, **options, arch=arch) is None:
             break
-    pb, po = bwd.phase_config(constexprs)
+    pb, po = split_k.phase_config(constexprs)
     yield Case(
         f"{label} split-K phase BR{pb['BLOCK_R']} BK{pb['BLOCK_K']} BH{pb['BLOCK_H']}",
-        "lff_bwd_phase", bwd._lff_bwd_phase_kernel, {"GAB": pointer},
+        "lff_bwd_phase", split_k._lff_bwd_phase_kernel, {"GAB": pointer},
         dict(M=constexprs["M"], COMPUTE=constexprs["COMPUTE"], PRECISION=constexprs["PRECISION"],
              INTERPRET=False, NEED_X=True, NEED_WR=True, BLOCK_M=constexprs["BLOCK_M"], **pb),
         dict(enable_fp_fusion=False, **po),
     )  # fmt: skip
     for features, what in ((False, "dw2"), (True, "dw1")):
-        wb, wo = bwd.wgrad_config(constexprs, features)
+        wb, wo = split_k.wgrad_config(constexprs, features)
         yield Case(
             f"{label} split-K {what} BR{wb['BLOCK_R']} BI{wb['BLOCK_I']} BJ{wb['BLOCK_J']}",
-            "lff_bwd_wgrad", bwd._lff_bwd_wgrad_kernel, {"A": pointer, "B": pointer},
+            "lff_bwd_wgrad", split_k._lff_bwd_wgrad_kernel, {"A": pointer, "B": pointer},
             dict(FEATURES=features, M=constexprs["M"], COMPUTE=constexprs["COMPUTE"],
                  PRECISION=constexprs["PRECISION"], INTERPRET=False, **wb),
             dict(enable_fp_fusion=False, **wo),
+        )  # fmt: skip
+
+
+def _gemm_cases(quick: bool):
+    """The gemm plan's Triton kernels (lff_gemm.py), labelled lff_gemm_*."""
+    for dtype in (tl.bfloat16,) if quick else (tl.bfloat16, tl.float32):
+        p, name = _PTR[dtype], "bf16" if dtype == tl.bfloat16 else "fp32"
+        fb, fo = gemm.config("features", F2=384, H=256)
+        for split in (False, True) if dtype == tl.bfloat16 and not quick else (False,):
+            yield Case(
+                f"lff_gemm_features {name}" + (" SPLIT" if split else ""), "lff_gemm_features",
+                gemm_k._features_kernel, {"OUT": p},
+                dict(M=2, SPLIT=split, INTERPRET=False, **fb),
+                dict(enable_fp_fusion=False, **fo),
+            )  # fmt: skip
+        ab, ao = gemm.config("act_fwd", H=256)
+        yield Case(
+            f"lff_gemm_act_fwd {name}", "lff_gemm_act", gemm_k._act_fwd_kernel, {"A": p},
+            dict(ACT="gelu", INTERPRET=False, **ab), dict(enable_fp_fusion=False, **ao),
+        )  # fmt: skip
+        bb, bo = gemm.config("act_bwd", H=256)
+        yield Case(
+            f"lff_gemm_act_bwd {name}", "lff_gemm_act", gemm_k._act_bwd_kernel,
+            {"A": p, "GH": p, "HOUT": p, "GA": p},
+            dict(ACT="gelu", STORE_H=True, NEED_B1=True, INTERPRET=False, **bb),
+            dict(enable_fp_fusion=False, **bo),
+        )  # fmt: skip
+        pb, po = gemm.config("phase", F2=384)
+        yield Case(
+            f"lff_gemm_phase {name}", "lff_gemm_phase", gemm_k._phase_grad_kernel,
+            {"GR": p, "RF": p},
+            dict(M=2, NEED_X=True, NEED_WR=True, BLOCK_M=2, INTERPRET=False, **pb),
+            dict(enable_fp_fusion=False, **po),
         )  # fmt: skip
 
 
@@ -214,7 +250,7 @@ def _cases(quick: bool, arch: int):
                 continue
             kind = f"{dtype}" + (f" {precision}" if precision == "tf32" else "")
             constexprs = dict(_LFF, M=M, COMPUTE=dtype, PRECISION=precision, BLOCK_H=block_h)
-            configs = fwd.configs_for(block_h)
+            configs = fwd.offered(constexprs)
             for key in configs[:1] if quick else configs:
                 blocks, opts = _fwd_config(key)
                 br, bk, bd, w, st = key
@@ -235,9 +271,12 @@ def _cases(quick: bool, arch: int):
         constexprs = dict(_LFF, COMPUTE=tl.float32, PRECISION="ieee", BLOCK_H=256,
                           BLOCK_M=2, **_ALL_NEEDS)  # fmt: skip
         yield from _split_k_cases("lff_bwd compute fp32", constexprs, "*fp32", arch, quick)
+    # The gemm plan's elementwise kernels (lff_gemm.py's GPU configurations), bf16 and
+    # float32, at the compute shape (their block sizes do not depend on F or Dg).
+    yield from _gemm_cases(quick)
     # relu with a bf16 MLP: the SPLIT path (features' rounding error as a second term),
     # canonical shape (H=32): the forward's first configuration, the backward's rule.
-    fwd_blocks, fwd_opts = _fwd_config(fwd.configs_for(32)[0])
+    fwd_blocks, fwd_opts = _fwd_config(fwd.offered(dict(_LFF, SPLIT=True, BLOCK_H=32))[0])
     yield Case(
         "lff_fwd canonical bf16 relu SPLIT", "lff_fwd", fwd._lff_fwd_kernel, {"OUT": "*bf16"},
         dict(_LFF, ACT="relu", SPLIT=True, BLOCK_H=32, **fwd_blocks),

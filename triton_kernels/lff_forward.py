@@ -184,30 +184,47 @@ def _lff_fwd_kernel(
             )
 
 
-# GPU autotuning set: (BLOCK_R, BLOCK_K, BLOCK_D, num_warps, num_stages) -> the largest
-# BLOCK_H it is meant for. Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU):
-# each entry fits in 255 registers without spilling for its hidden sizes, with M=2..4
-# and F=256..768, bf16; e.g. (128, 32, 128) spills 1.2 kB at H=32 and (64, 32, 64) 136 B
-# at H=256, so they are left out. _configs.py's rules remove those a Triton version
-# cannot compile for the GPU at hand (Triton 3.1 on sm_90: the 64-row, 8-warp entries);
-# the 32-row entries (mma.sync) keep every hidden size covered there. Timing on the H200
-# is pending.
+# GPU autotuning set: (BLOCK_R, BLOCK_K, BLOCK_D, num_warps, num_stages) -> the BLOCK_H
+# values it is offered for; the first allowed one is what runs without autotuning
+# (POSENC_FAST_TRITON_AUTOTUNE=0). Memory-bound hidden sizes (BLOCK_H <= 64, e.g. F=256,
+# H=32, Dg=768) take 128-row tiles, so that each program loads the weights (~64 kB there)
+# once per 128 rows, and 3 stages, so that the loads of the next w1 / w2 chunk overlap
+# the current chunk's products; K blocks of 64 where registers allow. Chosen by compiling
+# for sm_80 / sm_90 with Triton 3.9 and 3.6 (compile_report, no GPU); registers (spilled
+# bytes) at H=32, sm_90 3.6 / 3.9, sm_80 3.6 / 3.9:
+#   (128, 64, 64, 16, 3)  128 / 128, sm_80 128 (48 B) / 128 (56 B)
+#   (128, 32, 64, 8, 3)   181 / 179, sm_80 187 / 216
+#   (128, 64, 64, 8, 3)   255 (80 B) / 217, sm_80 255 / 255 (8 B)
+#   (128, 32, 64, 8, 2)   182 / 175 (the earlier first choice)
+# and the 64-row 3-stage entries 218 / 189 (H=128), 254 / 250 (H=256) on sm_90, no
+# spills. Left out: 256 rows (spill 120-570 B with 8 or 16 warps), 128 rows at H=128
+# (~190 B), 32-column K blocks of 64 rows at H=256 (128 B). _configs.py's rules remove
+# those a Triton version cannot compile for the GPU at hand (Triton 3.1 on sm_90: the
+# 64-row 8-warp and 128-row 16-warp entries, whose warpgroups split the columns); the
+# 32-row entries (mma.sync) keep every hidden size covered there. Timing on a GPU:
+# pending (the first H200 run timed the earlier set).
+_MEMORY_BOUND = (16, 32, 64)
 _CONFIGS = {
-    (128, 32, 64, 8, 2): 64,  # 175 registers at H=32
-    (128, 16, 64, 8, 3): 64,
-    (64, 32, 128, 8, 3): 64,  # 166
-    (64, 16, 64, 4, 2): 64,  # 176
-    (64, 32, 64, 8, 2): 128,  # 189 at H=128
-    (64, 16, 32, 8, 1): 256,  # 244 at H=256
-    (32, 32, 64, 4, 2): 128,  # 140 at H=32: small problems, more programs
-    (32, 16, 32, 8, 1): 256,  # 202 at H=256 (sm_80); where 64 rows with 8 warps are refused
+    (128, 64, 64, 16, 3): _MEMORY_BOUND,
+    (128, 32, 64, 8, 3): _MEMORY_BOUND,
+    (128, 64, 64, 8, 3): _MEMORY_BOUND,
+    (128, 32, 64, 8, 2): _MEMORY_BOUND,
+    (64, 32, 128, 8, 3): _MEMORY_BOUND,  # 166 registers (sm_90, 3.9)
+    (64, 32, 64, 8, 3): (128,),
+    (64, 32, 64, 8, 2): (128,),  # 189 at H=128
+    (32, 32, 64, 4, 2): (*_MEMORY_BOUND, 128),  # 140 at H=32: small problems, more programs
+    (64, 16, 32, 8, 3): (256,),
+    (64, 16, 32, 8, 1): (128, 256),  # 244 at H=256
+    # 202 at H=256 (sm_80); where 64 rows with 8 warps are refused, and float32 at H=128 on
+    # the 99 kB GPUs (sm_86 / 89 / 120)
+    (32, 16, 32, 8, 1): (128, 256),
 }
 
 
 def configs_for(block_h: int) -> list[tuple]:
-    """The _CONFIGS entries (BLOCK_R, BLOCK_K, BLOCK_D, num_warps, num_stages) meant for
-    this BLOCK_H, in _CONFIGS order."""
-    return [key for key, max_block_h in _CONFIGS.items() if max_block_h >= block_h]
+    """The _CONFIGS entries (BLOCK_R, BLOCK_K, BLOCK_D, num_warps, num_stages) offered
+    for this BLOCK_H, in _CONFIGS order."""
+    return [key for key, block_hs in _CONFIGS.items() if block_h in block_hs]
 
 
 def _config_key(c) -> tuple:
@@ -215,9 +232,25 @@ def _config_key(c) -> tuple:
     return (blocks["BLOCK_R"], blocks["BLOCK_K"], blocks["BLOCK_D"], c.num_warps, c.num_stages)
 
 
+def offered(meta) -> list[tuple]:
+    """The _CONFIGS entries offered for a call's constexprs ``meta`` (BLOCK_H, COMPUTE,
+    PRECISION, M, SPLIT): those meant for its BLOCK_H, without 64-frequency blocks where
+    the phases and products need more registers than they leave: IEEE float32 (FMA
+    matmuls: 160-544 B spilled), M > 2 coordinates (32-240 B at M = 4) and relu's SPLIT
+    second product (8-128 B); sm_80 / sm_90, Triton 3.6 and 3.9. The 32-frequency
+    entries spill none of these on sm_90."""
+    keys = configs_for(meta.get("BLOCK_H", 16))
+    heavy = (
+        (meta.get("COMPUTE") == tl.float32 and meta.get("PRECISION") == "ieee")
+        or meta.get("M", 2) > 2
+        or meta.get("SPLIT", False)
+    )
+    return [key for key in keys if not (heavy and key[1] >= 64)]
+
+
 def _meant(configs, meta):
-    """The configurations meant for this BLOCK_H (see _CONFIGS)."""
-    meant = set(configs_for(meta.get("BLOCK_H", 16)))
+    """The configurations offered for this call (``offered``)."""
+    meant = set(offered(meta))
     return [c for c in configs if _config_key(c) in meant]
 
 

@@ -72,6 +72,25 @@ inline bool contended() {
   return now_ns() < solo_until_ns().load(std::memory_order_relaxed) && !std::getenv("POSENC_FAST_CPU_ALWAYS_TEAM");
 }
 
+// For tests (module.cpp: judge_regions_contended): the next n team regions are judged
+// contended whatever their clocks say, so that the fallback's paths run on demand; n = 0
+// also ends the current one-thread period.
+inline std::atomic<int64_t>& forced_contended_regions() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+inline bool take_forced_contention() {
+  int64_t n = forced_contended_regions().load(std::memory_order_relaxed);
+  while (n > 0 && !forced_contended_regions().compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) {
+  }
+  return n > 0;
+}
+inline void judge_regions_contended(int64_t n) {
+  TORCH_CHECK_VALUE(n >= 0, "judge_regions_contended: the number of regions must be >= 0, got ", n);
+  forced_contended_regions().store(n);
+  if (n == 0) solo_until_ns().store(0);
+}
+
 // What a region measures: the longest time one thread spent waiting at its barriers, and
 // the earliest and latest arrival at its end.
 struct RegionClock {
@@ -151,7 +170,8 @@ void parallel_region(int threads, const F& body, bool watch_end = true) {
     const int64_t took = now_ns() - begin;
     const bool lockstep_late = waited > kLateNs && 2 * waited > took;
     const bool end_late = end_spread > kLateNs && 4 * end_spread > took;
-    if (lockstep_late || end_late) solo_until_ns().store(now_ns() + kSoloNs, std::memory_order_relaxed);
+    if (lockstep_late || end_late || take_forced_contention())
+      solo_until_ns().store(now_ns() + kSoloNs, std::memory_order_relaxed);
     return;
   }
 #endif

@@ -1,6 +1,7 @@
 // Launchers of the CUDA FLOATER integrator (floater_cuda.cu). Plain pointers and a stream:
 // no torch types, so nvcc compiles the kernels without torch's headers; the torch-facing
-// glue (checks, allocation, CUDAGuard, current stream) is floater_cuda_ops.cpp.
+// glue (checks, allocation, CUDAGuard, current stream, the weight-gradient GEMMs) is
+// floater_cuda_ops.cpp.
 #pragma once
 
 #if defined(POSENC_FAST_CUDA_EMULATION)
@@ -11,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace posenc_fast {
 namespace floater {
@@ -21,44 +24,86 @@ struct Problem {
   int method;      // Method
   int activation;  // Activation
   int dtype_size;  // 4 (float32) or 8 (float64)
-  bool backward;
+  bool backward;   // the adjoint kernel (else the forward kernel)
   bool needs[6];   // backward: p0, w1, b1, w2, b2, times
+  int64_t chunk_intervals = 0;  // backward: intervals per chunk (0: automatic; tests set it)
 };
 
 // How the work is laid out on the device (chosen by plan(), from the problem and the
 // device's properties only: never from timing).
 struct Plan {
-  int mode;        // 0: solo (one block per team), 1: cluster (sm_90), 2: cooperative grid
+  int mode;        // 0: solo (one block per team), 1: cluster (sm_90+), 2: cooperative grid
   int C;           // blocks per team (they split the dynamics' weights)
   int G;           // teams (each integrates Sg of the S states)
   int Sg;          // states per team
-  bool resident;   // weights held in shared memory (else read from L2 at every stage)
-  bool stage_x;    // exchanged vectors copied into shared memory (else read from L2)
-  int ld1, ld2;    // shared-memory row strides of the weight slices (odd: no bank conflicts)
+  int kr1, kr2;    // rows of a block's slice of w1 / w2 held in shared memory (the rest: L2)
+  bool stage_x;    // grid: exchanged vectors copied into shared memory (else read from L2)
   size_t smem_bytes;
-  size_t workspace_bytes;  // global scratch, zero-filled by the caller
-  char why[160];   // human-readable summary (for errors and debugging)
+  size_t workspace_bytes;  // global scratch of the kernel (grid exchange buffers)
+  double stage_ns;         // the planner's predicted time of one stage (an estimate)
+  char why[200];   // human-readable summary (for errors, benchmarks and debugging)
 };
 
 // Returns cudaSuccess and fills plan, or an error (e.g. sizes beyond what fits).
 cudaError_t plan(const Problem& pr, int device, Plan* plan);
 
-// A plan for a given layout (mode, blocks per team C, states per team Sg, weights resident
-// in shared memory or not), without asking the device whether it fits: for tests, the
-// CPU emulation (tools/cuda_emulation) and POSENC_FAST_CUDA_PLAN experiments on a GPU.
-cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, bool resident, Plan* plan,
+// A plan for a given layout (mode, blocks per team C, states per team Sg, the fraction of
+// each weight slice's rows held in shared memory, vectors staged in shared memory (grid)),
+// without asking the device whether it fits: for tests, the CPU emulation
+// (tools/cuda_emulation) and POSENC_FAST_CUDA_PLAN experiments on a GPU.
+cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, double resident, Plan* plan,
                       bool stage_x = true);
 
 struct Pointers {
   const void *p0, *w1, *b1, *w2, *b2, *times;
   void* out;                                        // forward: [S, L, d]
   const void *grad, *out_saved;                     // backward inputs [S, L, d]
-  void *dp0, *dw1, *db1, *dw2, *db2, *dtimes;       // backward outputs (null: not needed),
-                                                    // zero-filled by the caller
-  void* workspace;
+  void *dp0, *dw1, *db1, *dw2, *db2, *dtimes;       // backward outputs (null: not needed);
+                                                    // dw1..db2 zero-filled by the caller
+  void* workspace;                                  // forward_workspace_bytes /
+                                                    // backward_workspace_bytes, any content
 };
 
-cudaError_t launch(const Problem& pr, const Plan& plan, const Pointers& ptr, cudaStream_t stream);
+// The tape (the forward's stage values, the layout of the CPU tape: Y [intervals][substeps]
+// [stages][S][d], then Z [intervals][substeps][stages][S][H]).
+struct TapeRef {
+  void* data;          // null: none
+  int64_t intervals;   // the first `intervals` intervals are on it
+};
+int64_t tape_numel(int64_t S, int64_t d, int64_t H, int64_t intervals, int64_t substeps, int method);
+
+size_t forward_workspace_bytes(const Problem& pr, const Plan& plan);
+// The forward: out, and the stage values of tape.intervals intervals into tape.data.
+cudaError_t forward(const Problem& pr, const Plan& plan, const Pointers& ptr, TapeRef tape, cudaStream_t stream);
+
+// Where the backward's weight gradients are made: after the adjoint chain of a chunk of
+// intervals, one call per layer with its stage values X (layer 1: the stage inputs Y
+// [rows][d]; layer 2: the pre-activations Z [rows][H], through the activation) and the
+// gradients G at the layer's output (layer 1: dLoss/dz [rows][H]; layer 2: dLoss/dk
+// [rows][d]), rows = stages x S (stage-major), taus [stages] the stage times. The layer's
+// weight gradient gets dw[:K] += X^T G and its time row dw[K] += taus^T (G summed over the
+// S states of each stage), its bias db += G summed over rows: a few large GEMMs (cuBLAS,
+// deterministic) instead of per-stage accumulation. floater_cuda_ops.cpp implements it
+// with ATen on the current stream; the CPU emulation with loops.
+struct GradSink {
+  virtual ~GradSink() = default;
+  virtual cudaError_t layer(int layer, const void* X, const void* G, const void* taus, int64_t stages,
+                            int64_t K, int64_t N) = 0;
+};
+
+// The backward: the discrete adjoint, chunk by chunk of intervals from the last: intervals
+// beyond the tape are integrated again from their starting state (out_saved) onto a chunk
+// tape first; then the adjoint chain runs over the chunk (plan aplan) and the sink makes
+// the chunk's weight gradients. fplan: the forward's plan (the re-taping runs it, so the
+// stage values are bitwise the forward's). A gradient of the times ignores the tape (it
+// needs the stage slopes, which the forward does not keep) and re-tapes every chunk.
+size_t backward_workspace_bytes(const Problem& pr, const Plan& fplan, const Plan& aplan, TapeRef tape);
+cudaError_t backward(const Problem& pr, const Plan& fplan, const Plan& aplan, const Pointers& ptr, TapeRef tape,
+                     GradSink& sink, cudaStream_t stream);
+
+// Every layout the CUDA ops chose in this process, one line each (the problem, then
+// Plan::why): what the benchmarks record (floater_cuda_ops.cpp).
+std::vector<std::string> plan_log();
 
 int compiled_version();  // CUDART_VERSION the kernels were compiled with
 int runtime_version();   // the CUDA runtime's version, -1 if it cannot tell (floater_cuda_ops.cpp)

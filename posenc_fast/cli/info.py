@@ -22,12 +22,25 @@ def _extension_info() -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def _lff_plan_lines(env: dict) -> list[str]:
+    """Which plan the triton backend's LFF takes for the benchmark shapes, and why
+    (posenc_fast/ops/lff/plan.py)."""
+    try:
+        from ..ops.lff import plan
+
+        return plan.report_lines(env.get("gpu") if env.get("cuda_available") else None)
+    except Exception as exc:  # info must never crash
+        return [f"error: {type(exc).__name__}: {exc}"]
+
+
 def run(args) -> int:
     env = describe()
     status = _dispatch.available_backends(verbose=True)
     ext = _extension_info()
+    plans = _lff_plan_lines(env)
     if getattr(args, "json", False):
-        print(json.dumps({"environment": env, "backends": status, "extension": ext}, indent=2))
+        record = {"environment": env, "backends": status, "extension": ext, "lff_plans": plans}
+        print(json.dumps(record, indent=2))
         return 0
     print(f"posenc_fast {env['posenc_fast']}  (git {env['git_sha']})")
     print(
@@ -52,6 +65,10 @@ def run(args) -> int:
         state = "available" if not reasons else "unavailable: " + "; ".join(reasons)
         print(f"  {name:<10} {state}")
         print(f"  {'':<10} {_dispatch.BACKENDS[name].summary}")
+    where = env["gpu"] if env["cuda_available"] else "no GPU here: as on an H200"
+    print(f"\nLFF plans of the triton backend ({where}; fused pass or cuBLAS products):")
+    for line in plans:
+        print(f"  {line}")
     if ext:
         print("\nC++/CUDA extension (two modules, built and loaded independently):")
         for line in _extension_lines(ext):

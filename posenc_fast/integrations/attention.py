@@ -3,7 +3,9 @@
     biases = posenc_fast.integrations.attention.add_floater_biases(model)
 
 finds the attention layers of ``model`` in module order (timm's ``Attention`` and any
-layer with a fused ``qkv`` nn.Linear and ``num_heads``; torch's ``nn.MultiheadAttention``)
+layer with a fused ``qkv`` nn.Linear and ``num_heads``; torch's ``nn.MultiheadAttention``;
+the Hugging Face transformers self-attention classes of
+posenc_fast.integrations.transformers, with separate q / k / v projections)
 and adds to block n's query, key and value projections the biases ``bias[n, 0..2]`` of one
 shared :class:`~posenc_fast.FloaterAttentionBias`, registered as ``model.floater_bias``.
 Only the projections change, and their parameters keep their names, so a pretrained
@@ -389,10 +391,22 @@ def _merge_masks(attn_mask, key_padding_mask, B, heads, L, S, dtype) -> Optional
     return mask
 
 
-def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent, attribute name, module) of every layer to change, in module order."""
+def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, Optional[str], nn.Module]]:
+    """(parent, attribute name, module) of every layer to change, in module order; for a
+    transformers self-attention layer (separate q / k / v projections) the layer itself
+    with the projections' names: (layer, names, layer)."""
+    from . import transformers as hf  # never imports the transformers library
+
     found = []
+    inside = set()  # the projections of transformers layers already found
     for parent in model.modules():
+        if id(parent) in inside:
+            continue
+        names = hf.supported_attention(parent)
+        if names is not None:
+            found.append((parent, names, parent))
+            inside.update(id(parent._modules[n]) for n in names)
+            continue
         for name, child in parent.named_children():
             if isinstance(child, (FloaterQKV, FloaterMultiheadAttention)):
                 raise ValueError("the model already has FLOATER biases (add_floater_biases ran)")
@@ -405,6 +419,36 @@ def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]
             if fused_qkv or isinstance(child, nn.MultiheadAttention):
                 found.append((parent, name, child))
     return found
+
+
+def _width(parent: nn.Module, name, child: nn.Module) -> int:
+    if isinstance(child, nn.MultiheadAttention):
+        return child.embed_dim
+    if isinstance(name, tuple):  # transformers: separate projections
+        from . import transformers as hf
+
+        return hf.attention_width(parent, name)
+    return child.out_features // 3
+
+
+def _weight(parent: nn.Module, name, child: nn.Module) -> Tensor:
+    if isinstance(child, nn.MultiheadAttention):
+        return child.out_proj.weight
+    if isinstance(name, tuple):
+        return parent._modules[name[0]].weight
+    return child.weight
+
+
+def _no_layer_message() -> str:
+    from . import transformers as hf
+
+    return (
+        "model has no attention layer to change. Supported: timm's Attention (or any layer "
+        "with a fused qkv nn.Linear and num_heads), torch's nn.MultiheadAttention, and the "
+        "Hugging Face transformers self-attention classes "
+        + ", ".join(hf.SUPPORTED_ATTENTION)
+        + " (separate query/key/value projections)"
+    )
 
 
 def add_floater_biases(
@@ -426,7 +470,10 @@ def add_floater_biases(
 
     Inside torch's nn.TransformerEncoder(Layer), the nested-tensor and inference fast
     paths read the attention weights directly and would skip the biases: they are
-    switched off for the layers changed here.
+    switched off for the layers changed here. Hugging Face transformers models
+    (BERT, RoBERTa, XLM-R, DistilBERT, ViT, DeiT, ...): see
+    posenc_fast.integrations.transformers (positions from ``position_ids``, the options
+    recorded in ``model.config``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -437,26 +484,27 @@ def add_floater_biases(
         raise ValueError("refresh_every needs share_integration=True (one call per step)")
     layers = _attention_layers(model)
     if not layers:
-        raise ValueError(
-            "model has no attention layer to change (timm Attention with a fused qkv "
-            "nn.Linear, or nn.MultiheadAttention)"
-        )
-    dims = {
-        c.embed_dim if isinstance(c, nn.MultiheadAttention) else c.out_features // 3
-        for _, _, c in layers
-    }
+        raise ValueError(_no_layer_message())
+    dims = {_width(*layer) for layer in layers}
     if len(dims) != 1:
         raise ValueError(
             "FLOATER shares its dynamics across blocks: the attention layers must have one "
             f"width, got {sorted(dims)}"
         )
-    ref = layers[0][2].weight if hasattr(layers[0][2], "weight") else layers[0][2].out_proj.weight
+    ref = _weight(*layers[0])
     floater_kwargs.setdefault("device", ref.device)
     # The ODE state stays float32 in a half-precision model (its rounding would accumulate
     # over the solver steps); the biases are cast to the projections' dtype when added.
     floater_kwargs.setdefault("dtype", ref.dtype if ref.dtype == torch.float64 else torch.float32)
     source = FloaterAttentionBias(dims.pop(), len(layers), **floater_kwargs)
+    transformers_layers = False
     for n, (parent, name, child) in enumerate(layers):
+        if isinstance(name, tuple):
+            from . import transformers as hf
+
+            hf.install_floater(parent, name, source, n, share_integration)
+            transformers_layers = True
+            continue
         if isinstance(child, nn.MultiheadAttention):
             new = FloaterMultiheadAttention.from_module(child, source, n, share_integration)
         else:
@@ -466,6 +514,8 @@ def add_floater_biases(
         if isinstance(m, nn.TransformerEncoder):
             m.use_nested_tensor = False  # the nested-tensor path bypasses self_attn.forward
     model.floater_bias = source
+    if transformers_layers:
+        hf.record_floater(model, source)
     return source
 
 

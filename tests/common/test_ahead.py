@@ -208,7 +208,8 @@ def test_the_gpu_benchmarks_name_every_case_they_time():
     bench = os.path.join(ROOT, "benchmarks")
     lff = [n for n, _ in ahead.benchmark_calls([os.path.join(bench, "lff_gpu.py")])]
     mod = sys.modules["_posenc_bench_lff_gpu"]
-    assert lff == [f"lff_gpu:{n}" for n in (*mod.CASES, *mod.ENC_CASES)]
+    cases = [f"{n} {plan}" for n in mod.CASES for plan in ("fused", "gemm")]
+    assert lff == [f"lff_gpu:{n}" for n in (*cases, *mod.ENC_CASES)]
     rot = [n for n, _ in ahead.benchmark_calls([os.path.join(bench, "rotary.py")])]
     rmod = sys.modules["_posenc_bench_rotary"]
     assert len(rot) == len(rmod.CASES) * 2 * 2  # two dtypes, fwd and fwd+bwd

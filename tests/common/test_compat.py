@@ -165,6 +165,7 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 from posenc_fast.triton_kernels import _configs  # noqa: E402
 from posenc_fast.triton_kernels import lff_backward as bwd  # noqa: E402
+from posenc_fast.triton_kernels import lff_backward_split_k as split_k  # noqa: E402
 from posenc_fast.triton_kernels import lff_forward as fwd  # noqa: E402
 
 # Triton versions that torch 2.5 .. 2.13 pin, and the architectures users have
@@ -248,6 +249,7 @@ def test_every_hidden_size_keeps_a_configuration(triton_version, arch, monkeypat
     monkeypatch.setattr(_configs, "TRITON", triton_version)
     monkeypatch.setattr(_configs, "device_arch", lambda device: arch)
     monkeypatch.setattr(bwd, "INTERPRET", False)
+    monkeypatch.setattr(split_k, "INTERPRET", False)
     try:
         tuner = fwd._lff_fwd_tuned.tuner
     except RuntimeError as exc:  # Triton 3.3's Autotuner asks the GPU driver when made
@@ -271,12 +273,12 @@ def test_every_hidden_size_keeps_a_configuration(triton_version, arch, monkeypat
             assert _configs.refusal("lff_bwd", {**bmeta, **blocks}, **options, arch=arch) is None
             # the split-K path (large weights): each of its kernels has a configuration
             # (the _*_blocks functions raise where the rules refuse theirs)
-            blocks, options = bwd._first_pass_blocks(bmeta, 384, 1024, arch)
+            blocks, options = split_k._first_pass_blocks(bmeta, 384, 1024, arch)
             split = dict(bmeta, H_SPLIT=True, **blocks)
             assert _configs.refusal("lff_bwd", split, **options, arch=arch) is None
-            assert bwd._phase_blocks(bmeta, 384, block_h, 1 << 17, arch)[0]
+            assert split_k._phase_blocks(bmeta, 384, block_h, 1 << 17, arch)[0]
             for features in (False, True):
-                assert bwd._wgrad_blocks(bmeta, features, 384, 1024, 1 << 17, arch)[0]
+                assert split_k._wgrad_blocks(bmeta, features, 384, 1024, 1 << 17, arch)[0]
 
 
 def test_autotune_off_offers_one_configuration(monkeypatch):

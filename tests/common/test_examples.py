@@ -82,3 +82,23 @@ def test_floater_attention_caches_biases_at_inference(calls):
     assert r["losses"][-1] < 0.25 * r["losses"][0]
     assert min(r["accuracy"]) > 0.5, "previous-token task learnt (chance: 1/16)"
     assert len(set(r["accuracy"])) == 1
+
+
+def test_transformers_models():
+    """FLOATER is the RoBERTa's only position information and it learns the order task;
+    the saved and reloaded model gives the same logits; the LFF ViT runs on an unseen
+    grid; LightGlue on the fused rotary op finds the same matches."""
+    pytest.importorskip("transformers", reason="transformers is in the test extra")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: threads only add synchronisation
+    try:
+        module = _load("transformers_models")
+        r, logits, original, fast = module.main(steps=50)
+    finally:
+        torch.set_num_threads(threads)
+    assert r["losses"][-1] < 0.6 * r["losses"][0]
+    assert r["accuracy"] > 0.75, "order learnt from FLOATER's biases (chance: 0.5)"
+    torch.testing.assert_close(r["reloaded"], r["logits"])
+    assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+    assert torch.equal(original.matches, fast.matches)
+    torch.testing.assert_close(original.matching_scores, fast.matching_scores)

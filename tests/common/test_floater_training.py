@@ -374,5 +374,7 @@ def test_training_benchmark_smoke(tmp_path, capsys):
     assert bench.main(args) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["model"] == "bert" and row["integration_fwd_s"] > 0
+    assert set(row["reuse"]) == {"10", "400"}  # refresh_every 10 and the paper's 400
     assert bench.main(["--render", str(out)]) == 0
-    assert "| BERT-base-like | 2 | 1 |" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "| BERT-base-like | 2 | 1 |" in table and "k=400:" in table

@@ -97,8 +97,9 @@ def test_floater_gpu_guard_skips_and_records(tmp_path, monkeypatch):
     assert fg.main([*argv, "--max-seconds-per-impl", "1e-9"]) == 0
     report = json.loads(out.read_text())
     case = report["cases"][0]
-    baseline_rows = [r for r in case["rows"] if r["impl"] != report["subject"]]
-    assert len(baseline_rows) == 8 and all("ms" not in r for r in baseline_rows)
+    baseline_rows = [r for r in case["rows"] if r["impl"] in fg.BASELINES]
+    want = [m for m in fg.MEASUREMENTS if m[0] in report["config"]["impls"]]
+    assert len(baseline_rows) == len(want) and all("ms" not in r for r in baseline_rows)
     assert all("--max-seconds-per-impl" in r["skipped"] for r in baseline_rows), baseline_rows
     assert all("probe on 3 sample times" in r["estimate"]["from"] for r in baseline_rows)
     goals = case["goals"]
@@ -177,13 +178,17 @@ def test_summarize_merges_calls_and_judges_goals(tmp_path):
         ],
     }
     (b / "floater_gpu.json").write_text(json.dumps(floater))
-    canonical = {"case": "canonical", "N": 1}
+    canonical, compute = {"case": "canonical", "N": 1}, {"case": "compute", "N": 1}
     lff_rows = [
         dict(canonical, mode="fwd", impl="triton", ms=0.5, dtype="torch.bfloat16",
              pct_of_floor=90.0, speedup_vs_eager=12.0, speedup_vs_compile=1.5),
         dict(canonical, mode="fwd", impl="compile", ms=0.75),
         dict(canonical, mode="fwd+bwd", impl="triton", ms=1.0, peak_bytes=100),
         dict(canonical, mode="fwd+bwd", impl="eager", ms=3.0, peak_bytes=300),
+        dict(compute, mode="bwd", impl="auto", plan="gemm", ms=8.0, speedup_vs_compile=0.8,
+             peak_bytes=100),
+        dict(compute, mode="bwd", impl="fused", ms=12.0),
+        dict(compute, mode="bwd", impl="compile", ms=6.4, peak_bytes=400),
     ]  # fmt: skip
     (a / "lff_gpu.json").write_text(
         json.dumps({"benchmark": "benchmarks/lff_gpu.py", "results": lff_rows})
@@ -201,8 +206,11 @@ def test_summarize_merges_calls_and_judges_goals(tmp_path):
     assert s["compile_report"]["compiled_ok"] == 2 and len(s["compile_report"]["approx_trig"]) == 1
     assert s["environment"]["gpu"] == "NVIDIA H200"
     fwd = next(r for r in s["lff"]["rows"] if r["mode"] == "fwd")
-    assert fwd["goals"]["pct_of_floor"]["met"] and fwd["goals"]["vs_eager"]["met"]
-    assert fwd["goals"]["vs_compile"]["met"] is False  # 1.5x < 2x
+    assert fwd["goals"] == {"pct_of_floor": {"value": 90.0, "goal": ">= 85", "met": True}}
+    bwd = next(r for r in s["lff"]["rows"] if r["case"] == "compute")
+    assert bwd["plan"] == "gemm" and bwd["plans"] == {"fused": 12.0}
+    assert bwd["goals"]["vs_compile"]["met"] is False  # 0.8x < 1.2x
+    assert bwd["memory_vs_compile"] == 4.0 and bwd["goals"]["memory_vs_compile"]["met"]
     mem = next(r for r in s["lff"]["rows"] if r["mode"] == "fwd+bwd")
     assert mem["memory_vs_eager"] == 3.0 and mem["goals"]["memory_vs_eager"]["met"]
     md = out_md.read_text()
@@ -253,12 +261,12 @@ def test_gpu_validate_dry_run_every_stage(tmp_path):
     stages = _stages(tmp_path)
     assert [r["stage"] for r in stages] == [
         "build", "tests", "tests-large", "verify", "ceilings", "floater", "lff", "rotary",
-        "bench", "compile", "summary",
+        "bench", "compile", "sanitize", "summary",
     ]  # fmt: skip
     assert all(r["status"] == "ok" and r["dry_run"] for r in stages), stages
     for name in ("tests_junit.xml", "tests_large_junit.xml", "ceilings.json", "floater_gpu.json",
                  "lff_gpu.json", "rotary_gpu.json", "bench_cli.json", "compile_report.txt",
-                 "summary.json", "summary.md", "gpu_validate.log"):  # fmt: skip
+                 "sanitize.json", "summary.json", "summary.md", "gpu_validate.log"):  # fmt: skip
         assert (tmp_path / name).exists(), name
     assert "unpacked: _build_info.json" in log  # the build's pack / unpack path
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -270,6 +278,47 @@ def test_gpu_validate_dry_run_every_stage(tmp_path):
     assert summary["rotary"]["dry_run"] and {r["impl"] for r in rotary_rows} >= {"eager", "torch"}
     assert all(r["max_abs_err"] < 1e-5 for r in rotary_rows), rotary_rows
     assert "Rotary LFF" in (tmp_path / "summary.md").read_text()
+    assert summary["sanitize"]["dry_run"] and summary["sanitize"]["clean"], summary["sanitize"]
+    # gpu_sanitize.py's workloads ran on the CPU, each checked against the reference
+    report = json.loads((tmp_path / "sanitize.json").read_text())
+    assert [(r["tool"], r["workload"]) for r in report["runs"]] == [
+        ("memcheck", "kernels"), ("racecheck", "floater"), ("synccheck", "floater"),
+    ]  # fmt: skip
+    ran = report["runs"][0]["ran"]
+    for name in ("triton lff", "triton sinusoidal", "triton dft", "triton rotary", "floater"):
+        assert any(name in r for r in ran), (name, ran)
+    assert "compute-sanitizer (dry run" in (tmp_path / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------- gpu_sanitize.py
+
+MEMCHECK_CLEAN = "========= COMPUTE-SANITIZER\n   ran: x\n========= ERROR SUMMARY: 0 errors\n"
+MEMCHECK_BAD = """========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at lff_fwd_kernel+0x1b0 in lff_forward.py:120
+=========     by thread (37,0,0) in block (2,0,0)
+========= ERROR SUMMARY: 1 error
+"""
+RACECHECK_BAD = """========= Error: Race reported between Write access at block_gemm+0x90
+=========     and Read access at block_gemm+0x120 [16 hazards]
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+REFUSED = "========= Error: Device not supported\n========= ERROR SUMMARY: 0 errors\n"
+
+
+def test_gpu_sanitize_reads_compute_sanitizer_output():
+    gs = _module("gpu_sanitize")
+    clean = gs.parse_output(MEMCHECK_CLEAN)
+    assert clean["errors"] == 0 and gs.verdict(0, clean) == "clean"
+    bad = gs.parse_output(MEMCHECK_BAD)
+    assert bad["errors"] == 1 and gs.verdict(86, bad) == "errors"
+    assert any("Invalid __global__ read" in ln for ln in bad["report"])
+    race = gs.parse_output(RACECHECK_BAD + "========= ERROR SUMMARY: 1 error\n")
+    assert race["hazards"] == 1 and gs.verdict(86, race) == "errors"
+    refused = gs.parse_output(REFUSED)
+    assert refused["unsupported"] and gs.verdict(1, refused) == "unavailable"
+    # a workload that failed under the sanitizer (rc != 0) is not clean, whatever it printed
+    assert gs.verdict(1, gs.parse_output(MEMCHECK_CLEAN)) == "errors"
 
 
 # The files the proof brings back: a device call returns at most 8.
@@ -294,7 +343,7 @@ def test_gpu_validate_dry_run_proof(tmp_path):
     assert files == PROOF_FILES, files
     stages = [json.loads(ln) for ln in (work / "stages.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in stages] == [
-        "build", "verify", "tests", "ceilings", "lff", "floater", "rotary", "summary",
+        "build", "verify", "tests", "ceilings", "lff", "floater", "rotary", "sanitize", "summary",
     ]  # fmt: skip
     assert all(r["status"] == "ok" and r["dry_run"] for r in stages), stages
     limits = {r["stage"]: r["limit_s"] for r in stages}
@@ -306,7 +355,8 @@ def test_gpu_validate_dry_run_proof(tmp_path):
         assert count and int(count.group(1)) > 0, term
     summary = json.loads((out / "summary.json").read_text())
     # the stage records made it into the summary (all but the summary's own)
-    assert [r["stage"] for r in summary["stages"]][:7] == [r["stage"] for r in stages][:7]
+    assert [r["stage"] for r in summary["stages"]][:8] == [r["stage"] for r in stages][:8]
+    assert summary["sanitize"]["dry_run"], summary.get("sanitize")  # home from the scratch folder
     verify = summary["verify"]
     assert verify["complete"] and verify["passed"] > 0 and verify["failed"] == 0, verify
     assert {r["op"] for r in verify["rows"]} == {"floater"}

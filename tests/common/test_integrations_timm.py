@@ -16,15 +16,16 @@ from posenc_fast import _testing
 from posenc_fast.integrations import timm as pf_timm
 
 
-def test_importing_posenc_fast_does_not_import_timm():
+def test_importing_posenc_fast_does_not_import_timm_or_transformers():
     code = (
         "import sys, posenc_fast, posenc_fast.integrations.timm, "
-        "posenc_fast.integrations.attention, posenc_fast.convert; "
-        "print('timm' in sys.modules)"
+        "posenc_fast.integrations.attention, posenc_fast.integrations.transformers, "
+        "posenc_fast.convert; "
+        "print('timm' in sys.modules, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False False"
 
 
 @pytest.mark.skipif(os.environ.get("CI") != "true", reason="checks the CI environment only")

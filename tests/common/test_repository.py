@@ -50,8 +50,11 @@ def test_triton_kernels_are_not_a_top_level_package(tmp_path):
 
 
 def test_readme_python_examples_run():
-    """Every ```python block of the README runs, in order, in one namespace (the timm
-    blocks only where timm is installed, as in CI: then this test skips after the others)."""
+    """Every ```python block of the README runs, in order, in one namespace (the timm and
+    transformers blocks only where those are installed, as in CI: then this test skips
+    after the others)."""
+    import importlib.util
+
     import pytest
     from _timm import REASON, timm_available
 
@@ -59,10 +62,14 @@ def test_readme_python_examples_run():
     blocks = re.findall(r"```python\n(.*?)\n```", text, flags=re.S)
     assert len(blocks) >= 4
     has_timm = timm_available()  # imports timm (standing in for torchvision if needed)
+    has_transformers = importlib.util.find_spec("transformers") is not None
     skipped = []
     namespace: dict = {}
     for i, block in enumerate(blocks):
-        if not has_timm and "timm" in block:
+        missing = (not has_timm and "timm" in block) or (
+            not has_transformers and "transformers" in block
+        )
+        if missing:
             skipped.append(i)
             continue
         try:
@@ -70,7 +77,7 @@ def test_readme_python_examples_run():
         except Exception as exc:  # pragma: no cover - the message is the point
             raise AssertionError(f"README python block {i} failed: {exc!r}\n{block}") from exc
     if skipped:
-        pytest.skip(f"README python blocks {skipped} not run: {REASON}")
+        pytest.skip(f"README python blocks {skipped} not run: {REASON} (or transformers)")
 
 
 def test_public_functions_do_not_shadow_modules():

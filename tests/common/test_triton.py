@@ -177,7 +177,7 @@ def split_k(monkeypatch):
     """The backward's large-weights path (split-K, lff_backward._split_k) for every MLP
     case, with h / ga buffers of 128 rows (so 300 rows take 3 chunks); yields the list of
     the calls it received, to show that the path was taken."""
-    from posenc_fast.triton_kernels import lff_backward
+    from posenc_fast.triton_kernels import lff_backward, lff_backward_split_k
 
     calls = []
     real = lff_backward._split_k
@@ -188,7 +188,7 @@ def split_k(monkeypatch):
 
     monkeypatch.setattr(lff_backward, "_SPLIT_K_BYTES", 0)
     monkeypatch.setattr(lff_backward, "_split_k", spy)
-    monkeypatch.setattr(lff_backward, "_BUFFER_BYTES", 1)  # the smallest chunk: 128 rows
+    monkeypatch.setattr(lff_backward_split_k, "_BUFFER_BYTES", 1)  # the smallest: 128 rows
     return calls
 
 

@@ -61,6 +61,11 @@ def test_gpu_benchmark_script_dry_run(tmp_path):
     import json
 
     rows = json.loads(out.read_text())["results"]
-    triton_rows = [r for r in rows if r["impl"] == "triton"]
-    assert {r["mode"] for r in triton_rows} == {"fwd", "bwd"}
-    assert all(r["correctness"]["check"] == "ok" and "ms" in r for r in triton_rows), triton_rows
+    # auto (with the plan it chose) and both plans, each checked against float64 and timed
+    # (a plan that is auto's choice carries auto's figures)
+    for impl in ("auto", "fused", "gemm"):
+        got = [r for r in rows if r["impl"] == impl]
+        assert {r["mode"] for r in got} == {"fwd", "bwd"}, impl
+        assert all(r["correctness"]["check"] == "ok" and "ms" in r for r in got), got
+    auto = [r for r in rows if r["impl"] == "auto"]
+    assert all(r["plan"] in ("fused", "gemm") and r["plan_why"] for r in auto), auto

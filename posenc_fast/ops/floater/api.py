@@ -4,9 +4,9 @@ Path of a call: ``floater`` (checks) -> the dispatcher picks an implementation f
 registry (registry.py) -> the custom op ``posenc_fast::floater`` (op.py) -> the
 implementation's integrator (torch_impl.py, or the C++/CUDA extension: csrc/floater/) ->
 backward: ``posenc_fast::floater_backward``, the discrete adjoint, recomputing each
-interval from the states saved at the sample times (an eager training call on the cpp
-backend runs ``posenc_fast::floater_taped`` instead, whose backward reads most intervals
-from its tape: tape.py). The semantics are written out in
+interval from the states saved at the sample times (an eager training call on the cpp or
+cuda backend runs ``posenc_fast::floater_taped`` instead, whose backward reads most
+intervals from its tape: tape.py). The semantics are written out in
 reference.py; the module's result cache is cache.py.
 """
 
@@ -227,9 +227,9 @@ def floater(
     Returns:
         [S, L, d] in p0's dtype: out[:, j] = p(times[j]). Gradients (to p0, the weights and
         times) are exact for the discretised solution (backpropagation through the solver
-        steps), with memory O(S*L*d); on the cpp backend a training call also keeps the
-        solver's stage values (up to POSENC_FAST_FLOATER_TAPE_MB, default 1024 MiB; see
-        posenc_fast/ops/floater/tape.py), which makes its backward a third cheaper.
+        steps), with memory O(S*L*d); on the cpp and cuda backends a training call also
+        keeps the solver's stage values (up to POSENC_FAST_FLOATER_TAPE_MB, default 1024
+        MiB; see posenc_fast/ops/floater/tape.py), which makes its backward cheaper.
         Autocast does not apply: the dtype follows p0 under torch.autocast too, and the
         same holds for the modules.
     """

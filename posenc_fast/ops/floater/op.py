@@ -8,7 +8,7 @@
     posenc_fast::floater_taped(p0, w1, b1, w2, b2, times, substeps, method, activation,
                                backend, intervals) -> (out [S, L, d], tape)
         floater(...) keeping the stage values of the first ``intervals`` intervals for its
-        backward (tape.py): what an eager training call on the cpp backend runs
+        backward (tape.py): what an eager training call on the cpp or cuda backend runs
     posenc_fast::floater_cached(p0, w1, b1, w2, b2, times, substeps, method, activation,
                                 backend, cache_id, mode) -> out [S, L, d]
         floater(...) served from the cache of the Floater module with this id: what a

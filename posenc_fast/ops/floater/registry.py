@@ -5,16 +5,17 @@ Every implementation has
     backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape=None)
         -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
 (the reference only ``forward``: autograd differentiates it). ``options`` is a
-:class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` backend
-also has
+:class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` and
+``cuda`` backends also have
     forward_taped(p0, w1, b1, w2, b2, times, options, intervals) -> (out, tape)
 which keeps the stage values of the first ``intervals`` intervals for its backward
 (``tape=``; tape.py); the other backends are never given a tape.
 
 The extension's integrator is ``posenc_fast::floater_integrate`` /
-``floater_integrate_backward``: defined with their CPU kernels by posenc_fast._C ("cpp"
-needs only that module), with CUDA kernels registered by posenc_fast._C_cuda ("cuda"
-needs both).
+``floater_integrate_backward`` (and their taped forms): defined with their CPU kernels by
+posenc_fast._C ("cpp" needs only that module), with CUDA kernels registered by
+posenc_fast._C_cuda ("cuda" needs both). The ``torch`` backend's functions capture the
+loop in CUDA graphs on CUDA tensors (graphed.py) and run it plainly elsewhere.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from typing import Optional
 import torch
 
 from ..._dispatch import ANY, Implementation, OpSupport, extension_ops, register
-from . import reference, torch_impl
+from . import graphed, reference
 from .reference import ACTIVATIONS, METHODS, FloaterOptions
 
 _STATE_DTYPES = (torch.float32, torch.float64)
 _ANY_DEVICE = OpSupport(devices=ANY, dtypes=_STATE_DTYPES)
-# The CUDA kernels hold the dynamics in shared memory split across thread blocks (and
-# stream them from L2 beyond that); d and H up to this limit.
+# The CUDA kernels hold the dynamics in the shared memory of the blocks of a team (a
+# thread-block cluster or a cooperative grid) and stream the rows beyond it from L2; d and
+# H up to this limit.
 CUDA_MAX_DIM = 4096
 
 
@@ -40,7 +42,7 @@ def _scalars(options: FloaterOptions) -> tuple:
 
 def _extension(backend: str, taped: bool = False) -> dict:
     """forward / backward of the extension's integrator, run by ``backend``'s parts (and
-    the taped forward: the CPU kernels only)."""
+    the taped forward)."""
 
     def forward(p0, w1, b1, w2, b2, times, options: FloaterOptions):
         return extension_ops(backend).floater_integrate(
@@ -78,8 +80,8 @@ FLOATER = register(
     Implementation(
         "torch",
         _ANY_DEVICE,
-        forward=torch_impl.floater_forward,
-        backward=torch_impl.floater_backward,
+        forward=graphed.forward,
+        backward=graphed.backward,
     ),
     Implementation(
         "cpp",
@@ -94,6 +96,6 @@ FLOATER = register(
             max_sizes={"dim": CUDA_MAX_DIM, "hidden_dim": CUDA_MAX_DIM},
             options=_OPTIONS,
         ),
-        **_extension("cuda"),
+        **_extension("cuda", taped=True),
     ),
 )

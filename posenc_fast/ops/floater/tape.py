@@ -1,21 +1,24 @@
-"""The taped forward of the ``cpp`` backend: what it keeps, and how much.
+"""The taped forward of the ``cpp`` and ``cuda`` backends: what it keeps, and how much.
 
-A training forward (gradients needed for p0 or the dynamics) on the ``cpp`` backend keeps
-every stage's input Y_i [S, d] and pre-activation Z_i [S, H] of every sub-step of its
-first intervals, a "tape" of
+A training forward (gradients needed for p0 or the dynamics) on the ``cpp`` or ``cuda``
+backend keeps every stage's input Y_i [S, d] and pre-activation Z_i [S, H] of every
+sub-step of its first intervals, a "tape" of
 
     intervals x substeps x stages x S x (d + H) elements in the state dtype,
 
 and its backward (the discrete adjoint) reads them instead of integrating each of those
-intervals again: a third of its multiply-adds, bitwise the same gradients. The tape
-lives until the backward has run (it is saved for it like any activation).
+intervals again: on the CPU a third of its multiply-adds, bitwise the same gradients; on
+CUDA the backward then runs the adjoint chain alone over the taped intervals (half its
+products), and makes the weight gradients as a few large GEMMs over the tape
+(csrc/floater/floater_cuda.cu). The tape lives until the backward has run (it is saved
+for it like any activation); on CUDA it is device memory from torch's caching allocator.
 
 Its size: as many leading intervals as fit in ``POSENC_FAST_FLOATER_TAPE_MB`` mebibytes
 (default 1024; 0 turns the tape off). At the models' shapes of the FLOATER training
 benchmark: timm ViT-S/16 (S = 36, d = H = 384, L = 197, 5 RK4 steps) needs 416 MiB for
 every interval; the BERT-base-like encoder (d = H = 768, L = 512) 2160 MiB, so the
-default keeps 47% of its intervals. The memory comes from one spare block that the C++
-runtime keeps for the next tape (each training step makes one and frees it; fresh memory
+default keeps 47% of its intervals. On the CPU the memory comes from one spare block that
+the C++ runtime keeps for the next tape (each training step makes one and frees it; fresh memory
 that large pays a page fault per 4 KiB, csrc/cpu/spare.h): :func:`release_memory` frees it.
 
 Under torch.compile the decision is made while dynamo traces (api._compiled_tape): a

@@ -20,11 +20,10 @@ from ..._dispatch import (
     Implementation,
     OpSupport,
     extension_ops,
-    lazy,
     register,
     triton_devices,
 )
-from . import reference, torch_impl
+from . import plan, reference, torch_impl
 
 _ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 
@@ -50,9 +49,11 @@ LFF = register(
     Implementation(
         "torch", ANYWHERE, forward=torch_impl.lff_forward, backward=torch_impl.lff_backward
     ),
-    # Fused features -> w1 -> act -> w2 in one pass; one recomputing backward pass with
-    # deterministic weight-gradient sums. The [rows, H] tiles live in registers: the size
-    # limits; float64 goes to the torch backend.
+    # Two plans (plan.py chooses per shape): fused features -> w1 -> act -> w2 in one
+    # pass, one recomputing backward pass with deterministic weight-gradient sums; or the
+    # products on cuBLAS with Triton kernels for the rest ("gemm", compute-bound shapes).
+    # The fused kernels' [rows, H] tiles live in registers: the size limits; float64 goes
+    # to the torch backend.
     Implementation(
         "triton",
         OpSupport(
@@ -67,8 +68,8 @@ LFF = register(
             options={"activation": _ACTIVATIONS},
             input_dtypes={"x": HALF_AND_SINGLE},
         ),
-        forward=lazy("triton_kernels.lff_forward", "lff_fwd"),
-        backward=lazy("triton_kernels.lff_backward", "lff_bwd"),
+        forward=plan.forward,
+        backward=plan.backward,
     ),
     # float32 arithmetic throughout: float64 weights or positions go to the torch backend.
     Implementation(

@@ -1,0 +1,171 @@
+"""The ``torch`` backend on CUDA, captured in CUDA graphs.
+
+The pure-PyTorch integrator (torch_impl.py) runs a few ops per Runge-Kutta stage,
+thousands per call; on a GPU every op is a kernel launch (a few microseconds of host time
+and latency), more than its arithmetic at these sizes. A CUDA graph records the whole call
+once and replays it with one launch. This is the baseline users could write themselves
+with torch.cuda.graphs, and the fallback wherever the CUDA integrator cannot run (no CUDA
+part of the extension, its gate closed, sizes beyond it): "auto" picks it on CUDA then.
+
+How: per problem (device, dtype, sizes, options; for the backward also which gradients),
+one :class:`Graphed` entry holds static input buffers, the captured call and its outputs.
+A call copies its inputs into the buffers (device-to-device copies: no host sync),
+replays the graph and returns clones of the outputs (the next call overwrites them).
+The capture happens on the first call of a problem, after a warm-up on a side stream over
+the first two intervals (cuBLAS handles, the tableaux' device constants, the allocator),
+as torch.cuda.make_graphed_callables does without its full-size runs. Entries live in a
+small LRU cache (:data:`MAX_ENTRIES`); :func:`clear` frees them. Results are the eager
+loop's, bitwise (the same kernels in the same order).
+
+Where nothing is captured and the same code runs eagerly on the static buffers: CPU
+tensors (the tests check this path against float64 on CPU tensors, and on "meta"
+tensors that it never reads a value on the host, which a capture would forbid), a stream
+that is being captured already (torch.compile's mode="reduce-overhead", a user's graph),
+and ``POSENC_FAST_FLOATER_CUDA_GRAPHS=0``. The registry's ``torch`` functions use the
+plain loop off CUDA (:func:`forward` / :func:`backward` decide).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from . import torch_impl
+from .reference import FloaterOptions
+
+GRAPHS_ENV = "POSENC_FAST_FLOATER_CUDA_GRAPHS"
+MAX_ENTRIES = 8  # captured problems kept (a training run has one forward and one backward)
+WARMUP_INTERVALS = 2
+
+
+class Graphed:
+    """``fn(*inputs) -> list of tensors (or None)`` on static copies of the first inputs
+    it was given, captured in a CUDA graph when ``capture``, else run eagerly on them.
+    ``warmup(*inputs)`` gives the (smaller) inputs of the warm-up run before a capture."""
+
+    def __init__(self, fn: Callable, inputs, capture: bool, warmup: Optional[Callable] = None):
+        self.fn = fn
+        self.inputs = [t.detach().clone() for t in inputs]  # static buffers
+        self.graph = None
+        self.outputs = None
+        if capture:
+            self._capture(warmup)
+
+    def _capture(self, warmup: Optional[Callable]) -> None:
+        device = self.inputs[0].device
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side), torch.no_grad():
+            self.fn(*(warmup(*self.inputs) if warmup else self.inputs))
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            self.outputs = self.fn(*self.inputs)
+        self.graph = graph
+
+    def __call__(self, *inputs) -> list:
+        for buf, t in zip(self.inputs, inputs):
+            buf.copy_(t)
+        if self.graph is not None:
+            self.graph.replay()
+            outs = self.outputs
+        else:
+            with torch.no_grad():
+                outs = self.fn(*self.inputs)
+        return [None if o is None else o.clone() for o in outs]
+
+
+_ENTRIES: OrderedDict = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def clear() -> None:
+    """Drop every captured graph and its buffers."""
+    with _LOCK:
+        _ENTRIES.clear()
+
+
+def entries() -> int:
+    """Captured problems held now."""
+    return len(_ENTRIES)
+
+
+def capturable(t: Tensor) -> bool:
+    """Whether a call on ``t`` is captured: a CUDA tensor, graphs allowed
+    (POSENC_FAST_FLOATER_CUDA_GRAPHS), and no capture under way on the current stream."""
+    if t.device.type != "cuda":
+        return False
+    if os.environ.get(GRAPHS_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _entry(key, make: Callable[[], Graphed]) -> Graphed:
+    with _LOCK:
+        entry = _ENTRIES.get(key)
+        if entry is not None:
+            _ENTRIES.move_to_end(key)
+            return entry
+    entry = make()  # outside the lock: a capture takes a while
+    with _LOCK:
+        _ENTRIES[key] = entry
+        while len(_ENTRIES) > MAX_ENTRIES:
+            _ENTRIES.popitem(last=False)
+    return entry
+
+
+def _key(kind: str, p0: Tensor, w1: Tensor, times: Tensor, options: FloaterOptions, *extra):
+    return (kind, p0.device, p0.dtype, *p0.shape, w1.shape[1], times.shape[0], *options, *extra)
+
+
+def _head(t: Tensor, n: int, dim: int = 0) -> Tensor:
+    return t.narrow(dim, 0, min(n, t.shape[dim]))
+
+
+def forward(p0, w1, b1, w2, b2, times, options: FloaterOptions, capture=None) -> Tensor:
+    """torch_impl.floater_forward, captured where :func:`capturable` (``capture`` None),
+    else the plain loop; ``capture`` False: the static-buffer path run eagerly (tests),
+    True: captured."""
+    if capture is None:
+        if not capturable(p0):
+            return torch_impl.floater_forward(p0, w1, b1, w2, b2, times, options)
+        capture = True
+
+    def fn(p0, w1, b1, w2, b2, times):
+        return [torch_impl.floater_forward(p0, w1, b1, w2, b2, times, options)]
+
+    def warmup(p0, w1, b1, w2, b2, times):
+        return p0, w1, b1, w2, b2, _head(times, WARMUP_INTERVALS)
+
+    inputs = (p0, w1, b1, w2, b2, times)
+    key = _key("fwd", p0, w1, times, options, capture)
+    return _entry(key, lambda: Graphed(fn, inputs, capture, warmup))(*inputs)[0]
+
+
+def backward(
+    grad, out, p0, w1, b1, w2, b2, times, options: FloaterOptions, needs, tape=None, capture=None
+) -> list[Optional[Tensor]]:
+    """torch_impl.floater_backward, captured as :func:`forward` is (``tape``: the
+    registry's signature, never given to this backend)."""
+    needs = tuple(bool(n) for n in needs)
+    if capture is None:
+        if not capturable(p0) or not any(needs):
+            return torch_impl.floater_backward(grad, out, p0, w1, b1, w2, b2, times, options, needs)
+        capture = True
+
+    def fn(grad, out, p0, w1, b1, w2, b2, times):
+        return torch_impl.floater_backward(grad, out, p0, w1, b1, w2, b2, times, options, needs)
+
+    def warmup(grad, out, p0, w1, b1, w2, b2, times):
+        n = WARMUP_INTERVALS
+        return _head(grad, n, 1), _head(out, n, 1), p0, w1, b1, w2, b2, _head(times, n)
+
+    inputs = (grad, out, p0, w1, b1, w2, b2, times)
+    key = _key("bwd", p0, w1, times, options, needs, capture)
+    return _entry(key, lambda: Graphed(fn, inputs, capture, warmup))(*inputs)

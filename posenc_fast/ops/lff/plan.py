@@ -1,0 +1,599 @@
+"""Which plan runs a call of the Triton LFF backend, and why.
+
+Two plans compute the same function (both tested against the float64 reference):
+
+- ``fused``: one Triton kernel per pass (triton_kernels/lff_forward.py, lff_backward.py):
+  nothing between x and y touches memory. Memory-bound shapes (small hidden layers, e.g.
+  F=256, H=32, Dg=768) and small inputs (one launch) want it.
+- ``gemm``: the products on cuBLAS (torch.mm / addmm into per-call buffers, chunked over
+  rows) with Triton kernels for the features, the activation and the phase chain rule
+  (triton_kernels/lff_gemm.py). Compute-bound shapes (e.g. F=768, H=256, Dg=1024) want
+  it: the fused kernel re-reads every weight from L2 per row tile.
+
+``auto`` (the default) takes the plan a cost model predicts faster (``predict``: FLOPs,
+bytes, sincos counts against the ceilings the first GPU run measured), or, once measured,
+the plan that measured faster: with POSENC_FAST_LFF_PLAN_MEASURE=1 the first call of a
+shape bucket times both plans on the device and remembers the faster, per GPU name and
+torch / Triton version, in a JSON file (like cudnn.benchmark; off by default, and never
+while a CUDA graph is being captured). So ``auto`` never takes a plan that the model, or
+the measurement where there is one, shows slower.
+
+    POSENC_FAST_LFF_PLAN=auto|fused|gemm    the plan (default auto)
+    POSENC_FAST_LFF_PLAN_MEASURE=1          measure on a bucket's first call, remember it
+    POSENC_FAST_LFF_PLAN_CACHE=path         where (default: posenc_fast's cache folder,
+                                            lff_plans.json)
+    POSENC_FAST_LFF_PLAN_DEBUG=1            print each decision (once per bucket) to stderr
+
+``python -m posenc_fast info`` prints the ceilings in use and the decisions for the
+benchmark shapes; benchmarks/lff_predict.py prints the model's terms for them. The choice
+reads only shapes, dtypes and torch's settings: no tensor data, no synchronisation (the
+measured choice synchronises, once per bucket, opt-in).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+PLANS = ("fused", "gemm")
+ENV_PLAN = "POSENC_FAST_LFF_PLAN"
+ENV_MEASURE = "POSENC_FAST_LFF_PLAN_MEASURE"
+ENV_CACHE = "POSENC_FAST_LFF_PLAN_CACHE"
+ENV_DEBUG = "POSENC_FAST_LFF_PLAN_DEBUG"
+
+
+# ---------------------------------------------------------------- ceilings
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """Achievable rates of one GPU: a device-to-device copy (bytes read + written per
+    second), dense matmuls by kind, and where the figures come from."""
+
+    gpu: str
+    copy_GBps: float
+    mma16_TFLOPs: float  # bf16 / fp16 operands, float32 accumulation
+    tf32_TFLOPs: float
+    fp32_TFLOPs: float  # IEEE float32 (FMA units)
+    source: str
+
+    def matmul_TFLOPs(self, kind: str) -> float:
+        return {"mma16": self.mma16_TFLOPs, "tf32": self.tf32_TFLOPs}.get(kind, self.fp32_TFLOPs)
+
+    @property
+    def fp32_ops(self) -> float:
+        """FP32 instructions per second: an FMA is one instruction and two FLOPs, so half
+        the measured float32 matmul rate (the FMA pipe, as reached by cuBLAS)."""
+        return self.fp32_TFLOPs * 1e12 / 2
+
+
+# Measured by the first GPU run, benchmarks/results/gpu_2026-11-27/proof/ceilings.json
+# (copy 4275.4 GB/s, bf16 matmul 686.36 TFLOP/s, fp32 matmul 50.93 TFLOP/s). TF32 was not
+# measured: half the bf16 rate, the ratio of the dense datasheet figures on A100 / H100 /
+# H200 (assumed).
+H200 = Ceilings(
+    "NVIDIA H200",
+    4275.4,
+    686.36,
+    686.36 / 2,
+    50.93,
+    "measured: benchmarks/results/gpu_2026-11-27/proof/ceilings.json (TF32: half of bf16, assumed)",
+)
+RECORDED = {H200.gpu: H200}
+
+
+def ceilings_for(gpu: str) -> Ceilings:
+    """The recorded ceilings of ``gpu``; for another GPU the H200's, named as such: the
+    choice depends mostly on the ratio of matmul rate to bandwidth, ~150-160 FLOP/byte on
+    A100, H100 and H200 alike."""
+    if gpu in RECORDED:
+        return RECORDED[gpu]
+    c = H200
+    return Ceilings(
+        gpu,
+        c.copy_GBps,
+        c.mma16_TFLOPs,
+        c.tf32_TFLOPs,
+        c.fp32_TFLOPs,
+        f"not recorded for {gpu}: the H200's ({c.source})",
+    )
+
+
+# ---------------------------------------------------------------- the cost model
+
+# Fused kernels: weight bytes re-read from L2 by every row tile, at the rate the first GPU
+# run implies: its fused forward (64-row tiles, one pipeline stage: each iteration loads,
+# then multiplies) re-read 16384 x 917 kB = 15.0 GB of bf16 weights (F=768, H=256,
+# Dg=1024) in 8.69 ms (benchmarks/results/gpu_2026-11-27/proof/lff_gpu.json, compute fwd,
+# triton): 1.73 TB/s. The float32 forward agrees if its tiles had 32 rows (59 GB in
+# 33.6 ms: 1.76 TB/s). A calibration, not a measurement of L2.
+L2_REREAD_GBps = 1726.0
+# Fused kernels' tensor-core (or FMA) work at this fraction of the matmul ceiling
+# (assumed: no measurement isolates it).
+FUSED_MMA_FRACTION = 0.5
+# cuBLAS products at this fraction of the measured ceiling: the bf16 ceiling itself is a
+# large square cuBLAS product; torch.compile's forward (0.96 TFLOP in 5.25 ms with its
+# elementwise passes, lff_gpu.json) implies ~0.6 for these shapes; float32 (IEEE) is the
+# ceiling's own kind of product. Assumed, to be measured by the gemm plan's rows.
+GEMM_FRACTION = {"mma16": 0.6, "tf32": 0.6, "ieee": 0.95}
+# Elementwise kernels move their bytes at this fraction of the copy rate (assumed).
+STREAM_FRACTION = 0.85
+# Per kernel launch, on the device's timeline (gaps between dependent kernels; assumed).
+LAUNCH_US = 4.0
+
+
+def sincos_instructions(M: int) -> int:
+    """FP32 instructions per (row, frequency) of _common.cos_sin_tile: the phase as an
+    unevaluated sum (4 for the first coordinate, 12 for each further one: two-product and
+    two-sum), sincos_turns (~43: quarter-turn reduction, two degree-9/10 polynomials, the
+    quadrant selects), scaling and rounding (4). Counted from the source."""
+    return 4 + 12 * (M - 1) + 43 + 4
+
+
+@dataclass(frozen=True)
+class Work:
+    """One call of the Triton LFF backend, as the plans see it (shapes and kinds only)."""
+
+    mode: str  # "fwd" | "bwd"
+    rows: int  # R = positions x groups
+    M: int
+    F2: int  # frequencies (F = 2 * F2 features)
+    H: int  # hidden width (0: features only)
+    Dg: int  # output width per group
+    kind: str  # "mma16" | "tf32" | "ieee" (_launch.matmul_kind)
+    itemsize: int  # bytes per element of the compute dtype
+    split: bool = False  # relu with a half-precision MLP: features hi + lo
+    needs: tuple = (True,) * 6  # backward: (dx, dwr, dw1, db1, dw2, db2)
+
+    def bucket(self) -> str:
+        """The key of a measured choice: everything but the exact row count, which is
+        rounded up to a power of two."""
+        rows = 1 << max(0, (self.rows - 1).bit_length())
+        needs = "".join("1" if n else "0" for n in self.needs) if self.mode == "bwd" else "-"
+        return (
+            f"{self.mode} rows<={rows} M={self.M} F2={self.F2} H={self.H} Dg={self.Dg} "
+            f"{self.kind}/{self.itemsize} split={int(self.split)} needs={needs}"
+        )
+
+
+@dataclass
+class Estimate:
+    """A plan's predicted time (ms) and the terms it is made of (ms each)."""
+
+    ms: float
+    terms: dict = field(default_factory=dict)
+
+    def binding(self) -> str:
+        return max(self.terms, key=self.terms.get) if self.terms else ""
+
+
+def _kernel_ms(
+    c: Ceilings, kind: str, *, hbm=0.0, l2=0.0, flops=0.0, mma_fraction=1.0, fp32_ops=0.0
+) -> float:
+    """One kernel: the largest of its memory, L2, matmul and FP32-instruction times."""
+    return 1e3 * max(
+        hbm / (c.copy_GBps * 1e9),
+        l2 / (L2_REREAD_GBps * 1e9),
+        flops / (mma_fraction * c.matmul_TFLOPs(kind) * 1e12),
+        fp32_ops / c.fp32_ops,
+    )
+
+
+# Row tiles of the fused kernels that the model assumes (the largest the GPU
+# configurations offer: lff_forward._CONFIGS, lff_backward.gpu_candidates).
+def _fused_rows(w: Work, backward: bool) -> int:
+    if w.kind != "mma16":
+        return 32 if w.H <= 64 or not backward else 16
+    if w.H <= 64:
+        return 128
+    return 64 if (w.H <= 128 or not backward) else 32
+
+
+def _predict_fused(w: Work, c: Ceilings) -> Estimate:
+    R, M, F2, H, Dg, e = w.rows, w.M, w.F2, w.H, w.Dg, w.itemsize
+    F, sc = 2 * F2, sincos_instructions(w.M)
+    width = Dg if H else F
+    if w.mode == "fwd":
+        t = _fused_rows(w, False)
+        weights = (F * H + H * Dg) * e
+        flops = 2 * R * (F * H * (2 if w.split else 1) + H * Dg)
+        ms = _kernel_ms(
+            c,
+            w.kind,
+            hbm=R * (4 * M + width * e),
+            l2=math.ceil(R / t) * weights,
+            flops=flops,
+            mma_fraction=FUSED_MMA_FRACTION,
+            fp32_ops=R * F2 * sc,
+        )
+        return Estimate(ms + LAUNCH_US * 1e-3, {"fused pass": ms, "launch": LAUNCH_US * 1e-3})
+    # backward: the fused kernel, or its split-K path for large weights
+    # (lff_backward._SPLIT_K_BYTES: partials of the needed weight gradients > 256 kB)
+    _, dwr, dw1, _, dw2, _ = w.needs
+    partials = 4 * ((F * H if dw1 else 0) + (H * Dg if dw2 else 0) + (F2 * M if dwr else 0))
+    flops = 2 * R * (F * H + 2 * H * Dg + 2 * F * H)
+    if H and (dw1 or dw2) and partials > 256 * 1024:
+        first = _kernel_ms(
+            c,
+            w.kind,
+            hbm=R * (4 * M + Dg * e + 2 * H * e),
+            l2=math.ceil(R / 64) * (F * H + H * Dg) * e,
+            flops=2 * R * (F * H + H * Dg),
+            mma_fraction=FUSED_MMA_FRACTION,
+            fp32_ops=R * F2 * sc * math.ceil(H / 128),
+        )
+        phase = _kernel_ms(
+            c,
+            w.kind,
+            hbm=R * (8 * M + H * e),
+            l2=math.ceil(R / 128) * F * H * e,
+            flops=2 * R * F * H,
+            mma_fraction=FUSED_MMA_FRACTION,
+            fp32_ops=R * F2 * sc,
+        )
+        wgrad2 = _kernel_ms(
+            c, w.kind, hbm=R * (Dg + H) * e, flops=2 * R * H * Dg, mma_fraction=FUSED_MMA_FRACTION
+        )
+        wgrad1 = _kernel_ms(
+            c,
+            w.kind,
+            hbm=R * (H * e + 4 * M),
+            flops=2 * R * F * H,
+            mma_fraction=FUSED_MMA_FRACTION,
+            fp32_ops=R * F2 * sc,
+        )
+        chunks = math.ceil(R / max(1, (128 * 2**20) // (2 * H * e)))
+        launch = LAUNCH_US * 1e-3 * (4 * chunks + 4)
+        terms = {
+            "first pass": first,
+            "phase": phase,
+            "dw2": wgrad2,
+            "dw1": wgrad1,
+            "launches": launch,
+        }
+        return Estimate(sum(terms.values()), terms)
+    t = _fused_rows(w, True)
+    # per row tile: w1 twice and w2 once, and the read-modify-write of the program's
+    # float32 partial sums (read and written: 8 bytes per element)
+    per_tile = (2 * F * H + H * Dg) * e + 8 * (partials // 4 + H + Dg)
+    ms = _kernel_ms(
+        c,
+        w.kind,
+        hbm=R * (8 * M + width * e),
+        l2=math.ceil(R / t) * per_tile,
+        flops=flops,
+        mma_fraction=FUSED_MMA_FRACTION,
+        fp32_ops=2 * R * F2 * sc,
+    )
+    launch = LAUNCH_US * 1e-3 * 4  # the pass and the partial sums
+    return Estimate(ms + launch, {"fused pass": ms, "launches": launch})
+
+
+def _gemm_chunks(w: Work) -> int:
+    from ...triton_kernels import _gemm_sizes  # (imports no triton)
+
+    return math.ceil(
+        w.rows / _gemm_sizes.chunk_rows(w.rows, w.F2, w.H, w.itemsize, w.mode == "bwd", w.split)
+    )
+
+
+def _predict_gemm(w: Work, c: Ceilings) -> Estimate:
+    R, M, F2, H, Dg, e, kind = w.rows, w.M, w.F2, w.H, w.Dg, w.itemsize, w.kind
+    F = 2 * F2
+    Fk = 2 * F if w.split else F  # the first product's K (hi and lo features)
+    frac = GEMM_FRACTION.get(kind, 0.6)
+
+    def stream(nbytes, ops=0.0):
+        return _kernel_ms(c, kind, hbm=nbytes / STREAM_FRACTION, fp32_ops=ops)
+
+    def gemm(m, n, kk, out_bytes):
+        return _kernel_ms(
+            c, kind, hbm=(m * kk + kk * n) * e + out_bytes, flops=2 * m * n * kk, mma_fraction=frac
+        )
+
+    terms = {
+        "features": stream(R * (4 * M + Fk * e), R * F2 * sincos_instructions(M)),
+        "a = r w1": gemm(R, H, Fk, R * H * e),
+    }
+    if w.mode == "fwd":
+        terms["act"] = stream(2 * R * H * e)
+        terms["y = h w2"] = gemm(R, Dg, H, R * Dg * e)
+        launches = 4
+    else:
+        dx, dwr, dw1, _, dw2, db2 = w.needs
+        phase = dx or dwr
+        terms["gh = dY w2^T"] = gemm(R, H, Dg, R * H * e)
+        terms["act'"] = stream(4 * R * H * e)
+        launches = 3
+        if dw2 or db2:
+            terms["[dw2; db2]"] = gemm(H + 8, Dg, R, 4 * (H + 8) * Dg)
+            launches += 1
+        if dw1:
+            terms["dw1"] = gemm(F, H, R, 4 * F * H)
+            launches += 1
+        if phase:
+            terms["gr = ga w1^T"] = gemm(R, F, H, R * F * e)
+            terms["phase"] = stream(R * (2 * F * e + 8 * M), R * F2 * (4 + 4 * M))
+            launches += 2
+    chunks = _gemm_chunks(w)
+    terms["launches"] = LAUNCH_US * 1e-3 * launches * chunks
+    return Estimate(sum(terms.values()), terms)
+
+
+def predict(w: Work, c: Ceilings) -> dict[str, Estimate]:
+    """The model's time of each plan that can run ``w`` (the gemm plan needs the MLP)."""
+    out = {"fused": _predict_fused(w, c)}
+    if w.H:
+        out["gemm"] = _predict_gemm(w, c)
+    return out
+
+
+# ---------------------------------------------------------------- the decision
+
+
+@dataclass
+class Decision:
+    plan: str
+    how: str  # "forced" | "measured" | "model" | "only"
+    why: str
+    estimates: dict
+    measured: Optional[dict] = None
+
+    def line(self, w: Work) -> str:
+        est = ", ".join(
+            f"{p} {e.ms:.3f} ms ({e.binding()})" for p, e in sorted(self.estimates.items())
+        )
+        meas = ""
+        if self.measured:
+            meas = "; measured " + ", ".join(f"{p} {ms:.3f} ms" for p, ms in self.measured.items())
+        return (
+            f"posenc_fast lff {w.mode}: plan {self.plan} ({self.how}: {self.why}) for "
+            f"{w.bucket()}; predicted {est}{meas}"
+        )
+
+
+def requested_plan() -> str:
+    """POSENC_FAST_LFF_PLAN, checked."""
+    plan = os.environ.get(ENV_PLAN, "auto").strip() or "auto"
+    if plan not in ("auto", *PLANS):
+        raise ValueError(f"{ENV_PLAN}={plan!r}: expected one of auto, {', '.join(PLANS)}")
+    return plan
+
+
+def gemm_refusal(w: Work) -> str:
+    """Why the gemm plan cannot run ``w`` ("" if it can)."""
+    if not w.H:
+        return "features only (no MLP): one kernel, nothing to multiply"
+    if torch.are_deterministic_algorithms_enabled() and os.environ.get(
+        "CUBLAS_WORKSPACE_CONFIG"
+    ) not in (":4096:8", ":16:8"):
+        return (
+            "torch.use_deterministic_algorithms is on and CUBLAS_WORKSPACE_CONFIG is not "
+            ":4096:8 or :16:8, which cuBLAS products need to be reproducible (torch raises)"
+        )
+    return ""
+
+
+_lock = threading.Lock()
+_memo: dict[tuple, Decision] = {}  # (device name, Work) -> the decision (this process)
+_printed: set = set()
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip() not in ("", "0")
+
+
+def cache_path() -> str:
+    named = os.environ.get(ENV_CACHE)
+    if named:
+        return os.path.expanduser(named)
+    from ..._extension import cache_root
+
+    return str(cache_root() / "lff_plans.json")
+
+
+def environment_key(gpu: str) -> str:
+    """Measured choices are valid for one GPU model and one torch / Triton pair."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # triton missing: the key still names torch
+        triton_version = "none"
+    return f"{gpu} | torch {torch.__version__} | triton {triton_version}"
+
+
+def load_measured(gpu: str) -> dict:
+    """The measured choices on disk for this GPU and these versions: bucket -> record."""
+    try:
+        with open(cache_path()) as f:
+            return json.load(f).get(environment_key(gpu), {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _store_measured(gpu: str, bucket: str, record: dict) -> None:
+    path = cache_path()
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault(environment_key(gpu), {})[bucket] = record
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def forget() -> None:
+    """Drop this process's remembered decisions (tests; after changing the settings)."""
+    with _lock:
+        _memo.clear()
+        _printed.clear()
+
+
+def decide(w: Work, gpu: str, measure: Optional[Callable[[list], dict]] = None) -> Decision:
+    """The plan for ``w`` on ``gpu``. ``measure(plans) -> {plan: ms}`` times candidates on
+    the device (None: measuring is not possible now, e.g. during graph capture)."""
+    requested = requested_plan()
+    refusal = gemm_refusal(w)
+    key = (gpu, w, requested, refusal, _flag(ENV_MEASURE))
+    with _lock:
+        if key in _memo:
+            return _memo[key]
+    estimates = predict(w, ceilings_for(gpu))
+    candidates = [p for p in PLANS if p in estimates and not (p == "gemm" and refusal)]
+    if requested != "auto" and w.H:
+        if requested == "gemm" and refusal:
+            raise RuntimeError(f"posenc_fast: {ENV_PLAN}=gemm cannot run: {refusal}")
+        decision = Decision(requested, "forced", f"{ENV_PLAN}={requested}", estimates)
+    elif len(candidates) == 1:
+        why = refusal or "the only plan"
+        decision = Decision(candidates[0], "only", why, estimates)
+    else:
+        decision = _measured_or_model(w, gpu, candidates, estimates, measure)
+    if not (decision.how == "model" and _flag(ENV_MEASURE) and measure is None):
+        with _lock:  # (a bucket to measure is decided again once measuring is possible)
+            _memo[key] = decision
+    if _flag(ENV_DEBUG) and key not in _printed:
+        _printed.add(key)
+        print(decision.line(w), file=sys.stderr)
+    return decision
+
+
+def _measured_or_model(w, gpu, candidates, estimates, measure) -> Decision:
+    bucket = w.bucket()
+    record = load_measured(gpu).get(bucket) if _flag(ENV_MEASURE) else None
+    if record is None and _flag(ENV_MEASURE) and measure is not None:
+        times = measure(candidates)
+        record = {"plan": min(times, key=times.get), "ms": times}
+        try:
+            _store_measured(gpu, bucket, record)
+        except OSError as exc:  # a read-only cache: decide anyway, say so
+            print(
+                f"posenc_fast: could not remember the LFF plan in {cache_path()}: {exc}",
+                file=sys.stderr,
+            )
+    if record is not None and record.get("plan") in candidates:
+        ms = record.get("ms", {})
+        why = "faster when measured on this GPU" + (f" ({cache_path()})" if ms else "")
+        return Decision(record["plan"], "measured", why, estimates, ms)
+    best = min(candidates, key=lambda p: estimates[p].ms)
+    other = [p for p in candidates if p != best]
+    why = f"predicted faster than {', '.join(other)} by the cost model"
+    return Decision(best, "model", why, estimates)
+
+
+# ---------------------------------------------------------------- the backend's entry points
+
+
+_KERNELS: list = []
+
+
+def _kernels():
+    """The kernel modules, imported on the first call (triton is optional and slow to
+    import) and kept: the per-call path pays no import machinery."""
+    if not _KERNELS:
+        from ...triton_kernels import _launch, lff_backward, lff_forward, lff_gemm
+
+        _KERNELS.append((_launch, lff_forward, lff_backward, lff_gemm))
+    return _KERNELS[0]
+
+
+def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None) -> Work:
+    launch, lff_forward, _, _ = _kernels()
+    M = x.shape[-1]
+    return Work(
+        mode,
+        x.numel() // M if M else 0,
+        M,
+        wr.shape[0],
+        w1.shape[1] if w1 is not None else 0,
+        w2.shape[1] if w2 is not None else 0,
+        launch.matmul_kind(compute),
+        compute.itemsize,
+        w1 is not None and lff_forward.split_features(activation, compute),
+        tuple(bool(n) for n in needs) if needs is not None else (True,) * 6,
+    )
+
+
+def _timer(device: torch.device, runners: dict, args: tuple):
+    """measure(plans) for ``device``: each plan run once to compile / autotune, then
+    timed (median of 3 runs); None when measuring is off or a CUDA graph is being
+    captured."""
+    launch = _kernels()[0]
+    if not _flag(ENV_MEASURE) or launch.capturing(device):
+        return None
+
+    def measure(plans: list) -> dict:
+        return {p: launch.time_ms(lambda f=runners[p]: f(*args), device) for p in plans}
+
+    return measure
+
+
+def forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype):
+    """The triton backend's forward: the chosen plan's."""
+    launch, lff_forward, _, lff_gemm = _kernels()
+    args = (x, wr, w1, b1, w2, b2, activation, out_dtype)
+    runners = {"fused": lff_forward.lff_fwd, "gemm": lff_gemm.gemm_fwd}
+    w = _work("fwd", x, wr, w1, w2, out_dtype, activation)
+    measure = _timer(x.device, runners, args)
+    return runners[decide(w, launch.device_name(x.device), measure).plan](*args)
+
+
+def backward(grad, x, wr, w1, b1, w2, b2, activation: str, needs):
+    """The triton backend's backward: the chosen plan's."""
+    launch, _, lff_backward, lff_gemm = _kernels()
+    args = (grad, x, wr, w1, b1, w2, b2, activation, needs)
+    runners = {"fused": lff_backward.lff_bwd, "gemm": lff_gemm.gemm_bwd}
+    # Decided for all six gradients whatever ``needs`` asks: a gradient computed alone is
+    # then bitwise the one computed with the others (the same plan, the same order).
+    w = _work("bwd", x, wr, w1, w2, grad.dtype, activation)
+    measure = _timer(x.device, runners, args)
+    return runners[decide(w, launch.device_name(x.device), measure).plan](*args)
+
+
+# ---------------------------------------------------------------- reporting
+
+# The benchmark shapes (benchmarks/lff_gpu.py): name -> (rows, M, F2, H, Dg)
+REFERENCE_SHAPES = {
+    "canonical": (2**20, 2, 128, 32, 768),
+    "compute": (2**20, 2, 384, 256, 1024),
+    "small": (4096, 2, 128, 32, 768),
+    "seq1d": (65536, 1, 128, 32, 768),
+}
+
+
+def report_lines(gpu: Optional[str] = None) -> list[str]:
+    """What `python -m posenc_fast info` says about the LFF plans."""
+    gpu = gpu or H200.gpu
+    c = ceilings_for(gpu)
+    env = ((ENV_PLAN, "auto"), (ENV_MEASURE, "0"), (ENV_DEBUG, "0"))
+    lines = [
+        "  ".join(f"{k}={os.environ.get(k, d)}" for k, d in env),
+        f"ceilings for {gpu}: copy {c.copy_GBps:.0f} GB/s, bf16 {c.mma16_TFLOPs:.0f}, "
+        f"tf32 {c.tf32_TFLOPs:.0f}, fp32 {c.fp32_TFLOPs:.1f} TFLOP/s ({c.source})",
+    ]
+    measured = load_measured(gpu)
+    lines.append(f"measured choices for this GPU and versions: {len(measured)} in {cache_path()}")
+    refusal = gemm_refusal(Work("fwd", 1, 1, 1, 1, 1, "mma16", 2))
+    if refusal:
+        lines.append(f"gemm plan unavailable: {refusal}")
+    for name, (R, M, F2, H, Dg) in REFERENCE_SHAPES.items():
+        for dtype, kind in (("bf16", "mma16"), ("fp32", "ieee")):
+            for mode in ("fwd", "bwd"):
+                w = Work(mode, R, M, F2, H, Dg, kind, 2 if dtype == "bf16" else 4)
+                est = predict(w, c)
+                best = min(est, key=lambda p: est[p].ms)
+                pred = ", ".join(f"{p} {e.ms:.3f} ms" for p, e in est.items())
+                lines.append(f"{name:<9} {dtype} {mode}: model picks {best:<5} ({pred})")
+    return lines
