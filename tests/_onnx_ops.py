@@ -2,16 +2,22 @@
 
 TensorRT cannot be installed on a machine without an NVIDIA GPU, so its ONNX parser is
 not run here: the graphs are checked against TensorRT's published operator support
-matrix instead, the ONNX-TensorRT parser's docs/operators.md for TensorRT 10.0 (release
-10.1, opset 9 to 20): every operator it marks supported, with the element types it
-lists. It notes that DOUBLE is only supported by casting it down to FLOAT, which is why a
-graph with float64 phases would lose their accuracy there. OpenVINO installs as a CPU
-wheel and runs the graphs itself (test_onnx.py).
+matrix instead. Source: the ONNX-TensorRT parser's docs/operators.md as of its "10.1 GA"
+release (github.com/onnx/onnx-tensorrt, commit 96e7811, 2024-06-17; read 2026-11-28),
+which documents TensorRT 10.0, opsets 9 to 20: every operator it marks supported, with
+the element types it lists (its "INF64" for ConstantOfShape read as INT64; the quantized
+DequantizeLinear left out). It notes that DOUBLE is supported only by casting it down to
+FLOAT, which is why a graph with float64 phases would lose their accuracy there. OpenVINO
+installs as a CPU wheel and runs the graphs itself (run_openvino).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import onnx
+import torch
 from onnx import TensorProto, shape_inference
 
 FLOATS = ("FP32", "FP16", "BF16")
@@ -87,8 +93,11 @@ def float64_tensors(proto: onnx.ModelProto) -> list[str]:
 
 
 def tensorrt_misfits(proto: onnx.ModelProto) -> list[str]:
-    """Nodes TensorRT 10 does not support: an operator outside its matrix, or an input (a
-    Cast's target too) of an element type the matrix does not list for that operator."""
+    """Nodes TensorRT 10 does not support: an operator outside its matrix, or a data input
+    (a Cast's target too) of an element type the matrix does not list for that operator.
+    The data input is the first (Where's: its second, after the condition); the others are
+    index and shape tensors (Resize's sizes, Slice's starts, Gather's indices) that the
+    matrix does not type, and any float64 among them is float64_tensors' to find."""
     types = element_types(proto)
     bad = []
     nodes = [(n, True) for n in proto.graph.node]
@@ -98,10 +107,28 @@ def tensorrt_misfits(proto: onnx.ModelProto) -> list[str]:
         if allowed is None:
             bad.append(f"{node.domain or 'ai.onnx'}::{node.op_type} is not supported")
             continue
-        used = [types[i] for i in node.input if typed and i in types]
+        data = node.input[1 if node.op_type == "Where" else 0] if node.input else ""
+        used = [types[data]] if typed and data in types else []
         used += [a.i for a in node.attribute if node.op_type == "Cast" and a.name == "to"]
         for t in used:
             name = _TYPE_NAMES.get(t, str(t))
             if name not in allowed:
                 bad.append(f"{node.op_type} {node.name} on {name} (supported: {allowed})")
     return bad
+
+
+def run_openvino(proto: onnx.ModelProto, *inputs: torch.Tensor) -> list[torch.Tensor] | None:
+    """The graph's outputs on ``inputs`` in OpenVINO's CPU plugin (float32 inference, not
+    its bf16 default on CPUs that have it); None when OpenVINO is not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    core = ov.Core()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save(proto, path)
+        model = core.read_model(path)
+        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    out = compiled([t.numpy() for t in inputs])
+    return [torch.from_numpy(out[o].copy()) for o in compiled.outputs]
