@@ -30,8 +30,8 @@ import torch
 
 pytest.importorskip("pytest_benchmark", reason="pytest-benchmark is in the test extra")
 
-from posenc_fast.cli import _cases, _floors, _timing  # noqa: E402
-from posenc_fast.cli.bench import (  # noqa: E402
+from posenc_fast.cli import _cases, _floors, _timing
+from posenc_fast.cli.bench import (
     COMPILE_MODES,
     DEFAULT_COMPILE_TIMEOUT,
     DEFAULT_OPS,
@@ -41,10 +41,10 @@ from posenc_fast.cli.bench import (  # noqa: E402
     _impls,
     _joined,
     _runner,
+    bench_cases,
     time_box,
 )
-from posenc_fast.cli.floater_suite import bench_cases as floater_cases  # noqa: E402
-from posenc_fast.tolerances import mismatch  # noqa: E402
+from posenc_fast.tolerances import mismatch
 
 QUICK = not os.environ.get("POSENC_FAST_BENCH_FULL")
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -53,15 +53,25 @@ KINDS = {"lff": "lff", "floater": "floater", "rotary": "rotary"}
 FLOOR_MIN_TIME = 0.05  # s per floor measurement (bandwidth, each GEMM shape)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def all_cases() -> tuple:
-    """(name prefix, BenchCase) for every case: the tiny one, then bench's per device."""
+    """(name prefix, BenchCase) for every case: the tiny one (bench's own sinusoidal case
+    factory at 64 positions), then bench's cases per device, rotary included."""
     out = [("tiny", _cases.encoding_case("sinusoidal", 64, 16, "cpu"))]
     for device in DEVICES:
-        cases = _cases.cases(QUICK, device, [*DEFAULT_OPS, "rotary"])
-        cases += floater_cases(QUICK, device)
-        out += [(device, case) for case in cases]
+        out += [(device, case) for case in bench_cases(QUICK, device, [*DEFAULT_OPS, "rotary"])]
     return tuple(out)
+
+
+def _names(case) -> list[str]:
+    """The implementations of bench's _impls (with "compile", bench's default), by name
+    only: torch.compile is not called (nor dynamo imported) while pytest collects."""
+    return ["eager", *case.baselines, "compile", *case.backends]
+
+
+def _impl(case, name: str):
+    """bench's implementation ``name`` of the case (torch.compile only when asked for)."""
+    return _impls(case, (name,) if name in COMPILE_MODES else ())[name]
 
 
 def _params():
@@ -69,7 +79,7 @@ def _params():
     for index, (prefix, case) in enumerate(all_cases()):
         label = case.label.replace(" ", "_")
         for mode in MODES:
-            for name in _impls(case, tuple(COMPILE_MODES)[:1]):
+            for name in _names(case):
                 params.append(
                     pytest.param(index, mode, name, id=f"{prefix}-{case.op}-{label}-{mode}-{name}")
                 )
@@ -103,7 +113,7 @@ def machines(request) -> dict:
 def test_bench(benchmark, machines, index, mode, name):
     prefix, case = all_cases()[index]
     device = _device(case)
-    impl = _impls(case, tuple(COMPILE_MODES)[:1])[name]
+    impl = _impl(case, name)
     run = _runner(case, impl, mode)
     try:  # warm-up: compilation and lazy initialisation stay out of the timings
         with time_box(DEFAULT_COMPILE_TIMEOUT if name in COMPILE_MODES else None):
