@@ -59,7 +59,7 @@ with the subject and the baselines the goals need (graphed loop fwd, torchdiffeq
 graphed loop bwd, adjoint bwd); pass 2 adds the others (torch backend, graphed and eager,
 torchdiffeq bwd, adjoint fwd) with the time left, so a tight budget drops those first.
 
-Goals per case (PERFORMANCE.md, issue 5; the backward's bound tightened to 1.5x since):
+Goals per case (docs/performance.md, issue 5; the backward's bound tightened to 1.5x since):
 forward >= 40x torchdiffeq, backward >= 50x the adjoint's backward, >= 6x the graphed loop
 (fwd and bwd), backward <= 1.5x forward. The
 JSON (--out; written after every case) holds the environment (GPU, driver, CUDA, torch,

@@ -524,7 +524,7 @@ stage_floater() {
     return
   fi
   local default=""
-  # the PERFORMANCE.md case: L=1024, S=12, d=H=512, rk38. Rows, in this order, within 60 s:
+  # the docs/performance.md case: L=1024, S=12, d=H=512, rk38. Rows, in this order, within 60 s:
   # the subject (its float64 check on 17 sample times; fwd: the cluster integrator; bwd:
   # the adjoint over the GPU tape; bwd without a tape), then the CUDA-graphed loop (fwd,
   # bwd) and torchdiffeq's forward, each skipped when its estimate does not fit. Not here:

@@ -26,7 +26,7 @@ Bytes and FLOPs (R = N * G rows; x not requiring grad, weights requiring grad; b
     backward bytes  R*M*4 (x) + N*D*2 (dY read)  FLOPs 2*R*(F*H + 2*H*Dg + 2*F*H)
              (recompute r w1; dY w2^T and h^T dY; r^T ga and ga w1^T), weights negligible
     sincos:  R*F/2 evaluations per feature pass (forward 1, backward 2)
-Predicted floors at 4.3 TB/s copy and ~790 TFLOP/s dense bf16 (PERFORMANCE.md; the run
+Predicted floors at 4.3 TB/s copy and ~790 TFLOP/s dense bf16 (docs/performance.md; the run
 measures both ceilings again and reports against its own):
     case         N      M G  F   H   D     fwd bytes  fwd floor       bwd floor
     canonical    2^20   2 1 256  32  768   1.62 GB    0.377 ms (mem)  0.377 ms (mem; 0.20 mma)
@@ -122,7 +122,7 @@ from posenc_fast.ops.lff import reference as lff_ref  # noqa: E402
 from posenc_fast.tolerances import mismatch  # noqa: E402
 
 DEVICE = "cpu" if ARGS.dry_run else "cuda"
-COPY_TBPS_DATASHEET, MMA_TFLOPS_DATASHEET = 4.3, 790.0  # PERFORMANCE.md, for predictions
+COPY_TBPS_DATASHEET, MMA_TFLOPS_DATASHEET = 4.3, 790.0  # docs/performance.md, for predictions
 FP32_TFLOPS_DATASHEET = 67.0  # H200 datasheet, plain fp32: only when not measured
 
 

@@ -1,5 +1,5 @@
 """Merge the outputs of benchmarks/gpu_validate.sh into one JSON summary and a short
-Markdown table, each figure against the goals of PERFORMANCE.md (the project's
+Markdown table, each figure against the goals of docs/performance.md (the project's
 performance brief, quoted in benchmarks/README.md).
 
     python benchmarks/summarize_gpu.py OUT_DIR [OUT_DIR ...] --json summary.json --md summary.md

@@ -15,7 +15,7 @@ import posenc_fast as pf
 def grid_coords(h, w, device=None):
     """Sine-2D positions of an h x w feature map: 2 x (row, col) cell index, so that the
     highest frequency (1 radian per unit) turns 2 radians between neighbouring cells
-    (README: "Choosing gamma and base")."""
+    (docs/ops/encodings.md, "Choosing base")."""
     return 2.0 * pf.grid_positions(h, w, normalize=False, device=device)  # [h*w, 2]
 
 

@@ -25,7 +25,7 @@ class TinyViT(nn.Module):
         self.patch = patch
         self.embed = nn.Conv2d(1, dim, kernel_size=patch, stride=patch)
         # positions are pixel coordinates of the patch centres: G = 1 group of M = 2;
-        # gamma = 2 patches of 4 pixels (README: "Choosing gamma and base")
+        # gamma = 2 patches of 4 pixels (docs/ops/lff.md, "Choosing gamma")
         self.pos = pf.LearnableFourierFeatures(
             pos_dim=2, fourier_dim=64, hidden_dim=32, out_dim=dim, gamma=8.0
         )

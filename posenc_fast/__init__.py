@@ -9,7 +9,8 @@
   :class:`SinusoidalNdPE` (Sine-2D added in one pass), :class:`DFTPE`.
 - Learnable Fourier features as rotary embeddings (LightGlue): :func:`lff_rotary`,
   :func:`apply_lff_rotary`, :class:`LearnableFourierRotary`.
-- Helpers: :func:`grid_positions`, :func:`available_backends`.
+- Helpers: :func:`grid_positions`, :func:`available_backends`, :func:`onnx_phases` (the
+  precision of the phases in ONNX exports: float32 by default).
 
 Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "reference"
 (literal float64 equations), "torch" (pure PyTorch), "triton", "cuda", "cpp".
@@ -19,6 +20,7 @@ Every op takes ``backend=``: "auto" (the fastest that supports the inputs), "ref
 from ._dispatch import BackendError, available_backends
 from ._version import __version__
 from .grid import grid_positions
+from .ops._export_phases import onnx_phases
 from .ops.encodings import (
     DFTPE,
     SinusoidalNdPE,
@@ -50,6 +52,7 @@ __all__ = [
     "grid_positions",
     "lff",
     "lff_rotary",
+    "onnx_phases",
     "sinusoidal",
     "sinusoidal_nd",
 ]

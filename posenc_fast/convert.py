@@ -83,7 +83,7 @@ def from_state_dict(
 
     Raises:
         ValueError: naming missing or unexpected keys, a shape that does not fit (and a
-        weight that looks transposed), or a missing max_pos.
+            weight that looks transposed), or a missing max_pos.
     """
     return LearnableFourierFeatures.from_state_dict(
         state_dict, source, gamma=gamma, groups=groups, max_pos=max_pos, prefix=prefix,

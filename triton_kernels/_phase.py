@@ -1,7 +1,7 @@
 """Accurate phases and their cosine / sine in float32, shared by every kernel.
 
 A phase ``x . w`` of 1e4 radians already carries ~5e-4 rad of rounding error in float32
-(ACCURACY.md), so phases are never formed as one rounded float32 number. Instead:
+(docs/precision.md), so phases are never formed as one rounded float32 number. Instead:
 
 1. Frequencies are kept in *turns* (w / 2pi) as an unevaluated sum ``hi + lo`` of two
    float32 numbers (``turns_hi_lo``: a two-product against 1/(2pi) split the same way).

@@ -1,6 +1,6 @@
 """Contention mode of ``bench``: a busy process pinned to one CPU while the timings run.
 
-Two cores are often shared (PERFORMANCE.md): a kernel that runs one parallel region per
+Two cores are often shared (docs/performance.md): a kernel that runs one parallel region per
 call degrades gracefully when another process holds a core, dozens of small parallel ATen
 ops each wait for it. :func:`busy_cpu` starts that other process itself, so the condition
 is reproducible, and always stops it:

@@ -1,4 +1,4 @@
-"""Floors measured in the same run as the timings (PERFORMANCE.md, "The CPU").
+"""Floors measured in the same run as the timings (docs/performance.md, "How to measure").
 
 A case states the least work one call must do (:class:`Work`): the bytes it must move
 (inputs read once, outputs written once) and the GEMMs it must run, as (rows, k, n) for a

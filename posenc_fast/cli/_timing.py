@@ -1,4 +1,4 @@
-"""Timing and peak-memory measurement for ``bench`` (PERFORMANCE.md "How to measure").
+"""Timing and peak-memory measurement for ``bench`` (docs/performance.md "How to measure").
 
 - CUDA: device-event timing through triton.testing.do_bench when available (median with
   20th/80th percentiles, L2 flushed between runs), else CUDA events; peak memory from

@@ -382,6 +382,15 @@ def _floater_cases(quick: bool, device: str, sizes=None) -> list:
     return bench_cases(quick, device, sizes)
 
 
+def bench_cases(quick: bool, device: str, ops, floater_sizes=None) -> list:
+    """Every case ``bench`` runs for ``ops`` on ``device``: the one list, which
+    benchmarks/test_bench.py (pytest-benchmark) runs too."""
+    cases = _cases.cases(quick, device, list(ops))
+    if "floater" in ops:
+        cases += _floater_cases(quick, device, floater_sizes)
+    return cases
+
+
 def floater_sizes_from(text: str | None) -> list[tuple[int, int]] | None:
     """``--floater-sizes 512x64,512x512`` -> [(512, 64), (512, 512)]: (L sample times,
     d = H) pairs replacing FLOATER's default cases; None without the option."""
@@ -438,9 +447,7 @@ def run(args) -> int:
     compile_modes = () if args.no_compile else ("compile",)
     if args.max_autotune and not args.no_compile:
         compile_modes += ("compile-max",)
-    cases = _cases.cases(args.quick, device, ops)
-    if "floater" in ops:
-        cases += _floater_cases(args.quick, device, floater_sizes)
+    cases = bench_cases(args.quick, device, ops, floater_sizes)
     env = describe()
     _progress(
         f"posenc_fast bench: {len(cases)} cases on {device}, modes {modes}, "

@@ -47,7 +47,7 @@ def _plain_step(y, t, dt, w1, b1, w2, b2):
 def plain_floater(p0, w1, b1, w2, b2, times, substeps: int = BENCH_SUBSTEPS):
     """The benchmark's eager baseline: the plain loop in the working dtype. Under
     torch.compile only ``_plain_step`` is compiled (recursive=False keeps this loop eager),
-    which is the compiled baseline PERFORMANCE.md asks for: a compiled step in a loop."""
+    which is the compiled baseline docs/performance.md asks for: a compiled step in a loop."""
     y = p0
     states = []
     t_prev = torch.zeros((), dtype=p0.dtype, device=p0.device)
@@ -177,7 +177,7 @@ def bench_cases(quick: bool, device: str, sizes=None) -> list[BenchCase]:
         # cores.
         sizes = [(64, 16)] if quick else [(64, 16), (64, 128), (512, 16), (512, 128)]
         if device == "cuda" and not quick:
-            sizes.append((1024, 512))  # PERFORMANCE.md's FLOATER case
+            sizes.append((1024, 512))  # docs/performance.md's FLOATER case
     return [floater_case(L, d, device) for L, d in sizes]
 
 

@@ -74,6 +74,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..ops._torch_common import onnx_export_running
 from ..ops.floater import FloaterAttentionBias, integrate
 
 
@@ -195,7 +196,8 @@ def block_bias(source: FloaterAttentionBias, n: int, length: int, share: bool = 
     the module docstring."""
     fl = source.floater
     # A frozen source (FloaterAttentionBias.freeze) serves stored biases: never integrate.
-    if fl.frozen:
+    # An ONNX export goes through the module too, which refuses to export an unfrozen one.
+    if fl.frozen or onnx_export_running():
         return source(length)[n]
     training_step = fl.training and torch.is_grad_enabled()
     if not training_step:

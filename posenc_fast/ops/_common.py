@@ -17,10 +17,10 @@ depends on the exporter's private registry API, a user passes nothing (no
 custom_translation_table), the same code serves both exporters, and dynamic batch /
 sequence sizes stay symbolic. torch.export, AOTInductor and torch.compile
 are unchanged: they still see the custom op (tests/common/test_compat.py). The
-compositions run the phase reduction in float64 like the torch backend (ACCURACY.md),
+compositions run the phase reduction in float64 like the torch backend (docs/precision.md),
 so the ONNX graph holds a few float64 ops (MatMul, Mul, Floor, Sub, Cast): onnxruntime
 runs them (tested); a runtime without float64 support (TensorRT) cannot run that part
-of the graph (README, "Deploying").
+of the graph (docs/deploying.md).
 """
 
 from __future__ import annotations

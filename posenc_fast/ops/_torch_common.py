@@ -43,6 +43,16 @@ def onnx_exporting() -> bool:
     return _onnx_flags[0]()
 
 
+@torch._dynamo.assume_constant_result
+def onnx_export_running() -> bool:
+    """Whether an ONNX exporter is running, also while dynamo traces: the dynamo exporter
+    falls back to a strict (dynamo) capture when the first one fails, and there
+    onnx_exporting() is False. Dynamo runs this function for real and keeps the answer."""
+    if not _onnx_flags:
+        _onnx_flags.append(_onnx_export_flags())
+    return _onnx_flags[0]()
+
+
 # Temporaries of one chunk stay below this many bytes (FLOATER's precomputed stages; rows
 # of LFF and the encodings: see row_chunk_bytes). Override with POSENC_FAST_CHUNK_BYTES
 # (tests use it).
@@ -92,13 +102,24 @@ def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ``turns`` is float64, so for float32 results the reduction is error-free for any
     |phase| up to ~1e12 (frac of a float64 is exact) and the only errors left are the
     final rounding of the angle to float32 (<= 2.4e-7 rad) and the float32 sine itself
-    (ACCURACY.md). torch.frac is one fast pass; torch.round on float64 is ~8x slower.
+    (docs/precision.md). torch.frac is one fast pass; torch.round on float64 is ~8x slower.
     """
     if onnx_exporting():
         # The TorchScript-based ONNX exporter has no aten::frac; x - floor(x), in [0, 1),
         # is just as exact in float64 and the same angle modulo 2 pi (ops/_common.py).
-        return (TWO_PI * (turns - torch.floor(turns))).to(dtype)
+        return (exact_scalar(TWO_PI, turns) * (turns - torch.floor(turns))).to(dtype)
     return (TWO_PI * torch.frac(turns)).to(dtype)
+
+
+def exact_scalar(value: float, like: torch.Tensor):
+    """``value`` for arithmetic with ``like``: the Python float itself, or while an ONNX
+    export traces a 0-dim tensor of like's dtype. The dynamo exporter (torch 2.13,
+    onnxscript 0.7) stores a Python float operand as a float32 constant cast to the
+    tensor's dtype: float64 phases were multiplied by 2 pi rounded to float32 (1.7e-7
+    off, 2.7e-3 rad at |phase| = 1e5, measured in onnxruntime)."""
+    if onnx_exporting():
+        return torch.tensor(value, dtype=like.dtype, device=like.device)
+    return value
 
 
 def reduced_angle_(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -110,7 +131,7 @@ def reduced_angle_(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # -- when float32 phases are accurate enough -----------------------------------------------
 #
-# The contract (ACCURACY.md, tolerances.PHASE_ATOL): every cos/sin feature within 1e-6 of
+# The contract (docs/precision.md, tolerances.PHASE_ATOL): every cos/sin feature within 1e-6 of
 # float64 math on the same float32 inputs. The float64 path above meets it for any phase.
 # A phase p_k = sum_m x_m wr_km evaluated in float32 (M products and M - 1 sums, in any
 # order, fused or not) differs from the exact phase by at most
@@ -160,7 +181,8 @@ def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     The product of two float32 numbers is exact in float64, so for M = 1 this is exact
     and for small M it carries only float64 rounding (~1e-16 relative).
     """
-    return rows.to(torch.float64) @ (freq.to(torch.float64) / TWO_PI).T
+    freq = freq.to(torch.float64)
+    return rows.to(torch.float64) @ (freq / exact_scalar(TWO_PI, freq)).T
 
 
 # Constant tensors (frequencies, Runge-Kutta tableaux, the DFT basis) per device. Small, but

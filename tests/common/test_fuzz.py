@@ -3,7 +3,7 @@ usable here, against the float64 reference, forward and backward.
 
 Drawn: shapes (batch dimensions of size 0 and 1 included), dtypes (and position dtypes:
 half precision, integers), groups, activations, with and without the MLP, scales of the
-parameters and of the positions (up to 1e4, phases capped at ACCURACY.md's 1e5).
+parameters and of the positions (up to 1e4, phases capped at docs/precision.md's 1e5).
 
 Budget and reproducibility: a fixed number of examples per test (``FUZZ_EXAMPLES``,
 ``POSENC_FAST_FUZZ_EXAMPLES=<n>`` to fuzz longer locally) drawn deterministically
@@ -80,7 +80,7 @@ def lff_problems(draw, dtypes):
 def _lff_inputs(case, dtype, x_kind, wr_scale, seed):
     x, wr, *mlp = _testing.lff_inputs(case, dtype, DEVICE, seed)
     wr = (wr.double() * wr_scale).to(dtype)
-    # Cap the largest phase at ACCURACY.md's range (scale x down, keep it finite).
+    # Cap the largest phase at docs/precision.md's range (scale x down, keep it finite).
     phase = (x.double() @ wr.double().T).abs().max().item() if x.numel() else 0.0
     if phase > MAX_PHASE:
         x = (x.double() * (MAX_PHASE / phase)).to(x.dtype)

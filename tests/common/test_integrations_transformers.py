@@ -21,6 +21,7 @@ import posenc_fast as pf
 from posenc_fast import _testing
 from posenc_fast.integrations import transformers as pf_hf
 from posenc_fast.integrations.attention import add_floater_biases, floater_param_groups
+from posenc_fast.tolerances import assert_close
 
 REASON = (
     "transformers is not installed (it is in the test extra: pip install -e '.[test]'; "
@@ -378,7 +379,9 @@ def test_fine_tune_freeze_and_export_to_onnx():
     batch and length, run in onnxruntime. (The TorchScript-based exporter: ~1 s here
     against 10-20 s for dynamo=True on this model, which exports the same graph ops.)"""
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
-    pytest.importorskip("onnx", reason="onnx is in the test extra")
+    onnx = pytest.importorskip("onnx", reason="onnx is in the test extra")
+    from _onnx_ops import float64_tensors
+
     model, biases = classifier(substeps=2)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     ids, labels = batch()
@@ -411,6 +414,8 @@ def test_fine_tune_freeze_and_export_to_onnx():
             dynamic_axes={"input_ids": axes, "attention_mask": axes},
             opset_version=17,
         )
+    float64 = float64_tensors(onnx.load_from_string(f.getvalue()))
+    assert float64 == [], float64[:10]  # float32 runtimes (TensorRT) run it
     session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
     for b, length in [(3, 5), (2, 16)]:
         x = torch.randint(3, 40, (b, length), generator=_testing.generator(b))
@@ -541,3 +546,71 @@ def test_lightglue_fast_rotary_equals_the_original():
         got, want = model(images), reference(images)
     torch.testing.assert_close(got.matching_scores, want.matching_scores, rtol=1e-4, atol=1e-5)
     assert torch.equal(got.matches, want.matches)
+
+
+def test_lff_vit_and_lightglue_encoder_export_float32_graphs():
+    """use_lff's ViT (dynamic image size: the dynamo exporter; the TorchScript-based one
+    traces the grid size as a tensor, which grid_positions refuses) and use_fast_rotary's
+    LightGlue encoder (any keypoint count; TorchScript-based exporter, ~1 s) export to
+    graphs without float64 tensors, which onnxruntime runs within the float32 tolerances
+    of eager."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+    onnx = pytest.importorskip("onnx", reason="onnx is in the test extra")
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    from _onnx_ops import float64_tensors
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):  # images [B, 3, H, W]
+            return self.m(pixel_values=x, interpolate_pos_encoding=True)[0]
+
+    class Table(torch.nn.Module):
+        def __init__(self, encoder):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, x):  # keypoints [B, N, 2]
+            return self.encoder(x)[0]
+
+    vit = build("vit").eval()
+    pf_hf.use_lff(vit, gamma=2.0, fourier_dim=16, hidden_dim=8)
+    glue = lightglue()
+    with torch.no_grad():
+        glue.positional_encoder.projector.weight.normal_(0.0, 2.0)
+    rows, cols = torch.export.Dim("rows", min=2, max=6), torch.export.Dim("cols", min=2, max=6)
+    cases = [
+        (Hidden(vit), {0: torch.export.Dim("batch"), 2: 4 * rows, 3: 4 * cols}, "dynamo"),
+        (Table(pf_hf.use_fast_rotary(glue)), {0: "batch", 1: "n"}, "torchscript"),
+    ]
+    sizes = {"Hidden": [(2, 3, 16, 16), (1, 3, 8, 20)], "Table": [(2, 32, 2), (3, 9, 2)]}
+    for model, axes, exporter in cases:
+        name = type(model).__name__
+        x = torch.rand(sizes[name][0], generator=_testing.generator(1)) * 2 - 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if exporter == "dynamo":
+                program = torch.onnx.export(
+                    model.eval(), (x,), dynamo=True, dynamic_shapes=(axes,), verbose=False
+                )
+                data = program.model_proto.SerializeToString()
+            else:
+                f = io.BytesIO()
+                torch.onnx.export(
+                    model.eval(), (x,), f, dynamo=False, input_names=["x"], dynamic_axes={"x": axes}
+                )
+                data = f.getvalue()
+        float64 = float64_tensors(onnx.load_from_string(data))
+        assert float64 == [], (name, float64[:10])
+        session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        feed = session.get_inputs()[0].name
+        for k, shape in enumerate(sizes[name]):
+            x = torch.rand(shape, generator=_testing.generator(10 + k)) * 2 - 1
+            got = [torch.from_numpy(o) for o in session.run(None, {feed: x.numpy()})]
+            with torch.no_grad():
+                want = model(x)
+            want = list(want) if isinstance(want, (tuple, list)) else [want]
+            for g, w in zip(got, want):
+                assert_close(g, w, torch.float32, "lff", what=f"{name} {list(shape)}")

@@ -50,34 +50,16 @@ def test_triton_kernels_are_not_a_top_level_package(tmp_path):
 
 
 def test_readme_python_examples_run():
-    """Every ```python block of the README runs, in order, in one namespace (the timm and
-    transformers blocks only where those are installed, as in CI: then this test skips
-    after the others)."""
-    import importlib.util
-
+    """Every ```python block of the README runs, in order, in one namespace (blocks that
+    need timm, transformers or another optional package only where it is installed, as in
+    CI: then this test skips after the others). The documentation pages' blocks:
+    tests/common/test_docs.py, the same way."""
     import pytest
-    from _timm import REASON, timm_available
+    from _markdown import run_blocks, skip_reason
 
-    text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)\n```", text, flags=re.S)
-    assert len(blocks) >= 4
-    has_timm = timm_available()  # imports timm (standing in for torchvision if needed)
-    has_transformers = importlib.util.find_spec("transformers") is not None
-    skipped = []
-    namespace: dict = {}
-    for i, block in enumerate(blocks):
-        missing = (not has_timm and "timm" in block) or (
-            not has_transformers and "transformers" in block
-        )
-        if missing:
-            skipped.append(i)
-            continue
-        try:
-            exec(compile(block, f"README.md python block {i}", "exec"), namespace)
-        except Exception as exc:  # pragma: no cover - the message is the point
-            raise AssertionError(f"README python block {i} failed: {exc!r}\n{block}") from exc
+    skipped = run_blocks(ROOT / "README.md", min_blocks=4)
     if skipped:
-        pytest.skip(f"README python blocks {skipped} not run: {REASON} (or transformers)")
+        pytest.skip(skip_reason(ROOT / "README.md", skipped))
 
 
 def test_public_functions_do_not_shadow_modules():

@@ -20,7 +20,7 @@ cover per backend, which are not repeated here:
 - NaN and inf positions stay in their own rows, forward and backward, for every op but
   FLOATER, which rejects non-finite times by design (a later state depends on every
   earlier time); test_lff.py checks lff's forward per group as well.
-- huge positions (1e5, ACCURACY.md), forward and backward (forward of lff, sinusoidal,
+- huge positions (1e5, docs/precision.md), forward and backward (forward of lff, sinusoidal,
   dft: their files).
 - requires_grad on positions only (sinusoidal, dft: test_encodings.py).
 - inputs never modified, forward and backward (values and version counters).
@@ -775,7 +775,7 @@ def test_nan_in_x_stays_in_its_row(op, backend):
 
 
 def _huge(spec, a):
-    """Positions scaled so the largest phase is about 1e5 (ACCURACY.md's range)."""
+    """Positions scaled so the largest phase is about 1e5 (docs/precision.md's range)."""
     p = a[spec.position]
     if spec.family == "lff":
         phase = (p.double() @ a["wr"].double().T).abs().max()

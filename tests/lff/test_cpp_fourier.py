@@ -145,7 +145,7 @@ def test_lff_and_gradients_agree_with_the_triton_kernels(triton_interpreter):
 @pytest.mark.parametrize("isa", ISAS)
 def test_phases_up_to_1e5_on_every_instruction_set(isa):
     """cos / sin features and tables within 1e-6 of float64 math on the same float32
-    inputs, |phase| up to 1e5 rad (ACCURACY.md), whichever code the CPU runs."""
+    inputs, |phase| up to 1e5 rad (docs/precision.md), whichever code the CPU runs."""
     if isa not in isas_here():
         pytest.skip(f"CPU lacks {isa}")
     g = _testing.generator(21)

@@ -97,11 +97,12 @@ def sinusoidal(
     """Sinusoidal encoding, interleaved: [...] -> [..., dim].
 
     out[..., 2i] = sin(p / base^(2i/dim)), out[..., 2i+1] = cos(p / base^(2i/dim)): the
-    frequencies run from 1 radian per unit of position down to 1/base (README, "Choosing
-    gamma and base"). ``block=n`` adds the same encoding of the block index n (FLOATER's
-    per-block Eq. 7). positions: floating or integer, any shape. The result has ``dtype``,
-    by default the positions' floating dtype (the default dtype for integer positions);
-    phases are always reduced in float32 or better, whatever ``dtype``.
+    frequencies run from 1 radian per unit of position down to 1/base
+    (docs/ops/encodings.md, "Choosing base"). ``block=n`` adds the same encoding of the
+    block index n (FLOATER's per-block Eq. 7). positions: floating or integer, any shape.
+    The result has ``dtype``, by default the positions' floating dtype (the default dtype
+    for integer positions); phases are always reduced in float32 or better, whatever
+    ``dtype``.
     """
     return _encode("sinusoidal", positions, dim, base, block, backend, dtype)
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
+from .. import _export_phases
 from .._torch_common import (
     TWO_PI,
     device_constant,
@@ -117,13 +119,46 @@ def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dty
     return out.reshape(*positions.shape, dim)
 
 
+def _host_turns(kind: str, dim: int, base: float) -> list[float]:
+    """_make_turns' values as Python floats, computed without torch: an exporter's trace
+    would record torch's ops on them, in float64, and round their Python-float operands
+    (1 / 2pi) to float32 (_torch_common.exact_scalar)."""
+    if kind == "sinusoidal":
+        return [base ** (-2.0 * i / dim) / TWO_PI for i in range(dim // 2)]
+    return [k / dim for k in range(1, dim // 2)]
+
+
+def _encoding_graph_float32(positions, dim: int, kind: str, base: float, block):
+    """encoding_graph's float32 form (ops/_export_phases.py): no float64 tensor; integer
+    positions and the block index enter as exact float32 pairs."""
+    device = positions.device
+    parts = _export_phases.position_parts(positions)
+    cos, sin = _export_phases.positions_cos_sin(parts, _host_turns(kind, dim, base), device)
+    if kind == "sinusoidal":
+        out = torch.stack([sin, cos], dim=-1).flatten(-2)
+    else:
+        amp, edge = math.sqrt(2.0 / dim), 1.0 / math.sqrt(dim)
+        half, _ = _export_phases.positions_cos_sin(parts, [0.5], device)  # cos(pi s)
+        out = torch.cat([torch.full_like(half, edge), amp * cos, amp * sin, edge * half], -1)
+    if block is not None:  # the block index as hi + lo, constants of the graph
+        hi = float(np.float32(block))
+        at = [torch.tensor(v, dtype=torch.float32, device=device) for v in (hi, block - hi)]
+        bc, bs = _export_phases.positions_cos_sin(at, _host_turns(kind, dim, base), device)
+        out = out + torch.stack([bs, bc], dim=-1).flatten(-2)
+    return out
+
+
 def encoding_graph(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
     """encoding_forward from differentiable, out-of-place ops on the whole input (no
     chunks, no out=, no cache): the graph an ONNX export traces (ops/_common.py). Same
-    math: float64 phases reduced before a float32 (or float64) trig."""
+    math: float32 phases with the kernels' error-free reduction for a float32 graph
+    (ops/_export_phases.py), else float64 phases reduced before the trig."""
     fdt = feature_dtype(out_dtype)
+    if fdt == torch.float32 and _export_phases.float32_graph(positions):
+        return _encoding_graph_float32(positions, dim, kind, base, block).to(out_dtype)
     p = positions.to(torch.float64).unsqueeze(-1)  # [..., 1]
-    turns = _make_turns(kind, dim, base).to(positions.device)  # a constant of the graph
+    # a constant of the graph (made from Python floats: see _host_turns)
+    turns = torch.tensor(_host_turns(kind, dim, base), dtype=torch.float64, device=p.device)
     ang = reduced_angle(p * turns, fdt)  # [..., K]
     if kind == "sinusoidal":
         out = torch.stack([torch.sin(ang), torch.cos(ang)], dim=-1).flatten(-2)
@@ -236,4 +271,10 @@ def lattice_inverse(encoding: torch.Tensor) -> torch.Tensor:
     """The inverse DFT over the lattice (Eq. 13): one matmul with the constant orthonormal
     basis, a plain (autograd-differentiable) matmul on every backend but the reference."""
     dim = encoding.shape[-1]
+    if _export_phases.float32_graph(encoding):
+        # the lattice's encodings [t, l] = phi_l(t), transposed, by the float32 graph (a
+        # cached basis would be made by float64 ops, which the exporter would record)
+        lattice = torch.arange(dim, device=encoding.device)
+        basis = _encoding_graph_float32(lattice, dim, "dft", 1.0, None).T
+        return encoding @ basis.to(encoding.dtype)
     return encoding @ _lattice_basis(dim, encoding.device, encoding.dtype)

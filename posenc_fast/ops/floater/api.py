@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ... import _checks, _dispatch
-from .._torch_common import onnx_exporting
+from .._torch_common import onnx_export_running, onnx_exporting
 from . import cache as _floater_cache
 from . import reference as _reference
 from . import tape as _tape
@@ -237,6 +237,25 @@ def floater(
     return integrate(p0, w1, b1, w2, b2, times, options, backend)[0].to(p0.dtype)
 
 
+# An ONNX export of an unfrozen module refuses at once. The alternatives were to unroll the
+# solver into the graph (what it did: every step of every interval traced op by op, more
+# than 16 minutes for a timm ViT-Tiny with FLOATER biases, and a graph whose size grows
+# with length x substeps) or to freeze automatically to the export's length in eval mode.
+# A demanding user expects neither surprise: freezing would change the model they passed
+# (a new buffer in its state_dict, and every later call served from it), and the length
+# it would bake in is the example input's, while the deployed model's longest input (its
+# dynamic axes' bound) is something only the user knows; and the exporter traces with
+# fake parameters, so the states could not even be computed inside the trace. The error
+# names the fix, a single call before exporting. The functional posenc_fast.floater is
+# the way to export the solver itself (its length is then static).
+_UNFROZEN_EXPORT = (
+    "an ONNX export of an unfrozen Floater would unroll its ODE solver into the graph "
+    "(minutes of tracing, a graph growing with length x substeps): call freeze(L) on it "
+    "first (e.g. model.floater_bias.freeze(197) for a ViT-B/16 at 224 px), with L the "
+    "longest length the exported model must serve"
+)
+
+
 class _StoredStates(torch.autograd.Function):
     """Returns states computed earlier (the cache) with the discrete-adjoint backward
     attached: a repeated call costs nothing, yet gradients still reach the parameters,
@@ -286,6 +305,11 @@ class Floater(nn.Module):
       refresh calls, so DistributedDataParallel needs find_unused_parameters=True).
       Default 1: every training call recomputes, and every parameter receives a gradient
       on every call (DDP's default settings work). Ignored under torch.compile.
+    - ONNX export: :meth:`freeze` first. Exporting an unfrozen module raises at once with
+      that fix rather than unrolling the solver into the graph (minutes of tracing) or
+      freezing on its own, which would change the model you passed and bake in the example
+      input's length instead of the longest one you deploy (see _UNFROZEN_EXPORT). The
+      functional :func:`floater` still exports its solver, unrolled, for a static length.
     - Half-precision parameters (``model.to(torch.bfloat16)``): the ODE is integrated in
       float32 and the result returned in their dtype; gradients reach them.
     - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 small
@@ -397,6 +421,8 @@ class Floater(nn.Module):
             raise ValueError("pass exactly one of length or times")
         if self.frozen:  # freeze(): the stored states, no integration
             return self._frozen_states(length, times)
+        if onnx_export_running():
+            raise RuntimeError(_UNFROZEN_EXPORT)
         if length is not None:
             t = self.length_times(_checks.size("length", length, minimum=0))
         else:

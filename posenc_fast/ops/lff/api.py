@@ -100,7 +100,7 @@ def lff(
         [..., D] with D = G * D/G: y[..., g*D/G + j] = y_g[..., j]; without the MLP the
         features [cos(x wr^T) || sin(x wr^T)] / sqrt(F) of every group, [..., G * F].
         The dtype is the weights' dtype (the autocast dtype under autocast); phases are
-        always computed in float32 or better and reduced accurately (ACCURACY.md).
+        always computed in float32 or better and reduced accurately (docs/precision.md).
     """
     x, mlp = _check_lff_args(x, wr, w1, b1, w2, b2, activation)
     out_dtype = _output_dtype(x, wr)
@@ -153,7 +153,7 @@ class LearnableFourierFeatures(nn.Module):
       gamma is the kernel width in units of the positions: features of positions gamma
       apart have cosine similarity exp(-1/2) = 0.61, of neighbours at distance delta
       exp(-delta^2 / (2 gamma^2)). Choose it on the scale of the positions you feed in
-      (README, "Choosing gamma"): gamma = 1 with integer grid indices makes neighbouring
+      (docs/ops/lff.md, "Choosing gamma"): gamma = 1 with integer grid indices makes neighbouring
       patches distinct; gamma = 1 with positions normalised to (0, 1) makes a 14 x 14
       grid's neighbours nearly identical (0.9975).
     - ``w1`` [F, H], ``b1`` [H], ``w2`` [H, D/G], ``b2`` [D/G]: one MLP serves every group.

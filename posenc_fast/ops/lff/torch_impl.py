@@ -27,12 +27,11 @@ from typing import Optional
 import torch
 
 from ... import _activations
+from .._export_phases import cos_sin_graph
 from .._torch_common import (
     TWO_PI,
     feature_dtype,
     float32_phases_suffice,
-    phase_turns,
-    reduced_angle,
     row_chunks,
 )
 
@@ -186,13 +185,14 @@ def lff_forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) 
 
 
 def lff_autograd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> torch.Tensor:
-    """Unchunked forward made of differentiable ops: only used to build the graph of a
-    double backward (create_graph=True). Same math as lff_forward, written plainly."""
+    """Unchunked forward made of differentiable ops: the graph of a double backward
+    (create_graph=True) and what an ONNX export traces (ops/_common.py; float32 phases
+    there: ops/_export_phases.py). Same math as lff_forward, written plainly."""
     G = x.shape[-2]
     rows = _rows_of(x)
     mlp_dtype = _mlp_dtype(out_dtype)
-    angle = reduced_angle(phase_turns(rows, wr), feature_dtype(mlp_dtype))
-    r = torch.cat([torch.cos(angle), torch.sin(angle)], dim=1) / math.sqrt(2 * wr.shape[0])
+    cos, sin = cos_sin_graph(rows, wr, feature_dtype(mlp_dtype))
+    r = torch.cat([cos, sin], dim=1) / math.sqrt(2 * wr.shape[0])
     if w1 is None:
         y = r
     else:

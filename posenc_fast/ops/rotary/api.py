@@ -64,7 +64,7 @@ def lff_rotary(x: Tensor, wr: Tensor, backend: str = "auto") -> Tensor:
         ``LearnableFourierPositionalEncoding`` returns, to rotate q and k of layout
         [B, heads, N, F] as ``q * t[0] + rotate_half(q) * t[1]``. The dtype is wr's (the
         autocast dtype under autocast for float32 wr); phases are always computed in
-        float32 or better and reduced accurately (ACCURACY.md).
+        float32 or better and reduced accurately (docs/precision.md).
         :func:`apply_lff_rotary` does the rotation in one pass without the table.
     """
     _checks.real_positions("x", x)

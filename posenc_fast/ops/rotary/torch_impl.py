@@ -19,11 +19,11 @@ from typing import Optional
 
 import torch
 
+from .._export_phases import cos_sin_graph
 from .._torch_common import (
     feature_dtype,
     onnx_exporting,
     phase_turns,
-    reduced_angle,
     reduced_angle_,
     row_chunks,
 )
@@ -107,11 +107,11 @@ def table_backward(grad, x, wr, need_x: bool, need_wr: bool):
 
 
 def table_autograd(x, wr, out_dtype):
-    """table_forward from differentiable ops (the graph of a double backward)."""
+    """table_forward from differentiable ops (the graph of a double backward, and what an
+    ONNX export traces: float32 phases there, ops/_export_phases.py)."""
     fdt = feature_dtype(out_dtype)
     rows = x.reshape(-1, x.shape[-1])
-    angle = reduced_angle(phase_turns(rows, wr), fdt)
-    table = torch.stack([torch.cos(angle), torch.sin(angle)])
+    table = torch.stack(cos_sin_graph(rows, wr, fdt))
     if onnx_exporting():  # each frequency on two channels (as _rotation_tables)
         table = torch.stack([table, table], dim=-1).flatten(-2)
     else:
@@ -243,12 +243,13 @@ def apply_backward(gq, gk, q, k, x, wr, layout: str, needs) -> list[Optional[tor
 
 
 def apply_autograd(q, k, x, wr, layout: str):
-    """apply_forward from differentiable ops (the graph of a double backward)."""
+    """apply_forward from differentiable ops (the graph of a double backward, and what an
+    ONNX export traces: float32 phases there, ops/_export_phases.py)."""
     fdt = feature_dtype(q.dtype)
     xb = batch_positions(x)
     rows = xb.reshape(-1, xb.shape[-1])
-    angle = reduced_angle(phase_turns(rows, wr), fdt).view(*xb.shape[:-1], wr.shape[0])
-    C, S = _rotation_tables(torch.cos(angle), torch.sin(angle))  # [Bx, 1, N, F]
+    cos, sin = (t.view(*xb.shape[:-1], wr.shape[0]) for t in cos_sin_graph(rows, wr, fdt))
+    C, S = _rotation_tables(cos, sin)  # [Bx, 1, N, F]
     F = 2 * wr.shape[0]
     outs = []
     for t in (q, k):

@@ -1,0 +1,82 @@
+"""The documentation site (docs/, mkdocs.yml): its examples run, it builds with
+`mkdocs build --strict` where mkdocs is installed (tools/check_docs.sh installs it), and
+neither it nor the README cites a file the repository does not hold."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from _markdown import ROOT, python_blocks, run_blocks, skip_reason
+
+DOCS = ROOT / "docs"
+PAGES = sorted(DOCS.rglob("*.md"))
+FOLDERS = ("benchmarks", "tools", "csrc", "docs")  # where a bare `NOTES.md` may live
+# installed names of folders the repository keeps elsewhere (pyproject.toml's package-dir)
+INSTALLED_AS = {"posenc_fast/csrc": "csrc", "posenc_fast/triton_kernels": "triton_kernels"}
+PAGES_WITH_CODE = [p for p in PAGES if python_blocks(p)]
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: str(p.relative_to(DOCS)))
+def test_docs_python_examples_run(page):
+    """Every ```python block of a page runs, in order, in one namespace per page; blocks
+    that need an optional package or a GPU only where it is there (then this skips after
+    the others). The README's blocks: test_repository.py."""
+    skipped = run_blocks(page)
+    if skipped:
+        pytest.skip(skip_reason(page, skipped))
+
+
+def test_every_page_is_in_the_navigation():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in PAGES:
+        assert f": {page.relative_to(DOCS)}" in nav, f"{page} is not in mkdocs.yml's nav"
+
+
+def _cited_paths(text: str) -> set[str]:
+    """Relative link targets and `code` spans that name a file or folder of the repository."""
+    links = {t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)}
+    links = {t for t in links if t and "://" not in t and not t.startswith("mailto:")}
+    tops = "|".join((*FOLDERS, "tests", "posenc_fast", "triton_kernels", "examples", r"\.ci"))
+    spans = set(re.findall(rf"`((?:{tops})/[\w./-]*)`", text))
+    files = set(re.findall(r"`([\w/.-]+\.md)`", text))  # `RESULTS.md`, `benchmarks/NOTES.md`
+    return links | {("./" + s) for s in spans | files}
+
+
+@pytest.mark.parametrize("doc", [ROOT / "README.md", *PAGES], ids=lambda p: p.name)
+def test_docs_cite_only_what_the_repository_holds(doc):
+    """Links and file names resolve in this checkout (links relative to the page, `code`
+    paths relative to the repository root), and no page cites an issue number."""
+    text = doc.read_text()
+    absent = []
+    for cited in sorted(_cited_paths(text)):
+        base = ROOT if cited.startswith("./") else doc.parent
+        path = cited[2:] if cited.startswith("./") else cited
+        for installed, source in INSTALLED_AS.items():  # where pyproject.toml installs them
+            if path.startswith(installed):
+                path = source + path[len(installed) :]
+        bare = "/" not in path and cited.startswith("./")  # `NOTES.md` after benchmarks/...
+        if bare and any((ROOT / folder / path).exists() for folder in FOLDERS):
+            continue
+        if not (base / path).exists():
+            absent.append(cited)
+    assert not absent, f"{doc.name} cites what the repository does not hold: {absent}"
+    assert not re.search(r"\bissues? #?\d+", text, flags=re.I), f"{doc.name} cites an issue number"
+
+
+def test_mkdocs_build_strict(tmp_path):
+    """The site builds without a warning (broken links and anchors, pages missing from the
+    navigation, docstrings the API reference cannot parse)."""
+    for module in ("mkdocs", "material", "mkdocstrings_handlers.python"):
+        pytest.importorskip(module, reason="no docs extra here (tools/check_docs.sh installs it)")
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert (tmp_path / "site" / "api" / "index.html").exists()
