@@ -29,6 +29,20 @@ from posenc_fast import _testing
 DEVICE = os.environ.get("POSENC_FAST_TEST_DEVICE", "cpu")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """How many processes `-n auto` (pyproject's addopts) starts: POSENC_FAST_TEST_WORKERS
+    if set; none on a CUDA test device (the GPU run sizes its own, and one process per GPU
+    test keeps the > 2^31-element tests from sharing its memory); else one per core, at
+    most 4 (each holds torch, the interpreter's kernels and compiled graphs: ~1-2 GB)."""
+    workers = os.environ.get("POSENC_FAST_TEST_WORKERS")
+    if workers:
+        return int(workers)
+    if DEVICE != "cpu":
+        return 0
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))  # fmt: skip
+
+
 @pytest.fixture
 def device():
     return DEVICE

@@ -12,14 +12,22 @@
 #      it must stop at once, with the one line naming setuptools>=77;
 #   3. `pip install .`, plain (an isolated build: nothing is compiled ahead);
 #   4. `import posenc_fast`;
-#   5. `python -m posenc_fast build --cuda no`: the first-use build of the C++ CPU part
-#      against that torch, into a cache of its own (POSENC_FAST_DEBUG=1 builds at -O0:
-#      quicker to compile; CI uses it, the optimised build is the version matrix's); then
-#      `python -m posenc_fast info` must show the cpp backend available;
+#   5. the first-use build as users meet it, in that venv: the test of the plain install
+#      (tests/common/test_extension_build.py::test_plain_pip_install_builds_on_first_use_
+#      then_reuses, run by the checkout's own pytest, $PYTEST_PYTHON): two processes start
+#      together, one builds the C++ CPU part against that torch (at -O0: quicker to compile;
+#      the optimised build is the version matrix's), the other waits; later ones reuse the
+#      cache; the CUDA part that cannot be built there (torch's CUDA 12 beside a CUDA 13
+#      toolkit) says why; a stale record is refused; no build means the torch fallback with
+#      one warning. The main suite skips that test: this is where it runs, on the build
+#      this check needs anyway. Then `python -m posenc_fast info` must show the cpp backend
+#      available from that cache, without building;
 #   6. `python -m posenc_fast verify`: every CPU backend (reference, torch, cpp) of every op
 #      against the float64 reference.
 # Environment: OLDEST_TORCH (2.5.1), OLDEST_DIR (the venv and cache; default a temporary
-# folder, removed at the end unless --download-only or OLDEST_KEEP=1), MAX_JOBS (2).
+# folder, removed at the end unless --download-only or OLDEST_KEEP=1), MAX_JOBS (2),
+# PYTEST_PYTHON (a Python with pytest and this checkout's test dependencies; default
+# .venv/bin/python, what tools/setup_venv.sh test makes).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TORCH_VERSION="${OLDEST_TORCH:-2.5.1}"
@@ -67,10 +75,17 @@ export POSENC_FAST_CACHE="$DIR/cache"
 say "installed and imported"
 
 # ------------------------------------------------------------------ 5. first-use build
+PYTEST_PYTHON="${PYTEST_PYTHON:-$ROOT/.venv/bin/python}"
+"$PYTEST_PYTHON" -c "import pytest" 2> /dev/null ||
+  die "$PYTEST_PYTHON has no pytest (tools/setup_venv.sh test makes one; or set PYTEST_PYTHON)"
 t0=$SECONDS
-"$py" -m posenc_fast build --cuda no > "$DIR/build.log" 2>&1 ||
-  { tail -30 "$DIR/build.log"; die "python -m posenc_fast build --cuda no"; }
-say "the C++ CPU part built in $((SECONDS - t0)) s$([[ "${POSENC_FAST_DEBUG:-0}" == 1 ]] && echo ' (-O0)')"
+(cd "$ROOT" && POSENC_FAST_PLAIN_VENV="$DIR/venv" POSENC_FAST_PLAIN_CACHE="$DIR/cache" \
+  "$PYTEST_PYTHON" -m pytest -q -n 0 -p no:cacheprovider -rfEs \
+  "tests/common/test_extension_build.py::test_plain_pip_install_builds_on_first_use_then_reuses") \
+  > "$DIR/build.log" 2>&1 || { tail -40 "$DIR/build.log"; die "the plain install's first-use build test"; }
+grep -q "1 passed" "$DIR/build.log" || { tail -20 "$DIR/build.log"; die "the first-use build test did not run"; }
+say "the first-use build test passed in $((SECONDS - t0)) s (the C++ CPU part built at -O0)"
+export POSENC_FAST_DEBUG=1 POSENC_FAST_NO_BUILD=1  # that build, from the cache: nothing rebuilt
 "$py" -m posenc_fast info > "$DIR/info.txt" 2>&1 || { cat "$DIR/info.txt"; die "python -m posenc_fast info"; }
 grep -q "cpp        available" "$DIR/info.txt" || { cat "$DIR/info.txt"; die "info: the cpp backend is not available"; }
 

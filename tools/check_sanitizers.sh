@@ -62,7 +62,7 @@ run_pytest() {
   local envs=()
   while [[ "$1" != -- ]]; do envs+=("$1"); shift; done
   shift
-  env POSENC_FAST_REQUIRE_EXTENSION=1 "${envs[@]}" "$PYTHON" -m pytest -q -p no:cacheprovider -rfE "$@"
+  env POSENC_FAST_REQUIRE_EXTENSION=1 "${envs[@]}" "$PYTHON" -m pytest -q -n 0 -p no:cacheprovider -rfE "$@"
 }
 
 # The plumbing must report what it is there to report: a planted heap overflow (ASan), a

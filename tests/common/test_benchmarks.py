@@ -4,6 +4,7 @@ subprocess, as a user runs it; and the suite's test command does not collect it.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -26,7 +27,10 @@ def test_tiny_benchmark_runs_with_floors_and_errors(tmp_path):
         "--benchmark-max-time=0.02", "--benchmark-min-rounds=3", "--benchmark-warmup=off",
         f"--benchmark-json={out}",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # as a user runs it: not inside this suite's worker (pytest-benchmark turns itself off
+    # in a process that PYTEST_XDIST_WORKER says is an xdist worker)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     groups: dict = {}

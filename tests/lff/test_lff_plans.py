@@ -446,8 +446,8 @@ def test_measured_choice_through_the_backend(monkeypatch, tmp_path):
 
     monkeypatch.setattr(_launch, "time_ms", time_ms)
     ran = []
-    real_gemm = lff_gemm.gemm_fwd
-    monkeypatch.setattr(lff_gemm, "gemm_fwd", lambda *a: ran.append("gemm") or real_gemm(*a))
+    real_gemm = lff_plan._FORWARD["gemm"]
+    monkeypatch.setitem(lff_plan._FORWARD, "gemm", lambda *a: ran.append("gemm") or real_gemm(*a))
     case = _testing.LffCase((40,), 1, 2, 16, 8, 12)
     inputs = _testing.lff_inputs(case, torch.float32, DEVICE, seed=9)
     for _ in range(2):

@@ -42,6 +42,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ..._dispatch import lazy
+
 PLANS = ("fused", "gemm")
 ENV_PLAN = "POSENC_FAST_LFF_PLAN"
 ENV_MEASURE = "POSENC_FAST_LFF_PLAN_MEASURE"
@@ -540,11 +542,25 @@ def _timer(device: torch.device, runners: dict, args: tuple):
     return measure
 
 
+# Each plan's launcher through the dispatcher's lazy loader: where
+# POSENC_FAST_TRITON_RECORD is set, every call is written down under the launcher's name,
+# so that the Triton kernels of the plan that ran are compiled ahead for the GPU run
+# (triton_kernels/ahead.py replays the recorded calls).
+_FORWARD = {
+    "fused": lazy("triton_kernels.lff_forward", "lff_fwd"),
+    "gemm": lazy("triton_kernels.lff_gemm", "gemm_fwd"),
+}
+_BACKWARD = {
+    "fused": lazy("triton_kernels.lff_backward", "lff_bwd"),
+    "gemm": lazy("triton_kernels.lff_gemm", "gemm_bwd"),
+}
+
+
 def forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype):
     """The triton backend's forward: the chosen plan's."""
-    launch, lff_forward, _, lff_gemm = _kernels()
+    launch = _kernels()[0]
     args = (x, wr, w1, b1, w2, b2, activation, out_dtype)
-    runners = {"fused": lff_forward.lff_fwd, "gemm": lff_gemm.gemm_fwd}
+    runners = _FORWARD
     w = _work("fwd", x, wr, w1, w2, out_dtype, activation)
     measure = _timer(x.device, runners, args)
     return runners[decide(w, launch.device_name(x.device), measure).plan](*args)
@@ -552,9 +568,9 @@ def forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype):
 
 def backward(grad, x, wr, w1, b1, w2, b2, activation: str, needs):
     """The triton backend's backward: the chosen plan's."""
-    launch, _, lff_backward, lff_gemm = _kernels()
+    launch = _kernels()[0]
     args = (grad, x, wr, w1, b1, w2, b2, activation, needs)
-    runners = {"fused": lff_backward.lff_bwd, "gemm": lff_gemm.gemm_bwd}
+    runners = _BACKWARD
     # Decided for all six gradients whatever ``needs`` asks: a gradient computed alone is
     # then bitwise the one computed with the others (the same plan, the same order).
     w = _work("bwd", x, wr, w1, w2, grad.dtype, activation)
