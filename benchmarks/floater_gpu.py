@@ -1,4 +1,4 @@
-"""Issue 5's GPU benchmark: the CUDA FLOATER integrator against torchdiffeq (odeint and
+"""The FLOATER GPU benchmark: the CUDA FLOATER integrator against torchdiffeq (odeint and
 odeint_adjoint), the package's torch backend and a CUDA-graphed PyTorch loop of the same
 steps.
 
@@ -59,7 +59,7 @@ with the subject and the baselines the goals need (graphed loop fwd, torchdiffeq
 graphed loop bwd, adjoint bwd); pass 2 adds the others (torch backend, graphed and eager,
 torchdiffeq bwd, adjoint fwd) with the time left, so a tight budget drops those first.
 
-Goals per case (docs/performance.md, issue 5; the backward's bound tightened to 1.5x since):
+Goals per case (docs/performance.md; the backward's bound tightened to 1.5x since):
 forward >= 40x torchdiffeq, backward >= 50x the adjoint's backward, >= 6x the graphed loop
 (fwd and bwd), backward <= 1.5x forward. The
 JSON (--out; written after every case) holds the environment (GPU, driver, CUDA, torch,
@@ -801,7 +801,7 @@ def main(argv=None) -> int:
     env = environment(ctx)
     out_path = args.out or _gpu_common.default_out("floater_gpu", env)
     report = {
-        "benchmark": "benchmarks/floater_gpu.py (issue 5)",
+        "benchmark": "benchmarks/floater_gpu.py",
         "dry_run": ctx.dry,
         "device": ctx.device,
         "subject": ctx.subject,

@@ -1,4 +1,4 @@
-"""FLOATER in training (issue 21): train-step overhead of FLOATER Q/K/V biases.
+"""FLOATER in training: train-step overhead of FLOATER Q/K/V biases.
 
     python benchmarks/floater_train.py --json benchmarks/results/floater_train_cpu.json
     python benchmarks/floater_train.py --quick          # tiny sizes: a smoke test (~20 s)

@@ -1,4 +1,4 @@
-"""The machine's own ceilings (issue 7), against which the benchmarks report "% of ceiling".
+"""The machine's own ceilings, against which the benchmarks report "% of ceiling".
 
     python benchmarks/gpu_ceilings.py --out ceilings.json      # H200: ~15 s (estimate)
     python benchmarks/gpu_ceilings.py --dry-run --out /tmp/c.json
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("gpu_ceilings: no CUDA device (use --dry-run on CPU)", file=sys.stderr)
         return 2
-    report = {"benchmark": "benchmarks/gpu_ceilings.py (issue 7)", "dry_run": args.dry_run}
+    report = {"benchmark": "benchmarks/gpu_ceilings.py", "dry_run": args.dry_run}
     report["environment"] = _gpu_common.environment()
     report["nvidia_smi_before"] = smi() if device == "cuda" else None
 

@@ -7,7 +7,7 @@
 #   benchmarks/gpu_validate.sh --list                            stages and presets
 #   benchmarks/gpu_validate.sh --proof-tests-k                   the proof's pytest -k
 #
-# THE ONE COMMAND (issue 18: a GPU is lent rarely, for 15 minutes in all):
+# THE ONE COMMAND (a GPU is lent rarely, for 15 minutes in all):
 #   benchmarks/gpu_validate.sh proof
 # validates and measures everything in order of value within 420 s (its own deadline) and
 # leaves at most 8 files in $OUT. Prepare it on the CPU machine first:
@@ -31,7 +31,7 @@
 #   verify       python -m posenc_fast verify --device cuda (every op x dtype x backend
 #                against float64; also kept in verify.txt for the summary)
 #   ceilings     benchmarks/gpu_ceilings.py: copy, fill, bf16 / fp32 matmul -> ceilings.json
-#   floater      benchmarks/floater_gpu.py (issue 5's grid and goals) -> floater_gpu.json
+#   floater      benchmarks/floater_gpu.py (the FLOATER grid and goals) -> floater_gpu.json
 #   lff          benchmarks/lff_gpu.py (LFF and tables vs eager / compile) -> lff_gpu.json
 #   rotary       benchmarks/rotary.py --device cuda (rotary LFF vs LightGlue's eager code and
 #                torch.compile, float32 and bfloat16) -> rotary_gpu.json

@@ -1,4 +1,4 @@
-"""Issue 4's GPU benchmark: fused Triton LFF kernels against eager and torch.compile.
+"""The LFF GPU benchmark: fused Triton LFF kernels against eager and torch.compile.
 
     python benchmarks/lff_gpu.py                       # every case, on the GPU (~10-20 min)
     python benchmarks/lff_gpu.py --cases canonical,small --impls eager,triton
@@ -410,7 +410,7 @@ def main() -> int:
     out_path = ARGS.out or _gpu_common.default_out("lff_gpu", env)
     ceil = ceilings()
     report = {
-        "benchmark": "benchmarks/lff_gpu.py (issue 4)",
+        "benchmark": "benchmarks/lff_gpu.py",
         "dry_run": ARGS.dry_run,
         "environment": env,
         "ceilings": ceil,

@@ -7,7 +7,7 @@
 Prints markdown: one table per setting (threads, with or without the busy process) with
 every implementation's median ms, its speed-up against eager and against torch.compile and
 its % of the floor measured in that setting; the largest error of each implementation
-against the float64 spec; issue 12's goals, each met or missed with the figure that
+against the float64 spec; the CPU goals, each met or missed with the figure that
 decides it; and, when the run has FLOATER or rotary rows, their median ms with cpp's
 speed-up over every other implementation (RESULTS.md's FLOATER cases, L = 512, d = H in
 {64, 512}, and its rotary cases, LightGlue's and a ViT's sizes in float32 and bfloat16:
@@ -45,7 +45,7 @@ OP_NAMES = {
     "rotary": "rotary",
 }
 # ops with a table of their own (speed-up of cpp over every other implementation), and
-# outside issue 12's goals, which are the LFF and table ops'
+# outside the CPU goals, which are the LFF and table ops'
 OWN_TABLES = {"floater": "FLOATER", "rotary": "Rotary LFF (LightGlue)"}
 
 
@@ -222,7 +222,7 @@ def goals(report: dict) -> str:
         ),
         _goal(ours_all, "cpp >= 50% of the measured floor", "cpp", "pct_of_floor", 50.0),
     ]
-    lines = ["| goal (issue 12) | this run |", "|---|---|"]
+    lines = ["| CPU goal | this run |", "|---|---|"]
     lines += [f"| {what} | {verdict} |" for what, verdict in items]
     return "\n".join(lines)
 

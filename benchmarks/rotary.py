@@ -4,7 +4,7 @@ the code LightGlue users run (the GPU pipeline's rotary stage).
     python benchmarks/rotary.py --device cuda --dtypes float32,bfloat16
     python benchmarks/rotary.py --dry-run --out X.json    # a tiny CPU check of this script
 
-The CPU cases run with ``python -m posenc_fast bench --ops rotary`` (issue 19: one way to
+The CPU cases run with ``python -m posenc_fast bench --ops rotary`` (one way to
 run a CPU case); this script's cases, inputs and baselines are that command's
 (``posenc_fast/cli/_cases.py`` ``rotary_case``, ``_baselines.EagerRotary``): LightGlue's
 self-attention (B = 1, 4 heads of 64 channels, M = 2, N = 512 and 2048 keypoints;

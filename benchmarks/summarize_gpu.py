@@ -10,7 +10,7 @@ calls can be merged afterwards on any machine (no GPU, no torch needed):
     *junit*.xml            pytest results (tests, tests-large)
     verify*.txt            python -m posenc_fast verify (PASS / FAIL lines)
     ceilings.json          benchmarks/gpu_ceilings.py
-    floater_gpu*.json      benchmarks/floater_gpu.py (issue 5's goals per case)
+    floater_gpu*.json      benchmarks/floater_gpu.py (FLOATER goals per case)
     lff_gpu*.json          benchmarks/lff_gpu.py (LFF and table goals)
     bench_cli*.json        python -m posenc_fast bench --json
     compile_report*.txt    python -m posenc_fast.triton_kernels.compile_report

@@ -1,7 +1,7 @@
 """Bitwise snapshot of every op's outputs and gradients on every CPU backend.
 
-A refactoring that must not change any number (issue 19: "numerical results bitwise
-unchanged on every CPU backend") is checked by saving a snapshot before and comparing
+A refactoring that must not change any number (numerical results bitwise unchanged
+on every CPU backend) is checked by saving a snapshot before and comparing
 after, on the same machine and torch:
 
     TRITON_INTERPRET=1 python tools/snapshot_outputs.py save /tmp/before.pt

@@ -1,7 +1,7 @@
 """What every op package shares: its custom ops' eager fast path, their ONNX export
 path, autocast handling, and the double-backward path of their autograd registrations.
 
-ONNX export (issue 22). Every ``posenc_fast::`` custom op is opaque to the ONNX exporters:
+ONNX export. Every ``posenc_fast::`` custom op is opaque to the ONNX exporters:
 torch.onnx.export(dynamo=True) ends in "Failed to convert the exported program", the
 TorchScript-based exporter in "unrecognized namespace posenc_fast". Two mechanisms could
 fix that: an ONNX translation (an onnxscript function) per op, registered with the
@@ -91,7 +91,7 @@ def direct_call_ok(*args) -> bool:
     """Whether an op may run its body directly instead of going through its torch.library
     custom op: plain tensors (the Tensor arguments among ``args``) in plain eager mode.
     The custom op's dispatch and autograd wrapper cost 100-150 µs per training step on a
-    CPU (issue 12: a third of a small LFF call); everything that must see the op —
+    CPU (a third of a small LFF call); everything that must see the op —
     torch.compile / export (dynamo), jit tracing, fake or functional tensors and other
     subclasses, dispatch and function modes (make_fx, FlopCounter, ``with
     torch.device(...)``), vmap / grad transforms, a running torch.profiler (whose

@@ -69,7 +69,7 @@ def chunk_bytes() -> int:
 # for the tables and the LFF forward); there are no parallel regions to pay for. With more
 # threads (and on GPUs): few large chunks, because every ATen op over a chunk is one
 # parallel region, and when another process holds a core every region waits for it
-# (issue 12: ~30 regions per call put the fallback at 0.26-0.33x of the eager modules,
+# (~30 regions per call put the fallback at 0.26-0.33x of the eager modules,
 # which run ~7, on a shared 2-core machine).
 CACHE_CHUNK_BYTES = 4 * 2**20
 PARALLEL_CHUNK_BYTES = 256 * 2**20

@@ -138,6 +138,7 @@ def test_bench_machinery_table_json_plot(tmp_path):
     md = _render_module().render({"environment": {}, **report})
     assert "#### 1 thread" in md and "#### 2 threads" in md
     assert "| LFF N=32 M=2 G=1 F=8 H=4 D=6 | fwd+bwd |" in md
+    assert "| CPU goal | this run |" in md
     assert "| torch backend >= 1.0x eager (every size, fwd and fwd+bwd) | " in md
     assert "cpp >= 2x eager" in md  # goals of a backend missing here: "pending"
     png = tmp_path / "bench.png"

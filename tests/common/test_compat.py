@@ -1,6 +1,6 @@
-"""Running on the torch and Triton that users have (issue 11): what the test suite on the
-newest versions can check about the oldest ones. tools/check_versions.sh runs the whole
-suite on each torch of the version matrix (README, "Compatibility").
+"""Running on the torch and Triton that users have: what the test suite on the newest
+versions can check about the oldest ones. tools/check_versions.sh runs the whole suite on
+each torch of the version matrix (README, "Compatibility").
 
 - The custom ops' signatures use only the types torch 2.5's infer_schema accepts.
 - Triton's interpreter is used only where it computes the kernels faithfully.

@@ -1,4 +1,4 @@
-"""Graceful degradation (issue 6, item 8), each case simulated in fresh processes so that
+"""Graceful degradation, each case simulated in fresh processes so that
 this one is untouched:
 
 - triton missing: ``sys.modules["triton"] = None`` before anything imports it;

@@ -1,6 +1,7 @@
 """The documentation site (docs/, mkdocs.yml): its examples run, it builds with
 `mkdocs build --strict` where mkdocs is installed (tools/check_docs.sh installs it), and
-neither it nor the README cites a file the repository does not hold."""
+neither it nor the README cites a file the repository does not hold; no file of the
+repository cites an issue number."""
 
 import os
 import re
@@ -16,6 +17,11 @@ FOLDERS = ("benchmarks", "tools", "csrc", "docs")  # where a bare `NOTES.md` may
 # installed names of folders the repository keeps elsewhere (pyproject.toml's package-dir)
 INSTALLED_AS = {"posenc_fast/csrc": "csrc", "posenc_fast/triton_kernels": "triton_kernels"}
 PAGES_WITH_CODE = [p for p in PAGES if python_blocks(p)]
+# "issue" or "issues", then a number after a space, "#" or "-": a reference the
+# repository cannot resolve (benchmarks/results/'s folder names are paths it holds);
+# in file names "_" or nothing between them too
+ISSUE_NUMBER = re.compile(r"\bissues?(?: #?|#|-)\d+", flags=re.I)
+ISSUE_IN_NAME = re.compile(r"issues?[\s_#-]*\d+", flags=re.I)
 
 
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: str(p.relative_to(DOCS)))
@@ -62,7 +68,37 @@ def test_docs_cite_only_what_the_repository_holds(doc):
         if not (base / path).exists():
             absent.append(cited)
     assert not absent, f"{doc.name} cites what the repository does not hold: {absent}"
-    assert not re.search(r"\bissues? #?\d+", text, flags=re.I), f"{doc.name} cites an issue number"
+    assert not ISSUE_NUMBER.search(text), f"{doc.name} cites an issue number"
+
+
+def test_no_file_cites_an_issue_number():
+    """The repository stands alone: no file (code, comments, docstrings, tests, pages, file
+    names) points at an issue by number; each says the thing itself. Every file git lists
+    (tracked, and untracked ones not ignored) except benchmarks/results/, the records of
+    past runs, and binary files."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        cwd=ROOT,
+    )
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout: {listed.stderr.decode(errors='replace').strip()}")
+    hits = []
+    for name in sorted(set(listed.stdout.decode().split("\0")) - {""}):
+        if name.startswith("benchmarks/results/"):
+            continue
+        if ISSUE_IN_NAME.search(name):
+            hits.append(f"{name}: the file name")
+        path = ROOT / name
+        if not path.is_file():  # deleted in the working tree, or a submodule
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:  # binary
+            continue
+        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+            if ISSUE_NUMBER.search(line):
+                hits.append(f"{name}:{number}: {line.strip()[:120]}")
+    assert not hits, "issue numbers cited (say the thing itself instead):\n" + "\n".join(hits)
 
 
 def test_mkdocs_build_strict(tmp_path):

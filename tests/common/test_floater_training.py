@@ -1,4 +1,4 @@
-"""FLOATER biases in training (issue 21): one integration of all blocks' states per
+"""FLOATER biases in training: one integration of all blocks' states per
 training forward, shared by the blocks and their backward, equal to the per-block path;
 the paper's training options (Sec. 4.4): reusing the biases for k steps, a larger
 learning rate for the flow, the initialisation scale."""

@@ -1,4 +1,4 @@
-"""Property-based fuzzing (issue 6, item 2): random problems for every op on every backend
+"""Property-based fuzzing: random problems for every op on every backend
 usable here, against the float64 reference, forward and backward.
 
 Drawn: shapes (batch dimensions of size 0 and 1 included), dtypes (and position dtypes:

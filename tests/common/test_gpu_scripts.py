@@ -163,7 +163,7 @@ def test_summarize_merges_calls_and_judges_goals(tmp_path):
         "bwd_vs_adjoint": {"value": None, "pending": "skipped"},
     }
     floater = {
-        "benchmark": "benchmarks/floater_gpu.py (issue 5)",
+        "benchmark": "benchmarks/floater_gpu.py",
         "subject": "cuda",
         "complete": False,
         "environment": {"gpu": "NVIDIA H200", "git_sha": "abc"},

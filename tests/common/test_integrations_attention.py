@@ -95,7 +95,7 @@ def test_deepcopy_after_a_training_forward_and_independence(calls):
 
 
 def test_work_per_forward(calls):
-    """Training: one integration of all blocks' states per forward (issue 21; the
+    """Training: one integration of all blocks' states per forward (the
     per-block path, share_integration=False: one per block). Eval: one integration, then
     the cache serves every block."""
     model = vit(depth=3)

@@ -1,4 +1,4 @@
-"""64-bit indexing on the GPU (issue 6, item 4): outputs, inputs and gradients with more
+"""64-bit indexing on the GPU: outputs, inputs and gradients with more
 than 2^31 elements, checked against the float64 reference on the rows at both ends and on
 the rows around element 2^31 (where a 32-bit offset would wrap).
 

@@ -1,5 +1,5 @@
 """Rotary LFF in ``python -m posenc_fast bench --ops rotary`` (which took over the CPU mode
-of benchmarks/rotary.py, issue 19) and benchmarks/rotary.py's dry run (its GPU script)."""
+of benchmarks/rotary.py) and benchmarks/rotary.py's dry run (its GPU script)."""
 
 import importlib.util
 import json
@@ -80,7 +80,7 @@ def test_bench_rotary_rows(tmp_path, monkeypatch):
     assert ("cpp vs eager-rotate" in table) == ("cpp" in impls)
     md = render.render(data)
     assert "Rotary LFF (LightGlue), median ms" in md
-    # issue 12's goals are the LFF and table ops': rotary rows decide none of them
+    # the CPU goals are the LFF and table ops': rotary rows decide none of them
     assert "| torch backend >= 1.0x eager (every size, fwd and fwd+bwd) | pending" in md
 
 

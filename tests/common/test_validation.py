@@ -1,4 +1,4 @@
-"""Validation matrix (issue 6, item 1): one test per row and backend for every public op.
+"""Validation matrix: one test per row and backend for every public op.
 
 Ops: lff, sinusoidal, sinusoidal_nd, dft, dft_inverse, SinusoidalPE, SinusoidalNdPE, DFTPE,
 floater, LearnableFourierFeatures, Floater, each on every backend usable here that implements its

@@ -1,4 +1,4 @@
-"""FLOATER for inference (issue 22): freeze() stores the integrated states as a buffer that
+"""FLOATER for inference: freeze() stores the integrated states as a buffer that
 forward serves (no integration: counted by the ``calls`` fixture), state_dict carries it,
 exported and traced models hold no integration op; cache_info() reports hits, misses,
 the lengths held and the frozen length."""

@@ -580,7 +580,7 @@ def test_verify_checks_rotary(monkeypatch, device):
     assert res.failures and all("q'" in f for f in res.failures), res.failures
 
 
-# -- LightGlue users: one call (issue 22) ----------------------------------------------------
+# -- LightGlue users: one call ---------------------------------------------------------------
 
 
 def lightglue_table(wr: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -500,7 +500,7 @@ class Floater(nn.Module):
             s += f", backend={self.backend!r}"
         return s
 
-    # -- inference: stored states (freeze) and cache statistics (issue 22) ---------------
+    # -- inference: stored states (freeze) and cache statistics --------------------------
     #
     # freeze(L) integrates once and keeps p(t_0..t_{L-1}) as the buffer "frozen_states"
     # [S, L, d], which forward(length=l <= L) slices: no ODE is solved afterwards, so a
@@ -651,7 +651,7 @@ class FloaterAttentionBias(nn.Module):
     def extra_repr(self) -> str:
         return f"num_layers={self.num_layers}, num_projections={self.num_projections}"
 
-    # -- inference (issue 22): the Floater's, see Floater.freeze ---------------------------
+    # -- inference: the Floater's, see Floater.freeze --------------------------------------
 
     @property
     def frozen(self) -> bool:
