@@ -43,8 +43,8 @@ def measured_baselines() -> dict:
 
 
 def floor_ms(c: plan.Ceilings, case: str, mode: str, R, M, F2, H, Dg, e) -> float:
-    """max(bytes at the copy rate, products at the matmul rate): the issue's floors (the
-    backward with the features recomputed)."""
+    """max(bytes at the copy rate, products at the matmul rate): the floors of
+    docs/performance.md (the backward with the features recomputed)."""
     F = 2 * F2
     nbytes = R * (4 * M + Dg * e)
     flops = 2 * R * (F * H + H * Dg) if mode == "fwd" else 2 * R * (3 * F * H + 2 * H * Dg)
