@@ -25,6 +25,7 @@ os.environ.setdefault("POSENC_FAST_BENCH_HISTORY", "off")
 
 import posenc_fast
 from posenc_fast import _testing
+from posenc_fast.cli import _contention
 
 DEVICE = os.environ.get("POSENC_FAST_TEST_DEVICE", "cpu")
 
@@ -39,8 +40,7 @@ def pytest_xdist_auto_num_workers(config):
         return int(workers)
     if DEVICE != "cpu":
         return 0
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1))  # fmt: skip
+    return max(1, min(4, len(_contention.cpus())))
 
 
 @pytest.fixture

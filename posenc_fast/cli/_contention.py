@@ -35,7 +35,10 @@ while os.getppid() == parent:
 
 
 def cpus() -> list[int]:
-    return sorted(os.sched_getaffinity(0))
+    """The CPUs this process may run on (all of them where the OS has no affinity call)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def _stop(proc: subprocess.Popen) -> None:

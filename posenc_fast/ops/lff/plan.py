@@ -502,17 +502,18 @@ _KERNELS: list = []
 
 
 def _kernels():
-    """The kernel modules, imported on the first call (triton is optional and slow to
-    import) and kept: the per-call path pays no import machinery."""
+    """(_launch, lff_forward): the modules the plan choice asks, imported on the first call
+    (triton is optional and slow to import) and kept: the per-call path pays no import
+    machinery. The plans' launchers load through _FORWARD / _BACKWARD."""
     if not _KERNELS:
-        from ...triton_kernels import _launch, lff_backward, lff_forward, lff_gemm
+        from ...triton_kernels import _launch, lff_forward
 
-        _KERNELS.append((_launch, lff_forward, lff_backward, lff_gemm))
+        _KERNELS.append((_launch, lff_forward))
     return _KERNELS[0]
 
 
 def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None) -> Work:
-    launch, lff_forward, _, _ = _kernels()
+    launch, lff_forward = _kernels()
     M = x.shape[-1]
     return Work(
         mode,
