@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-test}"
+rm -f .venv/.setup-done
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0 "setuptools>=77" wheel ninja
@@ -32,4 +33,5 @@ fi
 if [[ ",${extras}," == *,test,* || ",${extras}," == *,dev,* ]]; then
     .venv/bin/python -m pip install -q -c constraints.txt --no-deps "timm==1.0.31"
 fi
+touch .venv/.setup-done  # a complete venv (.ci/run's oldest-torch check waits for it)
 echo "posenc_fast installed in $(pwd)/.venv with extras [${extras}]"
