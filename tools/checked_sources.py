@@ -75,7 +75,17 @@ def _cuda() -> dict:
     }
 
 
+def _debian() -> str:
+    try:
+        return "Debian " + Path("/etc/debian_version").read_text().strip()
+    except OSError:
+        return "not Debian"
+
+
 def _aarch64() -> dict:
+    # CI installs Debian's cross compiler when it runs this check (it is not on a fresh
+    # machine), so the key cannot ask it its version: it names the native g++ and the Debian
+    # release instead, whose aarch64 cross compiler is built from the same GCC
     cxx = os.environ.get("CXX_AARCH64", "aarch64-linux-gnu-g++")
     command = ["tools/check_cpu_compile_aarch64.sh"]
     if shutil.which(cxx) is None and os.geteuid() == 0:  # Debian's cross compiler (56 MB)
@@ -84,7 +94,7 @@ def _aarch64() -> dict:
         command = ["bash", "-c", script, *command]
     return {
         "inputs": ["csrc", "posenc_fast/_build_config.py", "tools/check_cpu_compile_aarch64.sh"],
-        "tools": {"cxx": _tool_version(cxx), "torch": _torch_version()},
+        "tools": {"g++": _tool_version("g++"), "os": _debian(), "torch": _torch_version()},
         "command": command,
     }
 
