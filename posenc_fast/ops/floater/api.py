@@ -22,15 +22,9 @@ from ... import _checks, _dispatch
 from .._torch_common import onnx_export_running, onnx_exporting
 from . import cache as _floater_cache
 from . import reference as _reference
+from . import registry
 from . import tape as _tape
-from .op import (
-    FLOATER_CACHED,
-    FLOATER_OP,
-    FLOATER_TAPED,
-    gradients,
-    implementation,
-    problem_of,
-)
+from .op import FLOATER_CACHED, FLOATER_OP, FLOATER_TAPED, gradients
 from .reference import FloaterOptions
 from .registry import FLOATER
 
@@ -135,14 +129,14 @@ def integrate(
     if _is_compiling() and not _without_op(backend):
         # The dispatcher asks each backend whether it can run here, which may load the C++
         # extension under a lock: dynamo cannot trace that. The op resolves "auto" when it
-        # runs instead (op.implementation, the same function: same answer).
+        # runs instead (registry.implementation, as below: same answer).
         _dispatch.validate_name(backend)
         intervals, name = _compiled_tape(p0, w1, b1, w2, b2, times, options, backend)
         if intervals:
             out, _ = FLOATER_TAPED(p0, w1, b1, w2, b2, times, *options, name, intervals)
             return out, name
         return FLOATER_OP(p0, w1, b1, w2, b2, times, *options, backend), backend
-    impl = implementation(backend, p0, w1, times, options)
+    impl = registry.implementation(backend, p0, w1, times, options)
     if _tape.wanted(impl, p0, w1, b1, w2, b2, times) and not _traced():
         intervals = _tape.intervals(p0, w1, times, options)
         if intervals:
@@ -168,15 +162,14 @@ def _compiled_tape(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: 
 
 @torch._dynamo.assume_constant_result
 def _taped_backend(backend, device, dtype, substeps, method, activation) -> str:
-    """The backend ``backend`` ("auto" or a name) resolves to on this device and dtype,
-    or "" when the dispatcher refuses. Dynamo runs it for real while tracing (the
-    dispatcher may load the C++ extension, which it could not trace) and keeps the answer
-    as a constant. The sizes are not known as numbers then: their limits are checked when
-    the op runs (op.implementation), which raises the dispatcher's refusal."""
-    options = FloaterOptions(substeps, method, activation)
-    problem = problem_of(device, dtype, None, options)
+    """registry.choose's name for a compiled call, or "" when the dispatcher refuses.
+    Dynamo runs it for real while tracing (the dispatcher may load the C++ extension,
+    which it could not trace) and keeps the answer as a constant; the sizes' limits are
+    checked when the op runs (registry.implementation), which raises the refusal."""
     try:
-        return _dispatch.choose(FLOATER, problem, backend).name
+        return registry.choose(
+            backend, device, dtype, FloaterOptions(substeps, method, activation)
+        ).name
     except (_dispatch.BackendError, ValueError):
         return ""
 
@@ -188,9 +181,9 @@ def _traced() -> bool:
 
 
 def _without_op(backend: str) -> bool:
-    """Whether ``backend`` (after POSENC_FAST_BACKEND) names an implementation that runs
-    without the op (the reference: autograd differentiates it, nothing to cache or trace)."""
-    impl = FLOATER.get(_dispatch.resolve_env(backend))
+    """Whether ``backend`` names an implementation that runs without the op (the
+    reference: autograd differentiates it, nothing to cache or trace)."""
+    impl = registry.named(backend)
     return impl is not None and impl.differentiable
 
 

@@ -24,7 +24,8 @@ from typing import Optional
 
 import torch
 
-from ..._dispatch import ANY, Implementation, OpSupport, extension_ops, register
+from ... import _dispatch
+from ..._dispatch import ANY, Implementation, OpSupport, Problem, extension_ops, register
 from . import graphed, reference
 from .reference import ACTIVATIONS, METHODS, FloaterOptions
 
@@ -99,3 +100,39 @@ FLOATER = register(
         **_extension("cuda", taped=True),
     ),
 )
+
+
+# -- which implementation runs a call: decided here, and only here ---------------------
+
+
+def problem_of(device: str, dtype: torch.dtype, sizes, options: FloaterOptions) -> Problem:
+    """What the dispatcher decides a FLOATER call on: sizes = (S, d, H, L), or None when
+    they are not known as numbers (no size limit is checked then)."""
+    names = ("num_states", "dim", "hidden_dim", "length")
+    known = {} if sizes is None else dict(zip(names, sizes), substeps=options.substeps)
+    return Problem(
+        op="floater",
+        device=device,
+        dtype=dtype,
+        sizes=known,
+        options={"method": options.method, "activation": options.activation},
+    )
+
+
+def choose(backend: str, device: str, dtype: torch.dtype, options: FloaterOptions, sizes=None):
+    """The implementation that runs a FLOATER call with ``backend`` ("auto" or a name;
+    "auto" becomes POSENC_FAST_BACKEND when set) on ``device`` and ``dtype``; the
+    dispatcher's BackendError explains a refusal."""
+    return _dispatch.choose(FLOATER, problem_of(device, dtype, sizes, options), backend)
+
+
+def implementation(backend: str, p0, w1, times, options: FloaterOptions) -> Implementation:
+    """:func:`choose` for a call on these tensors (their sizes' limits checked too)."""
+    sizes = (p0.shape[0], p0.shape[1], w1.shape[1], times.shape[0])
+    return choose(backend, p0.device.type, p0.dtype, options, sizes)
+
+
+def named(backend: str) -> Optional[Implementation]:
+    """The implementation ``backend`` names (after POSENC_FAST_BACKEND), None for "auto":
+    what is known before the inputs are."""
+    return FLOATER.get(_dispatch.resolve_env(backend))
