@@ -23,6 +23,7 @@ from .._torch_common import onnx_export_running, onnx_exporting
 from . import cache as _floater_cache
 from . import reference as _reference
 from . import registry
+from . import shared as _shared
 from . import tape as _tape
 from .op import FLOATER_CACHED, FLOATER_OP, FLOATER_TAPED, gradients
 from .reference import FloaterOptions
@@ -402,6 +403,18 @@ class Floater(nn.Module):
     def _compute(self, times: Tensor) -> Tensor:
         return self._integrate(self._inputs(), times, self.backend)[0]
 
+    def integrate_states(self, length: int, states: Optional[slice] = None) -> Tensor:
+        """The states (those of ``states`` only, when given) at positions 0..length-1 as a
+        training call computes them, integrated now: no cache, no refresh bookkeeping.
+        [S, L, dim] in the parameters' dtype; ``length`` is trusted (a size already
+        checked), as the attention integrations pass it."""
+        t = self.length_times(length)
+        if states is None:
+            return self._compute(t).to(self.p0.dtype)
+        inputs = (self.p0[states], self.w1, self.b1, self.w2, self.b2)
+        out, _ = integrate(*inputs, t, self.options, self.backend, check_values=False)
+        return out.to(self.p0.dtype)
+
     def _config_key(self, inputs) -> tuple:
         return _floater_cache.key(inputs, self.options, self.backend)
 
@@ -632,6 +645,7 @@ class FloaterAttentionBias(nn.Module):
         _checks.positive_int("num_projections", num_projections)
         self.num_layers, self.num_projections = num_layers, num_projections
         self.floater = Floater(dim, num_layers * num_projections, **floater_kwargs)
+        self._step = _shared.SharedStep()  # a training forward's one integration (shared.py)
 
     def reset_parameters(self) -> None:
         self.floater.reset_parameters()
@@ -640,6 +654,24 @@ class FloaterAttentionBias(nn.Module):
         """length: int >= 0, or times [L] -> [num_layers, num_projections, L, dim]."""
         out = self.floater(length, times)
         return out.unflatten(0, (self.num_layers, self.num_projections))
+
+    def block(self, layer: int, share: bool = True) -> _shared.BlockBiases:
+        """What an attention block holds to get its biases: ``block(n)(length)`` is
+        :meth:`block_biases` of block n."""
+        return _shared.BlockBiases(self, layer, share)
+
+    def block_biases(self, n: int, length: int, share: bool = True) -> Tensor:
+        """Block ``n``'s biases for positions 0..length-1: [num_projections, L, dim], equal
+        to ``self(length)[n]``. In a training step (train mode, gradients on) one
+        integration of all blocks' states per forward serves every block and its backward
+        (layer 0 makes it; ``share=False``: block n integrates its own states); otherwise
+        the module's cache or frozen states serve it (docs/floater-training.md)."""
+        fl = self.floater
+        # Frozen: stored biases, never integrate. An ONNX export goes through forward too,
+        # which refuses an unfrozen module.
+        if fl.frozen or onnx_export_running() or not (fl.training and torch.is_grad_enabled()):
+            return self(length)[n]
+        return _shared.training_block(self, self._step, n, length, share)
 
     def extra_repr(self) -> str:
         return f"num_layers={self.num_layers}, num_projections={self.num_projections}"
