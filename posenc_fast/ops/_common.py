@@ -136,8 +136,8 @@ class CustomOp:
     raises on ``list[...]``) with its fake kernel and autograd, plus the direct eager path
     every op shares: calling the object runs ``body`` itself (inside an autograd.Function
     with the same setup_context and backward, for an op with autograd) where
-    :func:`direct_call_ok` (the op's dispatch costs more than a small call's work:
-    docs/performance.md), and the registered op everywhere else.
+    :func:`direct_call_ok` (the op's dispatch costs more than a small call's work; the
+    measurements are in docs/performance.md), and the registered op everywhere else.
 
     ``op_function``: the name of the Implementation function the op's body runs, so that
     :meth:`run` can call a ``differentiable`` implementation (the reference) without the op;

@@ -1,14 +1,14 @@
-"""FLOATER (Liu et al. 2020): position encodings as the solution of an ODE.
+"""FLOATER's public function and modules: argument checks, the call path to the custom
+ops, and the modules' cache, refresh and freeze logic."""
 
-Path of a call: ``floater`` (checks) -> the dispatcher picks an implementation from the
-registry (registry.py) -> the custom op ``posenc_fast::floater`` (op.py) -> the
-implementation's integrator (torch_impl.py, or the C++/CUDA extension: csrc/floater/) ->
-backward: ``posenc_fast::floater_backward``, the discrete adjoint, recomputing each
-interval from the states saved at the sample times (an eager training call on the cpp or
-cuda backend runs ``posenc_fast::floater_taped`` instead, whose backward reads most
-intervals from its tape: tape.py). The semantics are written out in
-reference.py; the module's result cache is cache.py.
-"""
+# Path of a call: ``floater`` (checks) -> the dispatcher picks an implementation from the
+# registry (registry.py) -> the custom op ``posenc_fast::floater`` (op.py) -> the
+# implementation's integrator (torch_impl.py, or the C++/CUDA extension: csrc/floater/) ->
+# backward: ``posenc_fast::floater_backward``, the discrete adjoint, recomputing each
+# interval from the states saved at the sample times (an eager training call on the cpp or
+# cuda backend runs ``posenc_fast::floater_taped`` instead, whose backward reads most
+# intervals from its tape: tape.py). The semantics are written out in
+# reference.py; the module's result cache is cache.py.
 
 from __future__ import annotations
 

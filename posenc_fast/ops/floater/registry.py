@@ -1,22 +1,22 @@
-"""Who implements FLOATER: backend name -> SUPPORT table + functions.
+"""Who implements FLOATER (backend name -> SUPPORT table + functions), and which
+implementation runs a call: decided here only."""
 
-Every implementation has
-    forward(p0, w1, b1, w2, b2, times, options) -> out [S, L, d]
-    backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape=None)
-        -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
-(the reference only ``forward``: autograd differentiates it). ``options`` is a
-:class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` and
-``cuda`` backends also have
-    forward_taped(p0, w1, b1, w2, b2, times, options, intervals) -> (out, tape)
-which keeps the stage values of the first ``intervals`` intervals for its backward
-(``tape=``; tape.py); the other backends are never given a tape.
-
-The extension's integrator is ``posenc_fast::floater_integrate`` /
-``floater_integrate_backward`` (and their taped forms): defined with their CPU kernels by
-posenc_fast._C ("cpp" needs only that module), with CUDA kernels registered by
-posenc_fast._C_cuda ("cuda" needs both). The ``torch`` backend's functions capture the
-loop in CUDA graphs on CUDA tensors (graphed.py) and run it plainly elsewhere.
-"""
+# Every implementation has
+#     forward(p0, w1, b1, w2, b2, times, options) -> out [S, L, d]
+#     backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape=None)
+#         -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
+# (the reference only ``forward``: autograd differentiates it). ``options`` is a
+# :class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` and
+# ``cuda`` backends also have
+#     forward_taped(p0, w1, b1, w2, b2, times, options, intervals) -> (out, tape)
+# which keeps the stage values of the first ``intervals`` intervals for its backward
+# (``tape=``; tape.py); the other backends are never given a tape.
+#
+# The extension's integrator is ``posenc_fast::floater_integrate`` /
+# ``floater_integrate_backward`` (and their taped forms): defined with their CPU kernels by
+# posenc_fast._C ("cpp" needs only that module), with CUDA kernels registered by
+# posenc_fast._C_cuda ("cuda" needs both). The ``torch`` backend's functions capture the
+# loop in CUDA graphs on CUDA tensors (graphed.py) and run it plainly elsewhere.
 
 from __future__ import annotations
 
