@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops.floater import BlockBiases, FloaterAttentionBias
+from ..ops.floater import BlockBiases, FloaterAttentionBias, Slot
 
 # Self-attention classes of transformers (5.x) whose three projections get FLOATER biases;
 # each is tested in tests/common/test_integrations_transformers.py.
@@ -71,21 +71,6 @@ def attention_width(module: nn.Module, names: tuple[str, str, str]) -> int:
     return widths.pop()
 
 
-class _LayerSlot:
-    """Block n's biases during one call of its attention layer ([3, L, dim], or
-    [B, 3, L, dim] gathered by position_ids), else None. Copies and pickles get an empty
-    slot (the tensor, with its autograd graph, is derived data)."""
-
-    def __init__(self):
-        self.biases: Optional[Tensor] = None
-
-    def __deepcopy__(self, memo) -> _LayerSlot:
-        return _LayerSlot()
-
-    def __reduce__(self):
-        return (_LayerSlot, ())
-
-
 def _layer_biases(block: BlockBiases, length: int, position_ids: Optional[Tensor]) -> Tensor:
     """The block's biases for a sequence of ``length`` tokens: [3, L, dim] at positions
     0..L-1, or [B or 1, 3, L, dim] at ``position_ids`` [B or 1, L]."""
@@ -107,7 +92,7 @@ def _layer_biases(block: BlockBiases, length: int, position_ids: Optional[Tensor
 class _SetBiases:
     """Forward pre-hook of a supported attention layer: its block's biases into the slot."""
 
-    def __init__(self, block: BlockBiases, slot: _LayerSlot):
+    def __init__(self, block: BlockBiases, slot: Slot):
         self.block, self.slot = block, slot
 
     def __call__(self, module, args, kwargs):
@@ -122,17 +107,17 @@ class _SetBiases:
                 )
         if kwargs.get("encoder_hidden_states") is not None:
             raise ValueError("FLOATER biases are for self-attention, not cross-attention")
-        self.slot.biases = _layer_biases(self.block, hidden.shape[-2], kwargs.get("position_ids"))
+        self.slot.value = _layer_biases(self.block, hidden.shape[-2], kwargs.get("position_ids"))
 
 
 class _ClearBiases:
     """Forward hook (always called): the slot holds nothing between calls."""
 
-    def __init__(self, slot: _LayerSlot):
+    def __init__(self, slot: Slot):
         self.slot = slot
 
     def __call__(self, module, args, kwargs, output):
-        self.slot.biases = None
+        self.slot.value = None
 
 
 class FloaterProjection(nn.Linear):
@@ -142,7 +127,7 @@ class FloaterProjection(nn.Linear):
     pre-hook provides the biases (called on its own, it fetches them itself, for
     positions 0..L-1)."""
 
-    def __init__(self, linear: nn.Linear, block: BlockBiases, slot: _LayerSlot, index: int):
+    def __init__(self, linear: nn.Linear, block: BlockBiases, slot: Slot, index: int):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
@@ -150,7 +135,7 @@ class FloaterProjection(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         y = F.linear(x, self.weight, self.bias)
-        biases = self._slot.biases
+        biases = self._slot.value
         if biases is None:
             biases = self._block(x.shape[-2])
         b = biases[..., self.index, :, :]  # [L, dim] or [B, L, dim]
@@ -173,7 +158,7 @@ def install_floater(
     share: bool,
 ) -> None:
     """Give a supported attention layer block ``layer``'s biases (add_floater_biases)."""
-    block, slot = source.block(layer, share), _LayerSlot()
+    block, slot = source.block(layer, share), Slot()
     for j, name in enumerate(names):
         setattr(module, name, FloaterProjection(module._modules[name], block, slot, j))
     module._floater_slot = slot  # a plain attribute: found by copies, saved by nothing

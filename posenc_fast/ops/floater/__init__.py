@@ -15,7 +15,7 @@ from .api import (
     state_dtype,
 )
 from .reference import FloaterOptions
-from .shared import BlockBiases
+from .shared import BlockBiases, Slot
 
 __all__ = [
     "ACTIVATIONS",
@@ -25,6 +25,7 @@ __all__ = [
     "Floater",
     "FloaterAttentionBias",
     "FloaterOptions",
+    "Slot",
     "floater",
     "integrate",
     "state_dtype",

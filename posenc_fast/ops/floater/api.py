@@ -645,7 +645,7 @@ class FloaterAttentionBias(nn.Module):
         _checks.positive_int("num_projections", num_projections)
         self.num_layers, self.num_projections = num_layers, num_projections
         self.floater = Floater(dim, num_layers * num_projections, **floater_kwargs)
-        self._step = _shared.SharedStep()  # a training forward's one integration (shared.py)
+        self._step = _shared.Slot()  # a training forward's one integration (shared.py)
 
     def reset_parameters(self) -> None:
         self.floater.reset_parameters()

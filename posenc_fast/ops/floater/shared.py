@@ -22,20 +22,20 @@ class _Shared:
     key: Optional[tuple]
 
 
-class SharedStep:
-    """Where a bias module's current training forward leaves its shared result (``entry``).
-    A plain attribute of the module, so torch.compile traces reads and writes of it;
-    copies and pickles get an empty one (the result is derived data, and its tensor, with
-    an autograd graph, could not be deep-copied)."""
+class Slot:
+    """A holder (``value``) that copies and pickles leave empty: what it holds is derived
+    data (a tensor with an autograd graph, which could not be deep-copied). A plain
+    attribute of a module, so torch.compile traces reads and writes of it. The bias module
+    keeps its training forward's shared result in one (:class:`_Shared`)."""
 
     def __init__(self):
-        self.entry: Optional[_Shared] = None
+        self.value = None
 
-    def __deepcopy__(self, memo) -> SharedStep:
-        return SharedStep()
+    def __deepcopy__(self, memo) -> Slot:
+        return type(self)()
 
     def __reduce__(self):
-        return (SharedStep, ())
+        return (type(self), ())
 
 
 def _key(floater, length: int) -> tuple:
@@ -46,15 +46,15 @@ def _key(floater, length: int) -> tuple:
     return (length, floater.options, floater.backend, floater.refresh_every, versions)
 
 
-def _drop_when_consumed(step: SharedStep, entry: _Shared):
+def _drop_when_consumed(step: Slot, entry: _Shared):
     """A hook on ``entry.biases``: its gradient arrives when the backward reaches the
     integration, whose graph is then freed: the entry must not serve another forward."""
     step_ref, entry_ref = weakref.ref(step), weakref.ref(entry)
 
     def hook(grad):
         current = step_ref()
-        if current is not None and current.entry is not None and current.entry is entry_ref():
-            current.entry = None
+        if current is not None and current.value is not None and current.value is entry_ref():
+            current.value = None
 
     return hook
 
@@ -77,7 +77,7 @@ def _all_blocks(source, length: int) -> Tensor:
     return out.unflatten(0, (source.num_layers, source.num_projections))
 
 
-def _compiled_block(source, step: SharedStep, n: int, length: int) -> Tensor:
+def _compiled_block(source, step: Slot, n: int, length: int) -> Tensor:
     """A training forward traced by torch.compile: layer 0 integrates all blocks' states
     and leaves the result in ``step``, where the later layers of the same forward find it
     (within one graph, the traced tensor itself; across graph breaks, a graph input). The
@@ -86,15 +86,15 @@ def _compiled_block(source, step: SharedStep, n: int, length: int) -> Tensor:
     non-reentrant checkpoint recomputes in its backward."""
     if n == 0:
         biases = source(length)
-        step.entry = _Shared(biases, None)
+        step.value = _Shared(biases, None)
         return biases[0]
-    entry = step.entry  # (its key is never read here: a guard on it would recompile each step)
+    entry = step.value  # (its key is never read here: a guard on it would recompile each step)
     if entry is None or entry.biases.shape[2] != length:
         return _per_block(source, n, length)
     return entry.biases[n]
 
 
-def training_block(source, step: SharedStep, n: int, length: int, share: bool) -> Tensor:
+def training_block(source, step: Slot, n: int, length: int, share: bool) -> Tensor:
     """Block n's biases [P, L, dim] in a training step: from the step's one integration
     of all blocks when it is still valid (layer 0 makes it), else integrated for the
     block alone (``share=False`` always)."""
@@ -104,7 +104,7 @@ def training_block(source, step: SharedStep, n: int, length: int, share: bool) -
         return _compiled_block(source, step, n, length)
     if not share:
         return _per_block(source, n, length)
-    entry = step.entry
+    entry = step.value
     valid = entry is not None and entry.key == _key(source.floater, length)
     if _in_backward():  # activation checkpointing recomputes; nothing new is shared here
         if not valid:  # reentrant: the forward ran under no_grad
@@ -120,7 +120,7 @@ def training_block(source, step: SharedStep, n: int, length: int, share: bool) -
         return _per_block(source, n, length)
     biases = source(length)  # all blocks: one integration (or the refresh bookkeeping)
     entry = _Shared(biases, _key(source.floater, length))
-    step.entry = entry
+    step.value = entry
     if biases.requires_grad:
         biases.register_hook(_drop_when_consumed(step, entry))
     return biases[n]
