@@ -168,6 +168,7 @@ class CustomOp:
         self.op.register_fake(fake)
         CUSTOM_OPS.append(self)
         self.body = body
+        self.schema = schema  # None: inferred from body's annotations
         self.op_function = op_function
         self.impl_args = impl_args
         # The op's plain-ATen composition, taking the op's own arguments: what an ONNX
