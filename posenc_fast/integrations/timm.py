@@ -1,31 +1,34 @@
-"""Position encodings of a timm VisionTransformer's patch grid from posenc_fast.
+"""Position encodings of a timm VisionTransformer's patch grid from posenc_fast: the
+learned table becomes an encoding of each patch's (row, col), so any grid size works::
 
-    model = timm.create_model("vit_small_patch16_224", dynamic_img_size=True)
     posenc_fast.integrations.timm.use_lff(model, gamma=2.0)    # or use_sine2d(model)
-
-The learned table ``model.pos_embed`` is replaced by an encoding of each patch's (row,
-col) index (in patch units, so ``gamma`` is the kernel width in patches): any grid size
-works, including sizes never seen in training (with ``dynamic_img_size=True``, or after
-``model.set_input_size``). timm keeps doing everything else: class and register tokens,
-patch dropout, pos_drop, the blocks.
-
-How it plugs in (timm 1.0's ``VisionTransformer._pos_embed(x)`` contract: x is the patch
-embedding's output, [B, H, W, C] with ``dynamic_img_size`` or [B, H*W, C] otherwise; the
-result is [B, prefix + H*W, C] with the prefix tokens first):
-
-- ``model.pos_embed`` is set to None, so timm's own code (``_pos_embed``, ``init_weights``,
-  ``set_input_size``) skips the table; the encoding is the submodule
-  ``model.pos_encoding`` (its parameters are in ``state_dict`` under that name).
-- ``model._pos_embed`` is overridden on this instance by a small callable that adds the
-  encoding to the patch tokens, then calls the class's own ``_pos_embed`` (which
-  concatenates the class/register tokens) and ``model.pos_drop``. No other state: the
-  model deep-copies, pickles and compiles (``torch.compile(fullgraph=True)``) as before.
-
-Prefix tokens (class, register, distillation) get no position encoding, whatever
-``no_embed_class`` says: with ``no_embed_class=False`` timm adds a learned vector to each,
-which is redundant with the learned tokens themselves. A checkpoint with a learned
-``pos_embed`` loads into the converted model with ``strict=False`` (the table is unused).
 """
+
+#     model = timm.create_model("vit_small_patch16_224", dynamic_img_size=True)
+#     posenc_fast.integrations.timm.use_lff(model, gamma=2.0)    # or use_sine2d(model)
+#
+# The learned table ``model.pos_embed`` is replaced by an encoding of each patch's (row,
+# col) index (in patch units, so ``gamma`` is the kernel width in patches): any grid size
+# works, including sizes never seen in training (with ``dynamic_img_size=True``, or after
+# ``model.set_input_size``). timm keeps doing everything else: class and register tokens,
+# patch dropout, pos_drop, the blocks.
+#
+# How it plugs in (timm 1.0's ``VisionTransformer._pos_embed(x)`` contract: x is the patch
+# embedding's output, [B, H, W, C] with ``dynamic_img_size`` or [B, H*W, C] otherwise; the
+# result is [B, prefix + H*W, C] with the prefix tokens first):
+#
+# - ``model.pos_embed`` is set to None, so timm's own code (``_pos_embed``, ``init_weights``,
+#   ``set_input_size``) skips the table; the encoding is the submodule
+#   ``model.pos_encoding`` (its parameters are in ``state_dict`` under that name).
+# - ``model._pos_embed`` is overridden on this instance by a small callable that adds the
+#   encoding to the patch tokens, then calls the class's own ``_pos_embed`` (which
+#   concatenates the class/register tokens) and ``model.pos_drop``. No other state: the
+#   model deep-copies, pickles and compiles (``torch.compile(fullgraph=True)``) as before.
+#
+# Prefix tokens (class, register, distillation) get no position encoding, whatever
+# ``no_embed_class`` says: with ``no_embed_class=False`` timm adds a learned vector to each,
+# which is redundant with the learned tokens themselves. A checkpoint with a learned
+# ``pos_embed`` loads into the converted model with ``strict=False`` (the table is unused).
 
 from __future__ import annotations
 

@@ -131,17 +131,13 @@ CUSTOM_OPS: list[CustomOp] = []
 
 
 class CustomOp:
-    """A ``posenc_fast::`` torch.library custom op (schema inferred from ``body``'s
-    annotations, which spell lists ``typing.List``: torch 2.5's ``infer_schema`` raises on
-    ``list[...]``) with its fake kernel and autograd, plus the direct eager path every op
-    shares: calling the object runs ``body`` itself (inside an autograd.Function with the
-    same setup_context and backward, for an op with autograd) where
-    :func:`direct_call_ok`, and the registered op everywhere else.
-
-    Measured for every op (small eager forward + backward on the CPU, one thread, best of
-    5 x 300 calls, shared 2-core machine, before -> after this path applied beyond LFF):
-    SinusoidalPE [2, 16, 32] 581-601 -> 442-482 µs, apply_lff_rotary (q, k [1, 2, 16, 16])
-    888-979 -> 746-808 µs; LFF (which had it) 840-913 -> 763-854 µs: worth keeping.
+    """A ``posenc_fast::`` torch.library custom op (its ``schema``, or one inferred from
+    ``body``'s annotations, which spell lists ``typing.List``: torch 2.5's ``infer_schema``
+    raises on ``list[...]``) with its fake kernel and autograd, plus the direct eager path
+    every op shares: calling the object runs ``body`` itself (inside an autograd.Function
+    with the same setup_context and backward, for an op with autograd) where
+    :func:`direct_call_ok` (the op's dispatch costs more than a small call's work; the
+    measurements are in docs/performance.md), and the registered op everywhere else.
 
     ``op_function``: the name of the Implementation function the op's body runs, so that
     :meth:`run` can call a ``differentiable`` implementation (the reference) without the op;
@@ -161,13 +157,18 @@ class CustomOp:
         impl_args: Optional[Callable] = None,
         tags: tuple = (),
         onnx: Optional[Callable] = None,
+        schema: Optional[str] = None,
     ):
         kwargs = {"tags": tags} if tags else {}
-        _resolve_annotations(body)
+        if schema is None:
+            _resolve_annotations(body)
+        else:
+            kwargs["schema"] = schema
         self.op = torch.library.custom_op(qualname, body, mutates_args=(), **kwargs)
         self.op.register_fake(fake)
         CUSTOM_OPS.append(self)
         self.body = body
+        self.schema = schema  # None: inferred from body's annotations
         self.op_function = op_function
         self.impl_args = impl_args
         # The op's plain-ATen composition, taking the op's own arguments: what an ONNX

@@ -13,6 +13,7 @@ each torch of the version matrix (README, "Compatibility").
 
 from __future__ import annotations
 
+import re
 import typing
 import warnings
 from typing import List, Optional  # noqa: UP035 (torch 2.5's accepted spellings)
@@ -51,6 +52,18 @@ _T25_PARAMS = {
     Optional[torch.device],
 }
 _T25_RETURNS = {Tensor, List[Tensor], int, float, bool}  # noqa: UP006
+# The argument types of explicit schemas that torch 2.5's parser accepts (used by FLOATER).
+_T25_SCHEMA_TYPES = {
+    "Tensor",
+    "Tensor?",
+    "Tensor[]",
+    "SymInt",
+    "int",
+    "float",
+    "bool",
+    "bool[]",
+    "str",
+}
 
 
 def _t25_return_ok(ret) -> bool:
@@ -72,7 +85,14 @@ def test_custom_op_signatures_are_accepted_by_torch_2_5(custom):
     """torch 2.5 raises at import on e.g. list[bool] (accepted from 2.7): typing.List. And
     it evaluates string annotations (``from __future__ import annotations``) in its own
     module, which has no ``Tuple``: the op bodies' annotations must be objects by the time
-    ``custom_op`` reads them (that failed ``import posenc_fast`` on torch 2.5.1)."""
+    ``custom_op`` reads them (that failed ``import posenc_fast`` on torch 2.5.1). An
+    explicit schema is what torch registered, in types torch 2.5 parses."""
+    if custom.schema is not None:
+        registered = str(custom.op._opoverload._schema)
+        assert registered == f"{custom.op._qualname}{custom.schema}", registered
+        types = re.findall(r"([\w\[\]?]+) \w+[,)]", custom.schema)
+        assert types and set(types) <= _T25_SCHEMA_TYPES, (custom.op._name, types)
+        return
     annotations = custom.body.__annotations__
     strings = {k: v for k, v in annotations.items() if isinstance(v, str)}
     assert not strings, f"{custom.op._name}: string annotations {strings} (torch 2.5 rejects)"

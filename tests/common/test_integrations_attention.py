@@ -84,7 +84,7 @@ def test_deepcopy_after_a_training_forward_and_independence(calls):
     randomize(biases)
     out = model(images())
     twin = copy.deepcopy(model)
-    assert twin.blocks[1].attn.qkv._source.module is twin.floater_bias
+    assert twin.blocks[1].attn.qkv._block.module is twin.floater_bias
     torch.testing.assert_close(twin(images()), out)
     with torch.no_grad():
         twin.floater_bias.floater.p0.add_(1.0)

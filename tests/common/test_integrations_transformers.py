@@ -155,10 +155,10 @@ def test_every_projection_adds_its_blocks_bias(family, training):
     with torch.no_grad():
         table = biases(seen[0][1].shape[-2])  # [N, 3, L, dim]
     for proj, x, out in seen:
-        n, j = proj._source.layer, proj.index
+        n, j = proj._block.layer, proj.index
         want = F.linear(x, proj.weight, proj.bias) + table[n, j]
         torch.testing.assert_close(out, want)
-    assert {(p._source.layer, p.index) for p, _, _ in seen} == {
+    assert {(p._block.layer, p.index) for p, _, _ in seen} == {
         (n, j) for n in range(layers) for j in range(3)
     }
 
@@ -214,7 +214,7 @@ def test_position_ids_choose_the_biases():
         shifted = hidden(model, **x, position_ids=pos)
         table = biases(15)  # positions 0..14
     for proj, xin, out in seen:
-        want = F.linear(xin, proj.weight, proj.bias) + table[proj._source.layer, proj.index][pos]
+        want = F.linear(xin, proj.weight, proj.bias) + table[proj._block.layer, proj.index][pos]
         torch.testing.assert_close(out, want)
     for h in handles:
         h.remove()

@@ -13,9 +13,8 @@ from posenc_fast import _dispatch, _extension, _testing
 from posenc_fast._testing import FloaterCase, floater_inputs
 from posenc_fast.ops.floater import graphed
 from posenc_fast.ops.floater import reference as ref
-from posenc_fast.ops.floater.op import problem_of
 from posenc_fast.ops.floater.reference import FloaterOptions
-from posenc_fast.ops.floater.registry import FLOATER
+from posenc_fast.ops.floater.registry import FLOATER, problem_of
 from posenc_fast.tolerances import assert_close
 
 CASE = FloaterCase(3, 5, 7, 6, 2, "rk38", "gelu", repeat_time=True)

@@ -199,7 +199,7 @@ def test_compiled_training_call_tapes(monkeypatch, backend):
     monkeypatch.setattr(impl, "backward", spy_backward)
     monkeypatch.setenv(tape_mod.TAPE_ENV, "1024")
     args = floater_inputs(FloaterCase(6, 12, 10, 5, substeps=2), torch.float32, "cpu", seed=9)
-    expect = impl is pf.ops.floater.op.implementation(
+    expect = impl is pf.ops.floater.registry.implementation(
         backend, args[0], args[1], args[5], FloaterOptions(2, "rk4", "tanh")
     )
 

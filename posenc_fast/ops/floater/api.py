@@ -1,14 +1,14 @@
-"""FLOATER (Liu et al. 2020): position encodings as the solution of an ODE.
+"""FLOATER's public function and modules: argument checks, the call path to the custom
+ops, and the modules' cache, refresh and freeze logic."""
 
-Path of a call: ``floater`` (checks) -> the dispatcher picks an implementation from the
-registry (registry.py) -> the custom op ``posenc_fast::floater`` (op.py) -> the
-implementation's integrator (torch_impl.py, or the C++/CUDA extension: csrc/floater/) ->
-backward: ``posenc_fast::floater_backward``, the discrete adjoint, recomputing each
-interval from the states saved at the sample times (an eager training call on the cpp or
-cuda backend runs ``posenc_fast::floater_taped`` instead, whose backward reads most
-intervals from its tape: tape.py). The semantics are written out in
-reference.py; the module's result cache is cache.py.
-"""
+# Path of a call: ``floater`` (checks) -> the dispatcher picks an implementation from the
+# registry (registry.py) -> the custom op ``posenc_fast::floater`` (op.py) -> the
+# implementation's integrator (torch_impl.py, or the C++/CUDA extension: csrc/floater/) ->
+# backward: ``posenc_fast::floater_backward``, the discrete adjoint, recomputing each
+# interval from the states saved at the sample times (an eager training call on the cpp or
+# cuda backend runs ``posenc_fast::floater_taped`` instead, whose backward reads most
+# intervals from its tape: tape.py). The semantics are written out in
+# reference.py; the module's result cache is cache.py.
 
 from __future__ import annotations
 
@@ -22,15 +22,10 @@ from ... import _checks, _dispatch
 from .._torch_common import onnx_export_running, onnx_exporting
 from . import cache as _floater_cache
 from . import reference as _reference
+from . import registry
+from . import shared as _shared
 from . import tape as _tape
-from .op import (
-    FLOATER_CACHED,
-    FLOATER_OP,
-    FLOATER_TAPED,
-    gradients,
-    implementation,
-    problem_of,
-)
+from .op import FLOATER_CACHED, FLOATER_OP, FLOATER_TAPED, gradients
 from .reference import FloaterOptions
 from .registry import FLOATER
 
@@ -135,14 +130,14 @@ def integrate(
     if _is_compiling() and not _without_op(backend):
         # The dispatcher asks each backend whether it can run here, which may load the C++
         # extension under a lock: dynamo cannot trace that. The op resolves "auto" when it
-        # runs instead (op.implementation, the same function: same answer).
+        # runs instead (registry.implementation, as below: same answer).
         _dispatch.validate_name(backend)
         intervals, name = _compiled_tape(p0, w1, b1, w2, b2, times, options, backend)
         if intervals:
             out, _ = FLOATER_TAPED(p0, w1, b1, w2, b2, times, *options, name, intervals)
             return out, name
         return FLOATER_OP(p0, w1, b1, w2, b2, times, *options, backend), backend
-    impl = implementation(backend, p0, w1, times, options)
+    impl = registry.implementation(backend, p0, w1, times, options)
     if _tape.wanted(impl, p0, w1, b1, w2, b2, times) and not _traced():
         intervals = _tape.intervals(p0, w1, times, options)
         if intervals:
@@ -168,15 +163,14 @@ def _compiled_tape(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: 
 
 @torch._dynamo.assume_constant_result
 def _taped_backend(backend, device, dtype, substeps, method, activation) -> str:
-    """The backend ``backend`` ("auto" or a name) resolves to on this device and dtype,
-    or "" when the dispatcher refuses. Dynamo runs it for real while tracing (the
-    dispatcher may load the C++ extension, which it could not trace) and keeps the answer
-    as a constant. The sizes are not known as numbers then: their limits are checked when
-    the op runs (op.implementation), which raises the dispatcher's refusal."""
-    options = FloaterOptions(substeps, method, activation)
-    problem = problem_of(device, dtype, None, options)
+    """registry.choose's name for a compiled call, or "" when the dispatcher refuses.
+    Dynamo runs it for real while tracing (the dispatcher may load the C++ extension,
+    which it could not trace) and keeps the answer as a constant; the sizes' limits are
+    checked when the op runs (registry.implementation), which raises the refusal."""
     try:
-        return _dispatch.choose(FLOATER, problem, backend).name
+        return registry.choose(
+            backend, device, dtype, FloaterOptions(substeps, method, activation)
+        ).name
     except (_dispatch.BackendError, ValueError):
         return ""
 
@@ -188,9 +182,9 @@ def _traced() -> bool:
 
 
 def _without_op(backend: str) -> bool:
-    """Whether ``backend`` (after POSENC_FAST_BACKEND) names an implementation that runs
-    without the op (the reference: autograd differentiates it, nothing to cache or trace)."""
-    impl = FLOATER.get(_dispatch.resolve_env(backend))
+    """Whether ``backend`` names an implementation that runs without the op (the
+    reference: autograd differentiates it, nothing to cache or trace)."""
+    impl = registry.named(backend)
     return impl is not None and impl.differentiable
 
 
@@ -408,6 +402,18 @@ class Floater(nn.Module):
 
     def _compute(self, times: Tensor) -> Tensor:
         return self._integrate(self._inputs(), times, self.backend)[0]
+
+    def integrate_states(self, length: int, states: Optional[slice] = None) -> Tensor:
+        """The states (those of ``states`` only, when given) at positions 0..length-1 as a
+        training call computes them, integrated now: no cache, no refresh bookkeeping.
+        [S, L, dim] in the parameters' dtype; ``length`` is trusted (a size already
+        checked), as the attention integrations pass it."""
+        t = self.length_times(length)
+        if states is None:
+            return self._compute(t).to(self.p0.dtype)
+        inputs = (self.p0[states], self.w1, self.b1, self.w2, self.b2)
+        out, _ = integrate(*inputs, t, self.options, self.backend, check_values=False)
+        return out.to(self.p0.dtype)
 
     def _config_key(self, inputs) -> tuple:
         return _floater_cache.key(inputs, self.options, self.backend)
@@ -639,6 +645,7 @@ class FloaterAttentionBias(nn.Module):
         _checks.positive_int("num_projections", num_projections)
         self.num_layers, self.num_projections = num_layers, num_projections
         self.floater = Floater(dim, num_layers * num_projections, **floater_kwargs)
+        self._step = _shared.Slot()  # a training forward's one integration (shared.py)
 
     def reset_parameters(self) -> None:
         self.floater.reset_parameters()
@@ -647,6 +654,24 @@ class FloaterAttentionBias(nn.Module):
         """length: int >= 0, or times [L] -> [num_layers, num_projections, L, dim]."""
         out = self.floater(length, times)
         return out.unflatten(0, (self.num_layers, self.num_projections))
+
+    def block(self, layer: int, share: bool = True) -> _shared.BlockBiases:
+        """What an attention block holds to get its biases: ``block(n)(length)`` is
+        :meth:`block_biases` of block n."""
+        return _shared.BlockBiases(self, layer, share)
+
+    def block_biases(self, n: int, length: int, share: bool = True) -> Tensor:
+        """Block ``n``'s biases for positions 0..length-1: [num_projections, L, dim], equal
+        to ``self(length)[n]``. In a training step (train mode, gradients on) one
+        integration of all blocks' states per forward serves every block and its backward
+        (layer 0 makes it; ``share=False``: block n integrates its own states); otherwise
+        the module's cache or frozen states serve it (docs/floater-training.md)."""
+        fl = self.floater
+        # Frozen: stored biases, never integrate. An ONNX export goes through forward too,
+        # which refuses an unfrozen module.
+        if fl.frozen or onnx_export_running() or not (fl.training and torch.is_grad_enabled()):
+            return self(length)[n]
+        return _shared.training_block(self, self._step, n, length, share)
 
     def extra_repr(self) -> str:
         return f"num_layers={self.num_layers}, num_projections={self.num_projections}"

@@ -1,18 +1,18 @@
-"""The result cache of a Floater module, shared by the eager module and the compiled op.
+"""The result cache of a Floater module, shared by the eager module and the compiled op:
+a repeated eval call costs nothing, a longer one integrates only the new positions."""
 
-In eval mode (or under no_grad) a Floater keeps its last result per call form ("length"
-or "times"). A repeated call is served from it, a longer ``length`` integrates only the new
-positions from the last stored state, and any change of the parameters' values or of the
-configuration recomputes. Eagerly, Floater.forward consults the cache directly. Under
-torch.compile that bookkeeping (dict lookups, value comparisons, version counters) cannot
-be traced, so the compiled graph calls the custom op ``posenc_fast::floater_cached``
-(op.py) instead, which consults the same cache when it runs: the cache is found
-through a process-wide registry by an integer id, the only handle a graph can carry.
-
-Everything here works on the integration's inputs ``(p0, w1, b1, w2, b2)`` in the dtype
-the states are integrated in, and on the sample ``times``; an ``integrate(inputs, times,
-backend) -> (out, backend name)`` callable does the work.
-"""
+# In eval mode (or under no_grad) a Floater keeps its last result per call form ("length"
+# or "times"). A repeated call is served from it, a longer ``length`` integrates only the new
+# positions from the last stored state, and any change of the parameters' values or of the
+# configuration recomputes. Eagerly, Floater.forward consults the cache directly. Under
+# torch.compile that bookkeeping (dict lookups, value comparisons, version counters) cannot
+# be traced, so the compiled graph calls the custom op ``posenc_fast::floater_cached``
+# (op.py) instead, which consults the same cache when it runs: the cache is found
+# through a process-wide registry by an integer id, the only handle a graph can carry.
+#
+# Everything here works on the integration's inputs ``(p0, w1, b1, w2, b2)`` in the dtype
+# the states are integrated in, and on the sample ``times``; an ``integrate(inputs, times,
+# backend) -> (out, backend name)`` callable does the work.
 
 from __future__ import annotations
 

@@ -1,96 +1,50 @@
-"""torch.library custom ops for FLOATER.
-
-    posenc_fast::floater(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)
-        -> out [S, L, d]
-    posenc_fast::floater_backward(grad, out, p0, w1, b1, w2, b2, times, substeps, method,
-                                  activation, backend, needs, tape)
-        -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is False)
-    posenc_fast::floater_taped(p0, w1, b1, w2, b2, times, substeps, method, activation,
-                               backend, intervals) -> (out [S, L, d], tape)
-        floater(...) keeping the stage values of the first ``intervals`` intervals for its
-        backward (tape.py): what an eager training call on the cpp or cuda backend runs
-    posenc_fast::floater_cached(p0, w1, b1, w2, b2, times, substeps, method, activation,
-                                backend, cache_id, mode) -> out [S, L, d]
-        floater(...) served from the cache of the Floater module with this id: what a
-        compiled eval-mode Floater calls (cache.py)
-
-The schemas take the options' three scalars; the Python side passes one
-:class:`FloaterOptions`. ``backend`` names the implementation, chosen by the dispatcher
-before the call, or "auto" in calls traced by torch.compile, resolved by
-:func:`implementation` when the op runs (the same function the public API calls). The
-autograd registration saves the inputs and the output: the states at the sample times are
-all the backward (the discrete adjoint) needs, since it recomputes each interval's
-substeps from its starting state (or, after floater_taped, reads them from the tape).
-When a double backward is requested (grad mode on inside backward), the gradient is
-instead built by differentiating the reference integrator run in the inputs' dtype, so
-gradgradcheck works.
+"""The torch.library custom ops of FLOATER (floater, floater_taped, floater_backward,
+floater_cached) and their autograd: what the public API and the module call, so that
+torch.compile, export and ONNX see one op per integration. Every op's schema starts with
+the same ten arguments (:func:`_schema`); the Python side passes one FloaterOptions.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import List, Optional, Tuple  # noqa: UP035 (torch 2.5: see ops/_common.CustomOp)
 
 import torch
 from torch import Tensor
 
-from ... import _dispatch
-from ..._dispatch import Implementation, Problem
+from ..._dispatch import Implementation
 from .._common import CustomOp, autocast_disabled, differentiable_grads
 from . import cache as _cache
 from . import reference
 from . import tape as _tape
 from .reference import FloaterOptions
-from .registry import FLOATER
+from .registry import FLOATER, implementation
+
+# The schema types of FloaterOptions' fields (infer_schema's spelling: int is SymInt).
+_SCHEMA_TYPES = {int: "SymInt", str: "str"}
 
 
-def problem(p0: Tensor, w1: Tensor, times: Tensor, options: FloaterOptions) -> Problem:
-    """What the dispatcher decides a FLOATER call on."""
-    sizes = (p0.shape[0], p0.shape[1], w1.shape[1], times.shape[0])
-    return problem_of(p0.device.type, p0.dtype, sizes, options)
-
-
-def problem_of(device: str, dtype: torch.dtype, sizes, options: FloaterOptions) -> Problem:
-    """The same from the metadata alone: sizes = (S, d, H, L), or None when they are not
-    known as numbers (no size limit is checked then)."""
-    names = ("num_states", "dim", "hidden_dim", "length")
-    known = {} if sizes is None else dict(zip(names, sizes), substeps=options.substeps)
-    return Problem(
-        op="floater",
-        device=device,
-        dtype=dtype,
-        sizes=known,
-        options={"method": options.method, "activation": options.activation},
-    )
-
-
-def implementation(
-    backend: str, p0: Tensor, w1: Tensor, times: Tensor, options: FloaterOptions
-) -> Implementation:
-    """The implementation that runs a FLOATER call with ``backend`` ("auto" or a name)."""
-    return _dispatch.choose(FLOATER, problem(p0, w1, times, options), backend)
+def _schema(returns: str, before: str = "", after: str = "") -> str:
+    """An op's schema: ``before``, the ten arguments every FLOATER op takes (the tensors
+    reference.TENSORS, the fields of FloaterOptions, the backend's name), ``after``.
+    Written out rather than inferred from annotations: one definition for every op (and
+    torch 2.5's infer_schema read some annotation forms wrongly)."""
+    call = [f"Tensor {name}" for name in reference.TENSORS]
+    call += [f"{_SCHEMA_TYPES[type(v)]} {n}" for n, v in FloaterOptions._field_defaults.items()]
+    call.append("str backend")
+    args = ", ".join(part for part in (before, ", ".join(call), after) if part)
+    return f"({args}) -> {returns}"
 
 
 def _in_op(backend: str, p0, w1, times, options) -> Implementation:
     """Inside an op's body: the named implementation, or "auto" (passed by calls traced by
-    torch.compile) resolved here, where the tensors are real."""
+    torch.compile) resolved here, where the tensors are real (registry.implementation:
+    the same decision as the API's)."""
     if backend == "auto":
         return implementation(backend, p0, w1, times, options)
     return FLOATER[backend]
 
 
-def _floater(
-    p0: Tensor,
-    w1: Tensor,
-    b1: Tensor,
-    w2: Tensor,
-    b2: Tensor,
-    times: Tensor,
-    substeps: int,
-    method: str,
-    activation: str,
-    backend: str,
-) -> Tensor:
+def _floater(p0, w1, b1, w2, b2, times, substeps, method, activation, backend) -> Tensor:
     options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
         impl = _in_op(backend, p0, w1, times, options)
@@ -107,21 +61,8 @@ def _floater_fake(p0, w1, b1, w2, b2, times, substeps, method, activation, backe
 
 
 def _backward_body(
-    grad: Tensor,
-    out: Tensor,
-    p0: Tensor,
-    w1: Tensor,
-    b1: Tensor,
-    w2: Tensor,
-    b2: Tensor,
-    times: Tensor,
-    substeps: int,
-    method: str,
-    activation: str,
-    backend: str,
-    needs: List[bool],  # noqa: UP006
-    tape: Optional[Tensor],
-) -> List[Tensor]:  # noqa: UP006
+    grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, needs, tape
+) -> list[Tensor]:
     options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
         impl = _in_op(backend, p0, w1, times, options)
@@ -136,7 +77,14 @@ def _backward_fake(
     return [torch.empty_like(t) if need else grad.new_empty(0) for need, t in zip(needs, refs)]
 
 
-FLOATER_BACKWARD = CustomOp("posenc_fast::floater_backward", _backward_body, _backward_fake)
+FLOATER_BACKWARD = CustomOp(
+    "posenc_fast::floater_backward",
+    _backward_body,
+    _backward_fake,
+    schema=_schema(
+        "Tensor[]", before="Tensor grad, Tensor out", after="bool[] needs, Tensor? tape"
+    ),
+)
 
 
 def gradients(grad, out, inputs, options: FloaterOptions, backend: str, needs, tape=None) -> list:
@@ -177,6 +125,7 @@ FLOATER_OP = CustomOp(
     "posenc_fast::floater",
     _floater,
     _floater_fake,
+    schema=_schema("Tensor"),
     backward=_backward,
     setup_context=_setup_context,
     op_function="forward",
@@ -193,18 +142,8 @@ FLOATER_OP = CustomOp(
 
 
 def _floater_taped(
-    p0: Tensor,
-    w1: Tensor,
-    b1: Tensor,
-    w2: Tensor,
-    b2: Tensor,
-    times: Tensor,
-    substeps: int,
-    method: str,
-    activation: str,
-    backend: str,
-    intervals: int,
-) -> Tuple[Tensor, Tensor]:  # noqa: UP006
+    p0, w1, b1, w2, b2, times, substeps, method, activation, backend, intervals
+) -> tuple[Tensor, Tensor]:
     options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
         # the dispatcher checks the sizes (a compiled call names its backend while tracing)
@@ -235,6 +174,7 @@ FLOATER_TAPED = CustomOp(
     "posenc_fast::floater_taped",
     _floater_taped,
     _floater_taped_fake,
+    schema=_schema("(Tensor, Tensor)", after="SymInt intervals"),
     backward=_backward_taped,
     setup_context=_setup_taped,
 )
@@ -253,18 +193,7 @@ def integrator(options: FloaterOptions) -> _cache.Integrate:
 
 
 def _floater_cached(
-    p0: Tensor,
-    w1: Tensor,
-    b1: Tensor,
-    w2: Tensor,
-    b2: Tensor,
-    times: Tensor,
-    substeps: int,
-    method: str,
-    activation: str,
-    backend: str,
-    cache_id: int,
-    mode: str,
+    p0, w1, b1, w2, b2, times, substeps, method, activation, backend, cache_id, mode
 ) -> Tensor:
     inputs = (p0, w1, b1, w2, b2)
     options = FloaterOptions(substeps, method, activation)
@@ -310,6 +239,7 @@ FLOATER_CACHED = CustomOp(
     "posenc_fast::floater_cached",
     _floater_cached,
     _floater_cached_fake,
+    schema=_schema("Tensor", after="SymInt cache_id, str mode"),
     backward=_backward_cached,
     setup_context=_setup_cached,
     tags=(_UNSAFE_IN_CUDA_GRAPHS,) if _UNSAFE_IN_CUDA_GRAPHS is not None else (),

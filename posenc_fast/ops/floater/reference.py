@@ -1,32 +1,6 @@
-"""FLOATER (Liu et al. 2020), literally: the ODE of Eq. 8 integrated one solver step after
-another, in float64. This is the specification every FLOATER backend is tested against.
-
-    p0 [S, d]          the initial value of each of the S states (one per block / projection)
-    w1 [d+1, H], b1 [H], w2 [H+1, d], b2 [d]      the dynamics, shared by all states
-    times [L]          sample times, non-decreasing, >= 0
-
-The dynamics concatenate the time to the input of each layer, as the paper's official code
-does:
-
-    h(t, p) = [act([p, t] w1 + b1), t] w2 + b2
-            = act(p w1[:d] + t w1[d] + b1) w2[:H] + t w2[H] + b2
-
-Integration: interval j (j = 0..L-1) runs from t_prev = (0 if j == 0 else times[j-1]) to
-times[j] in ``substeps`` equal steps of size hstep = (times[j] - t_prev) / substeps, step k
-starting at t_prev + k * hstep. The state entering interval 0 is p0, the state entering
-interval j > 0 is out[:, j-1]; out[:, j] is the state after interval j. With times
-i * delta_t (the paper's t_i = i * delta_t), interval 0 has length zero and out[:, 0] = p0.
-
-Methods, each one explicit Runge-Kutta step y -> y + hstep * sum_i b_i k_i:
-    "euler"     k1 = h(t, y)
-    "midpoint"  k1 = h(t, y); k2 = h(t + hstep/2, y + hstep/2 k1); b = (0, 1)
-    "rk4"       classic: stages at t, t + hstep/2 (twice), t + hstep; b = (1, 2, 2, 1) / 6
-    "rk38"      the 3/8 rule (torchdiffeq's "rk4"): stages at t, t + hstep/3, t + 2 hstep/3,
-                t + hstep with inputs y + hstep k1/3, y + hstep (k2 - k1/3),
-                y + hstep (k1 - k2 + k3); b = (1, 3, 3, 1) / 8
-
-Differentiable by autograd: backpropagating through this loop is the exact discrete
-adjoint that the backends implement by hand.
+"""FLOATER (Liu et al. 2020), literally: the ODE of its Eq. 8 integrated one solver step
+after another in float64. This is the specification every FLOATER backend is tested
+against; autograd through its loop is the exact discrete adjoint the backends write by hand.
 """
 
 from __future__ import annotations
@@ -40,6 +14,13 @@ from torch import Tensor
 METHODS = ("rk4", "rk38", "midpoint", "euler")
 ACTIVATIONS = ("relu", "tanh", "gelu", "identity")
 
+# The tensors of every FLOATER call, in order (the custom ops' schemas are built from these
+# and FloaterOptions' fields, op.py):
+#   p0 [S, d]     the initial value of each of the S states (one per block / projection)
+#   w1 [d+1, H], b1 [H], w2 [H+1, d], b2 [d]     the dynamics, shared by all states
+#   times [L]     sample times, non-decreasing, >= 0
+TENSORS = ("p0", "w1", "b1", "w2", "b2", "times")
+
 
 class FloaterOptions(NamedTuple):
     """How the ODE is integrated: ``substeps`` equal steps of ``method`` per interval, with
@@ -51,6 +32,8 @@ class FloaterOptions(NamedTuple):
     activation: str = "relu"
 
 
+# Each method is one explicit Runge-Kutta step y -> y + hstep * sum_i b_i k_i ("rk38" is
+# the 3/8 rule, torchdiffeq's "rk4").
 Dynamics = Callable[[Tensor, Tensor], Tensor]  # h(t, y): (0-d time, [S, d]) -> [S, d]
 
 
@@ -112,21 +95,17 @@ def dynamics(w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, activation_name: st
 
 
 def floater(
-    p0: Tensor,
-    w1: Tensor,
-    b1: Tensor,
-    w2: Tensor,
-    b2: Tensor,
-    times: Tensor,
-    substeps: int = 5,
-    method: str = "rk4",
-    activation_name: str = "relu",
-    out_dtype: Optional[torch.dtype] = None,
-    compute_dtype: torch.dtype = torch.float64,
-) -> Tensor:
+    p0, w1, b1, w2, b2, times, substeps=5, method="rk4", activation_name="relu",
+    out_dtype: Optional[torch.dtype] = None, compute_dtype: torch.dtype = torch.float64,
+) -> Tensor:  # fmt: skip
     """p(times) for every state, [S, L, d], integrated in ``compute_dtype`` (float64: the
     specification; another dtype gives the plain-PyTorch baseline of the benchmarks), cast
-    to ``out_dtype`` (default: the compute dtype)."""
+    to ``out_dtype`` (default: the compute dtype).
+
+    Interval j runs from t_prev = (0 if j == 0 else times[j-1]) to times[j] in
+    ``substeps`` equal steps; the state entering interval j > 0 is out[:, j-1], and
+    out[:, j] is the state after it. With times i * delta_t (the paper's t_i), interval 0
+    has length zero and out[:, 0] = p0."""
     c = compute_dtype
     h = dynamics(w1.to(c), b1.to(c), w2.to(c), b2.to(c), activation_name)
     step = STEPS[method]

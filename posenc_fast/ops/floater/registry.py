@@ -1,22 +1,22 @@
-"""Who implements FLOATER: backend name -> SUPPORT table + functions.
+"""Who implements FLOATER (backend name -> SUPPORT table + functions), and which
+implementation runs a call: decided here only."""
 
-Every implementation has
-    forward(p0, w1, b1, w2, b2, times, options) -> out [S, L, d]
-    backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape=None)
-        -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
-(the reference only ``forward``: autograd differentiates it). ``options`` is a
-:class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` and
-``cuda`` backends also have
-    forward_taped(p0, w1, b1, w2, b2, times, options, intervals) -> (out, tape)
-which keeps the stage values of the first ``intervals`` intervals for its backward
-(``tape=``; tape.py); the other backends are never given a tape.
-
-The extension's integrator is ``posenc_fast::floater_integrate`` /
-``floater_integrate_backward`` (and their taped forms): defined with their CPU kernels by
-posenc_fast._C ("cpp" needs only that module), with CUDA kernels registered by
-posenc_fast._C_cuda ("cuda" needs both). The ``torch`` backend's functions capture the
-loop in CUDA graphs on CUDA tensors (graphed.py) and run it plainly elsewhere.
-"""
+# Every implementation has
+#     forward(p0, w1, b1, w2, b2, times, options) -> out [S, L, d]
+#     backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape=None)
+#         -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
+# (the reference only ``forward``: autograd differentiates it). ``options`` is a
+# :class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` and
+# ``cuda`` backends also have
+#     forward_taped(p0, w1, b1, w2, b2, times, options, intervals) -> (out, tape)
+# which keeps the stage values of the first ``intervals`` intervals for its backward
+# (``tape=``; tape.py); the other backends are never given a tape.
+#
+# The extension's integrator is ``posenc_fast::floater_integrate`` /
+# ``floater_integrate_backward`` (and their taped forms): defined with their CPU kernels by
+# posenc_fast._C ("cpp" needs only that module), with CUDA kernels registered by
+# posenc_fast._C_cuda ("cuda" needs both). The ``torch`` backend's functions capture the
+# loop in CUDA graphs on CUDA tensors (graphed.py) and run it plainly elsewhere.
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from typing import Optional
 
 import torch
 
-from ..._dispatch import ANY, Implementation, OpSupport, extension_ops, register
+from ... import _dispatch
+from ..._dispatch import ANY, Implementation, OpSupport, Problem, extension_ops, register
 from . import graphed, reference
 from .reference import ACTIVATIONS, METHODS, FloaterOptions
 
@@ -99,3 +100,39 @@ FLOATER = register(
         **_extension("cuda", taped=True),
     ),
 )
+
+
+# -- which implementation runs a call: decided here, and only here ---------------------
+
+
+def problem_of(device: str, dtype: torch.dtype, sizes, options: FloaterOptions) -> Problem:
+    """What the dispatcher decides a FLOATER call on: sizes = (S, d, H, L), or None when
+    they are not known as numbers (no size limit is checked then)."""
+    names = ("num_states", "dim", "hidden_dim", "length")
+    known = {} if sizes is None else dict(zip(names, sizes), substeps=options.substeps)
+    return Problem(
+        op="floater",
+        device=device,
+        dtype=dtype,
+        sizes=known,
+        options={"method": options.method, "activation": options.activation},
+    )
+
+
+def choose(backend: str, device: str, dtype: torch.dtype, options: FloaterOptions, sizes=None):
+    """The implementation that runs a FLOATER call with ``backend`` ("auto" or a name;
+    "auto" becomes POSENC_FAST_BACKEND when set) on ``device`` and ``dtype``; the
+    dispatcher's BackendError explains a refusal."""
+    return _dispatch.choose(FLOATER, problem_of(device, dtype, sizes, options), backend)
+
+
+def implementation(backend: str, p0, w1, times, options: FloaterOptions) -> Implementation:
+    """:func:`choose` for a call on these tensors (their sizes' limits checked too)."""
+    sizes = (p0.shape[0], p0.shape[1], w1.shape[1], times.shape[0])
+    return choose(backend, p0.device.type, p0.dtype, options, sizes)
+
+
+def named(backend: str) -> Optional[Implementation]:
+    """The implementation ``backend`` names (after POSENC_FAST_BACKEND), None for "auto":
+    what is known before the inputs are."""
+    return FLOATER.get(_dispatch.resolve_env(backend))

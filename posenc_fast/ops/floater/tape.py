@@ -1,33 +1,30 @@
-"""The taped forward of the ``cpp`` and ``cuda`` backends: what it keeps, and how much.
+"""The taped forward of the ``cpp`` and ``cuda`` backends: the solver's stage values kept
+for the backward, so that it need not integrate again; what it keeps, and how much."""
 
-A training forward (gradients needed for p0 or the dynamics) on the ``cpp`` or ``cuda``
-backend keeps every stage's input Y_i [S, d] and pre-activation Z_i [S, H] of every
-sub-step of its first intervals, a "tape" of
-
-    intervals x substeps x stages x S x (d + H) elements in the state dtype,
-
-and its backward (the discrete adjoint) reads them instead of integrating each of those
-intervals again: on the CPU a third of its multiply-adds, bitwise the same gradients; on
-CUDA the backward then runs the adjoint chain alone over the taped intervals (half its
-products), and makes the weight gradients as a few large GEMMs over the tape
-(csrc/floater/floater_cuda.cu). The tape lives until the backward has run (it is saved
-for it like any activation); on CUDA it is device memory from torch's caching allocator.
-
-Its size: as many leading intervals as fit in ``POSENC_FAST_FLOATER_TAPE_MB`` mebibytes
-(default 1024; 0 turns the tape off). At the models' shapes of the FLOATER training
-benchmark: timm ViT-S/16 (S = 36, d = H = 384, L = 197, 5 RK4 steps) needs 416 MiB for
-every interval; the BERT-base-like encoder (d = H = 768, L = 512) 2160 MiB, so the
-default keeps 47% of its intervals. On the CPU the memory comes from one spare block that
-the C++ runtime keeps for the next tape (each training step makes one and frees it; fresh memory
-that large pays a page fault per 4 KiB, csrc/cpu/spare.h): :func:`release_memory` frees it.
-
-Under torch.compile the decision is made while dynamo traces (api._compiled_tape): a
-training call tapes as in eager mode, its intervals computed from the sizes (symbolic
-ones too) with the budget as it is then, which stays in the compiled code.
-
-A backward that needs the gradient of the times recomputes every interval (the tape does
-not hold the slopes that gradient reads), so no tape is made for such calls.
-"""
+# A training forward (gradients needed for p0 or the dynamics) on the ``cpp`` or ``cuda``
+# backend keeps every stage's input Y_i [S, d] and pre-activation Z_i [S, H] of every
+# sub-step of its first intervals, a "tape" of
+#
+#     intervals x substeps x stages x S x (d + H) elements in the state dtype,
+#
+# and its backward (the discrete adjoint) reads them instead of integrating each of those
+# intervals again: on the CPU a third of its multiply-adds, bitwise the same gradients; on
+# CUDA the backward then runs the adjoint chain alone over the taped intervals (half its
+# products), and makes the weight gradients as a few large GEMMs over the tape
+# (csrc/floater/floater_cuda.cu). The tape lives until the backward has run (it is saved
+# for it like any activation); on CUDA it is device memory from torch's caching allocator.
+#
+# Under torch.compile the decision is made while dynamo traces (api._compiled_tape): a
+# training call tapes as in eager mode, its intervals computed from the sizes (symbolic
+# ones too) with the budget as it is then, which stays in the compiled code.
+#
+# A backward that needs the gradient of the times recomputes every interval (the tape does
+# not hold the slopes that gradient reads), so no tape is made for such calls.
+#
+# Its size: as many leading intervals as fit in ``POSENC_FAST_FLOATER_TAPE_MB`` mebibytes
+# (default 1024; 0 turns the tape off); the sizes at the benchmarks' shapes are in
+# docs/floater-training.md. On the CPU its memory is one spare block that the C++ runtime
+# keeps for the next tape (csrc/cpu/spare.h): :func:`release_memory` frees it.
 
 from __future__ import annotations
 
