@@ -34,11 +34,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-_ACTIVATIONS = {
-    "gelu": lambda: nn.GELU(),
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-    "relu": lambda: nn.ReLU(),
-}
+from ..ops.lff import activations
 
 
 class EagerLFF(nn.Module):
@@ -47,7 +43,9 @@ class EagerLFF(nn.Module):
     def __init__(self, M: int, F: int, H: int, Dg: int, activation: str = "gelu"):
         super().__init__()
         self.wr = nn.Linear(M, F // 2, bias=False)
-        self.mlp = nn.Sequential(nn.Linear(F, H), _ACTIVATIONS[activation](), nn.Linear(H, Dg))
+        self.mlp = nn.Sequential(
+            nn.Linear(F, H), activations.get(activation).module(), nn.Linear(H, Dg)
+        )
         self.scale = 1.0 / math.sqrt(F)
 
     def forward(self, x: Tensor) -> Tensor:
