@@ -87,8 +87,9 @@ if HERE not in sys.path:
 import _gpu_common  # noqa: E402  (benchmarks/, beside this script)
 import torch  # noqa: E402
 
-SUBSTEPS = 5
-DELTA_T = 0.01  # floater_suite.BENCH_DELTA_T: the spacing of bench_inputs' times
+from posenc_fast.cli._cases import FLOATER_DELTA_T as DELTA_T  # noqa: E402
+from posenc_fast.cli._cases import FLOATER_SUBSTEPS as SUBSTEPS  # noqa: E402
+
 ACTIVATION = "relu"
 BASELINE_METHOD = "rk38"  # = torchdiffeq's fixed-grid "rk4"
 BASELINES = ("torch", "torch-eager", "graph", "torchdiffeq", "adjoint")
@@ -264,11 +265,11 @@ class Prepared:
 class Case:
     def __init__(self, ctx, L: int, S: int, d: int):
         from posenc_fast import _testing
-        from posenc_fast.cli import floater_suite
+        from posenc_fast.cli import _cases
 
         self.ctx, self.L, self.S, self.d = ctx, L, S, d
         dev = ctx.device
-        *weights, self.times = floater_suite.bench_inputs(
+        *weights, self.times = _cases.floater_inputs(
             S, d, L, torch.float32, dev, ctx.seed + L + d + S
         )
         self.leaves = [t.requires_grad_(True) for t in weights]
@@ -327,11 +328,11 @@ class Case:
         return prep
 
     def _call(self, impl: str, method: str, times) -> Callable:
-        from posenc_fast.cli import floater_suite
+        from posenc_fast.cli import _baselines
         from posenc_fast.ops.floater import floater
 
         if impl in ("torchdiffeq", "adjoint"):
-            baselines = floater_suite._torchdiffeq_baselines(*self.leaves, times, SUBSTEPS)
+            baselines = _baselines.torchdiffeq_baselines(*self.leaves, times, SUBSTEPS)
             if not baselines:
                 raise RuntimeError("torchdiffeq is not installed")
             fn = baselines["torchdiffeq" if impl == "torchdiffeq" else "torchdiffeq-adjoint"]

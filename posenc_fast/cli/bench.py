@@ -13,7 +13,7 @@ and GEMM rate), the largest error of its forward output against the float64 spec
 its largest difference from posenc_fast's own output (the first backend), and peak
 memory. Runs repeat per thread count (``--threads 1,2``) and, with ``--contention``,
 with a busy process pinned to one core (_contention); ``--floater-sizes 512x64,512x512``
-replaces FLOATER's (L, d = H) cases (floater_suite). Rotary (``apply_lff_rotary`` at
+replaces FLOATER's (L, d = H) cases (_cases). Rotary (``apply_lff_rotary`` at
 LightGlue's and a ViT's sizes) runs only when named: ``--ops rotary``. --json saves
 everything with the machine, versions and git SHA; benchmarks/render_cpu_table.py turns it
 into the benchmark tables. Timings are reported, never asserted; a run on a loaded machine
@@ -374,20 +374,12 @@ def plot(results: list[dict], path: str) -> None:
     print(f"plot written to {path}", file=sys.stderr)
 
 
-def _floater_cases(quick: bool, device: str, sizes=None) -> list:
-    try:
-        from .floater_suite import bench_cases
-    except ImportError:
-        return []
-    return bench_cases(quick, device, sizes)
-
-
 def bench_cases(quick: bool, device: str, ops, floater_sizes=None) -> list:
     """Every case ``bench`` runs for ``ops`` on ``device``: the one list, which
     benchmarks/test_bench.py (pytest-benchmark) runs too."""
     cases = _cases.cases(quick, device, list(ops))
     if "floater" in ops:
-        cases += _floater_cases(quick, device, floater_sizes)
+        cases += _cases.floater_cases(quick, device, floater_sizes)
     return cases
 
 
