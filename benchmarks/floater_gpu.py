@@ -1,71 +1,13 @@
 """The FLOATER GPU benchmark: the CUDA FLOATER integrator against torchdiffeq (odeint and
 odeint_adjoint), the package's torch backend and a CUDA-graphed PyTorch loop of the same
-steps.
+steps, with the goals each case is judged against.
 
     python benchmarks/floater_gpu.py --out floater_gpu.json    # the grid (H200: ~8 min, estimated)
     python benchmarks/floater_gpu.py --lengths 1024 --states 12 --dims 512 --out one.json
     python benchmarks/floater_gpu.py --dry-run --out /tmp/dry.json   # CPU, tiny sizes, seconds
 
-Grid: L in {256, 1024, 4096} sample times i * 0.01, S in {12, 36} states, d = H in
-{64, 512, 1024}; float32, ReLU, 5 steps per interval. The subject ("cuda") runs rk38 and
-rk4 (classic); the baselines run rk38, the 3/8 rule that torchdiffeq calls "rk4", on
-exactly our step grid (grid_constructor), so every implementation does the same steps with
-the same arithmetic; the goals compare the subject's rk38 with them (its rk4 rows show
-that the tableau does not change the cost).
-
-Implementations, side by side in one process on the same inputs:
-  cuda         posenc_fast backend "cuda": the forward one persistent launch (thread-block
-               clusters on sm_90+), the backward the adjoint chain over the forward's tape
-               (a training call keeps it within POSENC_FAST_FLOATER_TAPE_MB) and the weight
-               gradients as GEMMs. Extra rows: "cuda[tape=0]" (bwd: no tape, every chunk
-               of intervals integrated again first) and "cuda[plan=...]" (--cuda-plans).
-               The layouts chosen are recorded per case ("plans"). The script lifts the
-               POSENC_FAST_CUDA_UNVALIDATED gate itself.
-               [--dry-run: "cpp" on the CPU; "reference" where the extension is missing]
-  torch        posenc_fast backend "torch": on CUDA its loop captured in CUDA graphs
-               (ops/floater/graphed.py; the capture happens in the setup)
-  torch-eager  the same loop launched op by op (POSENC_FAST_FLOATER_CUDA_GRAPHS=0)
-  torchdiffeq  torchdiffeq.odeint, method "rk4", our grid; gradients by autograd
-  adjoint      torchdiffeq.odeint_adjoint, our grid forwards, each interval backwards
-  graph        a plain PyTorch loop of the same steps (addmm / relu / add with alpha; the
-               time biases of all stages in one op), the whole unrolled integration
-               captured in one CUDA graph and replayed; bwd: the autograd backward of that
-               loop captured in a second graph sharing the pool (as
-               torch.cuda.make_graphed_callables does)        [--dry-run: run eagerly]
-Modes: fwd (no autograd) and bwd (the backward alone, through a retained graph or the
-captured backward graph; random grad_output).
-
-Correct first: per case and method, the subject's output and gradients on the first 17
-sample times against autograd through the float64 reference loop (posenc_fast.tolerances);
-every other implementation's full-length output (fwd) or gradients (bwd) are compared
-with the subject's (relative difference to the largest entry; the adjoint's gradients are
-the continuous adjoint's, so they differ more).
-
-Timing: calls under --fast-ms with triton.testing.do_bench (median, 20th / 80th
-percentiles, L2 flushed); longer ones with CUDA events around a few calls (as many as fit
---target-seconds, at most --slow-repeats, at least one; a warm-up when it fits). Peak
-memory above what was allocated before a call (peak_bytes), and memory held between calls
-by the setup (held_bytes: the retained autograd graph, the CUDA graphs' pool).
-
-Guard: torchdiffeq runs ~85 PyTorch ops per step forward, ~140 backward and ~360 for the
-adjoint's backward (counted on the CPU): ~100k launches per call at L = 4096, seconds.
-Each baseline measurement is estimated first, from the same implementation measured at a
-shorter L of the same S and d or from a probe run on the first ~L/32 sample times, scaled
-by the number of steps; a measurement whose single run would
-exceed --max-seconds-per-impl, or which would end past --time-budget (keeping time for the
-subject in the remaining cases), is skipped and recorded as skipped with the estimate:
-never timed partially, never extrapolated into a result. Order: pass 1 runs every case
-with the subject and the baselines the goals need (graphed loop fwd, torchdiffeq fwd,
-graphed loop bwd, adjoint bwd); pass 2 adds the others (torch backend, graphed and eager,
-torchdiffeq bwd, adjoint fwd) with the time left, so a tight budget drops those first.
-
-Goals per case (docs/performance.md; the backward's bound tightened to 1.5x since):
-forward >= 40x torchdiffeq, backward >= 50x the adjoint's backward, >= 6x the graphed loop
-(fwd and bwd), backward <= 1.5x forward. The
-JSON (--out; written after every case) holds the environment (GPU, driver, CUDA, torch,
-triton, git SHA), the configuration, every row and each case's goals; a goal whose
-baseline was skipped is "pending". Measured figures: pending (no GPU in the session that
-wrote this script).
+The grid, implementations, checks, timing, guard and goals: benchmarks/README.md ("The
+FLOATER GPU benchmark").
 """
 
 from __future__ import annotations
@@ -87,8 +29,9 @@ if HERE not in sys.path:
 import _gpu_common  # noqa: E402  (benchmarks/, beside this script)
 import torch  # noqa: E402
 
-SUBSTEPS = 5
-DELTA_T = 0.01  # floater_suite.BENCH_DELTA_T: the spacing of bench_inputs' times
+from posenc_fast.cli._cases import FLOATER_DELTA_T as DELTA_T  # noqa: E402
+from posenc_fast.cli._cases import FLOATER_SUBSTEPS as SUBSTEPS  # noqa: E402
+
 ACTIVATION = "relu"
 BASELINE_METHOD = "rk38"  # = torchdiffeq's fixed-grid "rk4"
 BASELINES = ("torch", "torch-eager", "graph", "torchdiffeq", "adjoint")
@@ -264,11 +207,11 @@ class Prepared:
 class Case:
     def __init__(self, ctx, L: int, S: int, d: int):
         from posenc_fast import _testing
-        from posenc_fast.cli import floater_suite
+        from posenc_fast.cli import _cases
 
         self.ctx, self.L, self.S, self.d = ctx, L, S, d
         dev = ctx.device
-        *weights, self.times = floater_suite.bench_inputs(
+        *weights, self.times = _cases.floater_inputs(
             S, d, L, torch.float32, dev, ctx.seed + L + d + S
         )
         self.leaves = [t.requires_grad_(True) for t in weights]
@@ -327,11 +270,11 @@ class Case:
         return prep
 
     def _call(self, impl: str, method: str, times) -> Callable:
-        from posenc_fast.cli import floater_suite
+        from posenc_fast.cli import _baselines
         from posenc_fast.ops.floater import floater
 
         if impl in ("torchdiffeq", "adjoint"):
-            baselines = floater_suite._torchdiffeq_baselines(*self.leaves, times, SUBSTEPS)
+            baselines = _baselines.torchdiffeq_baselines(*self.leaves, times, SUBSTEPS)
             if not baselines:
                 raise RuntimeError("torchdiffeq is not installed")
             fn = baselines["torchdiffeq" if impl == "torchdiffeq" else "torchdiffeq-adjoint"]

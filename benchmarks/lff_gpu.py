@@ -4,64 +4,23 @@
     python benchmarks/lff_gpu.py --cases canonical,small --impls eager,triton
     python benchmarks/lff_gpu.py --dry-run             # CPU, tiny sizes, Triton interpreter
 
-Side by side in one process, per case and mode (fwd = inference forward, bwd = backward
-only through a retained graph, fwd+bwd = one training step): the eager PyTorch
-implementation of Algorithm 1 ("eager", phases in float32, everything materialised),
-torch.compile of it ("compile"; "compile-max" with --max-autotune), the package's torch
-backend ("torch", chunked) and its Triton backend: "auto" (what users get: the plan
-posenc_fast/ops/lff/plan.py chooses, named in the row with its reason), and each plan
-forced, "fused" (one Triton pass) and "gemm" (cuBLAS products + Triton elementwise
-kernels); a plan row that is auto's own choice is not timed twice (``same_as``: auto).
-"triton" is accepted as another name of "auto". Reported: median ms with 20th
-/ 80th percentiles (triton.testing.do_bench: device events, L2 flushed), achieved GB/s
-and % of a device-to-device copy ceiling measured in the same run, tensor-core TFLOP/s and
-% of a measured bf16 matmul ceiling, % of the predicted floor, speed-ups over eager and
-compile, and peak memory of one call above the inputs (fwd+bwd: the training-memory
-goal). Correctness is checked first: every implementation against the float64
-reference on the first rows. Results go to JSON (GPU, driver, versions, git SHA),
-written after every case so a time-out keeps what was measured.
-
-Bytes and FLOPs (R = N * G rows; x not requiring grad, weights requiring grad; bf16 out):
-    forward  bytes  R*M*4 (x) + N*D*2 (y)        FLOPs 2*R*(F*H + H*Dg) on tensor cores
-    backward bytes  R*M*4 (x) + N*D*2 (dY read)  FLOPs 2*R*(F*H + 2*H*Dg + 2*F*H)
-             (recompute r w1; dY w2^T and h^T dY; r^T ga and ga w1^T), weights negligible
-    sincos:  R*F/2 evaluations per feature pass (forward 1, backward 2)
-Predicted floors at 4.3 TB/s copy and ~790 TFLOP/s dense bf16 (docs/performance.md; the run
-measures both ceilings again and reports against its own):
-    case         N      M G  F   H   D     fwd bytes  fwd floor       bwd floor
-    canonical    2^20   2 1 256  32  768   1.62 GB    0.377 ms (mem)  0.377 ms (mem; 0.20 mma)
-    compute      2^20   2 1 768 256 1024   2.16 GB    1.22 ms (mma)   2.96 ms (mma)
-    compute-fp32 the same, float32 output (fp32 tl.dot: IEEE unless TF32 is allowed)
-    small        4096   2 1 256  32  768   6.3 MB     ~2 us: launch-bound (a few us)
-    seq1d        65536  1 1 256  32  768   101 MB     23 us (mem)     23 us (mem)
-    boxes-G1/2/4 2^20   4 G 256  32  768   1.63 GB    0.379 ms (mem)  0.379 ms (mem)
-                 (Dg = 768/G, M/G coordinates per group; mma 0.09 / 0.11 / 0.15 ms)
-Tables and fused adds (forward; 2^20 rows, dim 768): the int-position sinusoidal table
-writes 3.2 GB of float32 (0.75 ms floor); x + pe in bf16 reads and writes 1.6 GB each
-(0.75 ms floor). Eager baseline: the table computed in float32 each call, then x + table.
-Measured figures: pending (no GPU in the session that wrote this script).
+Per case and mode (fwd, bwd through a retained graph, fwd+bwd), side by side on the same
+inputs: the eager baseline (posenc_fast/cli/_baselines.py, phases in float32), its
+torch.compile, the torch backend and the Triton backend (auto and each plan forced), each
+checked against the float64 reference first; median ms, GB/s and TFLOP/s against ceilings
+measured in the same run, % of the floor, speed-ups and peak memory go to JSON after every
+case. Bytes, FLOPs and predicted floors: benchmarks/NOTES.md ("The LFF GPU benchmark").
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import sys
 
-CASES = {
-    # name: (N, M_total, G, F, H, D, dtype name)
-    "canonical": (2**20, 2, 1, 256, 32, 768, "bfloat16"),
-    "canonical-fp32": (2**20, 2, 1, 256, 32, 768, "float32"),
-    "compute": (2**20, 2, 1, 768, 256, 1024, "bfloat16"),
-    "compute-fp32": (2**20, 2, 1, 768, 256, 1024, "float32"),
-    "small": (4096, 2, 1, 256, 32, 768, "bfloat16"),
-    "seq1d": (65536, 1, 1, 256, 32, 768, "bfloat16"),
-    "boxes-G1": (2**20, 4, 1, 256, 32, 768, "bfloat16"),
-    "boxes-G2": (2**20, 4, 2, 256, 32, 768, "bfloat16"),
-    "boxes-G4": (2**20, 4, 4, 256, 32, 768, "bfloat16"),
-}
+# The LFF cases, CASES, are posenc_fast/cli/_cases.py's LFF_GPU_SHAPES (imported below,
+# after --dry-run has chosen the Triton interpreter).
 # --dry-run: the same cases shrunk so the interpreter gets through them in seconds.
 DRY_CASES = {
     "canonical": (96, 2, 1, 32, 16, 48, "bfloat16"),
@@ -92,7 +51,8 @@ def _args(argv=None):
     p.add_argument(
         "--cases",
         default=None,
-        help=f"comma-separated, run in the order given: LFF cases ({', '.join(CASES)}) and "
+        help="comma-separated, run in the order given: LFF cases (LFF_GPU_SHAPES of "
+        f"posenc_fast/cli/_cases.py) and "
         f"table / fused-add cases ({', '.join(ENC_CASES)}); default: every LFF case, then "
         "every table case. An LFF case may name its own modes: small:fwd, compute:fwd+bwd",
     )
@@ -117,10 +77,12 @@ import torch  # noqa: E402
 
 import posenc_fast as pf  # noqa: E402
 from posenc_fast import _testing  # noqa: E402
+from posenc_fast.cli import _baselines, _cases  # noqa: E402
 from posenc_fast.ops.lff import plan as lff_plan  # noqa: E402
 from posenc_fast.ops.lff import reference as lff_ref  # noqa: E402
 from posenc_fast.tolerances import mismatch  # noqa: E402
 
+CASES = _cases.LFF_GPU_SHAPES  # name: (N, M_total, G, F, H, D, dtype name)
 DEVICE = "cpu" if ARGS.dry_run else "cuda"
 COPY_TBPS_DATASHEET, MMA_TFLOPS_DATASHEET = 4.3, 790.0  # docs/performance.md, for predictions
 FP32_TFLOPS_DATASHEET = 67.0  # H200 datasheet, plain fp32: only when not measured
@@ -162,23 +124,28 @@ def counts(N, M, G, F, H, D, itemsize=2) -> dict:
     }
 
 
-def eager_lff(x, wr, w1, b1, w2, b2):
-    """Algorithm 1 as a user would write it: float32 phases, then the MLP in the weights'
-    dtype; every intermediate ([R, F/2] phases, cos, sin, [R, F], [R, H]) in memory."""
-    F = 2 * wr.shape[0]
-    phase = x.float() @ wr.float().T  # [..., G, F/2]
-    r = (torch.cat([torch.cos(phase), torch.sin(phase)], dim=-1) / math.sqrt(F)).to(w1.dtype)
-    h = torch.nn.functional.gelu(r @ w1 + b1)
-    return (h @ w2 + b2).flatten(-2)
-
-
 def make_case(name, spec):
     N, M, G, F, H, D, dtype_name = spec
     dtype = getattr(torch, dtype_name)
     case = _testing.LffCase((N,), G, M // G, F, H, D // G, "gelu")
     x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, dtype, DEVICE, seed=N + F + G)
     weights = [t.requires_grad_(True) for t in (wr, w1, b1, w2, b2)]
-    return {"name": name, "spec": spec, "dtype": dtype, "x": x, "weights": weights}
+    # The eager baseline as a user writes it (nn.Linear, torch.cat, nn.GELU) with copies of
+    # the weights: float32 phases, the MLP in the weights' dtype, every intermediate
+    # ([R, F/2] phases, cos, sin, [R, F], [R, H]) in memory.
+    eager = _baselines.EagerLFF.from_weights(
+        *(t.detach() for t in weights), phase_dtype=torch.float32
+    )
+    return {"name": name, "spec": spec, "dtype": dtype, "x": x, "weights": weights,
+            "eager": eager}  # fmt: skip
+
+
+def leaves(case, impl) -> list:
+    """What a backward row differentiates: the eager module's own parameters for the
+    baselines built from it, else the case's weights."""
+    if impl in ("eager", "compile", "compile-max"):
+        return list(case["eager"].parameters())
+    return case["weights"]
 
 
 def wanted_impls() -> set:
@@ -218,19 +185,19 @@ def auto_plan(case, mode) -> dict:
 
 
 def implementations(case) -> dict:
-    x, weights = case["x"], case["weights"]
+    x, weights, eager = case["x"], case["weights"], case["eager"]
     impls = {}
     wanted = wanted_impls()
     if ARGS.max_autotune:
         wanted.add("compile-max")
     if "eager" in wanted:
-        impls["eager"] = lambda: eager_lff(x, *weights)
+        impls["eager"] = lambda: eager(x)
     if "compile" in wanted and not ARGS.dry_run:
-        f = torch.compile(eager_lff)
-        impls["compile"] = lambda: f(x, *weights)
+        f = torch.compile(eager)
+        impls["compile"] = lambda: f(x)
     if "compile-max" in wanted and not ARGS.dry_run:
-        f_max = torch.compile(eager_lff, mode="max-autotune")
-        impls["compile-max"] = lambda: f_max(x, *weights)
+        f_max = torch.compile(eager, mode="max-autotune")
+        impls["compile-max"] = lambda: f_max(x)
     if "torch" in wanted:
         impls["torch"] = lambda: pf.lff(x, *weights, backend="torch")
     for name in ("auto", "fused", "gemm"):
@@ -294,40 +261,22 @@ def forward_config() -> dict | None:
         return None
 
 
-def eager_table(kind, positions, dim):
-    """The encoding as a user would write it in float32 (phases rounded to float32)."""
-    p = positions.float()[..., None]
-    if kind == "sinusoidal":
-        i = torch.arange(dim // 2, device=p.device, dtype=torch.float32)
-        a = p / 10000.0 ** (2 * i / dim)
-        return torch.stack([torch.sin(a), torch.cos(a)], dim=-1).flatten(-2)
-    K = dim // 2 - 1
-    k = torch.arange(1, K + 1, device=p.device, dtype=torch.float32)
-    a = 2 * math.pi * k / dim * p
-    c0 = torch.full_like(p, 1 / math.sqrt(dim))
-    last = torch.cos(math.pi * p) / math.sqrt(dim)
-    s2 = math.sqrt(2 / dim)
-    return torch.cat([c0, s2 * torch.cos(a), s2 * torch.sin(a), last], dim=-1)
-
-
 def encoding_case(spec) -> tuple[dict, int]:
-    """({"eager": fn, "triton": fn}, bytes moved) of a table / fused-add case."""
+    """({"eager": fn, "triton": fn}, bytes moved) of a table / fused-add case; eager: the
+    table as a user writes it in float32 (_baselines), then x + table."""
     kind, rows, L, dim, add = spec
     fns = {}
+    table = _baselines.table_module(kind, dim, DEVICE)
     if add:
         x = _testing.randn((rows // L, L, dim), _testing.generator(2), torch.bfloat16, DEVICE)
         module = (pf.DFTPE if kind == "dft" else pf.SinusoidalPE)(dim, backend="triton")
-        pos = torch.arange(L, device=DEVICE)
-
-        def eager():
-            return x + eager_table(kind, pos, dim).to(x.dtype)
-
-        fns["eager"] = eager
+        eager = _baselines.EagerAdd(table)
+        fns["eager"] = lambda: eager(x)
         fns["triton"] = lambda: module(x)
         return fns, 2 * x.numel() * x.element_size()
     pos = torch.arange(rows, device=DEVICE)
     encode = pf.dft if kind == "dft" else pf.sinusoidal
-    fns["eager"] = lambda: eager_table(kind, pos, dim)
+    fns["eager"] = lambda: table(pos)
     # (not named fn: encoding_rows' loop rebinds fn, which this closure would then call;
     # the first GPU run failed so, 2026-11-27)
     fns["triton"] = lambda: encode(pos, dim, backend="triton")
@@ -463,7 +412,7 @@ def main() -> int:
                     continue
                 try:
                     with plan_env(PLAN_OF.get(impl)):
-                        run = runner(fn, mode, case["weights"], grad)
+                        run = runner(fn, mode, leaves(case, impl), grad)
                         med, p20, p80 = bench(run)
                     row.update(ms=med, ms_p20=p20, ms_p80=p80)
                     row["GBps"] = nbytes / (med * 1e-3) / 1e9

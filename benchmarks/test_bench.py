@@ -6,18 +6,10 @@
     POSENC_FAST_BENCH_FULL=1 pytest benchmarks/ --benchmark-only   # bench's full CPU set
     pytest benchmarks/ --benchmark-only --benchmark-save=base       # then --benchmark-compare
 
-The cases are bench's own (posenc_fast/cli/_cases.py, floater_suite.py: the same
-factories, inputs and baselines): one group per op, size and mode ("fwd" under no_grad,
-"fwd+bwd" with torch.autograd.grad), holding the op as users write it ("eager", and the
-other baselines such as "eager-cached"), torch.compile of that ("compile") and every
-posenc_fast backend usable here, all on the same tensors. On a machine with a CUDA device
-the GPU cases run too (``cuda-`` names). Each test records in ``extra_info`` the floor of
-its case measured on this machine at the start of the session (bench's _floors: bytes
-over the measured bandwidth, GEMMs at the measured rate), its percentage of that floor,
-and its output's largest error against the float64 specification; a posenc_fast backend
-whose output is outside the package's tolerances fails. The tiny case (a sinusoidal table
-of 64 positions) is what CI runs (tests/common/test_benchmarks.py); its "compile" entry
-is left out there: torch.compile takes tens of seconds on 2 cores.
+The cases are bench's own (posenc_fast/cli/_cases.py: the same factories, inputs and
+baselines), one group per op, size and mode; each test records its floor and its error
+against the float64 spec in ``extra_info``, and a posenc_fast backend outside the
+package's tolerances fails. CI runs the tiny case (tests/common/test_benchmarks.py).
 """
 
 from __future__ import annotations

@@ -1,30 +1,7 @@
-"""The baselines of ``bench``: every op as users write it in eager PyTorch.
-
-These are what a user already runs, not our specification (the float64 reference is the
-spec; ``bench`` only compares outputs against it):
-
-- LFF: the public learnable-Fourier-feature modules' form: an ``nn.Linear`` without bias
-  holding Wr, cos and sin of its output joined by ``torch.cat`` and scaled by 1/sqrt(F),
-  then ``nn.Linear`` + ``nn.GELU`` + ``nn.Linear``.
-- sinusoidal: the usual table: ``div_term = exp(arange(0, dim, 2) * -log(base) / dim)``,
-  ``pe[:, 0::2] = sin(p * div_term)``, ``pe[:, 1::2] = cos(p * div_term)``.
-- DFT: the angles as a matmul of the positions with the row of basis frequencies
-  w_k = 2 pi k / dim, then the basis columns (Eq. 21's a0, a_k, b_k, b0) joined by
-  ``torch.cat``.
-- adds: ``x + table`` with the table computed in ``forward`` ("eager"), and with the table
-  computed once at construction and sliced per call, the tutorial ``PositionalEncoding``
-  ("eager-cached").
-- rotary (LightGlue): its learnable Fourier positional encoding restated, an ``nn.Linear``
-  without bias holding Wr, then cos and sin of the phases stacked and each repeated on two
-  adjacent channels (the table [2, B, 1, N, F]), then ``t * cos + rotate_half(t) * sin``
-  for q and for k ("eager"); and that rotation alone with the table computed beforehand
-  ("eager-rotate": LightGlue builds the table once per image and reuses it in each of its
-  layers, so this is its per-layer cost). benchmarks/rotary.py (the GPU run) uses the same
-  code; tests/test_rotary.py names the LightGlue commit the formulas come from.
-
-All of them compute phases in float32, so at large |phase| they carry float32 rounding
-(about |phase| * 6e-8): ``bench`` records each one's largest error against the float64
-spec next to its time.
+"""The eager baselines of the benchmarks: every op as users write it in PyTorch (nn.Linear,
+nn.GELU, torch.cat, the div_term table, a plain ODE loop, torchdiffeq), used by ``bench``,
+pytest-benchmark and the GPU scripts. Not the specification (the float64 reference is):
+their phases are float32, so at large |phase| they carry float32 rounding (|phase| * 6e-8).
 """
 
 from __future__ import annotations
@@ -34,33 +11,39 @@ import math
 import torch
 from torch import Tensor, nn
 
-_ACTIVATIONS = {
-    "gelu": lambda: nn.GELU(),
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-    "relu": lambda: nn.ReLU(),
-}
+from ..ops.lff import activations
 
 
 class EagerLFF(nn.Module):
-    """x [..., G, M] -> [..., G * Dg], as the public LFF modules compute it."""
+    """x [..., G, M] -> [..., G * Dg], as the public LFF modules compute it: an nn.Linear
+    without bias holding Wr, cos and sin of its output joined by torch.cat and scaled by
+    1/sqrt(F), then nn.Linear + the activation's module + nn.Linear."""
 
     def __init__(self, M: int, F: int, H: int, Dg: int, activation: str = "gelu"):
         super().__init__()
         self.wr = nn.Linear(M, F // 2, bias=False)
-        self.mlp = nn.Sequential(nn.Linear(F, H), _ACTIVATIONS[activation](), nn.Linear(H, Dg))
+        act = activations.get(activation).module()
+        self.mlp = nn.Sequential(nn.Linear(F, H), act, nn.Linear(H, Dg))
         self.scale = 1.0 / math.sqrt(F)
 
     def forward(self, x: Tensor) -> Tensor:
         projected = self.wr(x)  # [..., G, F/2]
         feats = torch.cat([torch.cos(projected), torch.sin(projected)], dim=-1) * self.scale
+        mlp_dtype = self.mlp[0].weight.dtype
+        if self.wr.weight.dtype != mlp_dtype:  # float32 phases, a half-precision MLP
+            feats = feats.to(mlp_dtype)
         return self.mlp(feats).flatten(-2)
 
     @classmethod
-    def from_weights(cls, wr, w1, b1, w2, b2, activation: str = "gelu") -> EagerLFF:
+    def from_weights(cls, wr, w1, b1, w2, b2, activation: str = "gelu", phase_dtype=None):
         """The module holding copies of posenc_fast's weights (wr [F/2, M], w1 [F, H],
-        b1 [H], w2 [H, Dg], b2 [Dg]); nn.Linear stores weights as [out, in]."""
+        b1 [H], w2 [H, Dg], b2 [Dg]); nn.Linear stores weights as [out, in]. The MLP in
+        the weights' dtype, Wr and the phases in ``phase_dtype`` (default the same):
+        float32 keeps the phases of half-precision weights accurate."""
         m = cls(wr.shape[1], 2 * wr.shape[0], w1.shape[1], w2.shape[1], activation)
         m = m.to(device=wr.device, dtype=wr.dtype)
+        if phase_dtype is not None:
+            m.wr.to(phase_dtype)
         with torch.no_grad():
             m.wr.weight.copy_(wr)
             m.mlp[0].weight.copy_(w1.T)
@@ -71,7 +54,9 @@ class EagerLFF(nn.Module):
 
 
 class EagerSinusoidal(nn.Module):
-    """positions [...] -> [..., dim], interleaved sin / cos (the usual div_term table)."""
+    """positions [...] -> [..., dim], interleaved sin / cos: the usual table,
+    ``div_term = exp(arange(0, dim, 2) * -log(base) / dim)``, ``pe[:, 0::2] = sin(p *
+    div_term)``, ``pe[:, 1::2] = cos(p * div_term)``."""
 
     def __init__(self, dim: int, base: float = 10000.0, device=None):
         super().__init__()
@@ -90,7 +75,9 @@ class EagerSinusoidal(nn.Module):
 
 
 class EagerDFT(nn.Module):
-    """positions [...] -> [..., dim]: (a0, a1..aK, b1..bK, b0) of Idé et al.'s Eq. 21."""
+    """positions [...] -> [..., dim]: (a0, a1..aK, b1..bK, b0) of Idé et al.'s Eq. 21, the
+    angles a matmul of the positions with the row of frequencies w_k = 2 pi k / dim, the
+    columns joined by torch.cat."""
 
     def __init__(self, dim: int, device=None):
         super().__init__()
@@ -127,7 +114,8 @@ class EagerAdd(nn.Module):
 
 
 class EagerCachedAdd(nn.Module):
-    """x [..., L, dim] + pe[:L], pe computed once for max_len positions (a buffer)."""
+    """x [..., L, dim] + pe[:L], pe computed once for max_len positions (a buffer): the
+    tutorial ``PositionalEncoding``."""
 
     def __init__(self, table: nn.Module, max_len: int, dtype, device=None):
         super().__init__()
@@ -154,7 +142,9 @@ def apply_cached_rotary(table: Tensor, t: Tensor) -> Tensor:
 
 
 class EagerRotary(nn.Module):
-    """LightGlue's rotary encoding: ``table(x)`` [2, B, 1, N, F] from positions [B, N, M];
+    """LightGlue's rotary encoding (its learnable Fourier positional encoding restated;
+    tests/rotary/test_rotary.py names the commit): ``table(x)`` [2, B, 1, N, F] from
+    positions [B, N, M], cos and sin each repeated on two adjacent channels;
     ``forward(q, k, x)`` builds it and rotates q and k [B, heads, N, F] with it."""
 
     def __init__(self, M: int, F: int):
@@ -176,3 +166,93 @@ class EagerRotary(nn.Module):
         with torch.no_grad():
             m.wr.weight.copy_(wr)
         return m
+
+
+# -- FLOATER -------------------------------------------------------------------------------
+
+
+def _plain_step(y, t, dt, w1, b1, w2, b2):
+    """One 3/8-rule step of the ReLU dynamics, as a user would write it in PyTorch."""
+    d, H = y.shape[1], w1.shape[1]
+
+    def h(t, p):
+        return torch.relu(p @ w1[:d] + t * w1[d] + b1) @ w2[:H] + t * w2[H] + b2
+
+    k1 = h(t, y)
+    k2 = h(t + dt / 3, y + dt * k1 / 3)
+    k3 = h(t + 2 * dt / 3, y + dt * (k2 - k1 / 3))
+    k4 = h(t + dt, y + dt * (k1 - k2 + k3))
+    return y + dt * (k1 + 3 * (k2 + k3) + k4) / 8
+
+
+@torch.compiler.disable(recursive=False)
+def plain_floater(p0, w1, b1, w2, b2, times, substeps: int):
+    """FLOATER's eager baseline: the plain loop in the working dtype. Under torch.compile
+    only ``_plain_step`` is compiled (recursive=False keeps this loop eager: dynamo would
+    unroll thousands of steps), the compiled baseline docs/performance.md asks for."""
+    y = p0
+    states = []
+    t_prev = torch.zeros((), dtype=p0.dtype, device=p0.device)
+    for j in range(times.shape[0]):
+        dt = (times[j] - t_prev) / substeps
+        for k in range(substeps):
+            y = _plain_step(y, t_prev + k * dt, dt, w1, b1, w2, b2)
+        states.append(y)
+        t_prev = times[j]
+    return torch.stack(states, dim=1)
+
+
+def step_grid(times: Tensor, K: int) -> Tensor:
+    """Our step grid from times[0]: K equal steps per interval, the sample times on it."""
+    prev = times[:-1]
+    h = (times[1:] - prev) / K
+    inner = prev[:, None] + torch.arange(1, K, dtype=times.dtype, device=times.device) * h[:, None]
+    return torch.cat([times[:1], torch.cat([inner, times[1:, None]], 1).reshape(-1)])
+
+
+class _TorchdiffeqDynamics(nn.Module):
+    """h(t, p) for torchdiffeq, reading the benchmark's own weight tensors."""
+
+    def __init__(self, w1, b1, w2, b2):
+        super().__init__()
+        self.weights = (w1, b1, w2, b2)
+
+    def forward(self, t, p):
+        w1, b1, w2, b2 = self.weights
+        d, H = p.shape[1], w1.shape[1]
+        return torch.relu(p @ w1[:d] + t * w1[d] + b1) @ w2[:H] + t * w2[H] + b2
+
+
+def torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
+    """torchdiffeq's odeint (gradients by autograd through its steps) and odeint_adjoint
+    (continuous adjoint, the same fixed grid backwards), given exactly our step grid
+    (method "rk4" is the 3/8 rule): name -> closure returning [L, S, d]; {} without
+    torchdiffeq."""
+    try:
+        from torchdiffeq import odeint, odeint_adjoint
+    except ImportError:
+        return {}
+    func = _TorchdiffeqDynamics(w1, b1, w2, b2)
+    grid = step_grid(times, K)
+
+    def forward_grid(f, y0, t):
+        return grid
+
+    def adjoint_grid(f, y0, t):  # the adjoint solves each interval [t1 -> t0] on its own
+        g = t[0] + torch.arange(K + 1, dtype=t.dtype, device=t.device) * ((t[-1] - t[0]) / K)
+        g[-1] = t[-1]
+        return g
+
+    opts = {"grid_constructor": forward_grid}
+    return {
+        "torchdiffeq": lambda: odeint(func, p0, times, method="rk4", options=opts),
+        "torchdiffeq-adjoint": lambda: odeint_adjoint(
+            func,
+            p0,
+            times,
+            method="rk4",
+            options=opts,
+            adjoint_options={"grid_constructor": adjoint_grid},
+            adjoint_params=(w1, b1, w2, b2),
+        ),
+    }

@@ -1,16 +1,7 @@
-"""Benchmark cases: one setup factory per op, shared by the speed and memory runs.
-
-A case holds the inputs once and, for every implementation, a closure computing the op's
-output (a tensor, or a tuple such as rotary's (q', k')) from them, so every implementation
-runs on the very same tensors:
-- "eager": the op as users write it (``_baselines``: nn.Linear + nn.GELU + torch.cat for
-  LFF, the div_term table, ``x + table``); "eager-cached" for the adds: ``x + pe[:L]``
-  with a table computed at construction; torchdiffeq for FLOATER; LightGlue's table and
-  rotation for rotary, with "eager-rotate" (the rotation with its table computed once),
-- "compile": torch.compile of the eager form (and "compile-max" with --max-autotune),
-- one entry per usable posenc_fast backend ("torch", "triton", "cpp", "cuda").
-The float64 reference is the specification: it is not timed; ``spec()`` gives its forward
-output, against which ``bench`` reports every implementation's largest error.
+"""The benchmark cases, defined once: per op a factory holding the inputs and, for every
+implementation (the eager baselines of _baselines, torch.compile of them, each usable
+posenc_fast backend), a closure computing the output from those very tensors; the sizes
+``bench``, pytest-benchmark (benchmarks/test_bench.py) and the GPU scripts run.
 """
 
 from __future__ import annotations
@@ -27,8 +18,11 @@ import posenc_fast as _pf
 from .. import _dispatch, _testing
 from ..ops import encodings as enc_api
 from ..ops.encodings import reference as enc_ref
+from ..ops.floater import floater
+from ..ops.floater import reference as floater_ref
 from ..ops.lff import lff
 from ..ops.lff import reference as lff_ref
+from ..tolerances import mismatch
 from . import _baselines
 from ._floors import Work
 
@@ -45,6 +39,11 @@ class Impl:
 
 @dataclass
 class BenchCase:
+    """The inputs of one op at one size and its implementations. "eager" is the op as
+    users write it (module or function); ``baselines`` the others ("eager-cached",
+    "eager-rotate", torchdiffeq); ``spec()`` the float64 reference's forward output, not
+    timed, against which every implementation's largest error is reported."""
+
     op: str  # "lff", "sinusoidal", "sinusoidal_add", "dft", "dft_add", "floater", "rotary"
     label: str  # the sizes, readable
     size: int  # the x axis of plots (positions N, or sequence length L)
@@ -69,6 +68,29 @@ def _available(op: str, device: str, dtype) -> list[str]:
 
 def _elt(dtype) -> int:
     return torch.finfo(dtype).bits // 8
+
+
+# LFF on the GPU: name -> (N, M_total, G, F, H, D, dtype): benchmarks/lff_gpu.py's cases
+# (M_total coordinates, M_total / G per group); ``bench --device cuda`` runs those of
+# LFF_BENCH_LABELS with fp32 weights under autocast.
+LFF_GPU_SHAPES = {
+    "canonical": (2**20, 2, 1, 256, 32, 768, "bfloat16"),
+    "canonical-fp32": (2**20, 2, 1, 256, 32, 768, "float32"),
+    "compute": (2**20, 2, 1, 768, 256, 1024, "bfloat16"),
+    "compute-fp32": (2**20, 2, 1, 768, 256, 1024, "float32"),
+    "small": (4096, 2, 1, 256, 32, 768, "bfloat16"),
+    "seq1d": (65536, 1, 1, 256, 32, 768, "bfloat16"),
+    "boxes-G1": (2**20, 4, 1, 256, 32, 768, "bfloat16"),
+    "boxes-G2": (2**20, 4, 2, 256, 32, 768, "bfloat16"),
+    "boxes-G4": (2**20, 4, 4, 256, 32, 768, "bfloat16"),
+}
+LFF_BENCH_LABELS = {  # name -> bench's label suffix
+    "canonical": " (canonical)",
+    "canonical-fp32": "",
+    "compute": " (compute-bound)",
+    "small": " (small)",
+    "seq1d": " (1-D)",
+}
 
 
 def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> BenchCase:
@@ -261,14 +283,10 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
     cuda = device == "cuda"
     if "lff" in ops:
         if cuda:
-            big = 2**20
-            out += [
-                lff_case(big, 2, 1, 256, 32, 768, device, torch.bfloat16, " (canonical)"),
-                lff_case(big, 2, 1, 256, 32, 768, device, torch.float32),
-                lff_case(big, 2, 1, 768, 256, 1024, device, torch.bfloat16, " (compute-bound)"),
-                lff_case(4096, 2, 1, 256, 32, 768, device, torch.bfloat16, " (small)"),
-                lff_case(65536, 1, 1, 256, 32, 768, device, torch.bfloat16, " (1-D)"),
-            ]
+            for name, extra in LFF_BENCH_LABELS.items():
+                N, M, G, F, H, D, dtype = LFF_GPU_SHAPES[name]
+                out += [lff_case(N, M // G, G, F, H, D, device, getattr(torch, dtype), extra)]
+            # smaller boxes than benchmarks/lff_gpu.py's (bench keeps every case to seconds)
             out += [
                 lff_case(2**18, 4 // G, G, 128, 32, 256, device, torch.bfloat16, " (boxes)")
                 for G in (1, 2, 4)
@@ -304,3 +322,95 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
         dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
         out += [rotary_case(n, device, dt) for dt in dtypes for n in names]
     return out
+
+
+# -- FLOATER: S = 12 states, H = d, times i * 0.01, five steps of the 3/8 rule per interval
+# ("rk38", i.e. torchdiffeq's "rk4"), ReLU; also benchmarks/floater_gpu.py's inputs.
+
+FLOATER_STATES = 12
+FLOATER_DELTA_T = 0.01
+FLOATER_SUBSTEPS = 5
+
+
+def floater_inputs(S: int, d: int, L: int, dtype, device: str, seed: int):
+    """(p0, w1, b1, w2, b2, times) of the FLOATER benchmarks: H = d, ``_testing``'s random
+    states and weights with w1 scaled by 0.5 and w2 by 0.3, times i * FLOATER_DELTA_T."""
+    case = _testing.FloaterCase(S, d, d, L)
+    p0, w1, b1, w2, b2, _ = _testing.floater_inputs(case, dtype, device, seed)
+    # Weights of the default initialisation's scale for w1 and a moderate w2: the states
+    # stay O(1) over the whole range (no overflow in float32 at L = 512).
+    with torch.no_grad():
+        w1.mul_(0.5)
+        w2.mul_(0.3)
+    times = (torch.arange(L, dtype=torch.float64, device=device) * FLOATER_DELTA_T).to(dtype)
+    return p0, w1, b1, w2, b2, times
+
+
+def floater_case(
+    L: int, d: int, device: str, dtype=torch.float32, S: int = FLOATER_STATES
+) -> BenchCase:
+    """The plain loop ("eager"; its torch.compile compiles the step, the loop stays eager)
+    and torchdiffeq's odeint / odeint_adjoint on our step grid: every implementation does
+    the same number of steps."""
+    K = FLOATER_SUBSTEPS
+    *weights, times = floater_inputs(S, d, L, dtype, device, seed=L + d)
+    leaves = [t.requires_grad_(True) for t in weights]
+
+    def eager(p0, w1, b1, w2, b2):
+        return _baselines.plain_floater(p0, w1, b1, w2, b2, times, K)
+
+    def spec():
+        w64 = [t.detach().double() for t in leaves]
+        return floater_ref.floater(*w64, times.double(), K, "rk38", "relu")
+
+    impls = {
+        name: Impl(
+            lambda name=name: floater(*leaves, times, K, "rk38", "relu", backend=name), leaves
+        )
+        for name in _available("floater", device, dtype)
+    }
+    return BenchCase(
+        "floater",
+        f"S={S} L={L} d={d} H={d} K={K} rk38 {str(dtype)[6:]}",
+        L,
+        {"S": S, "L": L, "d": d, "H": d, "substeps": K, "method": "rk38", "dtype": str(dtype)[6:]},
+        eager,
+        tuple(leaves),
+        leaves,
+        spec,
+        impls,
+        baselines={  # [L, S, d]: layout gives the spec's [S, L, d]
+            name: Impl(fn, leaves, lambda y: y.transpose(0, 1))
+            for name, fn in _baselines.torchdiffeq_baselines(*leaves, times, K).items()
+        },
+        # latency-bound (a chain of L*K*4 dependent small layers): no byte or GEMM floor
+        extra={"steps": L * K, "dependent_layers": L * K * 4 * 2},
+    )
+
+
+def floater_cases(quick: bool, device: str, sizes=None) -> list[BenchCase]:
+    """The FLOATER cases of ``bench``; ``sizes``: (L, d) pairs replacing the default set
+    (``bench --floater-sizes``, e.g. benchmarks/RESULTS.md's L = 512, d = H in {64, 512})."""
+    if sizes is None:
+        # quick: one small case. The many-op baselines (torchdiffeq, the plain loop) make
+        # the bench's profiler-based peak-memory pass slow, tens of seconds per case on 2
+        # cores.
+        sizes = [(64, 16)] if quick else [(64, 16), (64, 128), (512, 16), (512, 128)]
+        if device == "cuda" and not quick:
+            sizes.append((1024, 512))  # docs/performance.md's FLOATER case
+    return [floater_case(L, d, device) for L, d in sizes]
+
+
+def agreement(case: BenchCase) -> str:
+    """'' when every implementation of a FLOATER case agrees with the eager loop, else why
+    (a quick check that the baselines integrate the same problem)."""
+    with torch.no_grad():
+        want = case.eager(*case.args)
+        for name, impl in {**case.backends, **case.baselines}.items():
+            got = impl.fn()
+            if impl.layout is not None:
+                got = impl.layout(got)
+            msg = mismatch(got, want, want.dtype, "floater")
+            if msg:
+                return f"{name}: {msg}"
+    return ""

@@ -1,24 +1,8 @@
-"""``python -m posenc_fast bench``: every implementation side by side on the same inputs.
-
-For each op and size: the op as users write it in eager PyTorch ("eager", see _baselines;
-plus "eager-cached" for the adds, torchdiffeq for FLOATER and LightGlue's rotation with its
-table computed beforehand, "eager-rotate", for rotary), torch.compile of that
-("compile", default mode; "compile-max" = mode="max-autotune" with --max-autotune, each
-compilation time-boxed) and every usable posenc_fast backend; forward ("fwd", under
-no_grad) and forward+backward ("fwd+bwd": torch.autograd.grad of the output).
-
-Reported per implementation: median time (20th-80th percentiles), speed-up against eager
-and against torch.compile, % of the floor measured in the same run (_floors: bandwidth
-and GEMM rate), the largest error of its forward output against the float64 spec and
-its largest difference from posenc_fast's own output (the first backend), and peak
-memory. Runs repeat per thread count (``--threads 1,2``) and, with ``--contention``,
-with a busy process pinned to one core (_contention); ``--floater-sizes 512x64,512x512``
-replaces FLOATER's (L, d = H) cases (floater_suite). Rotary (``apply_lff_rotary`` at
-LightGlue's and a ViT's sizes) runs only when named: ``--ops rotary``. --json saves
-everything with the machine, versions and git SHA; benchmarks/render_cpu_table.py turns it
-into the benchmark tables. Timings are reported, never asserted; a run on a loaded machine
-(load average above the CPUs, or floors far below this machine's usual ones) ends with a
-warning line that its figures are unreliable (_reliability; "reliability" in the JSON).
+"""``python -m posenc_fast bench``: every implementation of each case (_cases) side by side
+on the same inputs, forward and forward+backward: medians, speed-ups against eager and
+torch.compile, % of the floor measured in the same run, error against the float64 spec and
+peak memory; timings are reported, never asserted. What each column means:
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -374,20 +358,12 @@ def plot(results: list[dict], path: str) -> None:
     print(f"plot written to {path}", file=sys.stderr)
 
 
-def _floater_cases(quick: bool, device: str, sizes=None) -> list:
-    try:
-        from .floater_suite import bench_cases
-    except ImportError:
-        return []
-    return bench_cases(quick, device, sizes)
-
-
 def bench_cases(quick: bool, device: str, ops, floater_sizes=None) -> list:
     """Every case ``bench`` runs for ``ops`` on ``device``: the one list, which
     benchmarks/test_bench.py (pytest-benchmark) runs too."""
     cases = _cases.cases(quick, device, list(ops))
     if "floater" in ops:
-        cases += _floater_cases(quick, device, floater_sizes)
+        cases += _cases.floater_cases(quick, device, floater_sizes)
     return cases
 
 

@@ -15,7 +15,7 @@ from torch.library import opcheck
 
 import posenc_fast as pf
 from posenc_fast import _testing
-from posenc_fast.cli import floater_suite
+from posenc_fast.cli import _baselines
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
 
@@ -153,7 +153,7 @@ def test_rk38_matches_torchdiffeq_rk4_step_for_step(backend, dtype, device):
     out = pf.floater(p0, w1, b1, w2, b2, times, K, "rk38", "gelu", backend=backend)
     h = ref.dynamics(w1, b1, w2, b2, "gelu")
     t = torch.cat([times.new_zeros(1), times])
-    grid = floater_suite._grid(t, K)  # 0, then K equal steps per interval
+    grid = _baselines.step_grid(t, K)  # 0, then K equal steps per interval
     sol = odeint(
         lambda t, y: h(t, y),
         p0,

@@ -1,5 +1,5 @@
 """FLOATER's part of ``python -m posenc_fast verify`` (cli/verify.py) and ``bench``
-(cli/floater_suite.py)."""
+(cli/_cases.py)."""
 
 import importlib.util
 import json
@@ -11,7 +11,7 @@ import torch
 from conftest import backend_params
 
 from posenc_fast import _testing
-from posenc_fast.cli import bench, floater_suite, verify
+from posenc_fast.cli import _cases, bench, verify
 
 
 @pytest.mark.parametrize("backend", backend_params("floater"))
@@ -42,10 +42,10 @@ def test_bench_case_implementations_agree(device):
     """Every implementation of a bench case (backends, torchdiffeq odeint and
     odeint_adjoint, the plain loop) integrates the same problem on the same steps."""
     pytest.importorskip("torchdiffeq")
-    case = floater_suite.floater_case(8, 4, device)
+    case = _cases.floater_case(8, 4, device)
     assert "torch" in case.backends
     assert {"torchdiffeq", "torchdiffeq-adjoint"} <= set(case.baselines)
-    assert floater_suite.agreement(case) == ""
+    assert _cases.agreement(case) == ""
     adjoint = case.baselines["torchdiffeq-adjoint"]
     out = adjoint.fn()
     grads = torch.autograd.grad(out, adjoint.leaves, torch.ones_like(out))  # it runs backwards
@@ -53,7 +53,7 @@ def test_bench_case_implementations_agree(device):
 
 
 def test_bench_sizes():
-    cases = floater_suite.bench_cases(quick=False, device="cpu")
+    cases = _cases.floater_cases(quick=False, device="cpu")
     assert sorted((c.sizes["L"], c.sizes["d"]) for c in cases) == [
         (64, 16),
         (64, 128),
@@ -80,7 +80,7 @@ def test_bench_floater_sizes_option(tmp_path):
     for bad in ("8", "8x", "0x4", "8x4x2", "ax4"):
         with pytest.raises(ValueError, match="LxD"):
             bench.floater_sizes_from(bad)
-    assert [c.sizes["L"] for c in floater_suite.bench_cases(True, "cpu", [(8, 4)])] == [8]
+    assert [c.sizes["L"] for c in _cases.floater_cases(True, "cpu", [(8, 4)])] == [8]
     path = tmp_path / "floater.json"
     assert bench.run(_bench_args(floater_sizes="8x4,6x3", json=str(path))) == 0
     data = json.loads(path.read_text())

@@ -5,6 +5,8 @@
     registry.py    backend name -> SUPPORT table + implementation
     reference.py   the float64 specification
     torch_impl.py  the pure-PyTorch implementation
+    activations.py the MLP's activations, one table (formula, ATen op, nn.Module)
+    checkpoint.py  the public LFF modules' checkpoints, read and written
 Kernels: triton_kernels/lff_forward.py, lff_backward.py; csrc/lff/.
 """
 

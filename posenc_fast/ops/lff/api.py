@@ -16,11 +16,11 @@ import torch
 from torch import Tensor, nn
 
 from ... import _checks, _dispatch
-from ..._activations import ACTIVATIONS
 from ..._dispatch import Problem
 from .._common import autocast_dtype
 from . import checkpoint
 from . import reference as _reference
+from .activations import ACTIVATIONS
 from .op import LFF_OP
 from .registry import LFF
 
@@ -284,8 +284,9 @@ class LearnableFourierFeatures(nn.Module):
     @classmethod
     def from_state_dict(cls, state_dict, source: str, **kwargs) -> LearnableFourierFeatures:
         """Load a checkpoint of a public LFF module ("guimont", "jhlew", "lightglue",
-        "tpe") with its gamma convention and weight layout: see :mod:`posenc_fast.convert`
-        (``convert.to_state_dict`` is the reverse)."""
+        "tpe") with its gamma convention and weight layout (checkpoint.py; the arguments:
+        :func:`posenc_fast.convert.from_state_dict`; ``convert.to_state_dict`` is the
+        reverse)."""
         args, kw, weights = checkpoint.parse(state_dict, source, **kwargs)
         m = cls(*args, **kw)
         with torch.no_grad():

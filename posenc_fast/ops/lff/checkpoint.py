@@ -1,7 +1,7 @@
-"""Checkpoints of the public learnable-Fourier-feature modules: their formats, gamma
-conventions and checks (the formats are described in :mod:`posenc_fast.convert`, the public
-face of this module). Nothing here builds a module: ``LearnableFourierFeatures.from_state_dict``
-does, from what :func:`parse` returns."""
+"""Checkpoints of the public learnable-Fourier-feature modules, both ways: their formats,
+gamma conventions and checks, reading (:func:`parse`, which
+``LearnableFourierFeatures.from_state_dict`` builds a module from) and writing
+(:func:`export`). ``posenc_fast.convert`` is the public face; docs/ops/lff.md the user's page."""
 
 from __future__ import annotations
 
@@ -13,6 +13,30 @@ from torch import Tensor
 
 from ... import _checks
 
+# The formats (``source``), as published: repository, the module's class, its keys.
+# - "guimont": willGuimont/learnable_fourier_positional_encoding,
+#   LearnableFourierPositionalEncoding(G, M, F_dim, H_dim, D, gamma); Wr.weight [F/2, M],
+#   mlp.0.weight [H, F], mlp.0.bias [H], mlp.2.weight [D/G, H], mlp.2.bias [D/G]. Wr has
+#   standard deviation gamma^-2.
+# - "jhlew": JHLew/Learnable-Fourier-Features, LearnableFourierFeatures(pos_dim, f_dim,
+#   h_dim, d_dim, g_dim, gamma); Wr [F/2, M] (a bare parameter), mlp.* as above. Wr has
+#   standard deviation gamma^2.
+# - "lightglue": cvg/LightGlue, LearnableFourierPositionalEncoding(M, dim, F_dim, gamma);
+#   Wr.weight [F/2, M] only (no MLP), standard deviation gamma^-2; a whole LightGlue
+#   checkpoint loads with prefix="posenc.". LightGlue uses the features as rotary cos / sin,
+#   unscaled, each frequency on two neighbouring channels: the module built here
+#   (mlp=False) returns [cos || sin] / sqrt(F).
+# - "tpe": jnyborg/tpe (models/ltae.py), LearnableFourierPositionalEncoding(m, f, h, d,
+#   max_pos, n_head); wr.weight [f/2, m], mlp.*. Its forward divides the positions by
+#   max_pos (folded into wr here: the converted module takes raw positions) and repeats the
+#   output n_head times along the last dimension (left to the caller). wr is initialised
+#   as nn.Linear does (no gamma).
+# posenc_fast follows the paper (Li et al. 2021, Eq. 3): Wr ~ N(0, gamma^-2), standard
+# deviation 1/gamma; gamma only sets the module's ``gamma`` (re-initialisation, KL target),
+# the weights come from the checkpoint. The public modules keep nn.Linear weights [out, in],
+# posenc_fast [in, out] (the paper's layout): w1 [F, H] is mlp.0.weight transposed, w2
+# [H, D/G] mlp.2.weight transposed. A transposed weight is named wherever its shape tells
+# (F != H, D/G != H); when F == H it cannot be told, so convert with these functions.
 SOURCES = ("guimont", "jhlew", "lightglue", "tpe")
 
 # The frequency matrix's key in each format; the MLP keys are shared by the formats that
@@ -34,7 +58,7 @@ def _looks_like(keys) -> list[str]:
 def gamma_from(source: str, gamma: float) -> float:
     """posenc_fast's gamma (standard deviation 1/gamma) for a checkpoint's ``gamma`` in its
     own convention: std gamma^-2 (guimont, lightglue) -> gamma**2; std gamma^2 (jhlew) ->
-    gamma**-2. (tpe has no gamma: see :func:`from_state_dict`.)"""
+    gamma**-2. (tpe has no gamma: its wr is initialised as nn.Linear does.)"""
     _checks.choice("source", source, SOURCES)
     gamma = _checks.positive_float("gamma", gamma)
     if source == "tpe":
@@ -113,9 +137,9 @@ def parse(
 ) -> tuple[tuple, dict, dict[str, Tensor]]:
     """What ``LearnableFourierFeatures.from_state_dict`` builds from a public module's
     checkpoint: the module's positional and keyword arguments and its weights (by
-    parameter name, in posenc_fast's layout), after every check of
-    :func:`posenc_fast.convert.from_state_dict` (whose docstring describes the arguments).
-    Kept apart from the module so that neither imports the other."""
+    parameter name, in posenc_fast's layout), after every check (the arguments:
+    :func:`posenc_fast.convert.from_state_dict`). Kept apart from the module so that neither
+    imports the other."""
     _checks.choice("source", source, SOURCES)
     _checks.positive_int("groups", groups)
     if source == "tpe":
@@ -167,3 +191,50 @@ def parse(
     kwargs = {"groups": groups, "gamma": our_gamma, "backend": backend, **factory}
     # [H, F] -> [F, H] and [D/G, H] -> [H, D/G]: posenc_fast's [in, out] layout
     return args, kwargs, {"wr": wr, "w1": w1.T, "b1": b1, "w2": w2.T, "b2": b2}
+
+
+def export(module, source: str, *, max_pos: Optional[float] = None, prefix: str = ""):
+    """The public module's ``state_dict`` for a ``LearnableFourierFeatures`` (detached
+    copies, their [out, in] layout), after refusing what the public module cannot compute
+    (see :func:`posenc_fast.convert.to_state_dict`)."""
+    _checks.choice("source", source, SOURCES)
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, got {type(prefix).__name__}")
+    if source == "lightglue":
+        if module.mlp:
+            raise ValueError(
+                "a 'lightglue' encoder has no MLP: export a module built with mlp=False"
+            )
+    else:
+        if not module.mlp:
+            raise ValueError(
+                f"a {source!r} module has an MLP: this module was built with mlp=False"
+            )
+        if module.layer_norm:
+            raise ValueError(
+                f"a {source!r} module has no LayerNorm: this one was built with layer_norm=True"
+            )
+        if module.activation != "gelu":
+            raise ValueError(
+                f"a {source!r} module uses GELU (erf form), this one {module.activation!r}"
+            )
+    wr = module.wr.detach()
+    if source == "tpe":
+        if max_pos is None:
+            raise ValueError("max_pos is required for 'tpe': the divisor its forward applies")
+        max_pos = _checks.positive_float("max_pos", max_pos)
+        if module.groups != 1 or module.pos_dim != 1:
+            raise ValueError(
+                "a 'tpe' module encodes one group of scalar positions: need groups=1 and "
+                f"pos_dim=1, got groups={module.groups}, pos_dim={module.pos_dim}"
+            )
+        wr = wr * max_pos
+    elif max_pos is not None:
+        raise ValueError(f"max_pos applies to 'tpe' only, not {source!r}")
+    out = {_WR_KEY[source]: wr.clone()}
+    if source != "lightglue":
+        out["mlp.0.weight"] = module.w1.detach().T.contiguous()  # [F, H] -> [H, F]
+        out["mlp.0.bias"] = module.b1.detach().clone()
+        out["mlp.2.weight"] = module.w2.detach().T.contiguous()  # [H, D/G] -> [D/G, H]
+        out["mlp.2.bias"] = module.b2.detach().clone()
+    return {prefix + k: v for k, v in out.items()}

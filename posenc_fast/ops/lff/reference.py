@@ -23,15 +23,12 @@ from typing import Optional
 
 import torch
 
+from . import activations
+
 
 def activation(name: str, a: torch.Tensor) -> torch.Tensor:
-    if name == "gelu":  # erf form
-        return 0.5 * a * (1.0 + torch.erf(a / math.sqrt(2.0)))
-    if name == "gelu_tanh":
-        return 0.5 * a * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (a + 0.044715 * a**3)))
-    if name == "relu":
-        return torch.clamp(a, min=0.0)
-    raise ValueError(f"unknown activation {name!r}")
+    """act(a), the formula as written (activations.py: gelu in its erf form, gelu_tanh, relu)."""
+    return activations.get(name).literal(a)
 
 
 def fourier_features(

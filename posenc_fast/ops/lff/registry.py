@@ -24,8 +24,7 @@ from ..._dispatch import (
     triton_devices,
 )
 from . import plan, reference, torch_impl
-
-_ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+from .activations import ACTIVATIONS
 
 
 def _cpp_forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype):
@@ -65,7 +64,7 @@ LFF = register(
                 "hidden_dim": 256,
                 "group_out_dim": 1024,
             },
-            options={"activation": _ACTIVATIONS},
+            options={"activation": ACTIVATIONS},
             input_dtypes={"x": HALF_AND_SINGLE},
         ),
         forward=plan.forward,
@@ -77,7 +76,7 @@ LFF = register(
         OpSupport(
             devices=("cpu",),
             dtypes=HALF_AND_SINGLE,
-            options={"activation": _ACTIVATIONS},
+            options={"activation": ACTIVATIONS},
             input_dtypes={"x": HALF_AND_SINGLE},
         ),
         forward=_cpp_forward,

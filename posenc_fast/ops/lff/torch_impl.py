@@ -1,21 +1,6 @@
-"""Learnable Fourier features in pure PyTorch: the CPU fallback and the GPU fallback.
-
-Memory-efficient by construction: rows of positions are processed in chunks, so the
-[N, F] features and the [N, H] hidden layer only ever exist for one chunk; the backward
-saves nothing but the inputs and recomputes features and hidden layer chunk by chunk.
-
-Shapes (R = rows = N * G: every group of every position is one row of M coordinates):
-    rows [R, M], wr [F/2, M], w1 [F, H], b1 [H], w2 [H, Dg], b2 [Dg] -> out [R, Dg]
-Precision: phases in float32 when a cheap per-call bound proves them accurate enough
-(_common.float32_phases_suffice), else in float64 reduced exactly before a float32 trig;
-either way every cos/sin is within 1e-6 of float64 math. Features and MLP in float32
-(float64 for float64 weights); half-precision outputs are computed in float32 and rounded
-once at the end, on every device. Matmuls follow torch.backends.cuda.matmul.allow_tf32
-(off by default), so fp32 means fp32; the float32 phases themselves are never a matmul.
-Speed: few, large ATen ops per chunk. cos and sin stay two contiguous [n, F/2] blocks (an
-out= into half of a [n, F] buffer is ~1.5x slower on the CPU, and torch.cat costs a copy),
-so the MLP's first layer is two GEMMs (cos rows and sin rows of w1); the 1/sqrt(F) scale
-rides in the GEMMs' alpha; the last GEMM writes into the output.
+"""Learnable Fourier features in pure PyTorch, the CPU and GPU fallback: rows processed in
+chunks so that the [N, F] features and [N, H] hidden layer exist for one chunk only; the
+backward saves the inputs alone and recomputes chunk by chunk.
 """
 
 from __future__ import annotations
@@ -26,7 +11,6 @@ from typing import Optional
 
 import torch
 
-from ... import _activations
 from .._export_phases import cos_sin_graph
 from .._torch_common import (
     TWO_PI,
@@ -34,6 +18,20 @@ from .._torch_common import (
     float32_phases_suffice,
     row_chunks,
 )
+from . import activations
+
+# Shapes (R = rows = N * G: every group of every position is one row of M coordinates):
+#     rows [R, M], wr [F/2, M], w1 [F, H], b1 [H], w2 [H, Dg], b2 [Dg] -> out [R, Dg]
+# Precision: phases in float32 when a cheap per-call bound proves them accurate enough
+# (float32_phases_suffice), else in float64 reduced exactly before a float32 trig; either way
+# every cos/sin is within 1e-6 of float64 math. Features and MLP in float32 (float64 for
+# float64 weights); half-precision outputs are computed in float32 and rounded once at the
+# end, on every device. Matmuls follow torch.backends.cuda.matmul.allow_tf32 (off by
+# default), so fp32 means fp32; the float32 phases themselves are never a matmul.
+# Speed: few, large ATen ops per chunk. cos and sin stay two contiguous [n, F/2] blocks (an
+# out= into half of a [n, F] buffer is ~1.5x slower on the CPU, and torch.cat costs a copy),
+# so the MLP's first layer is two GEMMs (cos rows and sin rows of w1); the 1/sqrt(F) scale
+# rides in the GEMMs' alpha; the last GEMM writes into the output.
 
 # Below this many phases per call the float64 path costs less than deciding (a few small
 # ops and a host sync): take it without looking.
@@ -176,7 +174,7 @@ def lff_forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) 
             torch.mul(c, p.inv_sqrt_f, out=out[sl, : p.half])
             torch.mul(s, p.inv_sqrt_f, out=out[sl, p.half :])
             continue
-        h = _activations.apply_fast(activation, _pre_activation(p, c, s))
+        h = activations.get(activation).aten(_pre_activation(p, c, s))
         if out.dtype == p.mlp_dtype:
             torch.addmm(p.b2, h, p.w2, out=_part(out, sl))
         else:
@@ -196,7 +194,9 @@ def lff_autograd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype)
     if w1 is None:
         y = r
     else:
-        h = _activations.apply(activation, r.to(mlp_dtype) @ w1.to(mlp_dtype) + b1.to(mlp_dtype))
+        h = activations.get(activation).folded(
+            r.to(mlp_dtype) @ w1.to(mlp_dtype) + b1.to(mlp_dtype)
+        )
         y = h @ w2.to(mlp_dtype) + b2.to(mlp_dtype)
     return y.to(out_dtype).reshape(*x.shape[:-2], G * y.shape[-1])
 
@@ -277,9 +277,9 @@ def lff_backward(
                 if h1 is None:
                     h1 = torch.ones((a.shape[0], H + 1), dtype=a.dtype, device=x.device)
                 h = _part(h1, slice(0, a.shape[0]))
-                h[:, :H].copy_(_activations.apply_fast(activation, a))
+                h[:, :H].copy_(activations.get(activation).aten(a))
                 sums.addmm("w2b2", (H + 1, w2.shape[1]), h.T, gy)
-            ga = _activations.backward_fused(activation, gy @ p.w2.T, a)  # [n, H]
+            ga = activations.get(activation).aten_backward(gy @ p.w2.T, a)  # [n, H]
             if need_b1:
                 sums.sum_rows("b1", ga)
             if need_w1:
