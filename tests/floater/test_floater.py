@@ -535,6 +535,29 @@ def test_bad_module_calls():
         fl(length=2.5)
 
 
+@pytest.mark.parametrize(
+    "arg,attr,value",
+    [
+        ("substeps", "substeps", 0),
+        ("method", "method", "dopri5"),
+        ("activation", "activation", "swish"),
+        ("w1", "w1", torch.nn.Parameter(torch.zeros(3, 4))),  # needs d+1 = 5 rows
+        ("b2", "b2", torch.nn.Parameter(torch.zeros(3))),
+        ("w1", "w1", torch.nn.Parameter(torch.zeros(5, 4, device="meta"))),
+    ],
+)
+def test_module_attributes_replaced_after_construction(arg, attr, value):
+    """A call checks the module's parameters and options once, before integrating: on
+    every path that integrates (forward in both call forms, a block's own integration)."""
+    fl = pf.Floater(4, 2, substeps=1)
+    setattr(fl, attr, value)
+    calls = (lambda: fl(length=3), lambda: fl(times=torch.tensor([0.1])))
+    calls += (lambda: fl.integrate_states(3, slice(0, 1)),)
+    for call in calls:
+        with pytest.raises((ValueError, TypeError), match=rf"^{arg}\b"):
+            call()
+
+
 def test_mixed_dtypes_rejected():
     args = _good()
     args[1] = args[1].double()

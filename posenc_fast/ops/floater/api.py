@@ -8,7 +8,8 @@ ops, and the modules' cache, refresh and freeze logic."""
 # interval from the states saved at the sample times (an eager training call on the cpp or
 # cuda backend runs ``posenc_fast::floater_taped`` instead, whose backward reads most
 # intervals from its tape: tape.py). The semantics are written out in
-# reference.py; the module's result cache is cache.py.
+# reference.py; the module's result cache is cache.py, its frozen states frozen.py. A module
+# checks a call once (Floater._check_call) and then integrates through _solve, unchecked.
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 from ... import _checks, _dispatch
 from .._torch_common import onnx_export_running, onnx_exporting
 from . import cache as _floater_cache
+from . import frozen as _frozen
 from . import reference as _reference
 from . import registry
 from . import shared as _shared
@@ -68,8 +70,13 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def _check_times(times, dtype: torch.dtype) -> Tensor:
+def _check_times(times, dtype: torch.dtype, module_p0: Optional[Tensor] = None) -> Tensor:
+    """``times`` checked and converted to ``dtype``; ``module_p0``: a module's p0, whose
+    device ``times`` must be on (checked before the values are read: a meta tensor would
+    fail there with an error that names no argument)."""
     _checks.real_positions("times", times)
+    if module_p0 is not None:
+        _checks.same_device("the module (p0)", module_p0, times=times)
     if times.dim() != 1:
         raise ValueError(f"times must be a 1-D tensor [L], got shape {list(times.shape)}")
     times = times.to(dtype)
@@ -93,37 +100,53 @@ def _check_times(times, dtype: torch.dtype) -> Tensor:
     return times
 
 
-def _check_floater_args(
-    p0, w1, b1, w2, b2, times, options: FloaterOptions, check_values=True
-) -> Tensor:
-    _checks.float_tensor("p0", p0)
+def _check_p0_rank(p0: Tensor) -> None:
     if p0.dim() != 2:
         raise ValueError(f"p0 must have shape [S, d] (num_states, dim), got {list(p0.shape)}")
+
+
+def _check_shapes(p0: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> None:
+    """The dynamics' shapes for p0 [S, d] (its rank checked): w1 [d+1, H], b1 [H],
+    w2 [H+1, d], b2 [d]."""
     d = p0.shape[1]
-    for name, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
-        _checks.float_tensor(name, t)
     _checks.shape("w1", w1, (d + 1, None), "[d+1, H] with d = p0.shape[1]")
     H = w1.shape[1]
     _checks.shape("b1", b1, (H,), "[H] with H = w1.shape[1]")
     _checks.shape("w2", w2, (H + 1, d), "[H+1, d] with H = w1.shape[1], d = p0.shape[1]")
     _checks.shape("b2", b2, (d,), "[d] with d = p0.shape[1]")
-    _checks.tensor("times", times)
-    _checks.same_device("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2, times=times)
-    _checks.same_dtype("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2)
+
+
+def _check_options(options: FloaterOptions) -> None:
     _checks.positive_int("substeps", options.substeps)
     _checks.choice("method", options.method, METHODS)
     _checks.choice("activation", options.activation, ACTIVATIONS)
-    if not check_values:  # times built by the module: valid by construction
-        return times.to(state_dtype(p0.dtype))
+
+
+def _check_floater_args(p0, w1, b1, w2, b2, times, options: FloaterOptions) -> Tensor:
+    _checks.float_tensor("p0", p0)
+    _check_p0_rank(p0)
+    for name, t in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)):
+        _checks.float_tensor(name, t)
+    _check_shapes(p0, w1, b1, w2, b2)
+    _checks.tensor("times", times)
+    _checks.same_device("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2, times=times)
+    _checks.same_dtype("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2)
+    _check_options(options)
     return _check_times(times, state_dtype(p0.dtype))
 
 
 def integrate(
-    p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str, check_values=True
+    p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str
 ) -> tuple[Tensor, str]:
     """(out in :func:`state_dtype` of p0's dtype, name of the backend that ran it): what
-    :func:`floater` and the modules compute, for the integrations (attention biases)."""
-    times = _check_floater_args(p0, w1, b1, w2, b2, times, options, check_values)
+    :func:`floater` computes, its arguments checked."""
+    times = _check_floater_args(p0, w1, b1, w2, b2, times, options)
+    return _solve(p0, w1, b1, w2, b2, times, options, backend)
+
+
+def _solve(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str) -> tuple[Tensor, str]:
+    """:func:`integrate` of checked arguments (``times`` in the dtype of the integration):
+    the modules' path, which checks once per call before it (Floater._check_call)."""
     # Half-precision weights: integrate in float32 (differentiable casts, so gradients
     # reach the half-precision tensors).
     p0, w1, b1, w2, b2 = (t.to(times.dtype) for t in (p0, w1, b1, w2, b2))
@@ -396,9 +419,40 @@ class Floater(nn.Module):
         """(substeps, method, activation): how the ODE is integrated."""
         return FloaterOptions(self.substeps, self.method, self.activation)
 
+    def _check_dynamics(self) -> None:
+        """What the module integrates: its parameters' shapes and device, its options
+        (attributes a caller may have replaced since construction). Their dtypes need no
+        check: :meth:`_inputs` casts them all to the dtype of the integration."""
+        _check_p0_rank(self.p0)
+        _check_shapes(self.p0, self.w1, self.b1, self.w2, self.b2)
+        _checks.same_device("p0", self.p0, w1=self.w1, b1=self.b1, w2=self.w2, b2=self.b2)
+        _check_options(self.options)
+
+    def _check_call(self, length, times) -> tuple:
+        """forward's arguments, and the module when it integrates, checked once, before
+        anything runs: (length, times), ``times`` converted to the dtype of the
+        integration. Which error a bad call raises first is that of the call forms:
+        a frozen module refuses ``times``, an ONNX export an unfrozen module."""
+        if (length is None) == (times is None):
+            raise ValueError("pass exactly one of length or times")
+        if self.frozen:  # freeze(): the stored states serve it, no integration
+            if times is not None:
+                raise ValueError(_frozen.TIMES_REFUSED)
+            if isinstance(length, Tensor) and torch.jit.is_tracing():
+                return length, None  # the ONNX exporter's traced size (frozen.positions)
+            return _checks.size("length", length, minimum=0), None
+        if onnx_export_running():
+            raise RuntimeError(_UNFROZEN_EXPORT)
+        if length is not None:
+            length = _checks.size("length", length, minimum=0)
+        else:
+            times = _check_times(times, self._state_dtype(), module_p0=self.p0)
+        self._check_dynamics()
+        return length, times
+
     def _integrate(self, inputs, times: Tensor, backend: str) -> tuple[Tensor, str]:
-        """(states at ``times``, backend name); forward() has validated ``times``."""
-        return integrate(*inputs, times, self.options, backend, check_values=False)
+        """(states at ``times``, backend name); forward() has checked the call."""
+        return _solve(*inputs, times, self.options, backend)
 
     def _compute(self, times: Tensor) -> Tensor:
         return self._integrate(self._inputs(), times, self.backend)[0]
@@ -408,11 +462,12 @@ class Floater(nn.Module):
         training call computes them, integrated now: no cache, no refresh bookkeeping.
         [S, L, dim] in the parameters' dtype; ``length`` is trusted (a size already
         checked), as the attention integrations pass it."""
+        self._check_dynamics()
         t = self.length_times(length)
         if states is None:
             return self._compute(t).to(self.p0.dtype)
         inputs = (self.p0[states], self.w1, self.b1, self.w2, self.b2)
-        out, _ = integrate(*inputs, t, self.options, self.backend, check_values=False)
+        out, _ = _solve(*inputs, t, self.options, self.backend)
         return out.to(self.p0.dtype)
 
     def _config_key(self, inputs) -> tuple:
@@ -423,22 +478,12 @@ class Floater(nn.Module):
 
         ``length`` may be symbolic (a dynamic dimension under torch.export or
         torch.compile). The result has the parameters' dtype."""
-        if (length is None) == (times is None):
-            raise ValueError("pass exactly one of length or times")
+        length, times = self._check_call(length, times)
         if self.frozen:  # freeze(): the stored states, no integration
-            return self._frozen_states(length, times)
-        if onnx_export_running():
-            raise RuntimeError(_UNFROZEN_EXPORT)
+            return _frozen.positions(self._buffers[_frozen.BUFFER], length, self._cache)
         if length is not None:
-            t = self.length_times(_checks.size("length", length, minimum=0))
-        else:
-            # Device first: the value checks in _check_times read the tensor back (a meta
-            # tensor would fail there with an error that names no argument).
-            _checks.real_positions("times", times)
-            _checks.same_device("the module (p0)", self.p0, times=times)
-            t = _check_times(times, self._state_dtype())
-        mode = "length" if length is not None else "times"
-        return self._states(mode, t).to(self.p0.dtype)
+            return self._states("length", self.length_times(length)).to(self.p0.dtype)
+        return self._states("times", times).to(self.p0.dtype)
 
     def _states(self, mode: str, t: Tensor) -> Tensor:
         training_step = self.training and torch.is_grad_enabled()
@@ -506,28 +551,17 @@ class Floater(nn.Module):
             s += f", backend={self.backend!r}"
         return s
 
-    # -- inference: stored states (freeze) and cache statistics --------------------------
-    #
-    # freeze(L) integrates once and keeps p(t_0..t_{L-1}) as the buffer "frozen_states"
-    # [S, L, d], which forward(length=l <= L) slices: no ODE is solved afterwards, so a
-    # scripted or exported model holds a constant table (FLOATER Sec. 4.4: "store the
-    # pre-calculated positional bias vectors in the checkpoints"), and state_dict carries
-    # it. The parameters stay (unfreeze() returns to integrating, and they document where
-    # the table came from) but are not used while frozen: a longer length raises, naming
-    # both lengths, instead of silently integrating in a deployed model. The buffer is
-    # registered only while frozen, so the state_dict of a module never frozen is as before.
-
-    _FROZEN = "frozen_states"
+    # -- inference: stored states (freeze, frozen.py) and cache statistics ----------------
 
     @property
     def frozen(self) -> bool:
         """Whether :meth:`freeze` stored the states (forward then integrates nothing)."""
-        return self._buffers.get(self._FROZEN) is not None
+        return self._buffers.get(_frozen.BUFFER) is not None
 
     @property
     def frozen_length(self) -> int:
         """The number of positions freeze() stored (0 when not frozen)."""
-        states = self._buffers.get(self._FROZEN)
+        states = self._buffers.get(_frozen.BUFFER)
         return 0 if states is None else int(states.shape[1])
 
     def freeze(self, length: int) -> Floater:
@@ -543,12 +577,12 @@ class Floater(nn.Module):
         self.unfreeze()  # integrate, not serve the previous table
         with torch.no_grad():
             states = self.forward(length=length).detach().clone()
-        self.register_buffer(self._FROZEN, states)
+        self.register_buffer(_frozen.BUFFER, states)
         return self
 
     def unfreeze(self) -> Floater:
         """Drop the stored states: forward integrates (and caches) again. Returns the module."""
-        self._buffers.pop(self._FROZEN, None)
+        self._buffers.pop(_frozen.BUFFER, None)
         return self
 
     def cache_info(self) -> _floater_cache.FloaterCacheInfo:
@@ -564,45 +598,15 @@ class Floater(nn.Module):
             cache.hits, cache.misses, lengths, self.frozen_length
         )
 
-    def _frozen_states(self, length, times) -> Tensor:
-        if times is not None:
-            raise ValueError(
-                "this Floater is frozen: it serves forward(length=...) from stored states "
-                "and cannot integrate at other times; call unfreeze() first"
-            )
-        states = self._buffers[self._FROZEN]
-        stored = states.shape[1]
-        if isinstance(length, Tensor) and torch.jit.is_tracing():
-            # The TorchScript-based ONNX exporter traces sizes as tensors: a gather keeps
-            # the length dynamic in the graph (a slice would bake in the traced value).
-            return states.index_select(1, torch.arange(length, device=states.device))
-        length = _checks.size("length", length, minimum=0)
-        symbolic = isinstance(length, torch.SymInt)
-        message = (
-            f"length {length} exceeds the {stored} positions this Floater was frozen "
-            f"for: call freeze({length}) (or unfreeze() to integrate)"
-        )
-        if symbolic:  # export / compile: a runtime assertion
-            torch._check(length <= stored, lambda: message)
-        elif length > stored:
-            raise ValueError(message)
-        if not torch.compiler.is_compiling():
-            self._cache.hits += 1
-        if symbolic:
-            # A gather: a slice's strides depend on whether length == stored, which
-            # torch.export would turn into a guard that excludes the frozen length.
-            return states.index_select(1, torch.arange(length, device=states.device))
-        return states[:, :length]
-
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A state_dict saved from a frozen module freezes this one: the buffer is created
         # (shape from the checkpoint) so that the usual copy fills it.
-        stored = state_dict.get(prefix + self._FROZEN)
+        stored = state_dict.get(prefix + _frozen.BUFFER)
         if isinstance(stored, Tensor):
-            mine = self._buffers.get(self._FROZEN)
+            mine = self._buffers.get(_frozen.BUFFER)
             if mine is None or mine.shape != stored.shape:
                 empty = torch.empty(stored.shape, dtype=self.p0.dtype, device=self.p0.device)
-                self.register_buffer(self._FROZEN, empty)
+                self.register_buffer(_frozen.BUFFER, empty)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
