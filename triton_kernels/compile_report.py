@@ -45,7 +45,7 @@ from triton.compiler import ASTSource
 
 from . import _common, _configs
 from . import encodings as enc
-from . import lff_backward as bwd
+from . import lff_backward_fused as bwd
 from . import lff_backward_split_k as split_k
 from . import lff_forward as fwd
 from . import lff_gemm as gemm
@@ -159,7 +159,7 @@ def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int):
     """The backward's configurations for sm_{arch}: its first choice and, where the rules
     refuse that, the next (what lff_bwd launches there)."""
     for blocks in bwd.gpu_candidates(constexprs):
-        options = dict(bwd._OPTIONS)
+        options = dict(bwd.OPTIONS)
         yield Case(
             f"{label} BR{blocks['BLOCK_R']}", "lff_bwd", bwd._lff_bwd_kernel,
             {"GRAD": pointer}, dict(constexprs, **blocks),

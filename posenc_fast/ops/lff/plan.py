@@ -189,7 +189,7 @@ def _kernel_ms(
 
 
 # Row tiles of the fused kernels that the model assumes (the largest the GPU
-# configurations offer: lff_forward._CONFIGS, lff_backward.gpu_candidates).
+# configurations offer: lff_forward._CONFIGS, lff_backward_fused.gpu_candidates).
 def _fused_rows(w: Work, backward: bool) -> int:
     if w.kind != "mma16":
         return 32 if w.H <= 64 or not backward else 16
