@@ -283,10 +283,6 @@ ENV_VAR = "POSENC_FAST_BACKEND"
 _warned: set[str] = set()
 
 
-def backend_names() -> tuple[str, ...]:
-    return tuple(BACKENDS)
-
-
 def _names() -> str:
     return ", ".join(map(repr, BACKENDS))
 

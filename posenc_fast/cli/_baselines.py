@@ -20,7 +20,7 @@ spec; ``bench`` only compares outputs against it):
   for q and for k ("eager"); and that rotation alone with the table computed beforehand
   ("eager-rotate": LightGlue builds the table once per image and reuses it in each of its
   layers, so this is its per-layer cost). benchmarks/rotary.py (the GPU run) uses the same
-  code; tests/test_rotary.py names the LightGlue commit the formulas come from.
+  code; tests/rotary/test_rotary.py names the LightGlue commit the formulas come from.
 
 All of them compute phases in float32, so at large |phase| they carry float32 rounding
 (about |phase| * 6e-8): ``bench`` records each one's largest error against the float64

@@ -136,12 +136,8 @@ class CustomOp:
     ``list[...]``) with its fake kernel and autograd, plus the direct eager path every op
     shares: calling the object runs ``body`` itself (inside an autograd.Function with the
     same setup_context and backward, for an op with autograd) where
-    :func:`direct_call_ok`, and the registered op everywhere else.
-
-    Measured for every op (small eager forward + backward on the CPU, one thread, best of
-    5 x 300 calls, shared 2-core machine, before -> after this path applied beyond LFF):
-    SinusoidalPE [2, 16, 32] 581-601 -> 442-482 µs, apply_lff_rotary (q, k [1, 2, 16, 16])
-    888-979 -> 746-808 µs; LFF (which had it) 840-913 -> 763-854 µs: worth keeping.
+    :func:`direct_call_ok`, and the registered op everywhere else (why: it saves a tenth
+    to a quarter of a small eager call, benchmarks/NOTES.md).
 
     ``op_function``: the name of the Implementation function the op's body runs, so that
     :meth:`run` can call a ``differentiable`` implementation (the reference) without the op;
