@@ -376,9 +376,9 @@ def _phase_blocks(meta: dict, F2: int, H: int, chunk: int, arch) -> tuple[dict, 
 
 
 def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
-    """The large-weights path (module docstring), per chunk of rows: the fused kernel over
-    blocks of hidden columns for h, ga, db1 and db2 (storing h / ga), the phase kernel for
-    dx and dwr, one split-K launch per weight gradient; partial sums carried across
+    """The large-weights path (the comment above the kernels), per chunk of rows: the fused
+    kernel over blocks of hidden columns for h, ga, db1 and db2 (storing h / ga), the phase
+    kernel for dx and dwr, one split-K launch per weight gradient; partial sums carried across
     chunks in fixed workspaces."""
     rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, _, _ = args
     R = rows.shape[0]
