@@ -38,7 +38,6 @@ from ._extension_cache import PARTS, module_name
 
 OPS_VERSION = 3  # must match build_info()["ops_version"] of csrc/module.cpp, module_cuda.cpp
 
-
 _lock = threading.Lock()
 
 
@@ -182,7 +181,6 @@ def load(part: str = "cpu") -> Optional[ModuleType]:
 
 
 ISA_ENV = "POSENC_FAST_CPU_ISA"
-
 
 ISA_NAMES = ("generic", "avx2", "avx512")  # csrc/cpu/isa.h's levels, lowest first
 

@@ -27,7 +27,6 @@ from . import _extension_cache as _cache
 
 WAIT_ENV = "POSENC_FAST_BUILD_WAIT"
 
-
 DEFAULT_WAIT_S = 1800.0  # a full -O3 build took 13 min on a busy 2-core machine
 
 

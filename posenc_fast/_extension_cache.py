@@ -19,24 +19,18 @@ from . import _build_config as _cfg
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
-
 PARTS = tuple(_cfg.PARTS)  # ("cpu", "cuda"): the CUDA part needs the CPU part (op schemas)
 
-
 BUILD_HINT = "run `python -m posenc_fast build`"
-
 
 INSTALL_HINT = (
     "this installation carries no C++ sources (posenc_fast/csrc): reinstall posenc_fast "
     "from a wheel or sdist of this version, or `pip install .` from a clone"
 )
 
-
 _WHAT = {"cpu": "the C++ extension", "cuda": "the CUDA part of the extension"}
 
-
 NO_BUILD_ENV = "POSENC_FAST_NO_BUILD"
-
 
 CACHE_ENV = "POSENC_FAST_CACHE"
 
