@@ -9,7 +9,7 @@ csrc/ in pyproject.toml), and is built either
   ``pip install .``) has no torch, and torch is deliberately not a build requirement (it
   would replace the user's own, and a binary is only valid for the torch it was built
   against); or
-- on first use, by posenc_fast/_extension.py, against the torch the process runs, into a
+- on first use, by posenc_fast/_extension_build.py, against the torch the process runs, into a
   user cache (``python -m posenc_fast build`` does it explicitly). That is what a plain
   ``pip install`` gets, and what replaces an ahead-of-time binary that no longer matches.
 pip hides a build backend's output unless ``pip install -v``: the ahead-of-time build's
@@ -83,7 +83,7 @@ records' fields are shared with the opt-in JIT build through ``posenc_fast/_buil
 (torch-free, executed here on its own like ``_version.py``: importing the package would
 import torch). Beside the binaries, ``posenc_fast/_build_info.json`` (CPU) and
 ``_build_info_cuda.json`` (CUDA) record the torch, CUDA and Python versions each was built
-for, or why it was not built or failed; ``posenc_fast/_extension.py`` reads them before
+for, or why it was not built or failed; ``posenc_fast/_extension_cache.py`` reads them before
 loading, so a mismatch is reported instead of crashing.
 """
 

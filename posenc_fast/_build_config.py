@@ -1,22 +1,7 @@
 """Build settings of the compiled extension (csrc/), shared by the ahead-of-time build
-(setup.py) and the first-use build into the user cache (``posenc_fast._extension.build``),
-and the build metadata both record beside each binary (read by ``posenc_fast._extension``
-before loading it).
-
-The extension is two Python modules, built and loaded independently, so that the CPU part
-never depends on the CUDA part building:
-
-- ``posenc_fast._C`` (CPU_SOURCES): the C++ CPU kernels; defines the ops. Built whenever a
-  C++ compiler is present; record ``_build_info.json``.
-- ``posenc_fast._C_cuda`` (CUDA_SOURCES): the CUDA kernels of the same ops. Built when torch
-  has CUDA and a matching toolkit is found (:func:`find_cuda_toolkit`,
-  :func:`cuda_decision`); record ``_build_info_cuda.json``, also when it was not built or
-  failed (it says why).
-
-Torch-free and import-free within the package: setup.py executes this file on its own
-(importing ``posenc_fast`` would import torch, which an isolated build does not have).
-Why each compiler flag is there: the table in setup.py's docstring.
-"""
+(setup.py) and the first-use build into the user cache (``posenc_fast._extension_build``),
+and the build metadata both record beside each binary (read by
+``posenc_fast._extension_cache`` before loading it)."""
 
 from __future__ import annotations
 
@@ -30,6 +15,20 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+
+# The extension is two Python modules, built and loaded independently, so that the CPU part
+# never depends on the CUDA part building:
+#
+# - ``posenc_fast._C`` (CPU_SOURCES): the C++ CPU kernels; defines the ops. Built whenever a
+#   C++ compiler is present; record ``_build_info.json``.
+# - ``posenc_fast._C_cuda`` (CUDA_SOURCES): the CUDA kernels of the same ops. Built when torch
+#   has CUDA and a matching toolkit is found (:func:`find_cuda_toolkit`,
+#   :func:`cuda_decision`); record ``_build_info_cuda.json``, also when it was not built or
+#   failed (it says why).
+#
+# Torch-free and import-free within the package: setup.py executes this file on its own
+# (importing ``posenc_fast`` would import torch, which an isolated build does not have).
+# Why each compiler flag is there: the table in setup.py's docstring.
 
 # Relative to the source root (the directory that holds csrc/ and setup.py).
 # The CPU module posenc_fast._C: every C++ CPU kernel and op registration goes here.

@@ -1,27 +1,11 @@
 """The one dispatcher: which implementation runs a call, and why the others cannot.
 
-Backends, fastest first for what they support:
-- ``cuda``:   C++/CUDA kernels of the compiled extension (FLOATER integrator), CUDA tensors.
-- ``triton``: fused Triton kernels (LFF, encodings, rotary), CUDA tensors; CPU tensors only
-  under ``TRITON_INTERPRET=1`` (how CI verifies the kernels; never picked by "auto" there).
-- ``cpp``:    C++ CPU kernels of the compiled extension (FLOATER integrator, LFF, encodings,
-  rotary).
-- ``torch``:  pure PyTorch, chunked and memory-efficient: the fallback on every device.
-- ``reference``: the literal float64 equations; the specification, never picked by "auto".
-
-Two kinds of table decide, each written once:
-- ``BACKENDS`` (here): per backend, whether it can run at all in this process (extension
-  loaded, triton importable, interpreter version, GPU capability), its summary, and the
-  devices on which "auto" may pick it;
-- each op's registry (``ops/<op>/registry.py``, like torchdiffeq's ``SOLVERS``): backend
-  name -> :class:`Implementation`, the backend's ``SUPPORT`` table for that op (devices,
-  dtypes, size limits, options: the xformers pattern) and its functions.
-
-:func:`choose` walks ``AUTO_ORDER`` over an op's registry and returns the first
-implementation with no reasons against the call, or raises one :class:`BackendError`
-listing every backend's reasons. ``POSENC_FAST_BACKEND=<name>`` replaces "auto" by that
-backend for every call. Adding a backend for an op is one registry entry plus its kernels
-(tests/common/test_dispatch.py registers a toy one).
+Two tables decide, each written once: ``BACKENDS`` (here: whether each backend can run in
+this process, and on which devices "auto" may pick it) and each op's registry
+(``ops/<op>/registry.py``: backend name -> :class:`Implementation` with its SUPPORT table).
+:func:`choose` walks ``AUTO_ORDER`` and returns the first implementation with no reasons
+against the call, or raises one :class:`BackendError` listing every backend's reasons;
+``POSENC_FAST_BACKEND=<name>`` replaces "auto" for every call.
 """
 
 from __future__ import annotations
@@ -281,10 +265,6 @@ AUTO_ORDER = ["cuda", "triton", "cpp", "torch"]
 ENV_VAR = "POSENC_FAST_BACKEND"
 
 _warned: set[str] = set()
-
-
-def backend_names() -> tuple[str, ...]:
-    return tuple(BACKENDS)
 
 
 def _names() -> str:

@@ -1,22 +1,7 @@
-"""How close every backend must be to the float64 reference: the one place.
-
-An output passes when, elementwise, |out - ref| <= atol + rtol * |ref|, where ``ref`` is
-the float64 reference evaluated on the same inputs (already rounded to their dtype).
-
-- "encoding": outputs that are sines and cosines of a phase (sinusoidal, DFT, LFF
-  features without MLP). docs/precision.md: within 1e-6 of float64 math for |phase| <= 1e5 in
-  float32; within about one ulp (+1e-6) in bfloat16 / float16.
-- "lff": LFF with its MLP. float32: accumulation of two small matmuls. Half precision:
-  features and hidden layer are rounded to the dtype before the tensor-core matmuls.
-- "floater": ODE solutions after hundreds of solver steps (error accumulates along them).
-- "grad": gradients, compared relative to the largest finite gradient entry of the
-  reference (``mismatch`` does this unless it is given another ``scale``).
-- "rotary": q and k rotated by the cos / sin of a phase (apply_lff_rotary), compared
-  relative to the largest |entry| of the reference (pass it as ``scale``: a rotation
-  keeps the norm of each channel pair, so an output near 0 carries the error of the
-  larger inputs). float32: the cos / sin error of "encoding" (<= 1e-6) times |q|, plus
-  two products and a sum; half precision: the output's own rounding (one ulp).
-"""
+"""How close every backend must be to the float64 reference, per dtype and kind of output:
+the one place. An output passes when, elementwise, |out - ref| <= atol + rtol * |ref|, where
+``ref`` is the float64 reference evaluated on the same inputs (already rounded to their
+dtype)."""
 
 from __future__ import annotations
 
@@ -31,6 +16,20 @@ class Tol:
     rtol: float
 
 
+# The kinds of output:
+# - "encoding": outputs that are sines and cosines of a phase (sinusoidal, DFT, LFF
+#   features without MLP). docs/precision.md: within 1e-6 of float64 math for |phase| <= 1e5 in
+#   float32; within about one ulp (+1e-6) in bfloat16 / float16.
+# - "lff": LFF with its MLP. float32: accumulation of two small matmuls. Half precision:
+#   features and hidden layer are rounded to the dtype before the tensor-core matmuls.
+# - "floater": ODE solutions after hundreds of solver steps (error accumulates along them).
+# - "grad": gradients, compared relative to the largest finite gradient entry of the
+#   reference (``mismatch`` does this unless it is given another ``scale``).
+# - "rotary": q and k rotated by the cos / sin of a phase (apply_lff_rotary), compared
+#   relative to the largest |entry| of the reference (pass it as ``scale``: a rotation
+#   keeps the norm of each channel pair, so an output near 0 carries the error of the
+#   larger inputs). float32: the cos / sin error of "encoding" (<= 1e-6) times |q|, plus
+#   two products and a sum; half precision: the output's own rounding (one ulp).
 TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
     torch.float64: {
         # the float64 reference itself rounds p * freq: ~1e-16 * |phase|, 1e-11 at 1e5

@@ -1,4 +1,4 @@
-"""Kernel pieces shared by the LFF and rotary kernels (lff_forward.py, lff_backward.py,
+"""Kernel pieces shared by the LFF and rotary kernels (lff_forward.py, lff_backward_*.py,
 rotary.py): the cos / sin of a tile of phases x . wr, the chain rule back through them,
 and the deterministic weight-gradient sums (per-program workspace rows, summed in a fixed
 order by a second kernel)."""
@@ -98,3 +98,21 @@ def sum_partials(ws: torch.Tensor, ref: torch.Tensor, n_parts: int, offset: int 
     launch(sum_partials_kernel, grid, ws[:, offset:], result, n_parts, ref.numel(),
            ws.stride(0), BLOCK=block, INTERPRET=INTERPRET)  # fmt: skip
     return result
+
+
+def workspace_parts(items) -> tuple[list, int]:
+    """[(index in the result, reference tensor, workspace offset)] of the needed
+    gradients among ``items`` (index, need, reference), and the total columns."""
+    parts, offset = [], 0
+    for idx, need, ref in items:
+        if need:
+            parts.append((idx, ref, offset))
+            offset += ref.numel()
+    return parts, offset
+
+
+def sum_parts_into(out: list, ws: torch.Tensor, parts, n_parts: int) -> None:
+    """out[idx] = sum_partials of each of ``parts`` (workspace_parts): one small launch
+    per gradient, each into its own tensor (outputs of a custom op must not alias)."""
+    for idx, ref, off in parts:
+        out[idx] = sum_partials(ws, ref, n_parts, off)

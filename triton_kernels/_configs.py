@@ -1,25 +1,6 @@
 """Which kernel configurations may be compiled where: the one rule set that the launchers
 (pruning their autotuners, choosing the backward's fixed configuration) and the compile
-report (compile_report.py, per GPU architecture) share.
-
-A configuration (its constexprs ``meta``, num_warps, num_stages) is refused, with a
-reason, when
-
-1. the installed Triton is known to *abort the process* compiling it for that
-   architecture (an assertion inside Triton's C++ compiler: nothing in Python can catch
-   it, so it must never be tried). Each such defect below names the Triton versions
-   and architectures it was seen on, and what it looks like;
-2. its shared memory does not fit the target: ``shared_bound`` is an upper bound of what
-   the configuration allocates (the compile report checks it against the compiler's
-   own figure on every architecture), ``shared_limit`` the target's per-block maximum.
-
-A configuration that raises while compiling on the GPU (a Python exception, which can be
-caught) is dropped from the autotuner's choice there and remembered (``guard_autotuner``,
-``dropped``), with one warning; the others still run.
-
-Everything here is a pure function of the Triton version and the compute capability
-(``arch`` = 10 * major + minor), so it is tested on a machine without a GPU.
-"""
+report (compile_report.py, per GPU architecture) share."""
 
 from __future__ import annotations
 
@@ -33,6 +14,24 @@ import triton
 import triton.language as tl
 
 from ._env import parse_version
+
+# A configuration (its constexprs ``meta``, num_warps, num_stages) is refused, with a
+# reason, when
+#
+# 1. the installed Triton is known to *abort the process* compiling it for that
+#    architecture (an assertion inside Triton's C++ compiler: nothing in Python can catch
+#    it, so it must never be tried). Each such defect below names the Triton versions
+#    and architectures it was seen on, and what it looks like;
+# 2. its shared memory does not fit the target: ``shared_bound`` is an upper bound of what
+#    the configuration allocates (the compile report checks it against the compiler's
+#    own figure on every architecture), ``shared_limit`` the target's per-block maximum.
+#
+# A configuration that raises while compiling on the GPU (a Python exception, which can be
+# caught) is dropped from the autotuner's choice there and remembered (``guard_autotuner``,
+# ``dropped``), with one warning; the others still run.
+#
+# Everything here is a pure function of the Triton version and the compute capability
+# (``arch`` = 10 * major + minor), so it is tested on a machine without a GPU.
 
 # Architectures the compile report covers: A100, A10/A40/RTX 30, L4/L40/RTX 40, H100/H200,
 # B200, RTX 50.

@@ -1,35 +1,35 @@
-"""Accurate phases and their cosine / sine in float32, shared by every kernel.
-
-A phase ``x . w`` of 1e4 radians already carries ~5e-4 rad of rounding error in float32
-(docs/precision.md), so phases are never formed as one rounded float32 number. Instead:
-
-1. Frequencies are kept in *turns* (w / 2pi) as an unevaluated sum ``hi + lo`` of two
-   float32 numbers (``turns_hi_lo``: a two-product against 1/(2pi) split the same way).
-2. ``x * hi`` is split exactly into ``p + e`` (two-product through ``tl.fma``), ``x * lo``
-   is added to ``e``; over the M coordinates the ``p`` parts are summed with two-sum so
-   nothing is lost (``phase_turns_*``).
-3. ``sincos_turns`` removes the nearest quarter turn from ``hi`` (exact: ``hi - q/4`` is a
-   float32 number), adds ``lo`` (and removes its quarter turns, which only exist for
-   huge phases), evaluates cos and sin of ``2 pi f`` for |f| <= 1/8 turn by
-   polynomials, then rotates by the quarter turns.
-
-Error budget against float64 math on the same float32 inputs, |phase| <= 1e5 rad: the
-reduced argument is rounded once (<= 2^-27 turn ~ 5e-8 rad), the polynomials add about
-one ulp (~1.2e-7): ~2e-7 in all (the tests check < 1e-6). The polynomials are written
-out with ``tl.fma`` instead of ``tl.cos``/``tl.sin`` so that the arithmetic is identical
-in Triton's interpreter (which CI runs) and on the GPU, and so no fast-math ``sin.approx``
-can slip in.
-
-Kernels that use these helpers must be launched with ``enable_fp_fusion=False``: if the
-compiler contracted ``x * hi`` into a later addition, the exact error terms computed
-next to it would no longer match and the phase would lose ~1 ulp of its *unreduced*
-value (~1e-3 rad at 1e4 rad). The explicit ``tl.fma`` calls are unaffected.
-"""
+"""Accurate phases and their cosine / sine in float32, shared by every kernel (how, and the
+error budget: the comment below)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+# A phase ``x . w`` of 1e4 radians already carries ~5e-4 rad of rounding error in float32
+# (docs/precision.md), so phases are never formed as one rounded float32 number. Instead:
+#
+# 1. Frequencies are kept in *turns* (w / 2pi) as an unevaluated sum ``hi + lo`` of two
+#    float32 numbers (``turns_hi_lo``: a two-product against 1/(2pi) split the same way).
+# 2. ``x * hi`` is split exactly into ``p + e`` (two-product through ``tl.fma``), ``x * lo``
+#    is added to ``e``; over the M coordinates the ``p`` parts are summed with two-sum so
+#    nothing is lost (``phase_turns_*``).
+# 3. ``sincos_turns`` removes the nearest quarter turn from ``hi`` (exact: ``hi - q/4`` is a
+#    float32 number), adds ``lo`` (and removes its quarter turns, which only exist for
+#    huge phases), evaluates cos and sin of ``2 pi f`` for |f| <= 1/8 turn by
+#    polynomials, then rotates by the quarter turns.
+#
+# Error budget against float64 math on the same float32 inputs, |phase| <= 1e5 rad: the
+# reduced argument is rounded once (<= 2^-27 turn ~ 5e-8 rad), the polynomials add about
+# one ulp (~1.2e-7): ~2e-7 in all (the tests check < 1e-6). The polynomials are written
+# out with ``tl.fma`` instead of ``tl.cos``/``tl.sin`` so that the arithmetic is identical
+# in Triton's interpreter (which CI runs) and on the GPU, and so no fast-math ``sin.approx``
+# can slip in.
+#
+# Kernels that use these helpers must be launched with ``enable_fp_fusion=False``: if the
+# compiler contracted ``x * hi`` into a later addition, the exact error terms computed
+# next to it would no longer match and the phase would lose ~1 ulp of its *unreduced*
+# value (~1e-3 rad at 1e4 rad). The explicit ``tl.fma`` calls are unaffected.
 
 # 1/(2 pi) = _INV_2PI_HI + _INV_2PI_LO, each float32 (the sum carries ~2^-48 relative error).
 _INV_2PI_HI = tl.constexpr(0.15915493667125702)

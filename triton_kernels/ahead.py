@@ -1,33 +1,4 @@
-"""Compile the Triton kernels ahead of time, for a GPU that is not here.
-
-Why: a GPU is lent rarely and for minutes, and compiling Triton kernels there cost the first
-GPU run most of its verify stage. Triton compiles for any NVIDIA target without a GPU (its
-bundled ptxas makes the cubin); what it cannot know without one is *which* kernels a run
-needs: each launch's specialisation (dtypes, constexprs, 16-byte alignment of pointers,
-divisibility by 16 of integers, the configurations an autotuner offers) is part of the
-cache key. So the launches are recorded where a run makes them and replayed for the target:
-
-record   POSENC_FAST_TRITON_RECORD=<file>: every call of a launcher (``lff_fwd``,
-         ``encoding_fwd``, ...) appends one JSON line, its name and arguments (tensors as
-         shape, strides, dtype and storage offset). On the CPU under the interpreter (the
-         verify cases, the tests a GPU run selects) or on the GPU itself (for the next time).
-compile  ``python -m posenc_fast.triton_kernels.ahead compile --arch 90 --sm-count 132
-         RECORDS...``: each recorded call again on `meta` tensors (no data, no arithmetic),
-         Triton's driver replaced by a stand-in for the target: every kernel, in every
-         configuration its autotuner may offer there, compiles into TRITON_CACHE_DIR
-         without being launched or timed, with its C launcher. The same for what the GPU
-         benchmarks call (``--benchmarks``: each script's ``triton_calls(device)``).
-log      POSENC_FAST_TRITON_LOG=<file>: every compilation, a hit or a miss of the cache,
-         appends one JSON line (benchmarks/summarize_gpu.py counts them), so a run shows
-         what it still compiled.
-
-A cache entry is found on the GPU machine when its key matches there: the kernel's source,
-the specialisation, the options, the backend's hash (ptxas version and arch),
-``triton_key()`` (Triton's own sources and libtriton) and the cache-invalidating
-environment. ``compile`` writes the last three of this install into a manifest; ``check``
-compares them with the GPU machine's. Group files in the cache hold absolute paths:
-``relocate`` rewrites them for the directory the cache is unpacked into.
-"""
+"""Compile the Triton kernels ahead of time, for a GPU that is not here."""
 
 from __future__ import annotations
 
@@ -45,6 +16,34 @@ from typing import Callable
 import torch
 
 from . import _env
+
+# Why: a GPU is lent rarely and for minutes, and compiling Triton kernels there cost the first
+# GPU run most of its verify stage. Triton compiles for any NVIDIA target without a GPU (its
+# bundled ptxas makes the cubin); what it cannot know without one is *which* kernels a run
+# needs: each launch's specialisation (dtypes, constexprs, 16-byte alignment of pointers,
+# divisibility by 16 of integers, the configurations an autotuner offers) is part of the
+# cache key. So the launches are recorded where a run makes them and replayed for the target:
+#
+# record   POSENC_FAST_TRITON_RECORD=<file>: every call of a launcher (``lff_fwd``,
+#          ``encoding_fwd``, ...) appends one JSON line, its name and arguments (tensors as
+#          shape, strides, dtype and storage offset). On the CPU under the interpreter (the
+#          verify cases, the tests a GPU run selects) or on the GPU itself (for the next time).
+# compile  ``python -m posenc_fast.triton_kernels.ahead compile --arch 90 --sm-count 132
+#          RECORDS...``: each recorded call again on `meta` tensors (no data, no arithmetic),
+#          Triton's driver replaced by a stand-in for the target: every kernel, in every
+#          configuration its autotuner may offer there, compiles into TRITON_CACHE_DIR
+#          without being launched or timed, with its C launcher. The same for what the GPU
+#          benchmarks call (``--benchmarks``: each script's ``triton_calls(device)``).
+# log      POSENC_FAST_TRITON_LOG=<file>: every compilation, a hit or a miss of the cache,
+#          appends one JSON line (benchmarks/summarize_gpu.py counts them), so a run shows
+#          what it still compiled.
+#
+# A cache entry is found on the GPU machine when its key matches there: the kernel's source,
+# the specialisation, the options, the backend's hash (ptxas version and arch),
+# ``triton_key()`` (Triton's own sources and libtriton) and the cache-invalidating
+# environment. ``compile`` writes the last three of this install into a manifest; ``check``
+# compares them with the GPU machine's. Group files in the cache hold absolute paths:
+# ``relocate`` rewrites them for the directory the cache is unpacked into.
 
 RECORD_VERSION = 1
 

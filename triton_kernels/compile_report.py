@@ -1,26 +1,4 @@
-"""Compile every kernel for GPU targets without a GPU, and report its resources.
-
-    python -m posenc_fast.triton_kernels.compile_report [--arch 80,90] [--quick]
-        [--json out.json] [--probe-refused]
-
-Runs Triton's real compiler (TTIR -> PTX -> cubin with the ptxas bundled in the triton
-wheel) for the configurations the launchers use on the GPU, for each architecture
-(default: sm_80, 86, 89, 90, 100, 120), and prints per kernel: registers, stack bytes
-(spills), shared memory, the matmul instruction family (wgmma / mma.sync / none) and
-whether the PTX contains approximate trig (it must not: the phases are reduced and
-evaluated by polynomials, see _phase.py). This catches what the interpreter cannot: code
-that only fails in compiled mode (e.g. non-constexpr globals, chained boolean operators)
-and configurations that spill.
-
-The configurations that _configs.py's rules refuse for an architecture (a Triton defect
-that aborts the compiler, or too much shared memory) are the ones the launchers never
-offer there: they are listed with the reason, not compiled (``--probe-refused`` compiles
-each of them in a child process, to show what the rule prevents). Every compiled one is
-checked against the target's shared memory limit and against _configs.shared_bound.
-Ends with one line per architecture, "sm_90: 58 compiled, 0 refused, 0 failed".
-Exit status 1 if anything fails to compile, exceeds a limit or contains approximate
-trig. Needs TRITON_INTERPRET unset.
-"""
+"""Compile every kernel for GPU targets without a GPU, and report its resources."""
 
 from __future__ import annotations
 
@@ -45,13 +23,34 @@ from triton.compiler import ASTSource
 
 from . import _common, _configs
 from . import encodings as enc
-from . import lff_backward as bwd
+from . import lff_backward_fused as bwd
 from . import lff_backward_split_k as split_k
 from . import lff_forward as fwd
 from . import lff_gemm as gemm
 from . import lff_gemm_kernels as gemm_k
 from . import rotary as rot
 from ._launch import pow2
+
+#     python -m posenc_fast.triton_kernels.compile_report [--arch 80,90] [--quick]
+#         [--json out.json] [--probe-refused]
+#
+# Runs Triton's real compiler (TTIR -> PTX -> cubin with the ptxas bundled in the triton
+# wheel) for the configurations the launchers use on the GPU, for each architecture
+# (default: sm_80, 86, 89, 90, 100, 120), and prints per kernel: registers, stack bytes
+# (spills), shared memory, the matmul instruction family (wgmma / mma.sync / none) and
+# whether the PTX contains approximate trig (it must not: the phases are reduced and
+# evaluated by polynomials, see _phase.py). This catches what the interpreter cannot: code
+# that only fails in compiled mode (e.g. non-constexpr globals, chained boolean operators)
+# and configurations that spill.
+#
+# The configurations that _configs.py's rules refuse for an architecture (a Triton defect
+# that aborts the compiler, or too much shared memory) are the ones the launchers never
+# offer there: they are listed with the reason, not compiled (``--probe-refused`` compiles
+# each of them in a child process, to show what the rule prevents). Every compiled one is
+# checked against the target's shared memory limit and against _configs.shared_bound.
+# Ends with one line per architecture, "sm_90: 58 compiled, 0 refused, 0 failed".
+# Exit status 1 if anything fails to compile, exceeds a limit or contains approximate
+# trig. Needs TRITON_INTERPRET unset.
 
 _PTR = {tl.float32: "*fp32", tl.bfloat16: "*bf16", tl.float16: "*fp16"}
 _FLOAT_ARGS = {"inv_sqrt_f"}
@@ -159,7 +158,7 @@ def _bwd_cases(label: str, constexprs: dict, pointer: str, arch: int):
     """The backward's configurations for sm_{arch}: its first choice and, where the rules
     refuse that, the next (what lff_bwd launches there)."""
     for blocks in bwd.gpu_candidates(constexprs):
-        options = dict(bwd._OPTIONS)
+        options = dict(bwd.OPTIONS)
         yield Case(
             f"{label} BR{blocks['BLOCK_R']}", "lff_bwd", bwd._lff_bwd_kernel,
             {"GRAD": pointer}, dict(constexprs, **blocks),

@@ -1,23 +1,5 @@
 """Sinusoidal and DFT encodings, and their fused add: one pass each (``encoding_fwd``,
 ``encoding_add_fwd``, ``encoding_bwd``).
-
-Both encodings are sums of sinusoids of the position, described by a *spectrum*
-(``_spectrum``, from posenc_fast/ops/encodings/reference.py's formulas): per frequency k its
-rate in turns per unit position (float64 on the host, split into a float32 pair
-hi + lo), and the output column and amplitude of its cosine and sine:
-
-    sinusoidal: nu_i = base^(-2i/dim) / (2 pi); sin -> column 2i, cos -> column 2i + 1
-    dft:        nu_k = k / dim, k = 0..dim/2; cos -> column k (k <= K) or dim-1 (k = dim/2),
-                sin -> column K + k (1 <= k <= K), amplitudes of Eq. 17-20
-
-Per program (BLOCK_R rows of positions) and chunk of BLOCK_K frequencies: phases with the
-error-free reduction of _phase.py, cos and sin once per frequency, and the two columns
-written (interleaved for sinusoidal: one contiguous store via tl.join). The fused add
-reads x at the same columns, adds in float32 and rounds once to x's dtype.
-
-Bytes (dim = 768, 2^20 rows, bf16): 1.6 GB written (+1.6 GB read for the add); one
-sincos per two output elements (~60 float32 instructions), ~2.4e10 instructions in all
--> ~0.1-0.2 ms of issue against a ~0.38 ms (0.75 ms with the add) memory floor.
 """
 
 from __future__ import annotations
@@ -40,6 +22,24 @@ from ._launch import (
 )
 from ._phase import accumulate_phase, phase_term, sincos_turns
 from ._round import round_to
+
+# Both encodings are sums of sinusoids of the position, described by a *spectrum*
+# (``_spectrum``, from posenc_fast/ops/encodings/reference.py's formulas): per frequency k its
+# rate in turns per unit position (float64 on the host, split into a float32 pair
+# hi + lo), and the output column and amplitude of its cosine and sine:
+#
+#     sinusoidal: nu_i = base^(-2i/dim) / (2 pi); sin -> column 2i, cos -> column 2i + 1
+#     dft:        nu_k = k / dim, k = 0..dim/2; cos -> column k (k <= K) or dim-1 (k = dim/2),
+#                 sin -> column K + k (1 <= k <= K), amplitudes of Eq. 17-20
+#
+# Per program (BLOCK_R rows of positions) and chunk of BLOCK_K frequencies: phases with the
+# error-free reduction of _phase.py, cos and sin once per frequency, and the two columns
+# written (interleaved for sinusoidal: one contiguous store via tl.join). The fused add
+# reads x at the same columns, adds in float32 and rounds once to x's dtype.
+#
+# Bytes (dim = 768, 2^20 rows, bf16): 1.6 GB written (+1.6 GB read for the add); one
+# sincos per two output elements (~60 float32 instructions), ~2.4e10 instructions in all
+# -> ~0.1-0.2 ms of issue against a ~0.38 ms (0.75 ms with the add) memory floor.
 
 # Rows of the float32 table TAB [6, K]: frequency (turns per unit, hi and lo), amplitude
 # of cos and sin, and d(amp * cos)/dp, d(amp * sin)/dp factors (2 pi nu amp).

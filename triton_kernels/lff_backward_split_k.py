@@ -1,61 +1,7 @@
 """Learnable Fourier features + grouped MLP, backward: the split-K path for large weights
-(``split_k``), which lff_backward.lff_bwd takes when one program's partial sums of the
-fused kernel would exceed its _SPLIT_K_BYTES.
-
-The fused kernel's cost has a term
-tiles x |weights| that the canonical case keeps in L2 but large weights do not: at F=768,
-H=256, Dg=1024 a program's partials are 1.8 MB, so P ~ 142 and 32-row tiles
-read-modify-write 2^15 x 2 x 1.8 MB ~ 118 GB, mostly from HBM (measured on the H200,
-2026-11-27: bf16 150 ms, fp32 746 ms, against 6.7 / 42 ms for torch.compile). When the
-partials of one program exceed _SPLIT_K_BYTES (256 kB; the rule is in ``lff_bwd``), the
-backward runs as four kernels per chunk of rows, the weight gradients as matrix products
-over the rows:
-
-    for each chunk of C rows (C: h and ga of the chunk fit _BUFFER_BYTES, 128 MB):
-        first pass: _lff_bwd_kernel with H_SPLIT, one program per (block of 128 hidden
-            columns, row-tile walker): a, h, gh = dY w2^T and ga for its columns only
-            (half the registers: 64-row tiles), db1 / db2 partials (a few kB per
-            program, as in the fused kernel); h and ga, rounded to the compute dtype
-            exactly as the fused kernel uses them, stored to two [C, H] buffers
-        phase: _lff_bwd_phase_kernel, 128-row tiles: gr = ga w1^T (cos and sin halves),
-            d loss / d phase, dx, dwr partials (the fused kernel's second feature pass)
-        dw2 += h^T @ dY                        _lff_bwd_wgrad_kernel, FEATURES=False
-        dw1 += [cos || sin]^T @ ga / sqrt(F)   (features recomputed), FEATURES=True
-
-_lff_bwd_wgrad_kernel is a split-K matmul: a program owns one output block (128 x 64 of
-dw2; 32 frequencies x up to 256 hidden of dw1, cos and sin rows) and one contiguous range
-of the chunk's rows (S ranges, S ~ 2 * SMs / blocks), accumulates over it in float32
-registers, and touches its workspace row once per chunk (stored on the first chunk,
-added on the others). sum_partials_kernel adds the S rows in the fixed order, as before.
-Determinism: block sizes, C and S are fixed functions of the shapes, the dtype and the
-SM count (C not of ``needs``); rows are summed in a fixed order within a range, ranges
-and chunks in a fixed order; no atomics. The operands are the fused kernel's (the same
-rounded h, ga, dY and features), so both paths agree to float32 summation order.
-Memory: the two buffers (128 MB) + S x |dw1| and S x |dw2| float32 (~27 MB bf16, ~14 MB
-float32 here) + the small partials: ~160 MB, bounded independently of N (eager: 9 GB).
-
-Counts for the compute case (2^20 rows, M=2, F=768, H=256, Dg=1024), bf16, per row:
-    first pass: HBM dY 2048 B (the second hidden block's read mostly from L2: both
-        blocks of a tile run side by side) + h, ga 1024 B stored -> 3.2 GB, 0.75 ms at
-        4275 GB/s; 2FH + 2HDg = 0.92 MFLOP (wgmma, 64 rows); 2 x F/2 sincos (once per
-        hidden block); from L2 each weight once per 64 rows (~14 kB per row, as the
-        forward; the fused kernel: three weight reads per 32 rows, ~41 kB)
-    phase: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP; F/2 sincos; w1 once per 128 rows
-    dw2: dY 2048 B + h 512 B -> 2.7 GB, 0.63 ms; 2HDg = 0.52 MFLOP (wgmma)
-    dw1: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP (mma.sync: 32-row blocks); F/2 sincos
-    workspaces: 8 chunks x 2 x 27 MB ~ 0.4 GB; the walkers' small partials in L2.
-    In all ~7 GB of HBM traffic (1.6 ms), 2.23 MFLOP per row -> 2.34 TFLOP (3.4 ms at
-    687 TFLOP/s), 4 x F/2 sincos per row (~1.6e9, ~60 FP32 instructions each: ~3 ms of
-    FP32 issue, partly overlapping the tensor cores).
-PREDICTION (not measured: no GPU in this session), bf16 on the H200: ~5-8 ms from the
-counts. Calibrated instead by the forward, measured at 8.69 ms on the same case (0.45
-MFLOP, ~14 kB of L2 weight reads and F/2 sincos per row: ~7x its count-based floor):
-the first pass has 2x its FLOPs and sincos and the same weight reads, ~13-17 ms, the
-other three kernels ~3-6 ms, ~16-23 ms in all. Either way against 150 ms measured for
-the fused kernel here (and 6.7 ms for torch.compile). float32 ("ieee" FMA matmuls):
-2.34 TFLOP -> 46 ms at 51 TFLOP/s; ~60-120 ms calibrated by the float32 forward (33.6
-ms, ~3.7x its count), against 746 ms fused and 42 ms for torch.compile.
-"""
+(``split_k``), which lff_backward.lff_bwd takes where the fused kernel's per-program partial
+sums would not stay in L2. Per chunk of rows: the fused kernel's first pass, a phase kernel
+and two split-K matrix products, as deterministic as the fused kernel."""
 
 from __future__ import annotations
 
@@ -65,14 +11,68 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _configs
-from . import lff_backward as fused
+from . import _common, _configs
+from . import lff_backward_fused as fused
 from ._common import add_to, cos_sin_tile, max_programs, phase_chain_rule
 from ._launch import INTERPRET, interpreter_blocks, launch, pow2
 from ._mlp import mma
 from ._round import load_as, round_to
 
 
+# Why a second path: the fused kernel's cost has a term tiles x |weights| that the
+# canonical case keeps in L2 but large weights do not: at F=768, H=256, Dg=1024 a
+# program's partials are 1.8 MB, so P ~ 142 and 32-row tiles read-modify-write
+# 2^15 x 2 x 1.8 MB ~ 118 GB, mostly from HBM (measured on the H200, 2026-11-27: bf16
+# 150 ms, fp32 746 ms, against 6.7 / 42 ms for torch.compile). When the partials of one
+# program exceed lff_backward._SPLIT_K_BYTES (256 kB), the backward runs as four kernels
+# per chunk of rows, the weight gradients as matrix products over the rows.
+#
+# How:
+#
+#     for each chunk of C rows (C: h and ga of the chunk fit _BUFFER_BYTES, 128 MB):
+#         first pass: _lff_bwd_kernel with H_SPLIT, one program per (block of 128 hidden
+#             columns, row-tile walker): a, h, gh = dY w2^T and ga for its columns only
+#             (half the registers: 64-row tiles), db1 / db2 partials (a few kB per
+#             program, as in the fused kernel); h and ga, rounded to the compute dtype
+#             exactly as the fused kernel uses them, stored to two [C, H] buffers
+#         phase: _lff_bwd_phase_kernel, 128-row tiles: gr = ga w1^T (cos and sin halves),
+#             d loss / d phase, dx, dwr partials (the fused kernel's second feature pass)
+#         dw2 += h^T @ dY                        _lff_bwd_wgrad_kernel, FEATURES=False
+#         dw1 += [cos || sin]^T @ ga / sqrt(F)   (features recomputed), FEATURES=True
+#
+# _lff_bwd_wgrad_kernel is a split-K matmul: a program owns one output block (128 x 64 of
+# dw2; 32 frequencies x up to 256 hidden of dw1, cos and sin rows) and one contiguous range
+# of the chunk's rows (S ranges, S ~ 2 * SMs / blocks), accumulates over it in float32
+# registers, and touches its workspace row once per chunk (stored on the first chunk,
+# added on the others). sum_partials_kernel adds the S rows in the fixed order, as before.
+# Determinism: block sizes, C and S are fixed functions of the shapes, the dtype and the
+# SM count (C not of ``needs``); rows are summed in a fixed order within a range, ranges
+# and chunks in a fixed order; no atomics. The operands are the fused kernel's (the same
+# rounded h, ga, dY and features), so both paths agree to float32 summation order.
+# Memory: the two buffers (128 MB) + S x |dw1| and S x |dw2| float32 (~27 MB bf16, ~14 MB
+# float32 here) + the small partials: ~160 MB, bounded independently of N (eager: 9 GB).
+#
+# Counts for the compute case (2^20 rows, M=2, F=768, H=256, Dg=1024), bf16, per row:
+#     first pass: HBM dY 2048 B (the second hidden block's read mostly from L2: both
+#         blocks of a tile run side by side) + h, ga 1024 B stored -> 3.2 GB, 0.75 ms at
+#         4275 GB/s; 2FH + 2HDg = 0.92 MFLOP (wgmma, 64 rows); 2 x F/2 sincos (once per
+#         hidden block); from L2 each weight once per 64 rows (~14 kB per row, as the
+#         forward; the fused kernel: three weight reads per 32 rows, ~41 kB)
+#     phase: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP; F/2 sincos; w1 once per 128 rows
+#     dw2: dY 2048 B + h 512 B -> 2.7 GB, 0.63 ms; 2HDg = 0.52 MFLOP (wgmma)
+#     dw1: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP (mma.sync: 32-row blocks); F/2 sincos
+#     workspaces: 8 chunks x 2 x 27 MB ~ 0.4 GB; the walkers' small partials in L2.
+#     In all ~7 GB of HBM traffic (1.6 ms), 2.23 MFLOP per row -> 2.34 TFLOP (3.4 ms at
+#     687 TFLOP/s), 4 x F/2 sincos per row (~1.6e9, ~60 FP32 instructions each: ~3 ms of
+#     FP32 issue, partly overlapping the tensor cores).
+# PREDICTION (not measured when written), bf16 on the H200: ~5-8 ms from the
+# counts. Calibrated instead by the forward, measured at 8.69 ms on the same case (0.45
+# MFLOP, ~14 kB of L2 weight reads and F/2 sincos per row: ~7x its count-based floor):
+# the first pass has 2x its FLOPs and sincos and the same weight reads, ~13-17 ms, the
+# other three kernels ~3-6 ms, ~16-23 ms in all. Either way against 150 ms measured for
+# the fused kernel here (and 6.7 ms for torch.compile). float32 ("ieee" FMA matmuls):
+# 2.34 TFLOP -> 46 ms at 51 TFLOP/s; ~60-120 ms calibrated by the float32 forward (33.6
+# ms, ~3.7x its count), against 746 ms fused and 42 ms for torch.compile.
 @triton.jit
 def _lff_bwd_phase_kernel(
     X,
@@ -376,9 +376,9 @@ def _phase_blocks(meta: dict, F2: int, H: int, chunk: int, arch) -> tuple[dict, 
 
 
 def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
-    """The large-weights path (module docstring), per chunk of rows: the fused kernel over
-    blocks of hidden columns for h, ga, db1 and db2 (storing h / ga), the phase kernel for
-    dx and dwr, one split-K launch per weight gradient; partial sums carried across
+    """The large-weights path (the comment above the kernels), per chunk of rows: the fused
+    kernel over blocks of hidden columns for h, ga, db1 and db2 (storing h / ga), the phase
+    kernel for dx and dwr, one split-K launch per weight gradient; partial sums carried across
     chunks in fixed workspaces."""
     rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, _, _ = args
     R = rows.shape[0]
@@ -396,8 +396,8 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
     # First pass: db1 and db2 partials in its workspace rows.
     first_blocks, first_options = _first_pass_blocks(meta, F2, width, arch)
     biases = ((3, flags["NEED_B1"], b1), (5, flags["NEED_B2"], b2))
-    small, small_total = fused._workspace_parts(biases)
-    p1 = fused._programs(chunk, first_blocks, small_total, device)
+    small, small_total = _common.workspace_parts(biases)
+    p1 = fused.programs(chunk, first_blocks, small_total, device)
     ws1 = torch.empty((p1, max(1, small_total)), dtype=torch.float32, device=device)
     offsets1 = {idx: off for idx, _, off in small}
     first_flags = dict(flags, NEED_X=False, NEED_WR=False, NEED_W1=False, NEED_W2=False)
@@ -405,7 +405,7 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
     # Phase pass: dx and the dwr partials.
     if need_phase:
         phase_blocks, phase_options = _phase_blocks(meta, F2, H, chunk, arch)
-        p2 = fused._programs(chunk, phase_blocks, wr.numel() if flags["NEED_WR"] else 0, device)
+        p2 = fused.programs(chunk, phase_blocks, wr.numel() if flags["NEED_WR"] else 0, device)
         ws2 = torch.empty((p2, wr.numel()), dtype=torch.float32, device=device)
 
     # Weight gradients: (result index, FEATURES, gradient tensor, I size, J size) each.
@@ -425,8 +425,8 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
         r1 = min(R, r0 + chunk)
         n = r1 - r0
         fresh = r0 == 0
-        fused._fused(args, ws1, offsets1, r0, r1, fresh, hb, gab, first_flags, first_blocks,
-               first_options)  # fmt: skip
+        fused.run(args, ws1, offsets1, r0, r1, fresh, hb, gab, first_flags, first_blocks,
+                  first_options)  # fmt: skip
         if need_phase:
             launch(
                 _lff_bwd_phase_kernel,
@@ -486,8 +486,8 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
                 **wb,
                 **wo,
             )
-    fused._sum_partials(ws1, small, p1, out, device)
+    _common.sum_parts_into(out, ws1, small, p1)
     if flags["NEED_WR"]:
-        fused._sum_partials(ws2, [(1, wr, 0)], p2, out, device)
+        _common.sum_parts_into(out, ws2, [(1, wr, 0)], p2)
     for idx, _, ref, _, _, _, splits, wws in plans:
-        fused._sum_partials(wws, [(idx, ref, 0)], splits, out, device)
+        _common.sum_parts_into(out, wws, [(idx, ref, 0)], splits)

@@ -1,30 +1,5 @@
-"""Learnable Fourier features + grouped MLP, forward: one fused pass (``lff_fwd``).
-
-Every group of every position is one *row* of M coordinates (R = N * G rows); the MLP is
-shared by the groups, so the group-major output [..., G * Dg] is exactly the row-major
-[R, Dg] matrix and groups need no special handling.
-
-Per program (BLOCK_R rows), everything between x and y stays on chip:
-
-    for each chunk of BLOCK_K frequencies (of F/2):
-        phases (float32, error-free reduction, _phase.py) -> cos, sin   [BR, BK] registers
-        acc += (cos / sqrt(F)) @ w1[cos rows] + (sin / sqrt(F)) @ w1[sin rows]  tl.dot
-    h = act(acc + b1)                                      [BR, BH] registers, compute dtype
-    for each chunk of BLOCK_D output columns:
-        y = h @ w2[:, chunk] + b2  -> stored once in the output dtype
-
-Memory traffic is x (M * 4 bytes per row) in and y (Dg * itemsize per row) out; the
-[R, F] features and the [R, H] hidden layer never exist in memory. The weights (at most
-~1.5 MB) are re-read by every program from L2.
-
-Counts per row (canonical case M=2, F=256, H=32, Dg=768, bf16 out):
-    bytes:  8 (x) + 1536 (y)                    -> 2^20 rows: 1.62 GB, ~0.377 ms at 4.3 TB/s
-    FLOPs:  2*F*H + 2*H*Dg = 65.5 k on tensor cores -> 69 GFLOP, ~0.09 ms at ~790 TFLOP/s
-    sincos: F/2 = 128 evaluations (~60 float32 instructions each with the phase reduction)
-            -> ~8e9 instructions, ~0.12-0.2 ms of FP32 issue, overlappable with the stores.
-The floor is the output write: this kernel is memory-bound unless H(F + Dg)/Dg is large
-(F=768, H=256, Dg=1024: ~0.45 MFLOP per row, tensor-core bound at ~0.6-1.2 ms for 2^20).
-"""
+"""Learnable Fourier features + grouped MLP, forward: one fused pass (``lff_fwd``), the
+"fused" plan (its design and counts: the comment below)."""
 
 from __future__ import annotations
 
@@ -47,6 +22,31 @@ from ._launch import (
 )
 from ._mlp import activation, mma
 from ._round import load_as, round_to
+
+# Every group of every position is one *row* of M coordinates (R = N * G rows); the MLP is
+# shared by the groups, so the group-major output [..., G * Dg] is exactly the row-major
+# [R, Dg] matrix and groups need no special handling.
+#
+# Per program (BLOCK_R rows), everything between x and y stays on chip:
+#
+#     for each chunk of BLOCK_K frequencies (of F/2):
+#         phases (float32, error-free reduction, _phase.py) -> cos, sin   [BR, BK] registers
+#         acc += (cos / sqrt(F)) @ w1[cos rows] + (sin / sqrt(F)) @ w1[sin rows]  tl.dot
+#     h = act(acc + b1)                                      [BR, BH] registers, compute dtype
+#     for each chunk of BLOCK_D output columns:
+#         y = h @ w2[:, chunk] + b2  -> stored once in the output dtype
+#
+# Memory traffic is x (M * 4 bytes per row) in and y (Dg * itemsize per row) out; the
+# [R, F] features and the [R, H] hidden layer never exist in memory. The weights (at most
+# ~1.5 MB) are re-read by every program from L2.
+#
+# Counts per row (canonical case M=2, F=256, H=32, Dg=768, bf16 out):
+#     bytes:  8 (x) + 1536 (y)                    -> 2^20 rows: 1.62 GB, ~0.377 ms at 4.3 TB/s
+#     FLOPs:  2*F*H + 2*H*Dg = 65.5 k on tensor cores -> 69 GFLOP, ~0.09 ms at ~790 TFLOP/s
+#     sincos: F/2 = 128 evaluations (~60 float32 instructions each with the phase reduction)
+#             -> ~8e9 instructions, ~0.12-0.2 ms of FP32 issue, overlappable with the stores.
+# The floor is the output write: this kernel is memory-bound unless H(F + Dg)/Dg is large
+# (F=768, H=256, Dg=1024: ~0.45 MFLOP per row, tensor-core bound at ~0.6-1.2 ms for 2^20).
 
 
 @triton.jit

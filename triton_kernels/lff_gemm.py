@@ -1,39 +1,6 @@
 """Learnable Fourier features + grouped MLP as cuBLAS products and Triton elementwise
 kernels: the "gemm" plan, for compute-bound shapes (lff_forward.py's one fused pass is
-the "fused" plan; posenc_fast/ops/lff/plan.py chooses between them).
-
-Rows are processed in chunks of C rows (``_gemm_sizes.chunk_rows``: a fixed function of the shapes
-and the dtype, so that buffers stay a small fraction of what eager PyTorch keeps, and the
-summation order is fixed). Per chunk, r = [cos || sin] / sqrt(F) rounded to the compute
-dtype (the fused kernels' first matmul operands), and:
-
-    forward                                       backward (features recomputed from x)
-    features  x -> r            Triton            features  x -> r              Triton
-    a  = b1 + r w1              cuBLAS (addmm)    a  = b1 + r w1                cuBLAS
-    h  = act(a), in place       Triton            gh = dY w2^T                  cuBLAS
-    y  = b2 + h w2 -> output    cuBLAS (addmm)    h, ga = gh act'(a), db1       Triton
-                                                  [dw2; db2] += [h | 1]^T dY    cuBLAS
-                                                  dw1 += r^T ga                 cuBLAS
-                                                  gr = ga w1^T                  cuBLAS
-                                                  dx, dwr from gr, r, x         Triton
-
-Precision: the products accumulate in float32 (bf16 / fp16 operands on tensor cores;
-float32 operands in IEEE float32 unless torch's settings allow TF32 -- torch.mm obeys
-them itself, as torch.compile's products do) and write the compute dtype, as eager
-PyTorch does. The weight gradients are summed over chunks in float32: each chunk's
-product is written in float32 by cuBLAS (torch.mm(..., out_dtype=torch.float32), torch
->= 2.9 on CUDA; torch.mm of float32 copies on the CPU, which CI runs: the same exact
-products, summed in float32), then added. relu with a half-precision MLP adds the
-features' rounding errors as a second K block (r_lo, [w1; w1]), as the fused kernel does,
-so that a keeps float32's sign.
-
-Determinism: cuBLAS is bitwise reproducible for the same shapes on the same GPU and
-library, given a fixed workspace (torch.use_deterministic_algorithms(True) requires
-CUBLAS_WORKSPACE_CONFIG=:4096:8 or :16:8 for that, and raises otherwise -- the plan
-choice avoids this plan then); the Triton reductions use fixed programs and orders; no
-atomics. Nothing here reads tensor values on the host, so the plan is CUDA-graph
-capturable.
-"""
+the "fused" plan; posenc_fast/ops/lff/plan.py chooses between them)."""
 
 from __future__ import annotations
 
@@ -47,6 +14,38 @@ from . import lff_gemm_kernels as k
 from ._common import max_programs, sum_partials
 from ._launch import INTERPRET, device_guard, launch, pow2, rows_view
 from .lff_forward import split_features
+
+# Rows are processed in chunks of C rows (``_gemm_sizes.chunk_rows``: a fixed function of the shapes
+# and the dtype, so that buffers stay a small fraction of what eager PyTorch keeps, and the
+# summation order is fixed). Per chunk, r = [cos || sin] / sqrt(F) rounded to the compute
+# dtype (the fused kernels' first matmul operands), and:
+#
+#     forward                                       backward (features recomputed from x)
+#     features  x -> r            Triton            features  x -> r              Triton
+#     a  = b1 + r w1              cuBLAS (addmm)    a  = b1 + r w1                cuBLAS
+#     h  = act(a), in place       Triton            gh = dY w2^T                  cuBLAS
+#     y  = b2 + h w2 -> output    cuBLAS (addmm)    h, ga = gh act'(a), db1       Triton
+#                                                   [dw2; db2] += [h | 1]^T dY    cuBLAS
+#                                                   dw1 += r^T ga                 cuBLAS
+#                                                   gr = ga w1^T                  cuBLAS
+#                                                   dx, dwr from gr, r, x         Triton
+#
+# Precision: the products accumulate in float32 (bf16 / fp16 operands on tensor cores;
+# float32 operands in IEEE float32 unless torch's settings allow TF32 -- torch.mm obeys
+# them itself, as torch.compile's products do) and write the compute dtype, as eager
+# PyTorch does. The weight gradients are summed over chunks in float32: each chunk's
+# product is written in float32 by cuBLAS (torch.mm(..., out_dtype=torch.float32), torch
+# >= 2.9 on CUDA; torch.mm of float32 copies on the CPU, which CI runs: the same exact
+# products, summed in float32), then added. relu with a half-precision MLP adds the
+# features' rounding errors as a second K block (r_lo, [w1; w1]), as the fused kernel does,
+# so that a keeps float32's sign.
+#
+# Determinism: cuBLAS is bitwise reproducible for the same shapes on the same GPU and
+# library, given a fixed workspace (torch.use_deterministic_algorithms(True) requires
+# CUBLAS_WORKSPACE_CONFIG=:4096:8 or :16:8 for that, and raises otherwise -- the plan
+# choice avoids this plan then); the Triton reductions use fixed programs and orders; no
+# atomics. Nothing here reads tensor values on the host, so the plan is CUDA-graph
+# capturable.
 
 # Launch configurations on the GPU (fixed: the reductions' order depends on them). Under
 # the interpreter: few, large programs (it pays per program).

@@ -1,19 +1,5 @@
 """The elementwise Triton kernels of the LFF "gemm" plan (lff_gemm.py): everything between
 the cuBLAS products that is not a product.
-
-    features  x -> [cos || sin] / sqrt(F) in the compute dtype          (forward, backward)
-    act_fwd   a -> act(a), in place                                      (forward)
-    act_bwd   (a, gh) -> h = act(a), ga = gh * act'(a), db1 partials     (backward)
-    phase     (gr, features, x) -> dx, dwr partials                       (backward)
-
-Every kernel computes what the fused kernels compute at the same point, with the same
-helpers (cos_sin_tile's accurate phase reduction, activation / activation_grad, round_to),
-so that both plans round the same values the same way; what differs is that the gemm plan
-rounds the products' outputs (a, gh, gr) to the compute dtype where cuBLAS writes them.
-
-Reductions over rows (db1, dwr) are deterministic: a fixed number of programs, each owning
-one float32 workspace row and walking its row tiles in order, summed afterwards in the
-fixed order of _common.sum_partials_kernel. No atomics.
 """
 
 from __future__ import annotations
@@ -24,6 +10,20 @@ import triton.language as tl
 from ._common import add_to, cos_sin_tile, phase_chain_rule
 from ._mlp import activation, activation_grad
 from ._round import round_to
+
+#     features  x -> [cos || sin] / sqrt(F) in the compute dtype          (forward, backward)
+#     act_fwd   a -> act(a), in place                                      (forward)
+#     act_bwd   (a, gh) -> h = act(a), ga = gh * act'(a), db1 partials     (backward)
+#     phase     (gr, features, x) -> dx, dwr partials                       (backward)
+#
+# Every kernel computes what the fused kernels compute at the same point, with the same
+# helpers (cos_sin_tile's accurate phase reduction, activation / activation_grad, round_to),
+# so that both plans round the same values the same way; what differs is that the gemm plan
+# rounds the products' outputs (a, gh, gr) to the compute dtype where cuBLAS writes them.
+#
+# Reductions over rows (db1, dwr) are deterministic: a fixed number of programs, each owning
+# one float32 workspace row and walking its row tiles in order, summed afterwards in the
+# fixed order of _common.sum_partials_kernel. No atomics.
 
 
 @triton.jit

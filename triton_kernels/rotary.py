@@ -1,34 +1,6 @@
 """Learnable Fourier rotary embeddings (LightGlue's layout): the cos / sin table, and its
 fused application to q and k, forward and backward (``rotary_table_fwd/bwd``,
 ``rotary_apply_fwd/bwd``). Formulas: posenc_fast/ops/rotary/reference.py.
-
-One kernel per direction, with a constexpr TABLE for the table variant. A program owns
-BLOCK_N positions of one batch row b (a *tile*) and, per chunk of BLOCK_K frequencies:
-
-    cos, sin of x[b, n] . wr[k]  (float32, error-free reduction of _phase.py)  [BN, BK]
-    TABLE:   store them, each on channels 2k and 2k+1 of the cos / sin planes
-    forward: for every head of q, then of k: load the channel pairs (2k, 2k+1) as one
-             [BN, 2 BK] tile, rotate by the angle, round once, store
-    backward: gradient rotated back into dq / dk, and the phase gradient
-             cos * sum_h (g_o e - g_e o) - sin * sum_h (g_o o + g_e e)   [BN, BK]
-             -> dx += dphase @ wr (registers), dwr += dphase^T @ x (workspace)
-
-so the cos / sin of a position are computed once for all the heads of q and k, and the
-[B, N, F] table never exists in memory. Channels F..head_dim-1 are copied (forward) or
-pass the gradient through (backward). q, k and their gradients may have any strides
-(LightGlue's q is a slice of a fused qkv tensor with channel stride 3); outputs are
-allocated contiguous in the caller's layout.
-
-Bytes per position (bf16, LightGlue: 4 heads, head_dim = F = 64): q and k read and
-written, 2 * 2 * 4 * 64 * 2 = 2 kB, + 8 B of positions; eager PyTorch additionally writes
-and reads the fp32 table (512 B) and ~4 temporaries per rotation. sincos: F/2 = 32 per
-position (~60 float32 instructions each), shared by 8 head rotations. Memory-bound.
-GPU timings: pending (no GPU in this project's sessions so far).
-
-Weight gradient without atomics (as lff_backward.py): a fixed number P of programs walk
-the tiles pid, pid + P, ... and add their dwr contributions to their own row of a float32
-workspace [P, F/2 * M]; a second kernel sums the rows in the fixed order 0..P-1. Block
-sizes come from a fixed rule (no autotuning), so the summation order is reproducible.
 """
 
 from __future__ import annotations
@@ -40,6 +12,34 @@ import triton.language as tl
 from ._common import cos_sin_tile, max_programs, phase_chain_rule, sum_partials_kernel
 from ._launch import INTERPRET, device_guard, pow2, rows_view
 from ._round import round_to
+
+# One kernel per direction, with a constexpr TABLE for the table variant. A program owns
+# BLOCK_N positions of one batch row b (a *tile*) and, per chunk of BLOCK_K frequencies:
+#
+#     cos, sin of x[b, n] . wr[k]  (float32, error-free reduction of _phase.py)  [BN, BK]
+#     TABLE:   store them, each on channels 2k and 2k+1 of the cos / sin planes
+#     forward: for every head of q, then of k: load the channel pairs (2k, 2k+1) as one
+#              [BN, 2 BK] tile, rotate by the angle, round once, store
+#     backward: gradient rotated back into dq / dk, and the phase gradient
+#              cos * sum_h (g_o e - g_e o) - sin * sum_h (g_o o + g_e e)   [BN, BK]
+#              -> dx += dphase @ wr (registers), dwr += dphase^T @ x (workspace)
+#
+# so the cos / sin of a position are computed once for all the heads of q and k, and the
+# [B, N, F] table never exists in memory. Channels F..head_dim-1 are copied (forward) or
+# pass the gradient through (backward). q, k and their gradients may have any strides
+# (LightGlue's q is a slice of a fused qkv tensor with channel stride 3); outputs are
+# allocated contiguous in the caller's layout.
+#
+# Bytes per position (bf16, LightGlue: 4 heads, head_dim = F = 64): q and k read and
+# written, 2 * 2 * 4 * 64 * 2 = 2 kB, + 8 B of positions; eager PyTorch additionally writes
+# and reads the fp32 table (512 B) and ~4 temporaries per rotation. sincos: F/2 = 32 per
+# position (~60 float32 instructions each), shared by 8 head rotations. Memory-bound.
+# GPU timings: pending (no GPU in this project's sessions so far).
+#
+# Weight gradient without atomics (as lff_backward.py): a fixed number P of programs walk
+# the tiles pid, pid + P, ... and add their dwr contributions to their own row of a float32
+# workspace [P, F/2 * M]; a second kernel sums the rows in the fixed order 0..P-1. Block
+# sizes come from a fixed rule (no autotuning), so the summation order is reproducible.
 
 
 def heads_first(t: torch.Tensor, layout: str) -> torch.Tensor:

@@ -1,7 +1,7 @@
 // Portable SIMD of the CPU runtime: GNU vector extensions (GCC, Clang), width-generic
 // (VecT<T, B> is B bytes of T), and the float32 transcendental functions (F32Math) of the
 // activations. Compiled once per instruction set inside the callers: FLOATER's kernels
-// through target attributes (floater_cpu.cpp), the LFF / encoding / rotary kernels through
+// through target attributes (floater_kernels.h), the LFF / encoding / rotary kernels through
 // cpu/per_isa.h (whose simd.h builds on these helpers), so one binary runs the AVX-512,
 // AVX2 or baseline code that the machine supports (cpu/isa.h).
 //

@@ -184,7 +184,7 @@ def test_unreadable_device_capability_is_a_reason(monkeypatch):
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 from posenc_fast.triton_kernels import _configs  # noqa: E402
-from posenc_fast.triton_kernels import lff_backward as bwd  # noqa: E402
+from posenc_fast.triton_kernels import lff_backward_fused as bwd  # noqa: E402
 from posenc_fast.triton_kernels import lff_backward_split_k as split_k  # noqa: E402
 from posenc_fast.triton_kernels import lff_forward as fwd  # noqa: E402
 
@@ -289,7 +289,7 @@ def test_every_hidden_size_keeps_a_configuration(triton_version, arch, monkeypat
                 full = {**meta, **c.kwargs}
                 assert _configs.refusal("lff_fwd", full, c.num_warps, c.num_stages, arch) is None
             bmeta = dict(meta, BLOCK_M=2)
-            blocks, options = bwd._blocks(1 << 20, 128, block_h, 768, bmeta, arch)
+            blocks, options = bwd.choose_blocks(1 << 20, 128, block_h, 768, bmeta, arch)
             assert _configs.refusal("lff_bwd", {**bmeta, **blocks}, **options, arch=arch) is None
             # the split-K path (large weights): each of its kernels has a configuration
             # (the _*_blocks functions raise where the rules refuse theirs)
@@ -322,10 +322,10 @@ def test_backward_falls_back_to_32_rows_where_64_are_refused(monkeypatch):
     monkeypatch.setattr(bwd, "INTERPRET", False)
     meta = dict(BF16, BLOCK_H=128, BLOCK_M=2)
     monkeypatch.setattr(_configs, "TRITON", (3, 9))
-    assert bwd._blocks(1 << 20, 128, 128, 768, meta, 90)[0]["BLOCK_R"] == 64
+    assert bwd.choose_blocks(1 << 20, 128, 128, 768, meta, 90)[0]["BLOCK_R"] == 64
     monkeypatch.setattr(_configs, "TRITON", (3, 1))
-    assert bwd._blocks(1 << 20, 128, 128, 768, meta, 90)[0]["BLOCK_R"] == 32
-    assert bwd._blocks(1 << 20, 128, 128, 768, meta, 80)[0]["BLOCK_R"] == 64
+    assert bwd.choose_blocks(1 << 20, 128, 128, 768, meta, 90)[0]["BLOCK_R"] == 32
+    assert bwd.choose_blocks(1 << 20, 128, 128, 768, meta, 80)[0]["BLOCK_R"] == 64
 
 
 class _FakeTuner:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_fast import _dispatch, _extension
+from posenc_fast import _dispatch, _extension, _extension_cache
 from posenc_fast._testing import FloaterCase, floater_inputs
 from posenc_fast.cli import info as info_cli
 from posenc_fast.ops.floater import FloaterOptions
@@ -102,11 +102,11 @@ def test_disabled_extension_is_reported_and_import_works():
 def _try_load_with(monkeypatch, info, binary, part="cpu"):
     """_try_load with the package's own build replaced, an empty cache and no first-use
     build (tests/common/test_extension_build.py tests those)."""
-    monkeypatch.setattr(_extension, "_read_build_info", lambda part="cpu": info)
-    monkeypatch.setattr(_extension, "_binary_path", lambda part="cpu": binary)
+    monkeypatch.setattr(_extension_cache, "read_build_info", lambda part="cpu": info)
+    monkeypatch.setattr(_extension_cache, "binary_path", lambda part="cpu": binary)
     monkeypatch.delenv("POSENC_FAST_DISABLE_EXTENSION", raising=False)
     monkeypatch.setenv("POSENC_FAST_NO_BUILD", "1")
-    monkeypatch.setattr(_extension, "cache_dir", lambda part="cpu": None)  # nothing cached
+    monkeypatch.setattr(_extension_cache, "cache_dir", lambda part="cpu": None)  # nothing cached
     return _extension._try_load(part)
 
 

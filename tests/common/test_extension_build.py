@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from posenc_fast import _build_config as cfg
-from posenc_fast import _extension
+from posenc_fast import _extension, _extension_build, _extension_cache
 from posenc_fast._dispatch import BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,8 +209,8 @@ def test_toolkit_of_the_machine_is_found_where_there_is_one():
 
 
 def _load_with_records(monkeypatch, records, binaries):
-    monkeypatch.setattr(_extension, "_read_build_info", lambda part="cpu": records.get(part))
-    monkeypatch.setattr(_extension, "_binary_path", lambda part="cpu": binaries.get(part))
+    monkeypatch.setattr(_extension_cache, "read_build_info", lambda part="cpu": records.get(part))
+    monkeypatch.setattr(_extension_cache, "binary_path", lambda part="cpu": binaries.get(part))
     monkeypatch.delenv("POSENC_FAST_DISABLE_EXTENSION", raising=False)
 
 
@@ -469,16 +469,16 @@ def test_sources_hash_follows_the_sources(tmp_path):
     (b / "csrc" / "sub" / "k.h").write_text("#pragma once\n// edited\n")
     assert cfg.sources_hash(a) != cfg.sources_hash(b)
     assert cfg.sources_hash(tmp_path / "nothing") is None
-    assert _extension.sources_hash() == cfg.sources_hash(_extension.source_root())
+    assert _extension_cache.sources_hash() == cfg.sources_hash(_extension_cache.source_root())
 
 
 def test_abi_tag_names_what_a_binary_is_tied_to():
-    tag = _extension.current_abi_tag()
+    tag = _extension_cache.current_abi_tag()
     assert tag.startswith(f"torch{torch.__version__}-cxx11abi")
     assert sys.implementation.cache_tag in tag and platform.machine() in tag
     assert cfg.abi_tag("2.5.1+cu124", False) != cfg.abi_tag("2.5.1+cu124", True)
-    key = _extension.cache_key()
-    assert key.startswith(tag) and _extension.sources_hash()[:16] in key
+    key = _extension_cache.cache_key()
+    assert key.startswith(tag) and _extension_cache.sources_hash()[:16] in key
 
 
 def _record_now(**changes) -> dict:
@@ -486,25 +486,25 @@ def _record_now(**changes) -> dict:
         "built": True,
         "torch_version": torch.__version__,
         "python_abi": sysconfig.get_config_var("EXT_SUFFIX"),
-        "abi_tag": _extension.current_abi_tag(),
-        "sources_hash": _extension.sources_hash(),
+        "abi_tag": _extension_cache.current_abi_tag(),
+        "sources_hash": _extension_cache.sources_hash(),
     }
     record.update(changes)
     return record
 
 
 def test_stale_binaries_are_refused_with_the_reason():
-    assert _extension._mismatch(_record_now()) == []
+    assert _extension_cache.mismatch(_record_now()) == []
     fake = "torch2.13.0+cpu-cxx11abi0-cpython-311-x86_64"
-    (why,) = _extension._mismatch(_record_now(abi_tag=fake))
+    (why,) = _extension_cache.mismatch(_record_now(abi_tag=fake))
     assert f"ABI tag {fake} (recorded at build time)" in why
-    assert _extension.current_abi_tag() in why and "python -m posenc_fast build" in why
-    (why,) = _extension._mismatch(_record_now(sources_hash="0" * 64))
+    assert _extension_cache.current_abi_tag() in why and "python -m posenc_fast build" in why
+    (why,) = _extension_cache.mismatch(_record_now(sources_hash="0" * 64))
     assert "built from other sources (hash 000000000000)" in why
-    (why,) = _extension._mismatch(_record_now(torch_version="2.5.1"))
+    (why,) = _extension_cache.mismatch(_record_now(torch_version="2.5.1"))
     assert why.startswith("the extension was built for torch 2.5.1, this process runs")
     # records of older builds carry neither field: the torch and Python checks decide
-    assert _extension._mismatch(_record_now(abi_tag=None, sources_hash=None)) == []
+    assert _extension_cache.mismatch(_record_now(abi_tag=None, sources_hash=None)) == []
 
 
 # ---------------------------------------------------------------------------------------
@@ -523,7 +523,7 @@ def tiny(monkeypatch, tmp_path):
     through the real child process, ninja and torch.utils.cpp_extension), an empty cache
     in tmp_path, and the plan that builds the tiny module instead of csrc/'s."""
     root = _sources(tmp_path / "src", TINY)
-    monkeypatch.setattr(_extension, "source_root", lambda: root)
+    monkeypatch.setattr(_extension_cache, "source_root", lambda: root)
     monkeypatch.setenv("POSENC_FAST_CACHE", str(tmp_path / "cache"))
     for var in ("POSENC_FAST_NO_BUILD", "POSENC_FAST_DEBUG", "POSENC_FAST_BUILD_WAIT"):
         monkeypatch.delenv(var, raising=False)
@@ -539,18 +539,18 @@ def tiny(monkeypatch, tmp_path):
 
 
 def _build(plan, **kw):
-    return _extension.build_part("cpu", first_use=True, plan=plan, **kw)
+    return _extension_build.build_part("cpu", first_use=True, plan=plan, **kw)
 
 
 def test_first_use_build_compiles_once_into_the_cache(tiny, capfd):
     root, plan = tiny
     path, why = _build(plan)
     assert why == "" and path is not None, why
-    target = _extension.cache_dir("cpu")
+    target = _extension_cache.cache_dir("cpu")
     assert path.parent == target and path.name == f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
-    assert target.parent.name == _extension.cache_key()
+    assert target.parent.name == _extension_cache.cache_key()
     record = json.loads((target / cfg.BUILD_INFO).read_text())
-    assert record["built"] is True and record["abi_tag"] == _extension.current_abi_tag()
+    assert record["built"] is True and record["abi_tag"] == _extension_cache.current_abi_tag()
     assert record["sources_hash"] == cfg.sources_hash(root) and record["build_seconds"] >= 0
     # nothing but the binary and its record: the objects and temporary folders are gone
     assert sorted(p.name for p in target.iterdir()) == sorted([path.name, cfg.BUILD_INFO])
@@ -588,7 +588,7 @@ def test_a_held_lock_is_waited_for_then_given_up(tiny, monkeypatch):
 
     _root, plan = tiny
     monkeypatch.setenv("POSENC_FAST_BUILD_WAIT", "1")
-    target = _extension.cache_dir("cpu")
+    target = _extension_cache.cache_dir("cpu")
     target.parent.mkdir(parents=True)
     with open(target.parent / "cpu.lock", "a+") as held:
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # another process, mid-build
@@ -604,16 +604,16 @@ def test_failed_build_is_remembered_until_an_explicit_build(tiny, capfd):
     path, why = _build(plan)
     assert path is None and "building the C++ extension (posenc_fast._C) failed" in why
     assert "error:" in why and "python -m posenc_fast build" in why
-    failed = _extension.cache_dir("cpu").parent / "cpu.failed.json"
+    failed = _extension_cache.cache_dir("cpu").parent / "cpu.failed.json"
     assert json.loads(failed.read_text())["built"] is False
-    assert not _extension.cache_dir("cpu").exists()
+    assert not _extension_cache.cache_dir("cpu").exists()
     capfd.readouterr()
     # other processes (first use) do not spend the time again ...
     path, why = _build(plan)
     assert path is None and "failed at" in why and "building" not in capfd.readouterr().err
     # ... an explicit build does (here with the sources fixed: same key, for the test)
     (root / "csrc" / "module.cpp").write_text(TINY)
-    path, why = _extension.build_part("cpu", plan=plan)
+    path, why = _extension_build.build_part("cpu", plan=plan)
     assert path is not None and not failed.exists(), why
 
 
@@ -622,30 +622,30 @@ def test_where_building_is_forbidden_or_impossible(monkeypatch, tmp_path):
     reason that says how to build (the dispatcher turns it into one warning)."""
     monkeypatch.setenv("POSENC_FAST_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("POSENC_FAST_NO_BUILD", "1")
-    path, why = _extension._first_use_build("cpu")
+    path, why = _extension_build.first_use_build("cpu")
     assert path is None and "POSENC_FAST_NO_BUILD forbids building it on first use" in why
     assert "python -m posenc_fast build" in why
     monkeypatch.delenv("POSENC_FAST_NO_BUILD")
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("POSENC_FAST_CACHE", str(blocker / "cache"))  # under a file: unwritable
-    path, why = _extension._first_use_build("cpu")
+    path, why = _extension_build.first_use_build("cpu")
     assert path is None and f"the build cache {blocker / 'cache'} is not writable" in why
     assert "POSENC_FAST_CACHE" in why
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    path, why = _extension._first_use_build("cpu")
+    path, why = _extension_build.first_use_build("cpu")
     assert path is None and "no C++ compiler found ('no-such-compiler-here' from CXX)" in why
     monkeypatch.delenv("CXX")
-    monkeypatch.setattr(_extension, "source_root", lambda: None)
-    path, why = _extension._first_use_build("cpu")
+    monkeypatch.setattr(_extension_cache, "source_root", lambda: None)
+    path, why = _extension_build.first_use_build("cpu")
     assert path is None and "carries no C++ sources" in why
 
 
 def test_ninja_progress_lines():
     line = "[3/10] c++ -MMD -MF lff_cpu.o.d -O3 -c /x/csrc/lff/lff_cpu.cpp -o lff_cpu.o\n"
-    assert _extension._step(line) == "[3/10] compiled lff_cpu.cpp"
-    assert _extension._step("[10/10] c++ a.o b.o -shared -o _C.so") == "[10/10] linked"
-    assert _extension._step("Emitting ninja build file /x/build.ninja...") is None
+    assert _extension_build.ninja_step(line) == "[3/10] compiled lff_cpu.cpp"
+    assert _extension_build.ninja_step("[10/10] c++ a.o b.o -shared -o _C.so") == "[10/10] linked"
+    assert _extension_build.ninja_step("Emitting ninja build file /x/build.ninja...") is None
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc_fast import _build_config as cfg
-from posenc_fast import _extension
+from posenc_fast import _extension_cache
 
 
 @pytest.mark.parametrize(
@@ -41,19 +41,19 @@ def test_flags_and_plan():
 
 def test_sanitized_builds_have_their_own_cache_key(monkeypatch):
     monkeypatch.delenv(cfg.SANITIZE_ENV, raising=False)
-    plain = _extension.cache_key()
+    plain = _extension_cache.cache_key()
     monkeypatch.setenv(cfg.SANITIZE_ENV, "undefined,address")
-    assert _extension.cache_key() == f"{plain}-address-undefined"
+    assert _extension_cache.cache_key() == f"{plain}-address-undefined"
 
 
 def test_a_binary_built_otherwise_is_not_loaded(monkeypatch):
     info = {"torch_version": torch.__version__, "sanitize": ["address", "undefined"]}
     monkeypatch.delenv(cfg.SANITIZE_ENV, raising=False)
-    assert any("built with address,undefined" in r for r in _extension._mismatch(info))
+    assert any("built with address,undefined" in r for r in _extension_cache.mismatch(info))
     monkeypatch.setenv(cfg.SANITIZE_ENV, "address,undefined")
-    assert not any("sanitizer" in r or "built with" in r for r in _extension._mismatch(info))
+    assert not any("sanitizer" in r or "built with" in r for r in _extension_cache.mismatch(info))
     assert any(
-        "built with no sanitizer" in r for r in _extension._mismatch({**info, "sanitize": []})
+        "built with no sanitizer" in r for r in _extension_cache.mismatch({**info, "sanitize": []})
     )
 
 
@@ -61,9 +61,9 @@ def test_without_the_asan_runtime_nothing_is_loaded(monkeypatch):
     """A library built with ASan aborts the process when imported without its runtime
     loaded first: the loader refuses, saying how to preload it."""
     monkeypatch.setenv(cfg.SANITIZE_ENV, "address,undefined")
-    problem = _extension._sanitize_problem()
+    problem = _extension_cache.sanitize_problem()
     if problem is None:
         pytest.skip("this process runs with the ASan runtime (tools/check_sanitizers.sh)")
     assert "LD_PRELOAD" in problem and "libasan" in problem
     monkeypatch.setenv(cfg.SANITIZE_ENV, "thread")
-    assert "'thread'" in _extension._sanitize_problem()
+    assert "'thread'" in _extension_cache.sanitize_problem()

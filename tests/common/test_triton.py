@@ -158,14 +158,14 @@ def test_backward_many_tiles_per_program(dtype):
 @pytest.mark.skipif(not INTERPRET, reason="changes the interpreter's program count")
 def test_partial_sums_independent_of_program_count(monkeypatch):
     """1, 2 or 5 programs (different summation trees) agree to float32 rounding."""
-    from posenc_fast.triton_kernels import lff_backward
+    from posenc_fast.triton_kernels import lff_backward_fused
 
     case = _case(300, 2, 16, 8, 12)
     args = _testing.lff_inputs(case, torch.float32, DEVICE, seed=43)
     g = _testing.randn((300, 12), _testing.generator(44), torch.float32, DEVICE)
     results = []
     for programs in (1, 2, 5):
-        monkeypatch.setattr(lff_backward, "max_programs", lambda device, n=programs: n)
+        monkeypatch.setattr(lff_backward_fused, "max_programs", lambda device, n=programs: n)
         results.append(LFF["triton"].backward(g, *args, "gelu", [True] * 6))
     for other in results[1:]:
         for name, a, b in zip(NAMES, results[0], other):
@@ -174,20 +174,20 @@ def test_partial_sums_independent_of_program_count(monkeypatch):
 
 @pytest.fixture
 def split_k(monkeypatch):
-    """The backward's large-weights path (split-K, lff_backward._split_k) for every MLP
+    """The backward's large-weights path (lff_backward_split_k.split_k) for every MLP
     case, with h / ga buffers of 128 rows (so 300 rows take 3 chunks); yields the list of
     the calls it received, to show that the path was taken."""
     from posenc_fast.triton_kernels import lff_backward, lff_backward_split_k
 
     calls = []
-    real = lff_backward._split_k
+    real = lff_backward_split_k.split_k
 
     def spy(out, args, *rest):
         calls.append(args[0].shape[0])
         return real(out, args, *rest)
 
     monkeypatch.setattr(lff_backward, "_SPLIT_K_BYTES", 0)
-    monkeypatch.setattr(lff_backward, "_split_k", spy)
+    monkeypatch.setattr(lff_backward_split_k, "split_k", spy)
     monkeypatch.setattr(lff_backward_split_k, "_BUFFER_BYTES", 1)  # the smallest: 128 rows
     return calls
 

@@ -189,7 +189,7 @@ def _kernel_ms(
 
 
 # Row tiles of the fused kernels that the model assumes (the largest the GPU
-# configurations offer: lff_forward._CONFIGS, lff_backward.gpu_candidates).
+# configurations offer: lff_forward._CONFIGS, lff_backward_fused.gpu_candidates).
 def _fused_rows(w: Work, backward: bool) -> int:
     if w.kind != "mma16":
         return 32 if w.H <= 64 or not backward else 16
@@ -396,7 +396,7 @@ def cache_path() -> str:
     named = os.environ.get(ENV_CACHE)
     if named:
         return os.path.expanduser(named)
-    from ..._extension import cache_root
+    from ..._extension_cache import cache_root
 
     return str(cache_root() / "lff_plans.json")
 
