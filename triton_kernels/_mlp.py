@@ -60,7 +60,7 @@ def activation(a, ACT: tl.constexpr):
 @triton.jit
 def activation_grad(a, ACT: tl.constexpr):
     """d act(a) / da, elementwise (the formulas of ATen's gelu_backward / threshold_backward,
-    which posenc_fast/_activations.backward_fused calls)."""
+    which the aten_backward entries of posenc_fast/ops/lff/activations.py call)."""
     if ACT == "gelu":
         cdf = 0.5 * (1.0 + tl.erf(a * _INV_SQRT_2))
         pdf = tl.exp(-0.5 * a * a) * _INV_SQRT_2PI
