@@ -194,7 +194,15 @@ def _commit() -> str:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
         return out.stdout.strip()
 
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # the record itself does not count as a change (it changes with every pass)
+    dirty = git(
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        f":!{RECORD.relative_to(ROOT).as_posix()}",
+    )
     return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+changes" if dirty else "")
 
 
