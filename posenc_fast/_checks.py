@@ -64,6 +64,15 @@ def shape(
         raise ValueError(f"{name} must have shape {spec}{extra}, got {list(value.shape)}")
 
 
+def frequencies(name: str, value: torch.Tensor, M: int) -> None:
+    """The frequency matrix of LFF and LFF rotary: [F/2, M] with at least one frequency."""
+    shape(name, value, (None, M), "[F/2, M] with M = x.shape[-1]")
+    if value.shape[0] == 0:
+        raise ValueError(
+            f"{name} must have shape [F/2, M] with F/2 >= 1 frequencies, got {list(value.shape)}"
+        )
+
+
 def same_device(
     reference_name: str, reference: torch.Tensor, **others: Optional[torch.Tensor]
 ) -> None:

@@ -16,6 +16,20 @@ class Tol:
     rtol: float
 
 
+def _half_precision(dtype: torch.dtype, lff_and_floater: Tol, grad: Tol) -> dict[str, Tol]:
+    """The kinds in bfloat16 / float16: cos / sin outputs ("encoding", "rotary") within one
+    rounding to the dtype (half its eps: 2**-8 in bfloat16, 2**-11 in float16) plus 1e-6;
+    "lff" and "floater" share one tolerance in each."""
+    rounding = Tol(1e-6, torch.finfo(dtype).eps / 2)
+    return {
+        "encoding": rounding,
+        "lff": lff_and_floater,
+        "floater": lff_and_floater,
+        "grad": grad,
+        "rotary": rounding,
+    }
+
+
 # The kinds of output:
 # - "encoding": outputs that are sines and cosines of a phase (sinusoidal, DFT, LFF
 #   features without MLP). docs/precision.md: within 1e-6 of float64 math for |phase| <= 1e5 in
@@ -46,20 +60,12 @@ TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
         "grad": Tol(5e-5, 5e-5),
         "rotary": Tol(1e-7, 1e-6),
     },
-    torch.bfloat16: {
-        "encoding": Tol(1e-6, 2.0**-8),
-        "lff": Tol(4e-2, 3e-2),
-        "floater": Tol(4e-2, 3e-2),
-        "grad": Tol(5e-2, 5e-2),
-        "rotary": Tol(1e-6, 2.0**-8),
-    },
-    torch.float16: {
-        "encoding": Tol(1e-6, 2.0**-11),
-        "lff": Tol(5e-3, 5e-3),
-        "floater": Tol(5e-3, 5e-3),
-        "grad": Tol(1e-2, 1e-2),
-        "rotary": Tol(1e-6, 2.0**-11),
-    },
+    torch.bfloat16: _half_precision(
+        torch.bfloat16, lff_and_floater=Tol(4e-2, 3e-2), grad=Tol(5e-2, 5e-2)
+    ),
+    torch.float16: _half_precision(
+        torch.float16, lff_and_floater=Tol(5e-3, 5e-3), grad=Tol(1e-2, 1e-2)
+    ),
 }
 
 # Phase-dependent outputs vs float64 math on the same fp32 inputs, |phase| <= 1e5.

@@ -47,11 +47,7 @@ def _check_lff_args(x, wr, w1, b1, w2, b2, activation) -> tuple[Tensor, bool]:
         raise ValueError(
             f"x must have shape [..., G, M] with M >= 1 coordinates, got {list(x.shape)}"
         )
-    _checks.shape("wr", wr, (None, M), "[F/2, M] with M = x.shape[-1]")
-    if wr.shape[0] == 0:
-        raise ValueError(
-            f"wr must have shape [F/2, M] with F/2 >= 1 frequencies, got {list(wr.shape)}"
-        )
+    _checks.frequencies("wr", wr, M)
     mlp_args = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
     given = [name for name, t in mlp_args.items() if t is not None]
     if given and len(given) != 4:

@@ -202,17 +202,18 @@ def _predict_fused(w: Work, c: Ceilings) -> Estimate:
     R, M, F2, H, Dg, e = w.rows, w.M, w.F2, w.H, w.Dg, w.itemsize
     F, sc = 2 * F2, sincos_instructions(w.M)
     width = Dg if H else F
+
+    def kernel_ms(**traffic) -> float:  # one kernel of the fused path (its MMA fraction)
+        return _kernel_ms(c, w.kind, mma_fraction=FUSED_MMA_FRACTION, **traffic)
+
     if w.mode == "fwd":
         t = _fused_rows(w, False)
         weights = (F * H + H * Dg) * e
         flops = 2 * R * (F * H * (2 if w.split else 1) + H * Dg)
-        ms = _kernel_ms(
-            c,
-            w.kind,
+        ms = kernel_ms(
             hbm=R * (4 * M + width * e),
             l2=math.ceil(R / t) * weights,
             flops=flops,
-            mma_fraction=FUSED_MMA_FRACTION,
             fp32_ops=R * F2 * sc,
         )
         return Estimate(ms + LAUNCH_US * 1e-3, {"fused pass": ms, "launch": LAUNCH_US * 1e-3})
@@ -222,33 +223,22 @@ def _predict_fused(w: Work, c: Ceilings) -> Estimate:
     partials = 4 * ((F * H if dw1 else 0) + (H * Dg if dw2 else 0) + (F2 * M if dwr else 0))
     flops = 2 * R * (F * H + 2 * H * Dg + 2 * F * H)
     if H and (dw1 or dw2) and partials > 256 * 1024:
-        first = _kernel_ms(
-            c,
-            w.kind,
+        first = kernel_ms(
             hbm=R * (4 * M + Dg * e + 2 * H * e),
             l2=math.ceil(R / 64) * (F * H + H * Dg) * e,
             flops=2 * R * (F * H + H * Dg),
-            mma_fraction=FUSED_MMA_FRACTION,
             fp32_ops=R * F2 * sc * math.ceil(H / 128),
         )
-        phase = _kernel_ms(
-            c,
-            w.kind,
+        phase = kernel_ms(
             hbm=R * (8 * M + H * e),
             l2=math.ceil(R / 128) * F * H * e,
             flops=2 * R * F * H,
-            mma_fraction=FUSED_MMA_FRACTION,
             fp32_ops=R * F2 * sc,
         )
-        wgrad2 = _kernel_ms(
-            c, w.kind, hbm=R * (Dg + H) * e, flops=2 * R * H * Dg, mma_fraction=FUSED_MMA_FRACTION
-        )
-        wgrad1 = _kernel_ms(
-            c,
-            w.kind,
+        wgrad2 = kernel_ms(hbm=R * (Dg + H) * e, flops=2 * R * H * Dg)
+        wgrad1 = kernel_ms(
             hbm=R * (H * e + 4 * M),
             flops=2 * R * F * H,
-            mma_fraction=FUSED_MMA_FRACTION,
             fp32_ops=R * F2 * sc,
         )
         chunks = math.ceil(R / max(1, (128 * 2**20) // (2 * H * e)))
@@ -265,13 +255,10 @@ def _predict_fused(w: Work, c: Ceilings) -> Estimate:
     # per row tile: w1 twice and w2 once, and the read-modify-write of the program's
     # float32 partial sums (read and written: 8 bytes per element)
     per_tile = (2 * F * H + H * Dg) * e + 8 * (partials // 4 + H + Dg)
-    ms = _kernel_ms(
-        c,
-        w.kind,
+    ms = kernel_ms(
         hbm=R * (8 * M + width * e),
         l2=math.ceil(R / t) * per_tile,
         flops=flops,
-        mma_fraction=FUSED_MMA_FRACTION,
         fp32_ops=2 * R * F2 * sc,
     )
     launch = LAUNCH_US * 1e-3 * 4  # the pass and the partial sums

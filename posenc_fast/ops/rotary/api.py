@@ -34,11 +34,7 @@ LAYOUTS = _reference.LAYOUTS
 def _check_wr(wr, M: int) -> int:
     """wr [F/2, M]; returns F."""
     _checks.float_tensor("wr", wr)
-    _checks.shape("wr", wr, (None, M), "[F/2, M] with M = x.shape[-1]")
-    if wr.shape[0] == 0:
-        raise ValueError(
-            f"wr must have shape [F/2, M] with F/2 >= 1 frequencies, got {list(wr.shape)}"
-        )
+    _checks.frequencies("wr", wr, M)
     return 2 * wr.shape[0]
 
 
