@@ -313,6 +313,28 @@ def count_floater_integrations():
     return seen, restore
 
 
+def check_floater_warm_start(model, run) -> None:
+    """add_floater_biases' warm start on ``model`` (in eval mode; ``run(model)`` is its
+    output): only new parameters named ``floater_bias.*``; with the biases zeroed the output
+    is the unmodified model's, with random ones it is not; the unmodified model's state_dict
+    still loads (strict=False, with only FLOATER's keys missing)."""
+    from .integrations.attention import add_floater_biases
+
+    before = run(model)
+    pretrained = model.state_dict()
+    biases = add_floater_biases(model)
+    new_keys = set(model.state_dict()) - set(pretrained)
+    assert new_keys and all(k.startswith("floater_bias.") for k in new_keys)
+    with torch.no_grad():
+        for p in biases.parameters():
+            p.zero_()  # FLOATER switched off: exactly the unmodified model
+    torch.testing.assert_close(run(model), before)
+    randomize_parameters(biases, 1, scale=0.3)
+    assert not torch.allclose(run(model), before, atol=1e-3)
+    result = model.load_state_dict(pretrained, strict=False)
+    assert set(result.missing_keys) == new_keys and not result.unexpected_keys
+
+
 # -- rotary (LightGlue) --------------------------------------------------------------------
 # Both layouts, positions per batch row and shared by the batch, fewer key heads than query
 # heads, rotary_dim < head_dim (odd head_dim too), N = 0 and 1, B = 0, strided q (a slice

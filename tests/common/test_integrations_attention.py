@@ -58,22 +58,8 @@ def test_timm_projections_get_their_blocks_biases(training):
 
 
 def test_warm_start_and_checkpoints_of_the_unmodified_model():
-    model = vit()
-    model.eval()
     x = images()
-    before = model(x)
-    pretrained = model.state_dict()
-    biases = add_floater_biases(model)
-    new_keys = set(model.state_dict()) - set(pretrained)
-    assert new_keys and all(k.startswith("floater_bias.") for k in new_keys)
-    with torch.no_grad():
-        for p in biases.parameters():
-            p.zero_()  # FLOATER switched off: exactly the pretrained model
-    torch.testing.assert_close(model(x), before)
-    randomize(biases)
-    assert not torch.allclose(model(x), before, atol=1e-3)
-    result = model.load_state_dict(pretrained, strict=False)
-    assert set(result.missing_keys) == new_keys and not result.unexpected_keys
+    _testing.check_floater_warm_start(vit().eval(), lambda model: model(x))
 
 
 def test_deepcopy_after_a_training_forward_and_independence(calls):

@@ -51,19 +51,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-TEXT = dict(
-    vocab_size=40,
-    hidden_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=32,
-    max_position_embeddings=40,
-    hidden_dropout_prob=0.0,
-    attention_probs_dropout_prob=0.0,
-)
-VISION = dict(
-    image_size=16,
-    patch_size=4,
+# The tiny encoder every BERT-style and ViT family is built with (without dropout).
+ENCODER = dict(
     hidden_size=16,
     num_hidden_layers=2,
     num_attention_heads=2,
@@ -71,6 +60,16 @@ VISION = dict(
     hidden_dropout_prob=0.0,
     attention_probs_dropout_prob=0.0,
 )
+DISTILBERT_NAMES = dict(  # the same encoder in DistilBertConfig's names
+    hidden_size="dim",
+    num_hidden_layers="n_layers",
+    num_attention_heads="n_heads",
+    intermediate_size="hidden_dim",
+    hidden_dropout_prob="dropout",
+    attention_probs_dropout_prob="attention_dropout",
+)
+TEXT = {**ENCODER, "vocab_size": 40, "max_position_embeddings": 40}
+VISION = {**ENCODER, "image_size": 16, "patch_size": 4}
 FAMILIES = {
     "bert": (tf.BertConfig, tf.BertModel, TEXT),
     "roberta": (tf.RobertaConfig, tf.RobertaModel, TEXT),
@@ -80,15 +79,7 @@ FAMILIES = {
     "distilbert": (
         tf.DistilBertConfig,
         tf.DistilBertModel,
-        dict(
-            vocab_size=40,
-            dim=16,
-            n_layers=2,
-            n_heads=2,
-            hidden_dim=32,
-            dropout=0.0,
-            attention_dropout=0.0,
-        ),
+        {"vocab_size": 40, **{DISTILBERT_NAMES[k]: v for k, v in ENCODER.items()}},
     ),
     "vit": (tf.ViTConfig, tf.ViTModel, VISION),
     "deit": (tf.DeiTConfig, tf.DeiTModel, VISION),
@@ -167,23 +158,12 @@ def test_every_projection_adds_its_blocks_bias(family, training):
 def test_zero_biases_are_the_original_model_and_checkpoints_still_load(attn):
     """The warm start: with FLOATER off the model is the pretrained one; its projections
     keep their parameter names (a pretrained state_dict loads, strict=False for FLOATER's)."""
-    model = build("roberta", attn).eval()
     x = inputs("roberta")
     mask = torch.ones_like(x["input_ids"])
     mask[1, -3:] = 0
-    before = hidden(model, **x, attention_mask=mask)
-    pretrained = model.state_dict()
-    biases = add_floater_biases(model)
-    new_keys = set(model.state_dict()) - set(pretrained)
-    assert new_keys and all(k.startswith("floater_bias.") for k in new_keys)
-    with torch.no_grad():
-        for p in biases.parameters():
-            p.zero_()
-    torch.testing.assert_close(hidden(model, **x, attention_mask=mask), before)
-    randomize(biases)
-    assert not torch.allclose(hidden(model, **x, attention_mask=mask), before, atol=1e-3)
-    result = model.load_state_dict(pretrained, strict=False)
-    assert set(result.missing_keys) == new_keys and not result.unexpected_keys
+    _testing.check_floater_warm_start(
+        build("roberta", attn).eval(), lambda model: hidden(model, **x, attention_mask=mask)
+    )
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

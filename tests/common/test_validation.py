@@ -155,20 +155,39 @@ def _fl_module_run(a, backend):
     return m(times=a["times"])
 
 
+def _encoding_spec(name, fn, reference):
+    """sinusoidal or dft: fn(positions [5, 3], 8) -> [5, 3, 8]."""
+    return Spec(
+        name,
+        "encoding",
+        _enc_make,
+        lambda a, b: fn(a["positions"], 8, backend=b),
+        lambda a: reference(a["positions"], 8),
+        ("positions",),
+        "positions",
+        "encoding",
+    )
+
+
+def _adding_spec(name, module, reference):
+    """SinusoidalPE or DFTPE: x [2, 5, 8] plus the encoding of positions [2, 5]."""
+    return Spec(
+        name,
+        "encoding",
+        _add_make,
+        lambda a, b: module(8, backend=b)(a["x"], a["positions"]),
+        lambda a: a["x"].double() + reference(a["positions"], 8),
+        ("x", "positions"),
+        "positions",
+        "encoding",
+    )
+
+
 SPECS = {
     s.name: s
     for s in (
         Spec("lff", "lff", _lff_make, _lff_run, _lff_ref, ("x", *LFF_WEIGHTS), "x", "lff"),
-        Spec(
-            "sinusoidal",
-            "encoding",
-            _enc_make,
-            lambda a, b: pf.sinusoidal(a["positions"], 8, backend=b),
-            lambda a: ref_enc.sinusoidal(a["positions"], 8),
-            ("positions",),
-            "positions",
-            "encoding",
-        ),
+        _encoding_spec("sinusoidal", pf.sinusoidal, ref_enc.sinusoidal),
         Spec(
             "sinusoidal_nd",
             "encoding",
@@ -179,16 +198,7 @@ SPECS = {
             "coords",
             "encoding",
         ),
-        Spec(
-            "dft",
-            "encoding",
-            _enc_make,
-            lambda a, b: pf.dft(a["positions"], 8, backend=b),
-            lambda a: ref_enc.dft(a["positions"], 8),
-            ("positions",),
-            "positions",
-            "encoding",
-        ),
+        _encoding_spec("dft", pf.dft, ref_enc.dft),
         Spec(
             "dft_inverse",
             "encoding",
@@ -199,16 +209,7 @@ SPECS = {
             "encoding",
             "lff",  # a matmul, not phases
         ),
-        Spec(
-            "SinusoidalPE",
-            "encoding",
-            _add_make,
-            lambda a, b: pf.SinusoidalPE(8, backend=b)(a["x"], a["positions"]),
-            lambda a: a["x"].double() + ref_enc.sinusoidal(a["positions"], 8),
-            ("x", "positions"),
-            "positions",
-            "encoding",
-        ),
+        _adding_spec("SinusoidalPE", pf.SinusoidalPE, ref_enc.sinusoidal),
         Spec(
             "SinusoidalNdPE",
             "encoding_nd",
@@ -219,16 +220,7 @@ SPECS = {
             "coords",
             "encoding",
         ),
-        Spec(
-            "DFTPE",
-            "encoding",
-            _add_make,
-            lambda a, b: pf.DFTPE(8, backend=b)(a["x"], a["positions"]),
-            lambda a: a["x"].double() + ref_enc.dft(a["positions"], 8),
-            ("x", "positions"),
-            "positions",
-            "encoding",
-        ),
+        _adding_spec("DFTPE", pf.DFTPE, ref_enc.dft),
         Spec("floater", "floater", _fl_make, _fl_run, _fl_ref, FL_NAMES, "times", "floater"),
         Spec(
             "LearnableFourierFeatures",
