@@ -383,6 +383,21 @@ def _goal(g: dict | None) -> str:
     return f"{g['value']:.2f}{'' if g.get('met') else ' (missed)'}"
 
 
+def _row(*cells) -> str:
+    """One row of a Markdown table."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+# The FLOATER table's goal columns, in order.
+_FLOATER_GOALS = (
+    "bwd_over_fwd",
+    "fwd_vs_torchdiffeq",
+    "bwd_vs_adjoint",
+    "fwd_vs_graph",
+    "bwd_vs_graph",
+)
+
+
 def markdown(s: dict) -> str:
     out = ["# GPU validation summary", ""]
     env = {k: v for k, v in (s.get("environment") or {}).items() if v is not None}
@@ -399,8 +414,12 @@ def markdown(s: dict) -> str:
         for r in s["stages"]:
             secs = r.get("seconds")
             out.append(
-                f"| {r.get('stage')} | {r.get('status')} | "
-                f"{secs if secs is not None else '-'} | {r.get('note', '')} |"
+                _row(
+                    r.get("stage"),
+                    r.get("status"),
+                    "-" if secs is None else secs,
+                    r.get("note", ""),
+                )
             )
         out.append("")
     tr = s.get("triton")
@@ -469,11 +488,13 @@ def markdown(s: dict) -> str:
             g = e["goals"]
             checks = ", ".join(f"{m} {v}" for m, v in e["checks"].items()) or "-"
             out.append(
-                f"| {e['case']} | {_x(e.get(sub + '_fwd_ms'), '{:.3f}')} | "
-                f"{_x(e.get(sub + '_bwd_ms'), '{:.3f}')} | {_goal(g.get('bwd_over_fwd'))} | "
-                f"{_goal(g.get('fwd_vs_torchdiffeq'))} | {_goal(g.get('bwd_vs_adjoint'))} | "
-                f"{_goal(g.get('fwd_vs_graph'))} | {_goal(g.get('bwd_vs_graph'))} | "
-                f"{checks[:80]} |"
+                _row(
+                    e["case"],
+                    _x(e.get(sub + "_fwd_ms"), "{:.3f}"),
+                    _x(e.get(sub + "_bwd_ms"), "{:.3f}"),
+                    *(_goal(g.get(k)) for k in _FLOATER_GOALS),
+                    checks[:80],
+                )
             )
         if not f.get("complete"):
             out.append("")
@@ -500,11 +521,18 @@ def markdown(s: dict) -> str:
                 verdict += (" " if verdict else "") + "pending: " + ", ".join(pending)
             plans = " / ".join(_x(e.get("plans", {}).get(p), "{:.4f}") for p in ("fused", "gemm"))
             out.append(
-                f"| {e['case']} | {e['mode']} | {e.get('plan') or '-'} | "
-                f"{_x(e.get('ms'), '{:.4f}')} | {plans} | "
-                f"{_x(e.get('pct_of_floor') or e.get('pct_copy_ceiling'), '{:.0f}%')} | "
-                f"{_x(e.get('speedup_vs_eager'))} | {_x(e.get('speedup_vs_compile'))} | "
-                f"{verdict or '-'} | {str(e.get('check') or e.get('error') or '-')[:40]} |"
+                _row(
+                    e["case"],
+                    e["mode"],
+                    e.get("plan") or "-",
+                    _x(e.get("ms"), "{:.4f}"),
+                    plans,
+                    _x(e.get("pct_of_floor") or e.get("pct_copy_ceiling"), "{:.0f}%"),
+                    _x(e.get("speedup_vs_eager")),
+                    _x(e.get("speedup_vs_compile")),
+                    verdict or "-",
+                    str(e.get("check") or e.get("error") or "-")[:40],
+                )
             )
         out.append("")
     ro = s.get("rotary")
@@ -518,9 +546,15 @@ def markdown(s: dict) -> str:
         for r in ro["rows"]:
             ups = ", ".join(f"{k} {v:.2f}x" for k, v in (r["speedups"] or {}).items())
             out.append(
-                f"| {r['case']} | {r['dtype']} | {r['impl']} | {_x(r['fwd_ms'], '{:.4f}')} | "
-                f"{_x(r['fwd_bwd_ms'], '{:.4f}')} | {_x(r['max_abs_err'], '{:.1e}')} | "
-                f"{ups or '-'} |"
+                _row(
+                    r["case"],
+                    r["dtype"],
+                    r["impl"],
+                    _x(r["fwd_ms"], "{:.4f}"),
+                    _x(r["fwd_bwd_ms"], "{:.4f}"),
+                    _x(r["max_abs_err"], "{:.1e}"),
+                    ups or "-",
+                )
             )
         out.append("")
     b = s.get("bench_cli")
@@ -533,8 +567,15 @@ def markdown(s: dict) -> str:
         ]
         for r in b["rows"]:
             out.append(
-                f"| {r['op']} | {r['case']} | {r['mode']} | {r['best']} | {r['ms']:.4f} | "
-                f"{_x(r['speedup_vs_eager'])} | {_x(r['speedup_vs_compile'])} |"
+                _row(
+                    r["op"],
+                    r["case"],
+                    r["mode"],
+                    r["best"],
+                    f"{r['ms']:.4f}",
+                    _x(r["speedup_vs_eager"]),
+                    _x(r["speedup_vs_compile"]),
+                )
             )
         if b["errors"]:
             out.append("")
@@ -554,9 +595,7 @@ def markdown(s: dict) -> str:
             errors = "-" if r["errors"] is None else r["errors"]
             if r.get("hazards"):
                 errors = f"{errors} ({r['hazards']} hazards)"
-            out.append(
-                f"| {r['tool']} | {r['workload']} | {r['status']} | {errors} | {r['seconds']} |"
-            )
+            out.append(_row(r["tool"], r["workload"], r["status"], errors, r["seconds"]))
         for r in sz["runs"]:
             out += [f"- {r['tool']}: {ln}" for ln in r["report"][:5]]
             if r.get("unsupported"):
