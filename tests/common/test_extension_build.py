@@ -734,6 +734,19 @@ def _plain_venv(tmp_path: Path) -> Path:
     return _fresh_venv(tmp_path) if where == "fresh" else Path(where)
 
 
+def _compiler_without_debug_info(tmp_path: Path, env: dict) -> str:
+    """A $CXX that runs the caller's compiler ($CXX, else c++) with -g0 last: the debug
+    build's -O0 without its debug information, which this test does not use and which is
+    ~45% of its compile time (two of the sources timed at -O0 -g and -O0 on CI's kind of
+    machine: 111 s and 60 s). It also checks that first-use builds honour $CXX."""
+    wrapper = tmp_path / "cxx-without-debug-info" / "c++"
+    wrapper.parent.mkdir()
+    called = wrapper.parent / "called"  # the test asserts the build ran through it
+    wrapper.write_text(f'#!/bin/sh\n: > "{called}"\nexec {env.get("CXX") or "c++"} "$@" -g0\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 def _venv_torch_cuda(venv: Path) -> str | None:
     out = subprocess.run([str(venv / "bin" / "python"), "-c",
                           "import torch; print(torch.version.cuda or '')"],
@@ -749,7 +762,8 @@ def test_plain_pip_install_builds_on_first_use_then_reuses(tmp_path):
     for it); a later process reuses the cache without building; a CUDA part that cannot be
     built leaves the cpp backend working and `info` saying why; a cached build with another
     ABI tag is refused with the reason in `info`; POSENC_FAST_NO_BUILD=1 gives the torch
-    fallback with one warning. The build is at -O0 (POSENC_FAST_DEBUG=1) for time, into
+    fallback with one warning. The build is at -O0 (POSENC_FAST_DEBUG=1) without debug
+    information (_compiler_without_debug_info) for time, into
     POSENC_FAST_PLAIN_CACHE (empty; default a temporary folder), left valid at the end for
     the caller's `verify`. (The same CUDA failure through setup.py: the tests above, with
     the compilers mocked.)"""
@@ -763,6 +777,7 @@ def test_plain_pip_install_builds_on_first_use_then_reuses(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("POSENC_FAST_", "PYTHON"))}
     env.update(POSENC_FAST_CACHE=str(cache), POSENC_FAST_DEBUG="1",
                MAX_JOBS=os.environ.get("MAX_JOBS", "2"))  # fmt: skip
+    env["CXX"] = _compiler_without_debug_info(tmp_path, env)
     env.pop("TRITON_INTERPRET", None)
 
     # two processes at once, nothing built yet: one builds, the other waits for it
@@ -774,6 +789,7 @@ def test_plain_pip_install_builds_on_first_use_then_reuses(tmp_path):
     for got, _err in results:
         assert got["source"] == "cache" and got["reasons"] == [] and got["warnings"] == []
         assert got["close"], got
+    assert (Path(env["CXX"]).parent / "called").exists(), "the build did not run $CXX"
     cached = Path(results[0][0]["path"])
     assert cached.parent.parent.parent == cache and cached.is_file()
 
