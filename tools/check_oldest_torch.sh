@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The oldest torch the README claims, installed as a new user installs it, on every change
-# (CI runs this beside the main suite, which runs the newest):
+# The oldest torch the README claims, installed as a new user installs it (CI runs this
+# beside the main suite, which runs the newest, unless tools/checked_sources.py has a pass
+# recorded for the same package, packaging and tools: `checked_sources.py run oldest-torch`
+# runs it and records it):
 #
 #   tools/check_oldest_torch.sh [--download-only]
 #

@@ -1,19 +1,21 @@
-"""The compile-only portability checks, each run once per state of what it reads.
+"""The portability checks, each run once per state of what it reads.
 
 CI's checks of platforms this machine is not (the CUDA sources for every GPU architecture,
-the C++ CPU sources for aarch64, the Triton kernels under older Tritons) and ThreadSanitizer
-over the CUDA emulation give the same answer for the same inputs: the files they compile
-and the tools' versions. A passing run appends the SHA-256 of those inputs (its key) to
-tools/checked_sources.tsv, with the date, the commit and its time; a later run whose key is
-there is skipped with that line, and any change to an input (a source, the check's own
-script, a compiler version) makes a new key and the check runs again. So CI pays for a check
-when its sources changed without the check having been run and recorded, not on every
-commit:
+the C++ CPU sources for aarch64, the Triton kernels under older Tritons), ThreadSanitizer
+over the CUDA emulation and the oldest torch installed as a user installs it give the same
+answer for the same inputs: the files they compile or install and the tools' versions. A
+passing run appends the SHA-256 of those inputs (its key) to tools/checked_sources.tsv, with
+the date, the commit and its time; a later run whose key is there is skipped with that
+line, and any change to an input (a source, the check's own script, a compiler version)
+makes a new key and the check runs again. So CI pays for a check when its sources changed
+without the check having been run and recorded, not on every commit:
 
     python tools/checked_sources.py run cuda          # skip if recorded, else run and record
-    python tools/checked_sources.py run --all         # every check (before committing csrc/
-                                                      # or triton_kernels/ changes)
+    python tools/checked_sources.py run --all         # every check (before committing a
+                                                      # change to the package or its kernels)
     python tools/checked_sources.py key cuda          # the key alone
+    python tools/checked_sources.py skip oldest-torch # exit 0 (and say so) if recorded
+    python tools/checked_sources.py run --all --except oldest-torch
     CHECKED_SOURCES_FORCE=1 ...                       # run even if recorded
 
 Exit status: the check's (0 when skipped). Run with the venv's python (tools/setup_venv.sh):
@@ -146,12 +148,35 @@ def _tsan() -> dict:
     }
 
 
+def _oldest_torch() -> dict:
+    """The oldest torch the README claims, installed as a user installs it
+    (tools/check_oldest_torch.sh: import, the plain install's first-use build, verify). It
+    reads the whole package as a plain `pip install .` ships it, the build and its test,
+    and asks pip for torch $OLDEST_TORCH; the CUDA part's refusal names the toolkit."""
+    return {
+        "inputs": [
+            *("posenc_fast", "triton_kernels", "csrc"),
+            *("setup.py", "pyproject.toml", "MANIFEST.in"),
+            *("tests/conftest.py", "tests/common/test_extension_build.py"),
+            "tools/check_oldest_torch.sh",
+        ],
+        "tools": {
+            "python": _tool_version("python3"),
+            "g++": _tool_version("g++"),
+            "nvcc": _tool_version(_nvcc()) or "none",
+            "torch": os.environ.get("OLDEST_TORCH", "2.5.1"),
+        },
+        "command": ["tools/check_oldest_torch.sh"],
+    }
+
+
 CHECKS = {
     "cuda": _cuda,
     "aarch64": _aarch64,
     "triton": _triton_venv,
     **{f"triton-{v}": (lambda v=v: _triton(v)) for v in TRITONS},
     "tsan": _tsan,
+    "oldest-torch": _oldest_torch,
 }
 
 
@@ -206,15 +231,24 @@ def _commit() -> str:
     return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+changes" if dirty else "")
 
 
+def skip(check: str) -> bool:
+    """Whether ``check`` may be skipped: its inputs passed before (and no forced run); says
+    when and where."""
+    digest = key(CHECKS[check]())
+    line = recorded(check, digest)
+    if not line or os.environ.get("CHECKED_SOURCES_FORCE") == "1":
+        return False
+    _, _, date, commit, seconds, *_ = line.split("\t")
+    where = f"{seconds} s; key {digest[:12]}, tools/checked_sources.tsv"
+    print(f"== {check}: skipped: these inputs passed on {date} at {commit} ({where})")
+    return True
+
+
 def run(check: str) -> int:
+    if skip(check):
+        return 0
     spec = CHECKS[check]()
     digest = key(spec)
-    line = recorded(check, digest)
-    if line and os.environ.get("CHECKED_SOURCES_FORCE") != "1":
-        _, _, date, commit, seconds, *_ = line.split("\t")
-        where = f"{seconds} s; key {digest[:12]}, tools/checked_sources.tsv"
-        print(f"== {check}: skipped: these inputs passed on {date} at {commit} ({where})")
-        return 0
     shown = digest[:12] if digest else "unknown: a tool is missing"
     print(f"== {check}: {' '.join(spec['command'][:2])} ... (key {shown})", flush=True)
     t0 = time.monotonic()
@@ -236,18 +270,22 @@ def run(check: str) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("verb", choices=("run", "key"))
+    parser.add_argument("verb", choices=("run", "key", "skip"))
     parser.add_argument("checks", nargs="*", help=", ".join(CHECKS))
     parser.add_argument("--all", action="store_true", help="every check")
+    parser.add_argument("--except", dest="but", action="append", default=[],
+                        metavar="CHECK", help="with --all: not this one (repeatable)")  # fmt: skip
     args = parser.parse_args(argv)
-    checks = list(CHECKS) if args.all else args.checks
-    unknown = [c for c in checks if c not in CHECKS]
+    checks = [c for c in CHECKS if c not in args.but] if args.all else args.checks
+    unknown = [c for c in [*checks, *args.but] if c not in CHECKS]
     if not checks or unknown:
         parser.error(f"name checks among {', '.join(CHECKS)}, or --all (got {unknown or 'none'})")
     if args.verb == "key":
         for check in checks:
             print(check, key(CHECKS[check]()) or "unknown: a tool is missing")
         return 0
+    if args.verb == "skip":  # exit 0 only when every check named may be skipped
+        return 0 if all([skip(check) for check in checks]) else 1
     return max(run(check) for check in checks)
 
 

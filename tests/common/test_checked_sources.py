@@ -93,9 +93,30 @@ def test_forced_runs_and_unknown_names(tool, monkeypatch):
         tool.main(["run", "nonesuch"])
 
 
+def test_skip_says_whether_every_check_named_passed_on_these_inputs(tool, capsys):
+    assert tool.main(["skip", "demo"]) == 1 and tool.runs() == 0  # nothing recorded, no run
+    tool.run("demo")
+    assert tool.main(["skip", "demo"]) == 0 and tool.runs() == 1
+    assert "== demo: skipped: these inputs passed on" in capsys.readouterr().out
+    (tool.repo / "src" / "a.c").write_text("int a = 2;\n")
+    assert tool.main(["skip", "demo"]) == 1
+
+
+def test_all_except(tool, monkeypatch):
+    ran = []
+    monkeypatch.setitem(tool.CHECKS, "other", tool.CHECKS["demo"])
+    monkeypatch.setattr(tool, "run", lambda check: ran.append(check) or 0)
+    assert tool.main(["run", "--all", "--except", "other"]) == 0 and ran == ["demo"]
+    with pytest.raises(SystemExit):
+        tool.main(["run", "--all", "--except", "nonesuch"])
+
+
 def test_ci_runs_every_check_through_the_record():
+    """The oldest-torch check runs beside the suite (when its inputs are not recorded), the
+    others after it; none twice."""
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "tools/checked_sources.py run --all" in ci
+    assert "python3 tools/checked_sources.py skip oldest-torch && exit 0" in ci
+    assert "tools/checked_sources.py run --all --except oldest-torch" in ci
     assert set(_load().CHECKS) == {
         "cuda",
         "aarch64",
@@ -103,4 +124,18 @@ def test_ci_runs_every_check_through_the_record():
         "triton-3.1.0",
         "triton-3.6.0",
         "tsan",
+        "oldest-torch",
     }
+
+
+def test_the_oldest_torch_key_reads_the_package_and_its_packaging():
+    """A change anywhere in what a plain `pip install .` ships makes the check run again."""
+    mod = _load()
+    spec = mod.CHECKS["oldest-torch"]()
+    names = {p.relative_to(ROOT).as_posix() for p in mod._files(spec["inputs"])}
+    for name in ("posenc_fast/__init__.py", "posenc_fast/ops/lff/api.py", "setup.py",
+                 "triton_kernels/lff_forward.py",
+                 "pyproject.toml", "csrc/module.cpp", "tools/check_oldest_torch.sh",
+                 "tests/common/test_extension_build.py"):  # fmt: skip
+        assert name in names, name
+    assert spec["tools"]["torch"] == "2.5.1" and spec["command"] == ["tools/check_oldest_torch.sh"]
