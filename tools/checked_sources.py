@@ -231,10 +231,9 @@ def _commit() -> str:
     return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+changes" if dirty else "")
 
 
-def skip(check: str) -> bool:
-    """Whether ``check`` may be skipped: its inputs passed before (and no forced run); says
-    when and where."""
-    digest = key(CHECKS[check]())
+def skip(check: str, digest: str | None) -> bool:
+    """Whether ``check`` may be skipped: its inputs (of key ``digest``) passed before and no
+    run is forced; says when and where."""
     line = recorded(check, digest)
     if not line or os.environ.get("CHECKED_SOURCES_FORCE") == "1":
         return False
@@ -245,10 +244,10 @@ def skip(check: str) -> bool:
 
 
 def run(check: str) -> int:
-    if skip(check):
-        return 0
     spec = CHECKS[check]()
     digest = key(spec)
+    if skip(check, digest):
+        return 0
     shown = digest[:12] if digest else "unknown: a tool is missing"
     print(f"== {check}: {' '.join(spec['command'][:2])} ... (key {shown})", flush=True)
     t0 = time.monotonic()
@@ -285,7 +284,7 @@ def main(argv=None) -> int:
             print(check, key(CHECKS[check]()) or "unknown: a tool is missing")
         return 0
     if args.verb == "skip":  # exit 0 only when every check named may be skipped
-        return 0 if all([skip(check) for check in checks]) else 1
+        return 0 if all([skip(check, key(CHECKS[check]())) for check in checks]) else 1
     return max(run(check) for check in checks)
 
 

@@ -133,9 +133,9 @@ def test_the_oldest_torch_key_reads_the_package_and_its_packaging():
     mod = _load()
     spec = mod.CHECKS["oldest-torch"]()
     names = {p.relative_to(ROOT).as_posix() for p in mod._files(spec["inputs"])}
-    for name in ("posenc_fast/__init__.py", "posenc_fast/ops/lff/api.py", "setup.py",
-                 "triton_kernels/lff_forward.py",
-                 "pyproject.toml", "csrc/module.cpp", "tools/check_oldest_torch.sh",
+    for name in ("posenc_fast/__init__.py", "posenc_fast/ops/lff/api.py",
+                 "triton_kernels/lff_forward.py", "csrc/module.cpp", "setup.py",
+                 "pyproject.toml", "tools/check_oldest_torch.sh",
                  "tests/common/test_extension_build.py"):  # fmt: skip
         assert name in names, name
     assert spec["tools"]["torch"] == "2.5.1" and spec["command"] == ["tools/check_oldest_torch.sh"]
