@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOAT_DTYPES = frozenset(FLOAT_DTYPES)
+_NOT_POSITIONS = frozenset((torch.bool, torch.complex32, torch.complex64, torch.complex128))
 
 
 def tensor(name: str, value) -> torch.Tensor:
@@ -23,19 +25,19 @@ def tensor(name: str, value) -> torch.Tensor:
 
 def real_positions(name: str, value) -> torch.Tensor:
     """Positions: any real floating or integer dtype (integers are converted later)."""
-    tensor(name, value)
-    if value.is_complex():
+    if not isinstance(value, torch.Tensor) or value.dtype in _NOT_POSITIONS:
+        tensor(name, value)
+        if value.dtype == torch.bool:
+            raise TypeError(f"{name} must be a floating or integer tensor, got torch.bool")
         raise TypeError(
             f"{name} must be real (floating or integer), got complex dtype {value.dtype}"
         )
-    if value.dtype == torch.bool:
-        raise TypeError(f"{name} must be a floating or integer tensor, got torch.bool")
     return value
 
 
 def float_tensor(name: str, value) -> torch.Tensor:
-    tensor(name, value)
-    if value.dtype not in FLOAT_DTYPES:
+    if not isinstance(value, torch.Tensor) or value.dtype not in _FLOAT_DTYPES:
+        tensor(name, value)
         raise TypeError(
             f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), "
             f"got {value.dtype}"
@@ -56,12 +58,16 @@ def shape(
     name: str, value: torch.Tensor, expected: Sequence[Optional[int]], what: str = ""
 ) -> None:
     """Check rank and sizes; None in ``expected`` accepts any size."""
-    exp = tuple(expected)
-    ok = value.dim() == len(exp) and all(e is None or e == s for e, s in zip(exp, value.shape))
-    if not ok:
-        spec = "[" + ", ".join("*" if e is None else str(e) for e in exp) + "]"
-        extra = f" ({what})" if what else ""
-        raise ValueError(f"{name} must have shape {spec}{extra}, got {list(value.shape)}")
+    sizes = value.shape
+    if len(sizes) == len(expected):
+        for e, n in zip(expected, sizes):
+            if e is not None and e != n:
+                break
+        else:
+            return
+    spec = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+    extra = f" ({what})" if what else ""
+    raise ValueError(f"{name} must have shape {spec}{extra}, got {list(sizes)}")
 
 
 def frequencies(name: str, value: torch.Tensor, M: int) -> None:

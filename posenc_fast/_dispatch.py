@@ -10,12 +10,12 @@ against the call, or raises one :class:`BackendError` listing every backend's re
 
 from __future__ import annotations
 
-import importlib
 import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from types import MappingProxyType
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -23,22 +23,22 @@ from . import _extension
 from .triton_kernels import _env as _triton_env
 
 ANY = None  # in a declaration: no restriction
+_NONE: Mapping = MappingProxyType({})
 
 
 class BackendError(RuntimeError):
     """No backend (or not the requested one) can run a call; the message says why."""
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """The metadata of one call that backends decide on (never the tensors themselves)."""
 
-    op: str  # "lff" | "encoding" | "encoding_nd" | "floater" | "lff_rotary" | ...
+    op: str  # "lff" | "encoding" | "encoding_nd" | "floater" | "rotary" | ...
     device: str  # torch device type: "cpu", "cuda", "meta", ...
     dtype: torch.dtype  # output / compute dtype
-    sizes: Mapping[str, int] = field(default_factory=dict)
-    options: Mapping[str, object] = field(default_factory=dict)
-    input_dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)
+    sizes: Mapping[str, int] = _NONE
+    options: Mapping[str, object] = _NONE
+    input_dtypes: Mapping[str, torch.dtype] = _NONE
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,7 @@ class OpSupport:
     input_dtypes: Mapping[str, tuple[torch.dtype, ...]] = field(default_factory=dict)
 
     def implements(self, device: str) -> bool:
-        return self.devices is ANY or stands_for(device) in self.devices
-
-
-def stands_for(device: str) -> str:
-    """The device type a call's tensors stand for: while the Triton kernels are compiled
-    ahead for a GPU that is not here (triton_kernels/ahead.py), `meta` tensors are that
-    GPU's; otherwise their own."""
-    if device == "meta" and _triton_env.compile_target() is not None:
-        return "cuda"
-    return device
+        return self.devices is ANY or device in self.devices
 
 
 # The dtype sets the SUPPORT tables name.
@@ -71,27 +62,25 @@ INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 ANYWHERE = OpSupport(devices=ANY, dtypes=FLOATS)  # the reference's and torch's, mostly
 
 
+@dataclass
 class Implementation:
-    """One backend's implementation of one op: ``name`` (the backend), ``support`` (its
-    SUPPORT table for the op) and the op's functions as keyword attributes (``forward``,
-    ``backward``, ...: each op's registry names them).
+    """One backend's implementation of one op: its SUPPORT table and its functions (each
+    op's registry says their signatures). ``backward`` None: autograd differentiates
+    ``forward`` itself (the float64 reference), so a call runs it without the custom op."""
 
-    ``differentiable``: autograd differentiates ``forward`` itself, so the call runs it
-    directly instead of through the op's custom op (the float64 reference)."""
+    name: str
+    support: OpSupport
+    forward: Callable
+    backward: Optional[Callable] = None
 
-    def __init__(self, name: str, support: OpSupport, *, differentiable: bool = False, **functions):
-        self.name = name
-        self.support = support
-        self.differentiable = differentiable
-        self.__dict__.update(functions)
-
-    def __repr__(self) -> str:
-        return f"Implementation({self.name!r})"
+    @property
+    def differentiable(self) -> bool:
+        return self.backward is None
 
 
 Registry = dict  # backend name -> Implementation (one per op)
 
-# op -> its registry: filled by the op packages' registry modules when they are imported
+# op -> its registry, filled by the op packages' registry modules when they are imported
 # (posenc_fast's __init__ imports them all), so tools can ask "who implements op X".
 REGISTRIES: dict[str, Registry] = {}
 
@@ -101,26 +90,6 @@ def register(op: str, *implementations: Implementation) -> Registry:
     registry = {impl.name: impl for impl in implementations}
     REGISTRIES[op] = registry
     return registry
-
-
-def lazy(module: str, attr: str) -> Callable:
-    """``posenc_fast.<module>.<attr>``, imported on its first call: the Triton kernels
-    import triton, which is optional and slow to import, so only a call that runs one
-    loads it."""
-    loaded: list[Callable] = []
-
-    def call(*args):
-        if not loaded:
-            fn = getattr(importlib.import_module(f"posenc_fast.{module}"), attr)
-            if _triton_env.recording():  # POSENC_FAST_TRITON_RECORD: calls written down
-                from .triton_kernels import ahead
-
-                fn = ahead.recorded(f"{module}:{attr}", fn)
-            loaded.append(fn)
-        return loaded[0](*args)
-
-    call.__name__ = call.__qualname__ = attr
-    return call
 
 
 def extension_ops(backend: str):
@@ -168,8 +137,6 @@ def _triton_reasons() -> list[str]:
     err = _triton_env.import_error()
     if err:
         return [err]
-    if _triton_env.compile_target() is not None:
-        return []  # compiling ahead: nothing runs, the target is given
     if _triton_env.interpreter_enabled():
         reason = _triton_env.installed_interpreter_reason()
         return [reason] if reason else []
@@ -304,6 +271,27 @@ def support_reasons(sup: OpSupport, problem: Problem) -> list[str]:
     return out
 
 
+def supports(sup: OpSupport, problem: Problem) -> bool:
+    """Whether :func:`support_reasons` finds nothing (the test "auto" makes per call)."""
+    if sup.devices is not ANY and problem.device not in sup.devices:
+        return False
+    if sup.dtypes is not ANY and problem.dtype not in sup.dtypes:
+        return False
+    for arg, dt in problem.input_dtypes.items():
+        allowed = sup.input_dtypes.get(arg)
+        if allowed is not None and dt not in allowed:
+            return False
+    for key, value in problem.sizes.items():
+        limit = sup.max_sizes.get(key)
+        if limit is not None and value > limit:
+            return False
+    for key, value in problem.options.items():
+        allowed = sup.options.get(key)
+        if allowed is not None and value not in allowed:
+            return False
+    return True
+
+
 def reasons(name: str, registry: Registry, problem: Problem) -> list[str]:
     """Why backend ``name`` cannot run ``problem`` ([] if it can)."""
     env = BACKENDS[name].environment_reasons()
@@ -319,7 +307,7 @@ def auto_eligible(name: str, registry: Registry, device: str) -> bool:
     """Whether "auto" may consider backend ``name`` for the op of ``registry`` on ``device``."""
     impl = registry.get(name)
     auto_devices = BACKENDS[name].auto_devices
-    allowed = auto_devices is None or stands_for(device) in auto_devices
+    allowed = auto_devices is None or device in auto_devices
     return allowed and impl is not None and impl.support.implements(device)
 
 
@@ -335,11 +323,18 @@ def choose(registry: Registry, problem: Problem, requested: str = "auto") -> Imp
     """The implementation that runs ``problem``; BackendError explains a refusal."""
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a str, got {type(requested).__name__}")
-    requested = resolve_env(requested)
     if requested == "auto":
+        requested = os.environ.get(ENV_VAR) or "auto"
+    if requested == "auto":
+        device = problem.device
         for name in AUTO_ORDER:
+            impl = registry.get(name)
             backend = BACKENDS[name]
-            if not auto_eligible(name, registry, problem.device):
+            if impl is None or (
+                backend.auto_devices is not None and device not in backend.auto_devices
+            ):
+                continue
+            if not impl.support.implements(device):
                 continue
             env = backend.environment_reasons()
             if env:
@@ -352,8 +347,8 @@ def choose(registry: Registry, problem: Problem, requested: str = "auto") -> Imp
                         stacklevel=3,
                     )
                 continue
-            if not support_reasons(registry[name].support, problem):
-                return registry[name]
+            if supports(impl.support, problem):
+                return impl
         raise BackendError(
             f"posenc_fast: no backend can run {problem.op} on these inputs "
             f"(device={problem.device}, dtype={problem.dtype}):\n"

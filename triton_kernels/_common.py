@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._launch import INTERPRET, launch, sm_count
+from ._launch import INTERPRET, sm_count
 from ._phase import accumulate_phase, phase_term, sincos_turns, turns_hi_lo
 from ._round import round_to
 
@@ -95,8 +95,16 @@ def sum_partials(ws: torch.Tensor, ref: torch.Tensor, n_parts: int, offset: int 
     block = 4096 if INTERPRET else 1024
     result = torch.empty(ref.shape, dtype=ref.dtype, device=ws.device)
     grid = (triton.cdiv(ref.numel(), block),)
-    launch(sum_partials_kernel, grid, ws[:, offset:], result, n_parts, ref.numel(),
-           ws.stride(0), BLOCK=block, INTERPRET=INTERPRET)  # fmt: skip
+    sum_partials_kernel[grid](
+        ws[:, offset:],
+        result,
+        n_parts,
+        ref.numel(),
+        ws.stride(0),
+        BLOCK=block,
+        INTERPRET=INTERPRET,
+        enable_fp_fusion=False,
+    )
     return result
 
 

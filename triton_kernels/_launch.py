@@ -135,20 +135,6 @@ def interpreter_blocks(R: int, K: int, D: int | None = None) -> dict:
     return blocks
 
 
-def launch_rows(kernel, tuned, n_rows: int, args: tuple, meta: dict, blocks: dict) -> None:
-    """Launch a kernel with one program per BLOCK_R rows: under the interpreter ``kernel``
-    with the fixed ``blocks`` (interpreter_blocks), on the GPU its autotuned version
-    ``tuned``, which picks BLOCK_R (and the other blocks) itself. Both with
-    enable_fp_fusion=False, which the phase reduction needs (see _phase.py)."""
-    if INTERPRET:
-        grid = (triton.cdiv(n_rows, blocks["BLOCK_R"]),)
-        kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
-    else:
-        tuned[lambda cfg: (triton.cdiv(n_rows, cfg["BLOCK_R"]),)](
-            *args, **meta, enable_fp_fusion=False
-        )
-
-
 def time_ms(fn, device: torch.device, repeats: int = 3) -> float:
     """Median milliseconds of fn() on ``device`` (CUDA events; the host clock for CPU
     tensors), after one untimed call that compiles and autotunes. Synchronises: only
@@ -171,14 +157,6 @@ def time_ms(fn, device: torch.device, repeats: int = 3) -> float:
             fn()
             times.append(1e3 * (time.perf_counter() - t0))
     return sorted(times)[len(times) // 2]
-
-
-def launch(kernel, grid: tuple, *args, **meta) -> None:
-    """Launch a Triton kernel with a fixed configuration (block sizes, num_warps and
-    num_stages in ``meta``) on ``grid``, with enable_fp_fusion=False (the phase
-    reduction needs it, see _phase.py): the one path of such launches, so that a
-    compile-ahead shim sees every one."""
-    kernel[grid](*args, **meta, enable_fp_fusion=False)
 
 
 def _tensor_device(values) -> torch.device:

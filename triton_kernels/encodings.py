@@ -17,7 +17,6 @@ from ._launch import (
     autotuned,
     device_guard,
     interpreter_blocks,
-    launch_rows,
     rows_view,
 )
 from ._phase import accumulate_phase, phase_term, sincos_turns
@@ -353,65 +352,60 @@ def _bwd_blocks(R: int, K: int) -> tuple[dict, dict]:
     return {"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 8}
 
 
-def _launch_fwd(p_flat, period, x_rows, out, tab, cols, bias, interleaved):
-    R, K = out.shape[0], tab.shape[1]
+def encoding_fwd(positions, kind: str, base: float, block, out_dtype=None, x=None, dim: int = 0):
+    """positions [...] -> [..., dim] in out_dtype; with ``x``, x + encoding(positions) in
+    x's dtype, positions broadcast against x.shape[:-1] (x read once, the sum written
+    once). Phases and trig in float32."""
+    if x is None:
+        lead, device = positions.shape, positions.device
+        p, period = positions.reshape(-1), 0
+        out = torch.empty((*lead, dim), dtype=out_dtype, device=device)
+    else:
+        lead, device, dim = x.shape[:-1], x.device, x.shape[-1]
+        out = torch.empty(x.shape, dtype=x.dtype, device=device)
+        if positions.dim() == 1 and len(lead) >= 1 and positions.shape[0] == lead[-1]:
+            p, period = positions, positions.shape[0]  # [L] against [..., L]: row r -> r % L
+        else:
+            p, period = positions.expand(lead).reshape(-1), 0
+    R = math.prod(lead)
+    if R == 0:
+        return out
+    rows = out.view(R, dim)
+    x_rows = rows_view(x, dim) if x is not None else None
+    tab, cols, interleaved = _tables(kind, dim, base, device)
+    bias = None if block is None else _block_bias(kind, dim, base, block, device)
+    K = tab.shape[1]
     args = (
-        p_flat,
-        x_rows if x_rows is not None else out,
-        out,
+        p,
+        x_rows if x_rows is not None else rows,
+        rows,
         tab,
         cols,
         bias if bias is not None else tab,
         R,
         K,
-        p_flat.stride(0),
+        p.stride(0),
         max(1, period),
         x_rows.stride(0) if x_rows is not None else 0,
-        out.stride(0),
+        rows.stride(0),
         tab.stride(0),
     )
     meta = {
-        "POS_INT": not p_flat.is_floating_point(),
+        "POS_INT": not p.is_floating_point(),
         "WRAP": period > 0,
         "ADD": x_rows is not None,
         "HAS_BIAS": bias is not None,
         "INTERLEAVED": interleaved,
         "INTERPRET": INTERPRET,
     }
-    blocks = interpreter_blocks(R, K)
     with device_guard(out):
-        launch_rows(_encoding_fwd_kernel, _encoding_fwd_tuned, R, args, meta, blocks)
-
-
-def encoding_fwd(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
-    """positions [...] -> [..., dim] in out_dtype (phases and trig in float32)."""
-    p = positions.reshape(-1)
-    out = torch.empty((p.shape[0], dim), dtype=out_dtype, device=positions.device)
-    if p.shape[0] == 0:
-        return out.view(*positions.shape, dim)
-    tab, cols, interleaved = _tables(kind, dim, base, positions.device)
-    bias = None if block is None else _block_bias(kind, dim, base, block, positions.device)
-    _launch_fwd(p, 0, None, out, tab, cols, bias, interleaved)
-    return out.view(*positions.shape, dim)
-
-
-def encoding_add_fwd(x, positions, kind: str, base: float, block) -> torch.Tensor:
-    """x + encoding(positions) in x's dtype, positions broadcast against x.shape[:-1]:
-    x read once, the sum (computed in float32) written once."""
-    dim = x.shape[-1]
-    lead = x.shape[:-1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    R = math.prod(lead)
-    if R == 0:
-        return out
-    x_rows = rows_view(x, dim)
-    if positions.dim() == 1 and len(lead) >= 1 and positions.shape[0] == lead[-1]:
-        p, period = positions, positions.shape[0]  # [L] against [..., L]: row r -> r % L
-    else:
-        p, period = positions.expand(lead).reshape(-1), 0
-    tab, cols, interleaved = _tables(kind, dim, base, x.device)
-    bias = None if block is None else _block_bias(kind, dim, base, block, x.device)
-    _launch_fwd(p, period, x_rows, out.view(R, dim), tab, cols, bias, interleaved)
+        if INTERPRET:  # few programs with large blocks: the interpreter pays per program
+            blocks = interpreter_blocks(R, K)
+            grid = (triton.cdiv(R, blocks["BLOCK_R"]),)
+            _encoding_fwd_kernel[grid](*args, **meta, **blocks, enable_fp_fusion=False)
+        else:  # the autotuner picks the blocks
+            grid = lambda c: (triton.cdiv(R, c["BLOCK_R"]),)
+            _encoding_fwd_tuned[grid](*args, **meta, enable_fp_fusion=False)
     return out
 
 

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from . import _configs
 from ._common import add_to, cos_sin_tile, max_programs, phase_chain_rule
-from ._launch import INTERPRET, interpreter_blocks, launch
+from ._launch import INTERPRET, interpreter_blocks
 from ._mlp import activation, activation_grad, mma
 from ._round import load_as, round_to
 from .lff_forward import hidden_preactivation
@@ -351,9 +351,7 @@ def run(args, ws, offsets, r0, r1, fresh, hb, gab, flags, blocks=None, options=N
     h_blocks = triton.cdiv(H, kw["BLOCK_H"]) if blocks and "BLOCK_H" in blocks else 0
     grid = (h_blocks, ws.shape[0]) if h_blocks else (ws.shape[0],)
     n = r1 - r0
-    launch(
-        _lff_bwd_kernel,
-        grid,
+    _lff_bwd_kernel[grid](
         rows[r0:r1],
         wr,
         w1,
@@ -385,4 +383,5 @@ def run(args, ws, offsets, r0, r1, fresh, hb, gab, flags, blocks=None, options=N
         H_SPLIT=bool(h_blocks),
         **flags,
         **kw,
+        enable_fp_fusion=False,
     )

@@ -14,7 +14,7 @@ import triton.language as tl
 from . import _common, _configs
 from . import lff_backward_fused as fused
 from ._common import add_to, cos_sin_tile, max_programs, phase_chain_rule
-from ._launch import INTERPRET, interpreter_blocks, launch, pow2
+from ._launch import INTERPRET, interpreter_blocks, pow2
 from ._mlp import mma
 from ._round import load_as, round_to
 
@@ -428,9 +428,7 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
         fused.run(args, ws1, offsets1, r0, r1, fresh, hb, gab, first_flags, first_blocks,
                   first_options)  # fmt: skip
         if need_phase:
-            launch(
-                _lff_bwd_phase_kernel,
-                (p2,),
+            _lff_bwd_phase_kernel[(p2,)](
                 rows[r0:r1],
                 wr,
                 w1,
@@ -455,13 +453,12 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
                 BLOCK_M=meta["BLOCK_M"],
                 **phase_blocks,
                 **phase_options,
+                enable_fp_fusion=False,
             )
         for _, features, _, wb, wo, n_blocks, splits, wws in plans:
             b_op = g[r0:r1] if not features else gab
             per_split = triton.cdiv(triton.cdiv(n, splits), wb["BLOCK_R"]) * wb["BLOCK_R"]
-            launch(
-                _lff_bwd_wgrad_kernel,
-                (n_blocks, splits),
+            _lff_bwd_wgrad_kernel[(n_blocks, splits)](
                 hb if hb is not None else wws,
                 b_op,
                 rows[r0:r1],
@@ -485,6 +482,7 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
                 INTERPRET=INTERPRET,
                 **wb,
                 **wo,
+                enable_fp_fusion=False,
             )
     _common.sum_parts_into(out, ws1, small, p1)
     if flags["NEED_WR"]:

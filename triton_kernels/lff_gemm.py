@@ -12,7 +12,7 @@ import triton
 from . import _gemm_sizes
 from . import lff_gemm_kernels as k
 from ._common import max_programs, sum_partials
-from ._launch import INTERPRET, device_guard, launch, pow2, rows_view
+from ._launch import INTERPRET, device_guard, pow2, rows_view
 from .lff_forward import split_features
 
 # Rows are processed in chunks of C rows (``_gemm_sizes.chunk_rows``: a fixed function of the shapes
@@ -115,11 +115,23 @@ def _features(rows, wr, out, F2, split, inv_sqrt_f):
     n = rows.shape[0]
     blocks, options = config("features", F2=F2, rows=n)
     grid = (triton.cdiv(n, blocks["BLOCK_R"]), triton.cdiv(F2, blocks["BLOCK_K"]))
-    launch(
-        k._features_kernel, grid, rows, wr, out, n, F2, rows.stride(0), rows.stride(1),
-        out.stride(0), inv_sqrt_f, M=rows.shape[1], SPLIT=split, INTERPRET=INTERPRET,
-        **blocks, **options,
-    )  # fmt: skip
+    k._features_kernel[grid](
+        rows,
+        wr,
+        out,
+        n,
+        F2,
+        rows.stride(0),
+        rows.stride(1),
+        out.stride(0),
+        inv_sqrt_f,
+        M=rows.shape[1],
+        SPLIT=split,
+        INTERPRET=INTERPRET,
+        **blocks,
+        **options,
+        enable_fp_fusion=False,
+    )
 
 
 def _weights(w1, b1, w2, b2, compute, split):
@@ -156,8 +168,17 @@ def gemm_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> 
             _features(rows[r0 : r0 + n], wr, f, F2, split, inv_sqrt_f)
             torch.addmm(b1c, f, w1k, out=h)
             grid = (triton.cdiv(n, blocks["BLOCK_R"]), triton.cdiv(H, blocks["BLOCK_H"]))
-            launch(k._act_fwd_kernel, grid, h, n, H, h.stride(0), ACT=activation,
-                   INTERPRET=INTERPRET, **blocks, **options)  # fmt: skip
+            k._act_fwd_kernel[grid](
+                h,
+                n,
+                H,
+                h.stride(0),
+                ACT=activation,
+                INTERPRET=INTERPRET,
+                **blocks,
+                **options,
+                enable_fp_fusion=False,
+            )
             torch.addmm(b2c, h, w2c, out=out[r0 : r0 + n])
     return result
 
@@ -238,19 +259,43 @@ def gemm_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
                 gh = ghbuf[:n]
                 torch.mm(gy, w2c.T, out=gh)
                 tiles = triton.cdiv(n, act_blocks["BLOCK_R"])
-                launch(
-                    k._act_bwd_kernel, (h_blocks, p_act), a, gh, a, gh,
-                    ws_b1 if ws_b1 is not None else gh, n, H, tiles, a.stride(0),
-                    gh.stride(0), a.stride(0), gh.stride(0),
-                    ws_b1.stride(0) if ws_b1 is not None else 0, fresh, ACT=activation,
-                    STORE_H=need_w2, NEED_B1=need_b1, INTERPRET=INTERPRET,
-                    **act_blocks, **act_options,
-                )  # fmt: skip
+                k._act_bwd_kernel[(h_blocks, p_act)](
+                    a,
+                    gh,
+                    a,
+                    gh,
+                    ws_b1 if ws_b1 is not None else gh,
+                    n,
+                    H,
+                    tiles,
+                    a.stride(0),
+                    gh.stride(0),
+                    a.stride(0),
+                    gh.stride(0),
+                    ws_b1.stride(0) if ws_b1 is not None else 0,
+                    fresh,
+                    ACT=activation,
+                    STORE_H=need_w2,
+                    NEED_B1=need_b1,
+                    INTERPRET=INTERPRET,
+                    **act_blocks,
+                    **act_options,
+                    enable_fp_fusion=False,
+                )
             elif need_w2:
                 blocks, options = config("act_fwd", H=H, rows=n)
                 grid = (triton.cdiv(n, blocks["BLOCK_R"]), triton.cdiv(H, blocks["BLOCK_H"]))
-                launch(k._act_fwd_kernel, grid, a, n, H, a.stride(0), ACT=activation,
-                       INTERPRET=INTERPRET, **blocks, **options)  # fmt: skip
+                k._act_fwd_kernel[grid](
+                    a,
+                    n,
+                    H,
+                    a.stride(0),
+                    ACT=activation,
+                    INTERPRET=INTERPRET,
+                    **blocks,
+                    **options,
+                    enable_fp_fusion=False,
+                )
             if dw2 is not None:
                 dw2.add_mm(hbuf[:n].T, gy)
             if db2 is not None:
@@ -261,14 +306,31 @@ def gemm_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
                 gr = grbuf[:n]
                 torch.mm(ghbuf[:n], w1c.T, out=gr)
                 tiles = triton.cdiv(n, ph_blocks["BLOCK_R"])
-                launch(
-                    k._phase_grad_kernel, (min(p_phase, tiles),), xr, wr, gr, f,
-                    dx[r0 : r0 + n] if dx is not None else ws_wr, ws_wr, n, F2, tiles,
-                    xr.stride(0), xr.stride(1), gr.stride(0), f.stride(0), ws_wr.stride(0),
-                    fresh, M=M, NEED_X=need_x, NEED_WR=need_wr,
-                    BLOCK_M=triton.next_power_of_2(M), INTERPRET=INTERPRET,
-                    **ph_blocks, **ph_options,
-                )  # fmt: skip
+                k._phase_grad_kernel[(min(p_phase, tiles),)](
+                    xr,
+                    wr,
+                    gr,
+                    f,
+                    dx[r0 : r0 + n] if dx is not None else ws_wr,
+                    ws_wr,
+                    n,
+                    F2,
+                    tiles,
+                    xr.stride(0),
+                    xr.stride(1),
+                    gr.stride(0),
+                    f.stride(0),
+                    ws_wr.stride(0),
+                    fresh,
+                    M=M,
+                    NEED_X=need_x,
+                    NEED_WR=need_wr,
+                    BLOCK_M=triton.next_power_of_2(M),
+                    INTERPRET=INTERPRET,
+                    **ph_blocks,
+                    **ph_options,
+                    enable_fp_fusion=False,
+                )
 
     if need_w2:
         total = dw2.result()

@@ -148,12 +148,33 @@ LffDims make_dims(const at::Tensor& rows, const at::Tensor& wr, const Mlp& mlp, 
   return d;
 }
 
-// The float32 weights of one call; storage is owned by `store` (zero-padded).
+// Whether w ([rows, cols] or [cols]) already is float32 rows of stride ld with no padding:
+// the kernels then read it in place (a call on a few rows would otherwise spend most of its
+// time copying the weights).
+bool readable_in_place(const at::Tensor& w, int64_t ld) {
+  return w.scalar_type() == at::kFloat && w.size(-1) == ld && w.stride(-1) == 1 &&
+         (w.dim() == 1 || w.stride(0) == ld);
+}
+
+// The float32 weights of one call: the MLP's own storage where readable_in_place, else
+// zero-padded copies owned by `store`.
 LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const Mlp& mlp, bool backward,
                            const LffKernels& kern, at::Tensor& store) {
+  const at::Tensor* src[4] = {&mlp.w1, &mlp.b1, &mlp.w2, &mlp.b2};
+  const int64_t lds[4] = {d.Hp, 0, d.Dp, 0};
+  bool in_place[4] = {};
+  for (int i = 0; i < 4 && d.mlp; ++i) in_place[i] = readable_in_place(*src[i], i % 2 ? src[i]->size(0) : lds[i]);
+  in_place[1] = in_place[1] && d.H == d.Hp;
+  in_place[3] = in_place[3] && d.D == d.Dp;
   const int64_t sizes[] = {
-      2 * d.M * d.ldk, d.F2 * d.ldm, d.F * d.Hp, d.Hp, d.H * d.Dp, d.Dp,
-      backward ? d.H * d.Fp : 0, backward ? d.D * d.Hp : 0,
+      2 * d.M * d.ldk,
+      d.F2 * d.ldm,
+      in_place[0] ? 0 : d.F * d.Hp,
+      in_place[1] ? 0 : d.Hp,
+      in_place[2] ? 0 : d.H * d.Dp,
+      in_place[3] ? 0 : d.Dp,
+      backward ? d.H * d.Fp : 0,
+      backward ? d.D * d.Hp : 0,
   };
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
@@ -166,11 +187,16 @@ LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const Mlp& ml
   }
   copy_f32(wr, ptr[1], d.ldm, false);
   kern.prepare_turns(ptr[1], d.F2, d.M, d.ldm, d.ldk, ptr[0], ptr[0] + d.M * d.ldk);
+  const float* mlp_ptr[4] = {};
   if (d.mlp) {
-    copy_f32(mlp.w1, ptr[2], d.Hp, false);
-    copy_f32(mlp.b1, ptr[3], 0, false);
-    copy_f32(mlp.w2, ptr[4], d.Dp, false);
-    copy_f32(mlp.b2, ptr[5], 0, false);
+    for (int i = 0; i < 4; ++i) {
+      if (in_place[i]) {
+        mlp_ptr[i] = src[i]->data_ptr<float>();
+      } else {
+        copy_f32(*src[i], ptr[2 + i], lds[i], false);
+        mlp_ptr[i] = ptr[2 + i];
+      }
+    }
     if (backward) {
       copy_f32(mlp.w1, ptr[6], d.Fp, true);
       copy_f32(mlp.w2, ptr[7], d.Hp, true);
@@ -180,10 +206,10 @@ LffWeights prepare_weights(const LffDims& d, const at::Tensor& wr, const Mlp& ml
   w.thi = ptr[0];
   w.tlo = ptr[0] + d.M * d.ldk;
   w.wr = ptr[1];
-  w.w1 = ptr[2];
-  w.b1 = ptr[3];
-  w.w2 = ptr[4];
-  w.b2 = ptr[5];
+  w.w1 = mlp_ptr[0];
+  w.b1 = mlp_ptr[1];
+  w.w2 = mlp_ptr[2];
+  w.b2 = mlp_ptr[3];
   w.w1t = ptr[6];
   w.w2t = ptr[7];
   w.inv_sqrt_f = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.F)));

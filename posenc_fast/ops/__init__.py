@@ -4,6 +4,6 @@ Each holds its public API (``api.py``: functions and modules), its ``posenc_fast
 custom ops with autograd (``op.py``), its float64 reference (``reference.py``), its
 pure-PyTorch implementation (``torch_impl.py``) and one small registry pairing every
 implementation with its SUPPORT table (``registry.py``). Shared by them: ``_common.py``
-(custom-op helper and eager fast path, autocast, double backward) and ``_torch_common.py``
+(custom-op helper and eager fast path, autocast, double backward) and ``_torch_math.py``
 (accurate phases, chunking, device constants); the dispatcher is ``posenc_fast._dispatch``.
 """

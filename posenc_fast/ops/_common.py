@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from .._dispatch import Implementation
-from ._torch_common import onnx_exporting
+from ._custom_ops import onnx_exporting
 
 # -- autocast --------------------------------------------------------------------------
 # Kernels run with autocast off: precision is decided by the op's arguments. Custom ops
@@ -126,8 +126,7 @@ def _resolve_annotations(body: Callable) -> None:
     body.__annotations__ = typing.get_type_hints(body)
 
 
-# Every CustomOp made, in order: what the compatibility tests walk.
-CUSTOM_OPS: list[CustomOp] = []
+from ._custom_ops import CUSTOM_OPS  # noqa: E402
 
 
 class CustomOp:

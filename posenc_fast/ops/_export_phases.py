@@ -42,7 +42,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._torch_common import onnx_exporting, phase_turns, reduced_angle
+from ._custom_ops import onnx_exporting
+from ._torch_math import phase_turns, reduced_angle
 
 # 1/(2 pi) = INV_2PI_HI + INV_2PI_LO, each float32: triton_kernels/_phase.py's constants.
 INV_2PI_HI = 0.15915493667125702

@@ -90,12 +90,12 @@ def test_verify_checks_sine_nd_and_catches_a_wrong_add(monkeypatch, capsys):
 
     from posenc_fast.ops.encodings.registry import ENCODING_ND
 
-    orig = ENCODING_ND["torch"].nd_add
+    orig = ENCODING_ND["torch"].forward
 
     def swapped_axes(x, coords, kind, base):  # axis 0 and 1 exchanged
         return orig(x, coords.flip(-1), kind, base)
 
-    monkeypatch.setattr(ENCODING_ND["torch"], "nd_add", swapped_axes)
+    monkeypatch.setattr(ENCODING_ND["torch"], "forward", swapped_axes)
     code = verify.run(Namespace(device="cpu", seed=7, ops="encoding_nd"))
     out = capsys.readouterr().out
     assert code == 1, out

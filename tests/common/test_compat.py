@@ -26,7 +26,7 @@ from torch import Tensor
 import posenc_fast as pf
 from posenc_fast import _extension, _testing
 from posenc_fast._dispatch import Problem
-from posenc_fast.ops import _common
+from posenc_fast.ops import _custom_ops
 
 # What torch 2.5's torch._library.infer_schema accepts (its error message lists them),
 # restricted to the kinds this package uses.
@@ -74,13 +74,13 @@ def _t25_return_ok(ret) -> bool:
 
 
 def test_every_custom_op_is_checked():
-    names = {op.op._name for op in _common.CUSTOM_OPS}
+    names = {op.op._name for op in _custom_ops.CUSTOM_OPS}
     # the taped and cached FLOATER ops, the rotary ops, the n-d add: all of them
-    assert len(names) == len(_common.CUSTOM_OPS) >= 14, sorted(names)
+    assert len(names) == len(_custom_ops.CUSTOM_OPS) >= 14, sorted(names)
     assert {"floater_taped", "floater_cached", "lff_rotary", "encoding_nd_add"} <= names
 
 
-@pytest.mark.parametrize("custom", _common.CUSTOM_OPS, ids=lambda c: c.op._name)
+@pytest.mark.parametrize("custom", _custom_ops.CUSTOM_OPS, ids=lambda c: c.op._name)
 def test_custom_op_signatures_are_accepted_by_torch_2_5(custom):
     """torch 2.5 raises at import on e.g. list[bool] (accepted from 2.7): typing.List. And
     it evaluates string annotations (``from __future__ import annotations``) in its own

@@ -91,7 +91,7 @@ def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
 def test_chunk_budget_follows_the_thread_count(monkeypatch):
     """One thread: cache-sized chunks; more threads or a GPU: few large chunks (one
     parallel region per op and chunk); POSENC_FAST_CHUNK_BYTES overrides both."""
-    from posenc_fast.ops import _torch_common as _common
+    from posenc_fast.ops import _torch_math as _common
 
     monkeypatch.delenv("POSENC_FAST_CHUNK_BYTES", raising=False)
     before = torch.get_num_threads()

@@ -430,9 +430,9 @@ def test_export_before_the_first_eager_call_caches_no_fake_tensor(monkeypatch):
     """dft_inverse's basis is a cached device constant; made first while torch.export
     traced (fake tensors), it was kept, and every later eager call returned a FakeTensor
     (seen with the ONNX exporter). Constants made under a tracer are not kept."""
-    from posenc_fast.ops import _torch_common
+    from posenc_fast.ops import _torch_math
 
-    monkeypatch.setattr(_torch_common, "_DEVICE_CONSTANTS", {})
+    monkeypatch.setattr(_torch_math, "_DEVICE_CONSTANTS", {})
 
     class Inverse(torch.nn.Module):
         def forward(self, e):

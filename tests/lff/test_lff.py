@@ -121,14 +121,14 @@ def _direct_vs_op(backend, device, context):
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32))
 def test_direct_eager_path_equals_the_op(backend, device):
-    """Plain eager calls skip the custom op's dispatch (ops/_common.direct_call_ok) and
+    """Plain eager calls skip the custom op's dispatch (ops/_custom_ops.run) and
     give the op's bits, forward and backward; a function mode (here ``with
     torch.device``) or anything else that must see the op gets the op."""
     import contextlib
 
     plain = contextlib.nullcontext
     (direct_node, y1, g1), (op_node, y2, g2) = _direct_vs_op(backend, device, plain)
-    assert direct_node == "_LffDirectBackward" and "posenc_fast_lff" in op_node
+    assert direct_node == "LffFunctionBackward" and "posenc_fast_lff" in op_node
     assert torch.equal(y1, y2)
     assert all(torch.equal(a, b) for a, b in zip(g1, g2))
     (mode_node, y3, g3), _ = _direct_vs_op(backend, device, lambda: torch.device(device))
@@ -137,7 +137,7 @@ def test_direct_eager_path_equals_the_op(backend, device):
 
 
 def test_direct_eager_path_not_taken_when_compiling_or_for_subclasses():
-    from posenc_fast.ops._common import direct_call_ok
+    from posenc_fast.ops._custom_ops import direct_call_ok
 
     class Sub(torch.Tensor):
         pass

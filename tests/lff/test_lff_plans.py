@@ -363,7 +363,8 @@ def test_fused_kernel_gets_the_tf32_setting(monkeypatch, restore_precision):
     from posenc_fast.triton_kernels import lff_forward
 
     seen = []
-    monkeypatch.setattr(lff_forward, "launch_rows", lambda k, t, n, a, m, b: seen.append(m))
+    for name in ("_lff_fwd_kernel", "_lff_fwd_tuned"):
+        monkeypatch.setattr(lff_forward, name, _Launches(lambda grid, a, m: seen.append(m)))
     monkeypatch.setenv(lff_plan.ENV_PLAN, "fused")
     inputs = _testing.lff_inputs(_testing.LffCase((8,), 1, 2, 8, 16, 8), torch.float32, DEVICE, 1)
     for setting, expected in (("ieee", "ieee"), ("tf32", "tf32")):
@@ -373,6 +374,17 @@ def test_fused_kernel_gets_the_tf32_setting(monkeypatch, restore_precision):
 
 
 # ---------------------------------------------------------------- small inputs
+
+
+class _Launches:
+    """Stands for a Triton kernel: ``kernel[grid](*args, **meta)`` calls
+    ``record(grid, args, meta)`` instead of launching."""
+
+    def __init__(self, record):
+        self.record = record
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: self.record(grid, args, meta)
 
 
 class _NoHostSync(torch.utils._python_dispatch.TorchDispatchMode):
@@ -402,7 +414,8 @@ def test_small_forward_is_one_launch_and_capturable(shape, monkeypatch):
         pytest.skip("checks the host path with the launch recorded (interpreter build)")
     R, M, F2, H, Dg = lff_plan.REFERENCE_SHAPES[shape]
     launches = []
-    monkeypatch.setattr(lff_forward, "launch_rows", lambda *a: launches.append(a[2]))
+    rows = _Launches(lambda grid, a, m: launches.append(a[7]))  # the kernel's R
+    monkeypatch.setattr(lff_forward, "_lff_fwd_kernel", rows)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: pytest.fail("synchronised"))
     # the backend's own decision, whatever the device (the interpreter's CPU tensors
     # decide as an H200 would)
@@ -422,7 +435,8 @@ def test_gemm_path_reads_nothing_on_the_host(gemm_plan, monkeypatch):
     """The gemm plan, forward and backward, with its Triton launches recorded: no host
     reads of tensor data either (capturable as well)."""
     launched = []
-    monkeypatch.setattr(lff_gemm, "launch", lambda kernel, grid, *a, **m: launched.append(kernel))
+    for name in ("_features_kernel", "_act_fwd_kernel", "_act_bwd_kernel", "_phase_grad_kernel"):
+        monkeypatch.setattr(lff_gemm.k, name, _Launches(lambda g, a, m, n=name: launched.append(n)))
     case = _testing.LffCase((600,), 1, 2, 16, 24, 40)
     x, *w = _testing.lff_inputs(case, torch.bfloat16, DEVICE, seed=5)
     g = _testing.randn((600, 40), _testing.generator(6), torch.bfloat16, DEVICE)
@@ -446,8 +460,8 @@ def test_measured_choice_through_the_backend(monkeypatch, tmp_path):
 
     monkeypatch.setattr(_launch, "time_ms", time_ms)
     ran = []
-    real_gemm = lff_plan._FORWARD["gemm"]
-    monkeypatch.setitem(lff_plan._FORWARD, "gemm", lambda *a: ran.append("gemm") or real_gemm(*a))
+    real_gemm = lff_gemm.gemm_fwd
+    monkeypatch.setattr(lff_gemm, "gemm_fwd", lambda *a: ran.append("gemm") or real_gemm(*a))
     case = _testing.LffCase((40,), 1, 2, 16, 8, 12)
     inputs = _testing.lff_inputs(case, torch.float32, DEVICE, seed=9)
     for _ in range(2):

@@ -1,4 +1,4 @@
-"""The torch backend's float32 phases (ops/_torch_common.py): taken only where the bound
+"""The torch backend's float32 phases (ops/_torch_math.py): taken only where the bound
 B = max_k sum_m |wr_km| max_r |x_rm| proves every cos/sin within 1e-6 of float64 math.
 
 Adversarial inputs: every |x| at its column's maximum and every row of wr with
@@ -15,7 +15,7 @@ import torch
 
 import posenc_fast as pf
 from posenc_fast import _testing
-from posenc_fast.ops import _torch_common as _common
+from posenc_fast.ops import _torch_math as _common
 from posenc_fast.ops.lff import reference as lff_ref
 from posenc_fast.ops.lff import torch_impl as torch_lff
 from posenc_fast.tolerances import PHASE_ATOL, assert_close

@@ -17,8 +17,17 @@ from torch import Tensor, nn
 
 from ... import _checks, _dispatch
 from ..._dispatch import Implementation, Problem
-from .op import ENCODING_ADD, ENCODING_ND_ADD, ENCODING_OP
-from .registry import ENCODING, ENCODING_ND
+from .._custom_ops import run
+from . import reference, torch_impl
+from .op import (
+    ENCODING_ADD_OP,
+    ENCODING_ND_ADD_OP,
+    ENCODING_OP,
+    EncodingAddFunction,
+    EncodingFunction,
+    EncodingNdAddFunction,
+)
+from .registry import ENCODING, ENCODING_ADD, ENCODING_ND
 
 __all__ = [
     "DFTPE",
@@ -43,27 +52,27 @@ def _encoding_dtype(positions: Tensor, dtype=None) -> torch.dtype:
 
 
 def _choose(
+    registry: dict,
     kind: str,
     device: torch.device,
     dtype,
     dim: int,
     positions: Tensor,
     backend: str,
-    nd: bool = False,
-    axes: int = 1,
+    axes: int = 0,
 ) -> Implementation:
-    """The implementation for an encoding of ``positions`` (op "encoding"), or for the
-    fused add of the encodings of ``axes`` coordinates per row (op "encoding_nd", dim per
+    """The implementation of ``registry``'s op for an encoding of ``positions``, or with
+    ``axes``, for the fused add of the encodings of ``axes`` coordinates per row (dim per
     axis)."""
     problem = Problem(
-        op="encoding_nd" if nd else "encoding",
-        device=device.type,
-        dtype=dtype,
-        sizes={"dim": dim, "axes": axes} if nd else {"dim": dim},
-        options={"kind": kind},
-        input_dtypes={"coords" if nd else "positions": positions.dtype},
+        "encoding_nd" if axes else "encoding",
+        device.type,
+        dtype,
+        {"dim": dim, "axes": axes} if axes else {"dim": dim},
+        {"kind": kind},
+        {"coords" if axes else "positions": positions.dtype},
     )
-    return _dispatch.choose(ENCODING_ND if nd else ENCODING, problem, backend)
+    return _dispatch.choose(registry, problem, backend)
 
 
 def _check_dim(kind: str, dim) -> int:
@@ -82,8 +91,8 @@ def _encode(kind: str, positions, dim, base: float, block, backend: str, dtype=N
     if block is not None:
         block = _checks.finite_float("block", block)
     out_dtype = _encoding_dtype(positions, dtype)
-    impl = _choose(kind, positions.device, out_dtype, dim, positions, backend)
-    return ENCODING_OP.run(impl, positions, dim, kind, base, block, out_dtype)
+    impl = _choose(ENCODING, kind, positions.device, out_dtype, dim, positions, backend)
+    return run(EncodingFunction, ENCODING_OP, impl, positions, dim, kind, base, block, out_dtype)
 
 
 def sinusoidal(
@@ -158,7 +167,8 @@ def dft_inverse(encoding: Tensor, backend: str = "auto") -> Tensor:
         raise ValueError(
             f"encoding must have shape [..., dim], got {list(encoding.shape)}: dim must be {need}"
         )
-    return _choose("dft", encoding.device, encoding.dtype, dim, encoding, backend).inverse(encoding)
+    impl = _choose(ENCODING, "dft", encoding.device, encoding.dtype, dim, encoding, backend)
+    return (reference if impl.name == "reference" else torch_impl).lattice_inverse(encoding)
 
 
 def _add_encoding(kind: str, x, positions, dim: int, base: float, backend: str) -> Tensor:
@@ -181,8 +191,8 @@ def _add_encoding(kind: str, x, positions, dim: int, base: float, backend: str) 
                 f"positions must broadcast to x.shape[:-1] = {list(x.shape[:-1])}, "
                 f"got {list(positions.shape)}"
             )
-    impl = _choose(kind, x.device, x.dtype, dim, positions, backend)
-    return ENCODING_ADD.run(impl, x, positions, kind, base, None)
+    impl = _choose(ENCODING_ADD, kind, x.device, x.dtype, dim, positions, backend)
+    return run(EncodingAddFunction, ENCODING_ADD_OP, impl, x, positions, kind, base, None)
 
 
 class SinusoidalPE(nn.Module):
@@ -228,8 +238,8 @@ def _add_encoding_nd(x, coords, dim: int, axes: int, base: float, backend: str) 
             f"x.shape[:-1] = {list(x.shape[:-1])}, got {list(coords.shape)}"
         )
     per_axis = dim // axes
-    impl = _choose("sinusoidal", x.device, x.dtype, per_axis, coords, backend, True, axes)
-    return ENCODING_ND_ADD.run(impl, x, coords, "sinusoidal", base)
+    impl = _choose(ENCODING_ND, "sinusoidal", x.device, x.dtype, per_axis, coords, backend, axes)
+    return run(EncodingNdAddFunction, ENCODING_ND_ADD_OP, impl, x, coords, "sinusoidal", base)
 
 
 class SinusoidalNdPE(nn.Module):

@@ -1,4 +1,5 @@
-"""torch.library custom ops for the fixed encodings (kind = "sinusoidal" | "dft").
+"""The fixed encodings' ops (kind = "sinusoidal" | "dft"): autograd.Functions that are also
+the bodies of the custom ops
 
 posenc_fast::encoding(positions, dim, kind, base, block?, out_dtype, backend) -> [*P, dim]
 posenc_fast::encoding_add(x, positions, kind, base, block?, backend) -> x + pe
@@ -9,7 +10,7 @@ posenc_fast::encoding_nd_add(x, coords, kind, base, backend) -> x + pe_nd
 posenc_fast::encoding_backward(grad, positions, dim, kind, base, backend) -> d positions
     grad already summed over the broadcast dimensions: [*positions.shape, dim]
 
-``backend`` names the implementation, looked up in the registry (registry.py) by the body.
+``backend`` names the implementation in the registry.
 """
 
 from __future__ import annotations
@@ -19,12 +20,36 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .._common import CustomOp, autocast_disabled
+from .._custom_ops import autocast_disabled, custom_op, direct_call_ok
 from . import torch_impl
-from .registry import ENCODING, ENCODING_ND
+from .registry import ENCODING, ENCODING_ADD, ENCODING_ND
 
 
-def _encoding(
+def encoding_backward(
+    grad: Tensor, positions: Tensor, dim: int, kind: str, base: float, backend: str
+) -> Tensor:
+    """d(sum grad * encoding(positions)) / d positions, an op of its own."""
+    with autocast_disabled(positions.device.type):
+        return ENCODING[backend].backward(grad, positions, dim, kind, base)
+
+
+def _backward_fake(grad, positions, dim, kind, base, backend):
+    return torch.empty_like(positions)
+
+
+ENCODING_BACKWARD_OP = custom_op("encoding_backward", encoding_backward, _backward_fake)
+
+
+def _positions_grad(ctx, grad_pe: Tensor, positions: Tensor) -> Tensor:
+    if torch.is_grad_enabled():  # a double backward: differentiate the recomputation
+        return torch_impl.encoding_backward(grad_pe, positions, ctx.dim, ctx.kind, ctx.base)
+    args = (grad_pe, positions, ctx.dim, ctx.kind, ctx.base, ctx.backend)
+    if direct_call_ok(grad_pe, positions):
+        return encoding_backward(*args)
+    return ENCODING_BACKWARD_OP(*args)
+
+
+def encoding(
     positions: Tensor,
     dim: int,
     kind: str,
@@ -37,66 +62,50 @@ def _encoding(
         return ENCODING[backend].forward(positions, dim, kind, base, block, out_dtype)
 
 
-def _encoding_fake(positions, dim, kind, base, block, out_dtype, backend):
-    return positions.new_empty((*positions.shape, dim), dtype=out_dtype)
-
-
-def _add(
-    x: Tensor,
-    positions: Tensor,
-    kind: str,
-    base: float,
-    block: Optional[float],
-    backend: str,
-) -> Tensor:
-    with autocast_disabled(x.device.type):
-        return ENCODING[backend].add(x, positions, kind, base, block)
-
-
-def _add_fake(x, positions, kind, base, block, backend):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _nd_add(x: Tensor, coords: Tensor, kind: str, base: float, backend: str) -> Tensor:
-    with autocast_disabled(x.device.type):
-        return ENCODING_ND[backend].nd_add(x, coords, kind, base)
-
-
-def _nd_add_fake(x, coords, kind, base, backend):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _backward_body(
-    grad: Tensor, positions: Tensor, dim: int, kind: str, base: float, backend: str
-) -> Tensor:
-    with autocast_disabled(positions.device.type):
-        return ENCODING[backend].backward(grad, positions, dim, kind, base)
-
-
-def _backward_fake(grad, positions, dim, kind, base, backend):
-    return torch.empty_like(positions)
-
-
-ENCODING_BACKWARD = CustomOp("posenc_fast::encoding_backward", _backward_body, _backward_fake)
-
-
-def _positions_grad(ctx, grad_pe: Tensor, positions: Tensor) -> Tensor:
-    if torch.is_grad_enabled():
-        # Double backward: differentiate the torch recomputation instead.
-        return torch_impl.encoding_backward(grad_pe, positions, ctx.dim, ctx.kind, ctx.base)
-    return ENCODING_BACKWARD(grad_pe, positions, ctx.dim, ctx.kind, ctx.base, ctx.backend)
-
-
 def _setup_encoding(ctx, inputs, output):
     positions, dim, kind, base, _block, _out_dtype, backend = inputs
     ctx.save_for_backward(positions)
     ctx.dim, ctx.kind, ctx.base, ctx.backend = dim, kind, base, backend
 
 
-def _backward_encoding(ctx, grad):
-    (positions,) = ctx.saved_tensors
-    gpos = _positions_grad(ctx, grad, positions) if ctx.needs_input_grad[0] else None
-    return gpos, None, None, None, None, None, None
+class EncodingFunction(torch.autograd.Function):
+    """positions [...] -> the encoding [..., dim]."""
+
+    @staticmethod
+    def forward(ctx, positions, dim, kind, base, block, out_dtype, backend):
+        _setup_encoding(ctx, (positions, dim, kind, base, block, out_dtype, backend), None)
+        with autocast_disabled(positions.device.type):
+            return ENCODING[backend].forward(positions, dim, kind, base, block, out_dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positions,) = ctx.saved_tensors
+        gpos = _positions_grad(ctx, grad, positions) if ctx.needs_input_grad[0] else None
+        return gpos, None, None, None, None, None, None
+
+    @staticmethod
+    def onnx(positions, dim, kind, base, block, out_dtype):
+        return torch_impl.encoding_graph(positions, dim, kind, base, block, out_dtype)
+
+
+def _encoding_fake(positions, dim, kind, base, block, out_dtype, backend):
+    return positions.new_empty((*positions.shape, dim), dtype=out_dtype)
+
+
+ENCODING_OP = custom_op(
+    "encoding",
+    encoding,
+    _encoding_fake,
+    backward=EncodingFunction.backward,
+    setup_context=_setup_encoding,
+)
+
+
+def encoding_add(
+    x: Tensor, positions: Tensor, kind: str, base: float, block: Optional[float], backend: str
+) -> Tensor:
+    with autocast_disabled(x.device.type):
+        return ENCODING_ADD[backend].forward(x, positions, kind, base, block)
 
 
 def _setup_add(ctx, inputs, output):
@@ -105,64 +114,85 @@ def _setup_add(ctx, inputs, output):
     ctx.dim, ctx.kind, ctx.base, ctx.backend = x.shape[-1], kind, base, backend
 
 
-def _backward_add(ctx, grad):
-    (positions,) = ctx.saved_tensors
-    gx = grad if ctx.needs_input_grad[0] else None
-    gpos = None
-    if ctx.needs_input_grad[1]:
-        reduced = grad.sum_to_size(*positions.shape, ctx.dim)
-        gpos = _positions_grad(ctx, reduced, positions)
-    return gx, gpos, None, None, None, None
+class EncodingAddFunction(torch.autograd.Function):
+    """x + encoding(positions), in one pass."""
+
+    @staticmethod
+    def forward(ctx, x, positions, kind, base, block, backend):
+        _setup_add(ctx, (x, positions, kind, base, block, backend), None)
+        with autocast_disabled(x.device.type):
+            return ENCODING_ADD[backend].forward(x, positions, kind, base, block)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positions,) = ctx.saved_tensors
+        gx = grad if ctx.needs_input_grad[0] else None
+        gpos = None
+        if ctx.needs_input_grad[1]:
+            reduced = grad.sum_to_size(*positions.shape, ctx.dim)
+            gpos = _positions_grad(ctx, reduced, positions)
+        return gx, gpos, None, None, None, None
+
+    @staticmethod
+    def onnx(x, positions, kind, base, block):
+        return torch_impl.encoding_add_graph(x, positions, kind, base, block)
+
+
+def _same_as_x(x, *args):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+ENCODING_ADD_OP = custom_op(
+    "encoding_add",
+    encoding_add,
+    _same_as_x,
+    backward=EncodingAddFunction.backward,
+    setup_context=_setup_add,
+)
+
+
+def encoding_nd_add(x: Tensor, coords: Tensor, kind: str, base: float, backend: str) -> Tensor:
+    with autocast_disabled(x.device.type):
+        return ENCODING_ND[backend].forward(x, coords, kind, base)
 
 
 def _setup_nd_add(ctx, inputs, output):
     x, coords, kind, base, backend = inputs
     ctx.save_for_backward(coords)
-    ctx.dim, ctx.kind, ctx.base, ctx.backend = x.shape[-1] // coords.shape[-1], kind, base, backend
+    ctx.dim, ctx.kind, ctx.base = x.shape[-1] // coords.shape[-1], kind, base
+    ctx.backend = backend
 
 
-def _backward_nd_add(ctx, grad):
-    (coords,) = ctx.saved_tensors
-    gx = grad if ctx.needs_input_grad[0] else None
-    gcoords = None
-    if ctx.needs_input_grad[1]:
-        # Axis m's columns carry the 1-D encoding of coords[..., m]: its gradient is the
-        # 1-D one of grad viewed as [..., M, dim per axis].
-        per_axis = grad.unflatten(-1, (coords.shape[-1], ctx.dim))
-        gcoords = _positions_grad(ctx, per_axis.sum_to_size(*coords.shape, ctx.dim), coords)
-    return gx, gcoords, None, None, None
+class EncodingNdAddFunction(torch.autograd.Function):
+    """x + the encodings of each coordinate on its block of columns, in one pass."""
+
+    @staticmethod
+    def forward(ctx, x, coords, kind, base, backend):
+        _setup_nd_add(ctx, (x, coords, kind, base, backend), None)
+        with autocast_disabled(x.device.type):
+            return ENCODING_ND[backend].forward(x, coords, kind, base)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (coords,) = ctx.saved_tensors
+        gx = grad if ctx.needs_input_grad[0] else None
+        gcoords = None
+        if ctx.needs_input_grad[1]:
+            # Axis m's columns carry the 1-D encoding of coords[..., m]: its gradient is the
+            # 1-D one of grad viewed as [..., M, dim per axis].
+            per_axis = grad.unflatten(-1, (coords.shape[-1], ctx.dim))
+            gcoords = _positions_grad(ctx, per_axis.sum_to_size(*coords.shape, ctx.dim), coords)
+        return gx, gcoords, None, None, None
+
+    @staticmethod
+    def onnx(x, coords, kind, base):
+        return torch_impl.encoding_nd_add_graph(x, coords, kind, base)
 
 
-ENCODING_OP = CustomOp(
-    "posenc_fast::encoding",
-    _encoding,
-    _encoding_fake,
-    backward=_backward_encoding,
-    setup_context=_setup_encoding,
-    op_function="forward",
-    onnx=lambda positions, dim, kind, base, block, out_dtype, backend: torch_impl.encoding_graph(
-        positions, dim, kind, base, block, out_dtype
-    ),
-)
-ENCODING_ADD = CustomOp(
-    "posenc_fast::encoding_add",
-    _add,
-    _add_fake,
-    backward=_backward_add,
-    setup_context=_setup_add,
-    op_function="add",
-    onnx=lambda x, positions, kind, base, block, backend: torch_impl.encoding_add_graph(
-        x, positions, kind, base, block
-    ),
-)
-ENCODING_ND_ADD = CustomOp(
-    "posenc_fast::encoding_nd_add",
-    _nd_add,
-    _nd_add_fake,
-    backward=_backward_nd_add,
+ENCODING_ND_ADD_OP = custom_op(
+    "encoding_nd_add",
+    encoding_nd_add,
+    _same_as_x,
+    backward=EncodingNdAddFunction.backward,
     setup_context=_setup_nd_add,
-    op_function="nd_add",
-    onnx=lambda x, coords, kind, base, backend: torch_impl.encoding_nd_add_graph(
-        x, coords, kind, base
-    ),
 )

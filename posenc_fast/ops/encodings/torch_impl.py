@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .. import _export_phases
-from .._torch_common import (
+from .._torch_math import (
     TWO_PI,
     device_constant,
     feature_dtype,
@@ -122,7 +122,7 @@ def encoding_forward(positions, dim: int, kind: str, base: float, block, out_dty
 def _host_turns(kind: str, dim: int, base: float) -> list[float]:
     """_make_turns' values as Python floats, computed without torch: an exporter's trace
     would record torch's ops on them, in float64, and round their Python-float operands
-    (1 / 2pi) to float32 (_torch_common.exact_scalar)."""
+    (1 / 2pi) to float32 (_torch_math.exact_scalar)."""
     if kind == "sinusoidal":
         return [base ** (-2.0 * i / dim) / TWO_PI for i in range(dim // 2)]
     return [k / dim for k in range(1, dim // 2)]

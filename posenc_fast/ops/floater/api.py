@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ... import _checks, _dispatch
-from .._torch_common import onnx_export_running, onnx_exporting
+from .._custom_ops import onnx_export_running, onnx_exporting
 from . import cache as _floater_cache
 from . import frozen as _frozen
 from . import reference as _reference

@@ -20,7 +20,8 @@ implementation runs a call: decided here only."""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
@@ -41,9 +42,15 @@ def _scalars(options: FloaterOptions) -> tuple:
     return int(options.substeps), str(options.method), str(options.activation)
 
 
-def _extension(backend: str, taped: bool = False) -> dict:
-    """forward / backward of the extension's integrator, run by ``backend``'s parts (and
-    the taped forward)."""
+@dataclass
+class FloaterImplementation(Implementation):
+    """A FLOATER implementation; ``forward_taped`` where it has a taped forward."""
+
+    forward_taped: Optional[Callable] = None
+
+
+def _extension(backend: str) -> FloaterImplementation:
+    """The extension's integrator, run by ``backend``'s parts ("cpp" or "cuda")."""
 
     def forward(p0, w1, b1, w2, b2, times, options: FloaterOptions):
         return extension_ops(backend).floater_integrate(
@@ -67,38 +74,25 @@ def _extension(backend: str, taped: bool = False) -> dict:
             p0, w1, b1, w2, b2, times, *_scalars(options), intervals
         )
 
-    functions = {"forward": forward, "backward": backward}
-    if taped:
-        functions["forward_taped"] = forward_taped
-    return functions
+    support = OpSupport(devices=("cpu",), dtypes=_STATE_DTYPES, options=_OPTIONS)
+    if backend == "cuda":
+        support = OpSupport(
+            devices=("cuda",),
+            dtypes=_STATE_DTYPES,
+            max_sizes={"dim": CUDA_MAX_DIM, "hidden_dim": CUDA_MAX_DIM},
+            options=_OPTIONS,
+        )
+    return FloaterImplementation(backend, support, forward, backward, forward_taped)
 
 
 _OPTIONS = {"method": METHODS, "activation": ACTIVATIONS}
 
 FLOATER = register(
     "floater",
-    Implementation("reference", _ANY_DEVICE, differentiable=True, forward=reference.forward),
-    Implementation(
-        "torch",
-        _ANY_DEVICE,
-        forward=graphed.forward,
-        backward=graphed.backward,
-    ),
-    Implementation(
-        "cpp",
-        OpSupport(devices=("cpu",), dtypes=_STATE_DTYPES, options=_OPTIONS),
-        **_extension("cpp", taped=True),
-    ),
-    Implementation(
-        "cuda",
-        OpSupport(
-            devices=("cuda",),
-            dtypes=_STATE_DTYPES,
-            max_sizes={"dim": CUDA_MAX_DIM, "hidden_dim": CUDA_MAX_DIM},
-            options=_OPTIONS,
-        ),
-        **_extension("cuda", taped=True),
-    ),
+    FloaterImplementation("reference", _ANY_DEVICE, reference.forward),
+    FloaterImplementation("torch", _ANY_DEVICE, graphed.forward, graphed.backward),
+    _extension("cpp"),
+    _extension("cuda"),
 )
 
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._torch_common import chunk_bytes, device_constant
+from .._torch_math import chunk_bytes, device_constant
 from .reference import FloaterOptions
 
 _INV_SQRT_2 = 0.7071067811865476

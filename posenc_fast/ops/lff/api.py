@@ -17,59 +17,97 @@ from torch import Tensor, nn
 
 from ... import _checks, _dispatch
 from ..._dispatch import Problem
-from .._common import autocast_dtype
+from ..._modules import module_tensors
+from .._custom_ops import autocast_dtype, run
 from . import checkpoint
 from . import reference as _reference
 from .activations import ACTIVATIONS
-from .op import LFF_OP
+from .op import LFF_OP, LffFunction
 from .registry import LFF
 
 
-def _output_dtype(x: Tensor, wr: Tensor) -> torch.dtype:
-    """The weights' dtype, or the autocast dtype under autocast (float32 weights only)."""
-    amp = autocast_dtype(x.device.type)
-    if amp is not None and wr.dtype == torch.float32:
-        return amp
-    return wr.dtype
-
-
 def _check_lff_args(x, wr, w1, b1, w2, b2, activation) -> tuple[Tensor, bool]:
+    """The checked arguments' positions (integers converted to float) and whether the MLP
+    is given. The common case costs a few attribute reads (a call on one position is
+    dominated by its checks otherwise); a failing test runs the detailed check that names
+    the argument."""
     _checks.real_positions("x", x)
     _checks.float_tensor("wr", wr)
-    if x.dim() < 2:
+    xs, ws = x.shape, wr.shape
+    if len(xs) < 2:
         raise ValueError(
             f"x must have shape [..., G, M] (at least 2 dimensions), got {list(x.shape)}"
         )
-    M = x.shape[-1]
+    M = xs[-1]
     # M = 0 or F = 0 would make every feature constant (and the torch backend divides by
     # sqrt(F)): like the module (pos_dim, fourier_dim > 0), refuse them here.
     if M == 0:
         raise ValueError(
             f"x must have shape [..., G, M] with M >= 1 coordinates, got {list(x.shape)}"
         )
-    _checks.frequencies("wr", wr, M)
-    mlp_args = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
-    given = [name for name, t in mlp_args.items() if t is not None]
-    if given and len(given) != 4:
-        missing = [n for n in mlp_args if n not in given]
-        raise ValueError(f"w1, b1, w2 and b2 must be given together (missing {', '.join(missing)})")
-    mlp = bool(given)
-    if mlp:
-        for name, t in mlp_args.items():
-            _checks.float_tensor(name, t)
-        F = 2 * wr.shape[0]
-        _checks.shape("w1", w1, (F, None), "[F, H] with F = 2 * wr.shape[0]")
-        H = w1.shape[1]
-        _checks.shape("b1", b1, (H,), "[H] with H = w1.shape[1]")
-        _checks.shape("w2", w2, (H, None), "[H, D/G] with H = w1.shape[1]")
-        _checks.shape("b2", b2, (w2.shape[1],), "[D/G] with D/G = w2.shape[1]")
-    _checks.same_device("wr", wr, x=x, w1=w1, b1=b1, w2=w2, b2=b2)
-    _checks.same_dtype("wr", wr, w1=w1, b1=b1, w2=w2, b2=b2)
-    _checks.choice("activation", activation, ACTIVATIONS)
+    if len(ws) != 2 or ws[1] != M or ws[0] == 0:
+        _checks.frequencies("wr", wr, M)
+    device, dtype = wr.device, wr.dtype
+    mlp = not (w1 is None and b1 is None and w2 is None and b2 is None)
+    if mlp and not _mlp_ok(2 * ws[0], dtype, device, w1, b1, w2, b2):
+        _check_mlp(wr, w1, b1, w2, b2)
+        _checks.same_device("wr", wr, w1=w1, b1=b1, w2=w2, b2=b2)
+        _checks.same_dtype("wr", wr, w1=w1, b1=b1, w2=w2, b2=b2)
+    if x.device != device:
+        _checks.same_device("wr", wr, x=x)
+    if activation not in ACTIVATIONS:
+        _checks.choice("activation", activation, ACTIVATIONS)
     if not x.is_floating_point():
         # Integer positions: exact in float32 up to 2^24 (float64 for float64 weights).
-        x = x.to(torch.float64 if wr.dtype == torch.float64 else torch.float32)
+        x = x.to(torch.float64 if dtype == torch.float64 else torch.float32)
     return x, mlp
+
+
+def _mlp_ok(F: int, dtype, device, w1, b1, w2, b2) -> bool:
+    """Whether the MLP's weights are w1 [F, H], b1 [H], w2 [H, D/G], b2 [D/G], all of
+    ``dtype`` on ``device``."""
+    if not (
+        isinstance(w1, Tensor)
+        and isinstance(b1, Tensor)
+        and isinstance(w2, Tensor)
+        and isinstance(b2, Tensor)
+    ):
+        return False
+    s1, sb1, s2, sb2 = w1.shape, b1.shape, w2.shape, b2.shape
+    return (
+        len(s1) == 2
+        and len(sb1) == 1
+        and len(s2) == 2
+        and len(sb2) == 1
+        and s1[0] == F
+        and sb1[0] == s1[1] == s2[0]
+        and sb2[0] == s2[1]
+        and w1.dtype == dtype
+        and b1.dtype == dtype
+        and w2.dtype == dtype
+        and b2.dtype == dtype
+        and w1.device == device
+        and b1.device == device
+        and w2.device == device
+        and b2.device == device
+    )
+
+
+def _check_mlp(wr, w1, b1, w2, b2) -> None:
+    """The detailed check of the MLP's weights, naming what is wrong."""
+    mlp_args = {"w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    given = [name for name, t in mlp_args.items() if t is not None]
+    if len(given) != 4:
+        missing = [n for n in mlp_args if n not in given]
+        raise ValueError(f"w1, b1, w2 and b2 must be given together (missing {', '.join(missing)})")
+    for name, t in mlp_args.items():
+        _checks.float_tensor(name, t)
+    F = 2 * wr.shape[0]
+    _checks.shape("w1", w1, (F, None), "[F, H] with F = 2 * wr.shape[0]")
+    H = w1.shape[1]
+    _checks.shape("b1", b1, (H,), "[H] with H = w1.shape[1]")
+    _checks.shape("w2", w2, (H, None), "[H, D/G] with H = w1.shape[1]")
+    _checks.shape("b2", b2, (w2.shape[1],), "[D/G] with D/G = w2.shape[1]")
 
 
 def lff(
@@ -99,23 +137,21 @@ def lff(
         always computed in float32 or better and reduced accurately (docs/precision.md).
     """
     x, mlp = _check_lff_args(x, wr, w1, b1, w2, b2, activation)
-    out_dtype = _output_dtype(x, wr)
-    problem = Problem(
-        op="lff",
-        device=x.device.type,
-        dtype=out_dtype,
-        sizes={
-            "pos_dim": x.shape[-1],
-            "fourier_dim": 2 * wr.shape[0],
-            "hidden_dim": w1.shape[1] if mlp else 0,
-            "group_out_dim": w2.shape[1] if mlp else 0,
-        },
-        options={"activation": activation},
-        input_dtypes={"x": x.dtype},
-    )
+    amp = autocast_dtype(x.device.type)
+    out_dtype = amp if amp is not None and wr.dtype == torch.float32 else wr.dtype
+    sizes = {
+        "pos_dim": x.shape[-1],
+        "fourier_dim": 2 * wr.shape[0],
+        "hidden_dim": w1.shape[1] if mlp else 0,
+        "group_out_dim": w2.shape[1] if mlp else 0,
+    }
+    problem = Problem("lff", x.device.type, out_dtype, sizes, {"activation": activation},
+                      {"x": x.dtype})  # fmt: skip
     impl = _dispatch.choose(LFF, problem, backend)
-    return LFF_OP.run(impl, x, wr, w1, b1, w2, b2, activation, out_dtype)
+    return run(LffFunction, LFF_OP, impl, x, wr, w1, b1, w2, b2, activation, out_dtype)
 
+
+_WEIGHTS = ("wr", "w1", "b1", "w2", "b2")
 
 # The scale of the initial output across positions: that of a learned position table at
 # initialisation (timm's ViT pos_embed: trunc_normal, std 0.02), so that LFF can replace
@@ -329,9 +365,8 @@ class LearnableFourierFeatures(nn.Module):
             return lff(x, self.wr, backend=self.backend)
         dropout_active = self.training and self.dropout > 0
         if not (self.layer_norm or dropout_active):
-            return lff(
-                x, self.wr, self.w1, self.b1, self.w2, self.b2, self.activation, self.backend
-            )
+            wr, w1, b1, w2, b2 = module_tensors(self, _WEIGHTS)
+            return lff(x, wr, w1, b1, w2, b2, self.activation, self.backend)
         return self._forward_unfused(x, dropout_active)
 
     def _forward_unfused(self, x: Tensor, dropout_active: bool) -> Tensor:

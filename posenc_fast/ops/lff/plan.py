@@ -42,8 +42,6 @@ from typing import Callable, Optional
 
 import torch
 
-from ..._dispatch import lazy
-
 PLANS = ("fused", "gemm")
 ENV_PLAN = "POSENC_FAST_LFF_PLAN"
 ENV_MEASURE = "POSENC_FAST_LFF_PLAN_MEASURE"
@@ -485,22 +483,9 @@ def _measured_or_model(w, gpu, candidates, estimates, measure) -> Decision:
 # ---------------------------------------------------------------- the backend's entry points
 
 
-_KERNELS: list = []
-
-
-def _kernels():
-    """(_launch, lff_forward): the modules the plan choice asks, imported on the first call
-    (triton is optional and slow to import) and kept: the per-call path pays no import
-    machinery. The plans' launchers load through _FORWARD / _BACKWARD."""
-    if not _KERNELS:
-        from ...triton_kernels import _launch, lff_forward
-
-        _KERNELS.append((_launch, lff_forward))
-    return _KERNELS[0]
-
-
 def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None) -> Work:
-    launch, lff_forward = _kernels()
+    from ...triton_kernels import _launch, lff_forward
+
     M = x.shape[-1]
     return Work(
         mode,
@@ -509,61 +494,51 @@ def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None
         wr.shape[0],
         w1.shape[1] if w1 is not None else 0,
         w2.shape[1] if w2 is not None else 0,
-        launch.matmul_kind(compute),
+        _launch.matmul_kind(compute),
         compute.itemsize,
         w1 is not None and lff_forward.split_features(activation, compute),
         tuple(bool(n) for n in needs) if needs is not None else (True,) * 6,
     )
 
 
-def _timer(device: torch.device, runners: dict, args: tuple):
-    """measure(plans) for ``device``: each plan run once to compile / autotune, then
-    timed (median of 3 runs); None when measuring is off or a CUDA graph is being
-    captured."""
-    launch = _kernels()[0]
-    if not _flag(ENV_MEASURE) or launch.capturing(device):
-        return None
+def _decide(w: Work, device: torch.device, runners: dict, args: tuple) -> str:
+    """The plan for ``w``; where measuring is on (and no CUDA graph is being captured) each
+    candidate in ``runners`` is timed on a bucket's first call (median of 3 runs)."""
+    from ...triton_kernels import _launch
 
-    def measure(plans: list) -> dict:
-        return {p: launch.time_ms(lambda f=runners[p]: f(*args), device) for p in plans}
+    measure = None
+    if _flag(ENV_MEASURE) and not _launch.capturing(device):
 
-    return measure
+        def measure(plans: list) -> dict:
+            return {p: _launch.time_ms(lambda f=runners[p]: f(*args), device) for p in plans}
 
-
-# Each plan's launcher through the dispatcher's lazy loader: where
-# POSENC_FAST_TRITON_RECORD is set, every call is written down under the launcher's name,
-# so that the Triton kernels of the plan that ran are compiled ahead for the GPU run
-# (triton_kernels/ahead.py replays the recorded calls).
-_FORWARD = {
-    "fused": lazy("triton_kernels.lff_forward", "lff_fwd"),
-    "gemm": lazy("triton_kernels.lff_gemm", "gemm_fwd"),
-}
-_BACKWARD = {
-    "fused": lazy("triton_kernels.lff_backward", "lff_bwd"),
-    "gemm": lazy("triton_kernels.lff_gemm", "gemm_bwd"),
-}
+    return decide(w, _launch.device_name(device), measure).plan
 
 
 def forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype):
-    """The triton backend's forward: the chosen plan's."""
-    launch = _kernels()[0]
+    """The triton backend's forward: the chosen plan's (imports triton on first use)."""
+    from ...triton_kernels import lff_forward, lff_gemm
+
     args = (x, wr, w1, b1, w2, b2, activation, out_dtype)
-    runners = _FORWARD
     w = _work("fwd", x, wr, w1, w2, out_dtype, activation)
-    measure = _timer(x.device, runners, args)
-    return runners[decide(w, launch.device_name(x.device), measure).plan](*args)
+    runners = {"fused": lff_forward.lff_fwd, "gemm": lff_gemm.gemm_fwd}
+    if _decide(w, x.device, runners, args) == "gemm":
+        return lff_gemm.gemm_fwd(*args)
+    return lff_forward.lff_fwd(*args)
 
 
 def backward(grad, x, wr, w1, b1, w2, b2, activation: str, needs):
     """The triton backend's backward: the chosen plan's."""
-    launch = _kernels()[0]
+    from ...triton_kernels import lff_backward, lff_gemm
+
     args = (grad, x, wr, w1, b1, w2, b2, activation, needs)
-    runners = _BACKWARD
     # Decided for all six gradients whatever ``needs`` asks: a gradient computed alone is
     # then bitwise the one computed with the others (the same plan, the same order).
     w = _work("bwd", x, wr, w1, w2, grad.dtype, activation)
-    measure = _timer(x.device, runners, args)
-    return runners[decide(w, launch.device_name(x.device), measure).plan](*args)
+    runners = {"fused": lff_backward.lff_bwd, "gemm": lff_gemm.gemm_bwd}
+    if _decide(w, x.device, runners, args) == "gemm":
+        return lff_gemm.gemm_bwd(*args)
+    return lff_backward.lff_bwd(*args)
 
 
 # ---------------------------------------------------------------- reporting

@@ -44,7 +44,7 @@ def _cpp_backward(
 
 LFF = register(
     "lff",
-    Implementation("reference", ANYWHERE, differentiable=True, forward=reference.lff),
+    Implementation("reference", ANYWHERE, reference.lff),
     Implementation(
         "torch", ANYWHERE, forward=torch_impl.lff_forward, backward=torch_impl.lff_backward
     ),

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from .._export_phases import cos_sin_graph
-from .._torch_common import (
+from .._torch_math import (
     TWO_PI,
     feature_dtype,
     float32_phases_suffice,

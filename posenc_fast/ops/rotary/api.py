@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 from ... import _checks, _dispatch
 from ..._dispatch import Problem
-from .._common import autocast_dtype
+from .._custom_ops import autocast_dtype, run
 from . import reference as _reference
-from .op import APPLY_LFF_ROTARY, LFF_ROTARY
+from .op import APPLY_OP, TABLE_OP, ApplyFunction, TableFunction
 from .registry import APPLY, TABLE
 
 LAYOUTS = _reference.LAYOUTS
@@ -81,7 +81,7 @@ def lff_rotary(x: Tensor, wr: Tensor, backend: str = "auto") -> Tensor:
         input_dtypes={"x": x.dtype, "wr": wr.dtype},
     )
     impl = _dispatch.choose(TABLE, problem, backend)
-    return LFF_ROTARY.run(impl, x, wr, out_dtype).unsqueeze(-3)
+    return run(TableFunction, TABLE_OP, impl, x, wr, out_dtype).unsqueeze(-3)
 
 
 def _check_apply_args(q, k, x, wr, layout) -> tuple[Tensor, int]:
@@ -156,7 +156,7 @@ def apply_lff_rotary(
         input_dtypes={"x": x.dtype, "wr": wr.dtype},
     )
     impl = _dispatch.choose(APPLY, problem, backend)
-    return APPLY_LFF_ROTARY.run(impl, q, k, x, wr, layout)
+    return run(ApplyFunction, APPLY_OP, impl, q, k, x, wr, layout)
 
 
 class LearnableFourierRotary(nn.Module):

@@ -13,8 +13,15 @@
 
 from __future__ import annotations
 
-from ... import _dispatch
-from ..._dispatch import ANYWHERE, HALF_AND_SINGLE, Implementation, OpSupport, register
+from ..._dispatch import (
+    ANYWHERE,
+    HALF_AND_SINGLE,
+    Implementation,
+    OpSupport,
+    extension_ops,
+    register,
+    triton_devices,
+)
 from . import reference, torch_impl
 
 
@@ -35,58 +42,70 @@ def _reference_table(x, wr, out_dtype):
     return reference.rotary_table(x, wr, out_dtype).squeeze(-3)
 
 
+def _cpp_table(x, wr, out_dtype):
+    return extension_ops("cpp").lff_rotary_kernel(x, wr, out_dtype)
+
+
 def _cpp_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
-    dx, dwr = _dispatch.extension_ops("cpp").lff_rotary_kernel_backward(
+    dx, dwr = extension_ops("cpp").lff_rotary_kernel_backward(
         grad, x, wr, bool(need_x), bool(need_wr)
     )
     return (dx if need_x else None), (dwr if need_wr else None)
 
 
 def _cpp_apply(q, k, x, wr, layout: str):
-    oq, ok = _dispatch.extension_ops("cpp").apply_lff_rotary_kernel(q, k, x, wr, str(layout))
-    return oq, ok
+    return extension_ops("cpp").apply_lff_rotary_kernel(q, k, x, wr, str(layout))
 
 
 def _cpp_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
     needs = [bool(n) for n in needs]
-    grads = _dispatch.extension_ops("cpp").apply_lff_rotary_kernel_backward(
+    grads = extension_ops("cpp").apply_lff_rotary_kernel_backward(
         gq, gk, q, k, x, wr, str(layout), needs
     )
     return [g if n else None for g, n in zip(grads, needs)]
 
 
-def _cpp_table(x, wr, out_dtype):
-    return _dispatch.extension_ops("cpp").lff_rotary_kernel(x, wr, out_dtype)
+# The Triton launchers, imported on first use (triton is optional and slow to import).
 
 
-_TRITON = _compiled(_dispatch.triton_devices(), {"pos_dim": 16})  # M unrolled in the kernels
+def _triton_table(x, wr, out_dtype):
+    from ...triton_kernels import rotary
+
+    return rotary.rotary_table_fwd(x, wr, out_dtype)
+
+
+def _triton_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
+    from ...triton_kernels import rotary
+
+    return rotary.rotary_table_bwd(grad, x, wr, need_x, need_wr)
+
+
+def _triton_apply(q, k, x, wr, layout: str):
+    from ...triton_kernels import rotary
+
+    return rotary.rotary_apply_fwd(q, k, x, wr, layout)
+
+
+def _triton_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
+    from ...triton_kernels import rotary
+
+    return rotary.rotary_apply_bwd(gq, gk, q, k, x, wr, layout, needs)
+
+
+_TRITON = _compiled(triton_devices(), {"pos_dim": 16})  # M unrolled in the kernels
 _CPP = _compiled(("cpu",), {})
 
-
-def _rotary(op: str, reference_forward, torch_functions, triton_kernels, cpp_functions):
-    """The registry of one of the two ops: each backend's forward and backward."""
-    names = ("forward", "backward")
-    triton = [_dispatch.lazy("triton_kernels.rotary", k) for k in triton_kernels]
-    return register(
-        op,
-        Implementation("reference", ANYWHERE, differentiable=True, forward=reference_forward),
-        Implementation("torch", ANYWHERE, **dict(zip(names, torch_functions))),
-        Implementation("triton", _TRITON, **dict(zip(names, triton))),
-        Implementation("cpp", _CPP, **dict(zip(names, cpp_functions))),
-    )
-
-
-TABLE = _rotary(
+TABLE = register(
     "lff_rotary",
-    _reference_table,
-    (torch_impl.table_forward, torch_impl.table_backward),
-    ("rotary_table_fwd", "rotary_table_bwd"),
-    (_cpp_table, _cpp_table_backward),
+    Implementation("reference", ANYWHERE, _reference_table),
+    Implementation("torch", ANYWHERE, torch_impl.table_forward, torch_impl.table_backward),
+    Implementation("triton", _TRITON, _triton_table, _triton_table_backward),
+    Implementation("cpp", _CPP, _cpp_table, _cpp_table_backward),
 )
-APPLY = _rotary(
+APPLY = register(
     "apply_lff_rotary",
-    reference.apply_rotary,
-    (torch_impl.apply_forward, torch_impl.apply_backward),
-    ("rotary_apply_fwd", "rotary_apply_bwd"),
-    (_cpp_apply, _cpp_apply_backward),
+    Implementation("reference", ANYWHERE, reference.apply_rotary),
+    Implementation("torch", ANYWHERE, torch_impl.apply_forward, torch_impl.apply_backward),
+    Implementation("triton", _TRITON, _triton_apply, _triton_apply_backward),
+    Implementation("cpp", _CPP, _cpp_apply, _cpp_apply_backward),
 )

@@ -19,10 +19,10 @@ from typing import Optional
 
 import torch
 
+from .._custom_ops import onnx_exporting
 from .._export_phases import cos_sin_graph
-from .._torch_common import (
+from .._torch_math import (
     feature_dtype,
-    onnx_exporting,
     phase_turns,
     reduced_angle_,
     row_chunks,

@@ -1,5 +1,5 @@
-"""Helpers shared by the pure-PyTorch implementations: accurate phases, chunking and
-cached device constants."""
+"""What the pure-PyTorch implementations share: accurate phases, row chunks and cached
+device constants."""
 
 from __future__ import annotations
 
@@ -10,47 +10,9 @@ from collections.abc import Callable, Hashable, Iterator
 import torch
 
 from ..tolerances import PHASE_ATOL
+from ._custom_ops import onnx_exporting
 
 TWO_PI = 2.0 * math.pi
-
-
-def _onnx_export_flags() -> Callable[[], bool]:
-    """A cheap ``torch.onnx.is_in_onnx_export()``: the public function imports two modules
-    on every call (~7-30 µs, and the torch backends ask on every call), so the two flags
-    it reads are looked up once; where a torch lays them out otherwise, the public
-    function itself."""
-    try:
-        from torch.onnx._internal.exporter import _flags
-        from torch.onnx._internal.torchscript_exporter._globals import GLOBALS
-
-        if hasattr(_flags, "_is_onnx_exporting") and hasattr(GLOBALS, "in_onnx_export"):
-            return lambda: bool(GLOBALS.in_onnx_export or _flags._is_onnx_exporting)
-    except ImportError:
-        pass
-    return lambda: bool(torch.onnx.is_in_onnx_export())
-
-
-_onnx_flags: list[Callable[[], bool]] = []
-
-
-def onnx_exporting() -> bool:
-    """Whether an ONNX exporter (dynamo-based or TorchScript-based) is tracing this call
-    (ops/_common.py: the custom ops then trace their plain-ATen composition)."""
-    if torch.compiler.is_compiling():  # dynamo folds the public function to False
-        return bool(torch.onnx.is_in_onnx_export())
-    if not _onnx_flags:
-        _onnx_flags.append(_onnx_export_flags())
-    return _onnx_flags[0]()
-
-
-@torch._dynamo.assume_constant_result
-def onnx_export_running() -> bool:
-    """Whether an ONNX exporter is running, also while dynamo traces: the dynamo exporter
-    falls back to a strict (dynamo) capture when the first one fails, and there
-    onnx_exporting() is False. Dynamo runs this function for real and keeps the answer."""
-    if not _onnx_flags:
-        _onnx_flags.append(_onnx_export_flags())
-    return _onnx_flags[0]()
 
 
 # Temporaries of one chunk stay below this many bytes (FLOATER's precomputed stages; rows

@@ -1,0 +1,100 @@
+"""A call reaches its kernel in a few plain hops: from a module's forward (or a public
+function) to the kernel's launch at most MAX_FRAMES frames of our own code, on the cpp and
+the (interpreted) triton backends, forward and backward. Counted with sys.setprofile: the
+frames of posenc_fast/ and triton_kernels/ on the stack when the kernel is entered (a
+posenc_fast:: C++ kernel op, or a Triton kernel's launch)."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+import posenc_fast as pf
+from posenc_fast import _testing
+
+MAX_FRAMES = 6
+_PACKAGE = os.path.dirname(os.path.abspath(pf.__file__)) + os.sep
+_OURS = (_PACKAGE, os.path.join(os.path.dirname(_PACKAGE[:-1]), "triton_kernels") + os.sep)
+
+
+# What ``kernel[grid]`` indexes: a Triton kernel, its interpreted form, an autotuner.
+_TRITON_KERNELS = ("JITFunction", "InterpretedFunction", "Autotuner", "Heuristics")
+
+
+def _ours(frame) -> bool:
+    return frame.f_code.co_filename.startswith(_OURS)
+
+
+def _kernel(frame):
+    """The kernel a call event enters, or None."""
+    code = frame.f_code
+    self = frame.f_locals.get("self")
+    if code.co_name == "__getitem__" and type(self).__name__ in _TRITON_KERNELS:
+        return f"triton {type(self).__name__}"
+    if code.co_name == "__call__" and type(self).__name__ == "OpOverloadPacket":
+        name = self._qualified_op_name
+        if name.startswith("posenc_fast::") and ("kernel" in name or "integrate" in name):
+            return name
+    return None
+
+
+def deepest_kernel_call(fn):
+    """(frames of our code, their names, kernel) of the deepest kernel entry in fn()."""
+    hits = []
+
+    def profile(frame, event, arg):
+        if event != "call" or frame.f_back is None or not _ours(frame.f_back):
+            return
+        kernel = _kernel(frame)
+        if kernel is None:
+            return
+        stack, f = [], frame.f_back
+        while f is not None:
+            if _ours(f):
+                stack.append(f"{os.path.basename(f.f_code.co_filename)}:{f.f_code.co_name}")
+            f = f.f_back
+        hits.append((len(stack), stack[::-1], kernel))
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    assert hits, "no kernel was entered"
+    return max(hits, key=lambda h: h[0])
+
+
+def _calls(backend):
+    g = _testing.generator(5)
+    lff = pf.LearnableFourierFeatures(2, 16, 8, 12, backend=backend)
+    rotary = pf.LearnableFourierRotary(2, 8, backend=backend)
+    x = _testing.randn((10, 1, 2), g)
+    q, k = _testing.randn((1, 2, 10, 8), g), _testing.randn((1, 2, 10, 8), g)
+    pos = _testing.randn((10, 2), g)
+    tokens = _testing.randn((2, 10, 16), g, scale=0.1)
+    return {
+        "lff": lambda: lff(x),
+        "rotary": lambda: rotary.rotate(q.requires_grad_(), k, pos),
+        "rotary table": lambda: rotary(pos),
+        "sinusoidal table": lambda: pf.sinusoidal(
+            torch.arange(10.0, requires_grad=True), 16, backend=backend
+        ),
+        "sinusoidal add": lambda: pf.SinusoidalPE(16, backend=backend)(
+            tokens, torch.arange(10.0, requires_grad=True)
+        ),
+    }
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_calls_reach_their_kernels_within_six_frames(backend):
+    if pf.available_backends(verbose=True)[backend]:
+        pytest.skip(f"{backend} unavailable here")
+    for name, call in _calls(backend).items():
+        depth, stack, kernel = deepest_kernel_call(call)
+        assert depth <= MAX_FRAMES, f"{name} forward: {depth} frames to {kernel}: {stack}"
+        out = call()
+        outs = out if isinstance(out, tuple) else (out,)
+        loss = sum(o.float().square().sum() for o in outs)
+        depth, stack, kernel = deepest_kernel_call(loss.backward)
+        assert depth <= MAX_FRAMES, f"{name} backward: {depth} frames to {kernel}: {stack}"
