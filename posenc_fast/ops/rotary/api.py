@@ -110,7 +110,7 @@ def _explain(q, k, x, freqs, pairs, layout, prefix, name: str, per_head_ok: bool
         )
     if k.dtype != q.dtype:
         raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}: q and k must share one dtype")
-    if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix <= N:
+    if type(prefix) is not int or not 0 <= prefix <= N:
         raise ValueError(f"prefix must be an int in [0, N] with N = {N} tokens, got {prefix!r}")
     _checks.real_positions("x", x)
     n = N - prefix
