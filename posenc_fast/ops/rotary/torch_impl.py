@@ -6,7 +6,7 @@ Shapes (see reference.py for the formulas):
     table: [2, *x.shape[:-1], F], cos then sin, each frequency on channels 2i and 2i+1
 
 Phases are reduced in float64 before a float32 trig (float64 for float64 q), as for
-LFF (_common.py); rotations run in float32 for half-precision q / k, rounded once. The
+LFF (_torch_math.py); rotations run in float32 for half-precision q / k, rounded once. The
 positions are processed in chunks, and the cos / sin of a position are computed once
 for every head and batch row that uses them. The backward saves only the inputs and
 recomputes the cos / sin; the weight gradient is accumulated chunk after chunk in a
