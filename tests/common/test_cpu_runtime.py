@@ -125,3 +125,16 @@ def test_real_contention_gives_the_team_bits(two_threads):
                 for a, b in zip(want[name], run()):
                     assert torch.equal(a, b), name
     assert EXT.set_development_options()["always_team"] is False
+
+
+def test_development_options_return_what_they_replace():
+    """set_development_options (csrc/README.md): keywords only, None keeps a setting, and
+    the call returns the settings it replaced (what the tests restore)."""
+    before = EXT.set_development_options(always_team=True)
+    try:
+        assert EXT.set_development_options() == {"always_team": True}
+        with pytest.raises(TypeError):
+            EXT.set_development_options(False)
+    finally:
+        EXT.set_development_options(**before)
+    assert EXT.set_development_options() == before
