@@ -410,30 +410,3 @@ def rotary_apply_bwd(gq, gk, q, k, x, wr, layout: str, needs) -> list:
     if need_x:  # positions shared by the batch: their gradient sums over it (fixed order)
         dx = (dx_b if x.dim() == 3 else dx_b.sum(0)).to(x.dtype)
     return [dq, dk, dx, dwr]
-
-
-def compile_cases(quick: bool):
-    """(label, kernel, pointer dtypes, constexprs, launch options) for compile_report:
-    the launchers' GPU configurations at LightGlue's head_dim 64 (and 128), M = 2."""
-    for F2 in (32,) if quick else (32, 64):
-        bl, opts = blocks(1 << 16, F2)
-        tail = f"F{2 * F2} BN{bl['BLOCK_N']} BK{bl['BLOCK_K']}"
-        base = dict(M=2, INTERPRET=False, **bl)
-        fwd_opts = dict(enable_fp_fusion=False, **opts)
-        for dt in ("bf16",) if quick else ("bf16", "fp32"):
-            qk = {name: f"*{dt}" for name in ("Q", "K", "OQ", "OK")}
-            yield (f"rotary_apply_fwd {dt} {tail}", _rotary_fwd_kernel, qk,
-                   dict(base, TABLE=False), fwd_opts)  # fmt: skip
-            grads = {name: f"*{dt}" for name in ("Q", "K", "GQ", "GK", "DQ", "DK")}
-            needs = dict(NEED_Q=True, NEED_K=True, NEED_X=True, NEED_WR=True)
-            yield (f"rotary_apply_bwd {dt} {tail}", _rotary_bwd_kernel, grads,
-                   dict(base, TABLE=False, BLOCK_M=2, **needs), fwd_opts)  # fmt: skip
-        if not quick:
-            only_qk = dict(NEED_Q=True, NEED_K=True, NEED_X=False, NEED_WR=False)
-            yield (f"rotary_apply_bwd bf16 q,k only {tail}", _rotary_bwd_kernel, grads,
-                   dict(base, TABLE=False, BLOCK_M=2, **only_qk), fwd_opts)  # fmt: skip
-        yield (f"rotary_table_fwd bf16 {tail}", _rotary_fwd_kernel, {"OQ": "*bf16"},
-               dict(base, TABLE=True), fwd_opts)  # fmt: skip
-        yield (f"rotary_table_bwd bf16 {tail}", _rotary_bwd_kernel, {"GQ": "*bf16"},
-               dict(base, TABLE=True, BLOCK_M=2, NEED_Q=False, NEED_K=False, NEED_X=True,
-                    NEED_WR=True), fwd_opts)  # fmt: skip
