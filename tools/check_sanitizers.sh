@@ -5,12 +5,13 @@
 #   tools/check_sanitizers.sh [--quick] [asan] [tsan]     (default: both, the full run)
 #
 # asan: the CPU extension (posenc_fast._C) built with AddressSanitizer and
-#   UndefinedBehaviorSanitizer (POSENC_FAST_SANITIZE=address,undefined: -fsanitize=address,
-#   undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1 -g, set in
-#   posenc_fast/_build_config.py) into a cache of its own (POSENC_FAST_SANITIZE_CACHE,
-#   default ~/.cache/posenc_fast-sanitize; the normal build is never touched), then the
+#   UndefinedBehaviorSanitizer by tools/sanitized_extension.py (-fsanitize=address,undefined
+#   -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1 -g, with
+#   torch.utils.cpp_extension.load into a folder of its own: POSENC_FAST_SANITIZE_CACHE,
+#   default ~/.cache/posenc_fast-sanitize; the package's cache is never touched), then the
 #   tests of the "cpp" backend in a Python whose first library is the ASan runtime
-#   (LD_PRELOAD). Every op forward and backward, tails of every size class, the FLOATER
+#   (LD_PRELOAD), with that build in place of the package's (pytest -p sanitized_extension).
+#   Every op forward and backward, tails of every size class, the FLOATER
 #   tape, the contention fallback, hostile inputs at the C++ boundary, 10,000 calls per op
 #   (tests/common/test_cpp_tails.py, test_no_leaks.py, test_cpu_runtime.py and the cpp rows
 #   of the shared matrices). The full run makes two passes: the best instruction set this
@@ -30,7 +31,8 @@
 #   blocks of 64 threads on one case of each layout (solo, cluster, grid, weights from L2).
 #
 # Environment: PYTHON (default .venv/bin/python), CXX (default c++: its sanitizer runtimes),
-# MAX_JOBS (the ASan build's compile jobs, default 2), POSENC_FAST_SANITIZE_CACHE.
+# MAX_JOBS (the ASan build's compile jobs, default 2), POSENC_FAST_SANITIZE_CACHE (the ASan
+# build's folder, default ~/.cache/posenc_fast-sanitize).
 # Reports: printed at the end (ASan / UBSan write them to files, so those of child processes
 # are caught too).
 set -euo pipefail
@@ -69,69 +71,8 @@ run_pytest() {
 # planted signed overflow (UBSan) in a library loaded as the extension is, a planted race
 # (TSan) in a program built as the emulator is. Without this a broken preload or option
 # would pass every test silently.
-canary_asan() {  # $@: the sanitized environment (env ... LD_PRELOAD=...)
-  local dir="$LOGS/canary" what
-  mkdir -p "$dir"
-  cat > "$dir/canary.c" << 'CANARY'
-#include <stdlib.h>
-int overflow(int n) { int* p = malloc(n * sizeof(int)); int v = p[n]; free(p); return v; }
-int add(int a, int b) { return a + b; }
-CANARY
-  "$CXX" -x c -shared -fPIC -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-    "$dir/canary.c" -o "$dir/canary.so"
-  # each planted error must halt the process and be reported: in its log file, or on
-  # stderr (gcc 12's UBSan beside ASan prints there whatever log_path says; the test whose
-  # process it halts fails and shows it)
-  local what report i=0
-  for what in "overflow(4)|heap-buffer-overflow" "add(2147483647, 1)|signed integer overflow"; do
-    i=$((i + 1))
-    report=${what#*|}
-    what=${what%|*}
-    if "$@" ASAN_OPTIONS="halt_on_error=1:detect_leaks=0:log_path=$dir/asan" \
-      UBSAN_OPTIONS="halt_on_error=1:log_path=$dir/ubsan" "$PYTHON" -c \
-      "import ctypes; ctypes.CDLL('$dir/canary.so').$what" 2> "$dir/stderr.$i"; then
-      echo "check_sanitizers: a planted error ($what) went unreported: the sanitizer plumbing is broken" >&2
-      return 1
-    fi
-    grep -qs -e "$report" "$dir"/asan.* "$dir"/ubsan.* "$dir/stderr.$i" ||
-      { echo "check_sanitizers: a planted error ($what) halted without a '$report' report" >&2; return 1; }
-  done
-  echo "   the plumbing reports a planted heap overflow and a planted signed overflow"
-}
-
-canary_tsan() {
-  local dir="$LOGS/canary" rc=0
-  mkdir -p "$dir"
-  cat > "$dir/race.cpp" << 'CANARY'
-#include <thread>
-int shared = 0;
-int main() { std::thread t([] { shared = 1; }); shared = 2; t.join(); return shared == 3; }
-CANARY
-  "$CXX" -std=c++20 -O1 -pthread -g -fsanitize=thread "$dir/race.cpp" -o "$dir/race"
-  TSAN_OPTIONS="halt_on_error=1:exitcode=66" "$dir/race" 2> "$dir/race.log" || rc=$?
-  ((rc == 66)) || { echo "check_sanitizers: a planted race went unreported (rc $rc)" >&2; return 1; }
-  echo "   the plumbing reports a planted race"
-}
-
-reports() {  # the sanitizer reports written under $LOGS/$1*, printed; status 1 if any
-  local found=0 f
-  for f in "$LOGS/$1".*; do
-    [[ -e "$f" ]] || continue
-    found=1
-    echo "---- $f"
-    head -c 20000 "$f"
-  done
-  return "$found"
-}
-
-asan() {
+canary_asan() {
   local start=$SECONDS
-  export POSENC_FAST_SANITIZE=address,undefined
-  export POSENC_FAST_CACHE="${POSENC_FAST_SANITIZE_CACHE:-$HOME/.cache/posenc_fast-sanitize}"
-  echo "== asan: building the CPU extension with ASan + UBSan into $POSENC_FAST_CACHE" \
-    "(once per torch and sources; MAX_JOBS=${MAX_JOBS:-2})"
-  MAX_JOBS="${MAX_JOBS:-2}" "$PYTHON" -m posenc_fast build --cuda no 2>&1 | grep -v '^  loads here' || true
-  local build_s=$((SECONDS - start))
   local libasan libstdcxx
   libasan="$("$CXX" -print-file-name=libasan.so)"
   [[ -f "$libasan" ]] || { echo "check_sanitizers: no ASan runtime ($CXX -print-file-name=libasan.so)" >&2; return 1; }
@@ -146,15 +87,15 @@ asan() {
   local ubopts="halt_on_error=1:print_stacktrace=1:log_path=$LOGS/ubsan"
   canary_asan env LD_PRELOAD="$libasan $libstdcxx" || return 1
   local san=(LD_PRELOAD="$libasan $libstdcxx" ASAN_OPTIONS="$opts" UBSAN_OPTIONS="$ubopts")
-  # the sanitized build must be the one that loads
-  env "${san[@]}" "$PYTHON" -c "
-from posenc_fast import _extension as e
-m = e.load()
-assert m is not None, '; '.join(e.reasons())
-info = m.build_info()
-assert info.get('sanitize') == 'address_undefined', info
-print('   loaded', e._state['cpu']['origin'], '(isa', m.cpu_isa(), 'of', info['cpu_isa_best'] + ')')
-" || { echo "check_sanitizers: the sanitized extension does not load" >&2; return 1; }
+  # the sanitized build, made (once per torch and checkout; ninja redoes what changed) and
+  # loaded in a sanitized process
+  echo "== asan: building the CPU extension with ASan + UBSan (tools/sanitized_extension.py;" \
+    "MAX_JOBS=${MAX_JOBS:-2}; ninja redoes what changed since the last run)"
+  env "${san[@]}" MAX_JOBS="${MAX_JOBS:-2}" PYTHONPATH=tools "$PYTHON" tools/sanitized_extension.py \
+    > "$LOGS/build-asan.log" 2>&1 ||
+    { tail -40 "$LOGS/build-asan.log"; echo "check_sanitizers: the sanitized extension does not build or load" >&2; return 1; }
+  grep -v '^\[[0-9]*/[0-9]*\] ' "$LOGS/build-asan.log" | tail -3
+  local build_s=$((SECONDS - start))
   local tests
   if ((QUICK)); then
     tests=(tests/common/test_cpp_tails.py tests/common/test_cpu_runtime.py
@@ -175,7 +116,7 @@ print('   loaded', e._state['cpu']['origin'], '(isa', m.cpu_isa(), 'of', info['c
     local t0=$SECONDS
     echo "== asan: ${pass%%|*}: pytest ${tests[*]}"
     # shellcheck disable=SC2086  # the pass's variables: words on purpose
-    run_pytest "${san[@]}" ${pass#*|} -- "${tests[@]}" || rc=1
+    run_pytest "${san[@]}" PYTHONPATH=tools ${pass#*|} -- -p sanitized_extension "${tests[@]}" || rc=1
     echo "   (${pass%%|*}: $((SECONDS - t0)) s)"
   done
   reports asan || rc=1
