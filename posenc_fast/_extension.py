@@ -212,9 +212,11 @@ def _why_not_build(part: str, record: Optional[dict]) -> Optional[str]:
         return None
     what = label(part)
     if record is not None and not record.get("built"):  # not retried by every process
+        error = record.get("error") or ""
+        shows = " (it shows the compiler's messages)" if "Error building" in error else ""
         return (
-            f"building {what} failed at {record.get('build_time')} ({record.get('error')}): "
-            f"fix it, then {BUILD_HINT} (it shows the compiler's messages)"
+            f"building {what} failed at {record.get('build_time')} ({error}): fix it, then "
+            f"{BUILD_HINT}{shows}"
         )
     choice, refused = _cfg.build_choice()
     if refused:
@@ -312,7 +314,7 @@ def _build(part: str, directory: Path) -> tuple[Optional[ModuleType], str]:
             record = _cfg.record(torch, part, root, how, built=False, error=error)
             _cfg.write_record(record_path, record)
         error = record.get("error") or ""
-        if "Error building extension" in error:
+        if "Error building" in error:
             error += "; the compiler's messages are on stderr"
         return None, f"building {what} failed ({error}): fix it, then {BUILD_HINT}"
     binary = _binary(directory, JIT_NAMES[part])

@@ -71,7 +71,62 @@ run_pytest() {
 # planted signed overflow (UBSan) in a library loaded as the extension is, a planted race
 # (TSan) in a program built as the emulator is. Without this a broken preload or option
 # would pass every test silently.
-canary_asan() {
+canary_asan() {  # $@: the sanitized environment (env ... LD_PRELOAD=...)
+  local dir="$LOGS/canary" what
+  mkdir -p "$dir"
+  cat > "$dir/canary.c" << 'CANARY'
+#include <stdlib.h>
+int overflow(int n) { int* p = malloc(n * sizeof(int)); int v = p[n]; free(p); return v; }
+int add(int a, int b) { return a + b; }
+CANARY
+  "$CXX" -x c -shared -fPIC -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+    "$dir/canary.c" -o "$dir/canary.so"
+  # each planted error must halt the process and be reported: in its log file, or on
+  # stderr (gcc 12's UBSan beside ASan prints there whatever log_path says; the test whose
+  # process it halts fails and shows it)
+  local what report i=0
+  for what in "overflow(4)|heap-buffer-overflow" "add(2147483647, 1)|signed integer overflow"; do
+    i=$((i + 1))
+    report=${what#*|}
+    what=${what%|*}
+    if "$@" ASAN_OPTIONS="halt_on_error=1:detect_leaks=0:log_path=$dir/asan" \
+      UBSAN_OPTIONS="halt_on_error=1:log_path=$dir/ubsan" "$PYTHON" -c \
+      "import ctypes; ctypes.CDLL('$dir/canary.so').$what" 2> "$dir/stderr.$i"; then
+      echo "check_sanitizers: a planted error ($what) went unreported: the sanitizer plumbing is broken" >&2
+      return 1
+    fi
+    grep -qs -e "$report" "$dir"/asan.* "$dir"/ubsan.* "$dir/stderr.$i" ||
+      { echo "check_sanitizers: a planted error ($what) halted without a '$report' report" >&2; return 1; }
+  done
+  echo "   the plumbing reports a planted heap overflow and a planted signed overflow"
+}
+
+canary_tsan() {
+  local dir="$LOGS/canary" rc=0
+  mkdir -p "$dir"
+  cat > "$dir/race.cpp" << 'CANARY'
+#include <thread>
+int shared = 0;
+int main() { std::thread t([] { shared = 1; }); shared = 2; t.join(); return shared == 3; }
+CANARY
+  "$CXX" -std=c++20 -O1 -pthread -g -fsanitize=thread "$dir/race.cpp" -o "$dir/race"
+  TSAN_OPTIONS="halt_on_error=1:exitcode=66" "$dir/race" 2> "$dir/race.log" || rc=$?
+  ((rc == 66)) || { echo "check_sanitizers: a planted race went unreported (rc $rc)" >&2; return 1; }
+  echo "   the plumbing reports a planted race"
+}
+
+reports() {  # the sanitizer reports written under $LOGS/$1*, printed; status 1 if any
+  local found=0 f
+  for f in "$LOGS/$1".*; do
+    [[ -e "$f" ]] || continue
+    found=1
+    echo "---- $f"
+    head -c 20000 "$f"
+  done
+  return "$found"
+}
+
+asan() {
   local start=$SECONDS
   local libasan libstdcxx
   libasan="$("$CXX" -print-file-name=libasan.so)"

@@ -65,7 +65,7 @@ def runtime_problem() -> str | None:
     )
 
 
-def load():
+def load(verbose: bool = True):
     """Build (or reuse) the sanitized posenc_fast._C and import it in this process."""
     problem = runtime_problem()
     if problem:
@@ -86,7 +86,7 @@ def load():
             extra_ldflags=ld,
             extra_include_paths=[str(ROOT / "csrc")],
             build_directory=str(directory),
-            verbose=True,
+            verbose=verbose,
         )
     finally:
         if preload is not None:
@@ -105,7 +105,7 @@ def use(module) -> None:
 
 def pytest_configure(config):
     """`pytest -p sanitized_extension`: every test of this run uses the sanitized build."""
-    use(load())
+    use(load(verbose=False))  # built by `python tools/sanitized_extension.py` just before
 
 
 if __name__ == "__main__":
