@@ -70,12 +70,9 @@ def find_sanitizer() -> tuple[str | None, str]:
     found = shutil.which("compute-sanitizer")
     if found:
         return found, "on PATH"
-    import runpy
-
-    cfg = runpy.run_path(os.path.join(ROOT, "posenc_fast", "_build_config.py"))
-    root = cfg["find_cuda_toolkit"]()["root"]
+    root = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
     for sub in ("bin", "compute-sanitizer"):
-        path = os.path.join(root or "/usr/local/cuda", sub, "compute-sanitizer")
+        path = os.path.join(root, sub, "compute-sanitizer")
         if os.path.isfile(path):
             return path, f"in the CUDA toolkit ({path})"
     return None, "compute-sanitizer not found (PATH, the CUDA toolkit; set COMPUTE_SANITIZER)"

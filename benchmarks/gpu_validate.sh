@@ -205,6 +205,11 @@ if [[ -z "${GIT_SHA:-}" ]] && command -v git >/dev/null 2>&1 && git rev-parse HE
 fi
 # the benchmark scripts record it (--git-sha): the GPU machine's tree has no .git
 SHA_ARG=(--git-sha "${GIT_SHA:-}")
+# torch's guess of the CUDA toolkit (the folder above the nvcc on PATH) is wrong where that
+# nvcc is a wrapper script outside the toolkit, as on the GPU machine
+if [[ -z "${CUDA_HOME:-}" && -f /usr/local/cuda/include/cuda_runtime.h ]]; then
+  export CUDA_HOME=/usr/local/cuda
+fi
 # Every Triton compilation (a hit or a miss of the prepared cache) and every launcher call
 # of every stage, written down from outside the package (what `tools/triton_ahead.py run
 # --record ... --log ...` does for one command: its start-up hook, first on PYTHONPATH,
@@ -307,10 +312,11 @@ e.load("cpu"); o = e._state["cpu"]["origin"]; print(os.path.dirname(o) if o else
 }
 
 pack_build() {  # $1: archive path (.tar.gz; .tar.xz when gzip is over the 16 MiB limit)
-  # both modules (_C: CPU, _C_cuda: CUDA) and their build records
+  # both modules (_C: CPU, _C_cuda: CUDA; posenc_fast_C*.so from the cache) and their
+  # build records
   local so dir
   dir="$(build_dir)"
-  so="$(cd "$dir" && ls _C*.so _build_info*.json 2>/dev/null | tr '\n' ' ' || true)"
+  so="$(cd "$dir" && ls *_C*.so _build_info*.json 2>/dev/null | tr '\n' ' ' || true)"
   [[ "$so" == *_C.* && -f "$dir/_build_info.json" ]] || { echo "   no built extension to pack"; return 1; }
   # shellcheck disable=SC2086  # $so: file names without spaces, on purpose
   tar -czf "$1" -C "$dir" $so
@@ -337,7 +343,7 @@ pack_build() {  # $1: archive path (.tar.gz; .tar.xz when gzip is over the 16 Mi
 stage_build() {
   if ((DRY)); then
     echo "   [dry run] would run: TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-16}" \
-      "POSENC_FAST_REQUIRE_EXTENSION=1 POSENC_FAST_FORCE_CUDA=1 $PYTHON -m pip install" \
+      "POSENC_FAST_REQUIRE_EXTENSION=1 POSENC_FAST_BUILD=cuda $PYTHON -m pip install" \
       "--no-build-isolation --no-deps --no-index -e ."
     extension_ready cpu || return 1
     local tmp
@@ -347,7 +353,7 @@ stage_build() {
     tar -xf "$tmp"/extension_build.tar.* -C "$tmp/x"
     ls "$tmp/x" | sed 's/^/   unpacked: /'
     local ok=0
-    [[ -f "$tmp/x/_build_info.json" ]] && ls "$tmp/x"/_C*.so >/dev/null 2>&1 && ok=1
+    [[ -f "$tmp/x/_build_info.json" ]] && ls "$tmp/x"/*_C*.so >/dev/null 2>&1 && ok=1
     rm -rf "$tmp"
     ((ok)) || return 1
     if [[ -f .gpu_build/manifest.json ]]; then
@@ -374,7 +380,7 @@ stage_build() {
   fi
   if [[ -n "$carried" && -f "$carried" ]]; then
     echo "   installing the carried build $carried (editable install without compiling, then the binary)"
-    if POSENC_FAST_SKIP_EXTENSION=1 pip_install && tar -xf "$carried" -C posenc_fast && extension_ready cuda; then
+    if POSENC_FAST_BUILD=none pip_install && tar -xf "$carried" -C posenc_fast && extension_ready cuda; then
       STAGE_NOTE="prebuilt extension installed ($(manifest_line))"
       triton_cache_setup
       return 0
@@ -384,7 +390,7 @@ stage_build() {
   echo "   building the extension for TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} with ${MAX_JOBS:-16} jobs"
   local t0=$SECONDS
   TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" \
-    POSENC_FAST_REQUIRE_EXTENSION=1 POSENC_FAST_FORCE_CUDA=1 pip_install || return $?
+    POSENC_FAST_REQUIRE_EXTENSION=1 POSENC_FAST_BUILD=cuda pip_install || return $?
   STAGE_NOTE="compiled from source for TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} with ${MAX_JOBS:-16} jobs in $((SECONDS - t0)) s"
   echo "   $STAGE_NOTE"
   extension_ready cuda || return 1

@@ -3,7 +3,7 @@
 - Without a CUDA device, TRITON_INTERPRET=1 is set before anything imports the kernels,
   so the "triton" backend runs on CPU tensors through Triton's interpreter (how CI, which
   has no GPU, verifies the kernels).
-- POSENC_FAST_NO_BUILD=1 unless set: no first-use build of the C++ extension in the tests.
+- POSENC_FAST_BUILD=none unless set: no first-use build of the C++ extension in the tests.
 - POSENC_FAST_TEST_DEVICE=cuda runs the device-parametrised tests on CUDA tensors (the
   H200 validation run); the default is cpu.
 """
@@ -19,7 +19,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 # it must never compile it there (minutes, hidden inside collection). The extension comes
 # from tools/setup_venv.sh (`python -m posenc_fast build`) or an ahead-of-time build; the
 # tests of the first-use build set their own environment. Subprocesses inherit this.
-os.environ.setdefault("POSENC_FAST_NO_BUILD", "1")
+os.environ.setdefault("POSENC_FAST_BUILD", "none")
 
 import posenc_fast
 from posenc_fast import _testing

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Compile-only check of the C++ CPU module (posenc_fast._C) for aarch64 (AWS Graviton, Ampere,
-# Apple Silicon under Linux), for CI machines that are x86-64: every source of CPU_SOURCES in
-# posenc_fast/_build_config.py is compiled (-c, nothing linked or run) by Debian's cross
-# compiler with the flags of the real build (_build_config.cxx_flags, the C++ standard and
+# Apple Silicon under Linux), for CI machines that are x86-64: every CPU source of
+# posenc_fast/_build_config.py (SOURCES["cpu"]) is compiled (-c, nothing linked or run) by
+# Debian's cross compiler with the flags of the real build (CXX_FLAGS, the C++ standard and
 # defines that torch.utils.cpp_extension adds) plus -march=armv8-a, the baseline every
 # aarch64 CPU has. A warning or an error fails.
 #
@@ -51,8 +51,8 @@ import torch
 import torch.utils.cpp_extension as ext
 
 cfg = runpy.run_path("posenc_fast/_build_config.py")
-print(" ".join(cfg["CPU_SOURCES"]))
-print(" ".join(cfg["cxx_flags"]()))
+print(" ".join(cfg["SOURCES"]["cpu"]))
+print(" ".join(cfg["CXX_FLAGS"]))
 print(" ".join(ext.include_paths() + [sysconfig.get_paths()["include"]]))
 # The standard torch.utils.cpp_extension passes for this torch (c++17 before 2.10, c++20 since)
 with open(ext.__file__) as f:

@@ -12,8 +12,9 @@
 #      toolkit's.
 # Nothing is linked or run.
 # Usage: tools/check_cuda_compile.sh [arch ...]   (e.g. 80 86 89 90 100 120; default: 90)
-# Environment: NVCC (default: bin/nvcc of the toolkit that setup.py finds, see
-# find_cuda_toolkit in posenc_fast/_build_config.py), CXX (default g++), PYTHON (default
+# Environment: CUDA_HOME (the toolkit; default $CUDA_PATH, else /usr/local/cuda: not the
+# directory above the nvcc on PATH, which may be a wrapper script), NVCC (default
+# $CUDA_HOME/bin/nvcc), CXX (default g++), PYTHON (default
 # .venv/bin/python when present, else python; must import torch for its include paths),
 # JOBS (device compilations in parallel; default: the number of CPUs).
 set -euo pipefail
@@ -26,23 +27,15 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 CXX="${CXX:-g++}"
 JOBS="${JOBS:-$(nproc 2>/dev/null || echo 2)}"
-# The toolkit as setup.py finds it (CUDA_HOME, CUDA_PATH, nvcc on PATH resolved, default;
-# an nvcc wrapper outside the toolkit is not taken for one). _build_config.py is torch-free.
-mapfile -t FOUND < <("$PYTHON" -c "
-import runpy
-found = runpy.run_path('posenc_fast/_build_config.py')['find_cuda_toolkit']()
-print(found['root'] or ''); print(found['how'])")
-TOOLKIT="${FOUND[0]}"
-if [[ -z "${NVCC:-}" ]]; then
-  [[ -n "$TOOLKIT" ]] || { echo "check_cuda_compile: ${FOUND[1]} (or set NVCC)" >&2; exit 2; }
-  NVCC="$TOOLKIT/bin/nvcc"
-fi
-CUDA_INC="${TOOLKIT:-$(dirname "$(dirname "$(readlink -f "$(command -v "$NVCC")")")")}/include"
-[[ -f "$CUDA_INC/cuda_runtime.h" ]] || { echo "check_cuda_compile: no $CUDA_INC/cuda_runtime.h" >&2; exit 2; }
+TOOLKIT="$(readlink -f "${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}")"
+NVCC="${NVCC:-$TOOLKIT/bin/nvcc}"
+CUDA_INC="$TOOLKIT/include"
+[[ -f "$CUDA_INC/cuda_runtime.h" && -x "$NVCC" ]] ||
+  { echo "check_cuda_compile: no CUDA toolkit at $TOOLKIT (set CUDA_HOME)" >&2; exit 2; }
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
-echo "== nvcc: $("$NVCC" --version | grep release) (toolkit: ${FOUND[1]})"
+echo "== nvcc: $("$NVCC" --version | grep release) (toolkit: $TOOLKIT)"
 GENCODE=()
 for arch in "${ARCHS[@]}"; do GENCODE+=(-gencode "arch=compute_${arch},code=sm_${arch}"); done
 echo "== compiling csrc/floater/floater_cuda.cu for$(printf ' sm_%s' "${ARCHS[@]}") ($JOBS at a time)"

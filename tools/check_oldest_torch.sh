@@ -17,11 +17,12 @@
 #   5. the first-use build as users meet it, in that venv: the test of the plain install
 #      (tests/common/test_extension_build.py::test_plain_pip_install_builds_on_first_use_
 #      then_reuses, run by the checkout's own pytest, $PYTEST_PYTHON): two processes start
-#      together, one builds the C++ CPU part against that torch (at -O0 without debug
-#      information: quicker to compile; the optimised build is the version matrix's), the
-#      other waits; later ones reuse the cache; the CUDA part that cannot be built there
-#      (torch's CUDA 12 beside a CUDA 13 toolkit) says why; a stale record is refused; no
-#      build means the torch fallback with one warning. The main suite skips that test:
+#      together, one builds the C++ CPU part against that torch (torch.utils.cpp_extension,
+#      through a $CXX that compiles at -O0 without debug information: quicker; the
+#      optimised build is the version matrix's), the other waits; later ones reuse the
+#      cache; `build` of the CUDA part that cannot be built there (no GPU to build for, or
+#      no toolkit) says why; a binary recorded for another torch is refused; no build means
+#      the torch fallback with one warning. The main suite skips that test:
 #      this is where it runs, on the build this check needs anyway. Then `python -m
 #      posenc_fast info` must show the cpp backend available from that cache, without
 #      building;
@@ -88,7 +89,7 @@ t0=$SECONDS
   > "$DIR/build.log" 2>&1 || { tail -40 "$DIR/build.log"; die "the plain install's first-use build test"; }
 grep -q "1 passed" "$DIR/build.log" || { tail -20 "$DIR/build.log"; die "the first-use build test did not run"; }
 say "the first-use build test passed in $((SECONDS - t0)) s (the C++ CPU part built at -O0 -g0)"
-export POSENC_FAST_DEBUG=1 POSENC_FAST_NO_BUILD=1  # that build, from the cache: nothing rebuilt
+export POSENC_FAST_BUILD=none  # that build, from the cache: nothing rebuilt
 "$py" -m posenc_fast info > "$DIR/info.txt" 2>&1 || { cat "$DIR/info.txt"; die "python -m posenc_fast info"; }
 grep -q "cpp        available" "$DIR/info.txt" || { cat "$DIR/info.txt"; die "info: the cpp backend is not available"; }
 

@@ -5,12 +5,13 @@
 #   tools/check_sanitizers.sh [--quick] [asan] [tsan]     (default: both, the full run)
 #
 # asan: the CPU extension (posenc_fast._C) built with AddressSanitizer and
-#   UndefinedBehaviorSanitizer (POSENC_FAST_SANITIZE=address,undefined: -fsanitize=address,
-#   undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1 -g, set in
-#   posenc_fast/_build_config.py) into a cache of its own (POSENC_FAST_SANITIZE_CACHE,
-#   default ~/.cache/posenc_fast-sanitize; the normal build is never touched), then the
+#   UndefinedBehaviorSanitizer by tools/sanitized_extension.py (-fsanitize=address,undefined
+#   -fno-omit-frame-pointer -fno-sanitize-recover=undefined -O1 -g, with
+#   torch.utils.cpp_extension.load into a folder of its own: POSENC_FAST_SANITIZE_CACHE,
+#   default ~/.cache/posenc_fast-sanitize; the package's cache is never touched), then the
 #   tests of the "cpp" backend in a Python whose first library is the ASan runtime
-#   (LD_PRELOAD). Every op forward and backward, tails of every size class, the FLOATER
+#   (LD_PRELOAD), with that build in place of the package's (pytest -p sanitized_extension).
+#   Every op forward and backward, tails of every size class, the FLOATER
 #   tape, the contention fallback, hostile inputs at the C++ boundary, 10,000 calls per op
 #   (tests/common/test_cpp_tails.py, test_no_leaks.py, test_cpu_runtime.py and the cpp rows
 #   of the shared matrices). The full run makes two passes: the best instruction set this
@@ -30,7 +31,8 @@
 #   blocks of 64 threads on one case of each layout (solo, cluster, grid, weights from L2).
 #
 # Environment: PYTHON (default .venv/bin/python), CXX (default c++: its sanitizer runtimes),
-# MAX_JOBS (the ASan build's compile jobs, default 2), POSENC_FAST_SANITIZE_CACHE.
+# MAX_JOBS (the ASan build's compile jobs, default 2), POSENC_FAST_SANITIZE_CACHE (the ASan
+# build's folder, default ~/.cache/posenc_fast-sanitize).
 # Reports: printed at the end (ASan / UBSan write them to files, so those of child processes
 # are caught too).
 set -euo pipefail
@@ -126,12 +128,6 @@ reports() {  # the sanitizer reports written under $LOGS/$1*, printed; status 1 
 
 asan() {
   local start=$SECONDS
-  export POSENC_FAST_SANITIZE=address,undefined
-  export POSENC_FAST_CACHE="${POSENC_FAST_SANITIZE_CACHE:-$HOME/.cache/posenc_fast-sanitize}"
-  echo "== asan: building the CPU extension with ASan + UBSan into $POSENC_FAST_CACHE" \
-    "(once per torch and sources; MAX_JOBS=${MAX_JOBS:-2})"
-  MAX_JOBS="${MAX_JOBS:-2}" "$PYTHON" -m posenc_fast build --cuda no 2>&1 | grep -v '^  loads here' || true
-  local build_s=$((SECONDS - start))
   local libasan libstdcxx
   libasan="$("$CXX" -print-file-name=libasan.so)"
   [[ -f "$libasan" ]] || { echo "check_sanitizers: no ASan runtime ($CXX -print-file-name=libasan.so)" >&2; return 1; }
@@ -146,15 +142,15 @@ asan() {
   local ubopts="halt_on_error=1:print_stacktrace=1:log_path=$LOGS/ubsan"
   canary_asan env LD_PRELOAD="$libasan $libstdcxx" || return 1
   local san=(LD_PRELOAD="$libasan $libstdcxx" ASAN_OPTIONS="$opts" UBSAN_OPTIONS="$ubopts")
-  # the sanitized build must be the one that loads
-  env "${san[@]}" "$PYTHON" -c "
-from posenc_fast import _extension as e
-m = e.load()
-assert m is not None, '; '.join(e.reasons())
-info = m.build_info()
-assert info.get('sanitize') == 'address_undefined', info
-print('   loaded', e._state['cpu']['origin'], '(isa', m.cpu_isa(), 'of', info['cpu_isa_best'] + ')')
-" || { echo "check_sanitizers: the sanitized extension does not load" >&2; return 1; }
+  # the sanitized build, made (once per torch and checkout; ninja redoes what changed) and
+  # loaded in a sanitized process
+  echo "== asan: building the CPU extension with ASan + UBSan (tools/sanitized_extension.py;" \
+    "MAX_JOBS=${MAX_JOBS:-2}; ninja redoes what changed since the last run)"
+  env "${san[@]}" MAX_JOBS="${MAX_JOBS:-2}" PYTHONPATH=tools "$PYTHON" tools/sanitized_extension.py \
+    > "$LOGS/build-asan.log" 2>&1 ||
+    { tail -40 "$LOGS/build-asan.log"; echo "check_sanitizers: the sanitized extension does not build or load" >&2; return 1; }
+  grep -v '^\[[0-9]*/[0-9]*\] ' "$LOGS/build-asan.log" | tail -3
+  local build_s=$((SECONDS - start))
   local tests
   if ((QUICK)); then
     tests=(tests/common/test_cpp_tails.py tests/common/test_cpu_runtime.py
@@ -175,7 +171,7 @@ print('   loaded', e._state['cpu']['origin'], '(isa', m.cpu_isa(), 'of', info['c
     local t0=$SECONDS
     echo "== asan: ${pass%%|*}: pytest ${tests[*]}"
     # shellcheck disable=SC2086  # the pass's variables: words on purpose
-    run_pytest "${san[@]}" ${pass#*|} -- "${tests[@]}" || rc=1
+    run_pytest "${san[@]}" PYTHONPATH=tools ${pass#*|} -- -p sanitized_extension "${tests[@]}" || rc=1
     echo "   (${pass%%|*}: $((SECONDS - t0)) s)"
   done
   reports asan || rc=1

@@ -16,8 +16,9 @@
 #      (the `test` extra asks for triton>=3.9, which an older torch's exact pin of
 #      Triton forbids: the tests skip what that Triton's interpreter cannot verify, and
 #      say why). The extension must build (POSENC_FAST_REQUIRE_EXTENSION=1 unless the
-#      caller sets it); other POSENC_FAST_* build variables are passed through and
-#      recorded, e.g. POSENC_FAST_NO_CUDA=1;
+#      caller sets it); POSENC_FAST_BUILD is passed through and recorded, e.g.
+#      POSENC_FAST_BUILD=cpu (no CUDA part); the CUDA part needs TORCH_CUDA_ARCH_LIST where
+#      torch sees no GPU;
 #   4. import posenc_fast, `python -m posenc_fast info`;
 #   5. the test suite (CHECK_PYTEST_ARGS, default: all of it, -q);
 #   6. tools/triton_compile_report.py for sm_80 and sm_90
@@ -82,7 +83,7 @@ if [ "$install_ok" = 1 ] && [ -n "$triton_version" ]; then
     $py -m pip install -q --no-cache-dir --no-deps "triton==$triton_version" >>"$log" 2>&1 \
         || install_ok=0
 fi
-build_flags=$(env | grep -E '^POSENC_FAST_(NO_CUDA|FORCE_CUDA|SKIP_EXTENSION|REQUIRE_EXTENSION)=' \
+build_flags=$(env | grep -E '^(POSENC_FAST_(BUILD|REQUIRE_EXTENSION)|TORCH_CUDA_ARCH_LIST)=' \
     | sort | tr '\n' ' ')
 build=failed
 if [ "$install_ok" = 1 ]; then

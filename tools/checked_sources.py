@@ -58,16 +58,14 @@ def _torch_version() -> str:
 
 
 def _nvcc() -> str:
-    sys.path.insert(0, str(ROOT / "posenc_fast"))  # _build_config is torch-free
-    import _build_config
-
-    root = _build_config.find_cuda_toolkit()["root"]
-    return os.path.join(root, "bin", "nvcc") if root else "nvcc"
+    """The toolkit's nvcc, as tools/check_cuda_compile.sh finds it."""
+    root = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    return os.path.join(root, "bin", "nvcc")
 
 
 def _cuda() -> dict:
     return {
-        "inputs": ["csrc", "posenc_fast/_build_config.py", "tools/check_cuda_compile.sh"],
+        "inputs": ["csrc", "tools/check_cuda_compile.sh"],
         "tools": {
             "nvcc": _tool_version(_nvcc()),
             "g++": _tool_version("g++"),

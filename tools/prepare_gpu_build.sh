@@ -30,7 +30,8 @@
 #
 # Environment: GPU_PYTHON (a Python 3.12 interpreter; default: python3.12 on PATH, else
 # pyenv's), GPU_TORCH (2.11.0), GPU_VENV (.venv-gpu), TORCH_CUDA_ARCH_LIST (9.0),
-# MAX_JOBS (2), CUDA_HOME (found as setup.py finds it).
+# MAX_JOBS (2), CUDA_HOME (/usr/local/cuda: torch's own guess, the folder above the nvcc on
+# PATH, is wrong where that nvcc is a wrapper script, as here).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -66,6 +67,7 @@ GPU_TORCH="${GPU_TORCH:-2.11.0}"
 GPU_VENV="${GPU_VENV:-$ROOT/.venv-gpu}"
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 export MAX_JOBS="${MAX_JOBS:-2}"
+export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 
 find_python() {
   if [[ -n "${GPU_PYTHON:-}" ]]; then echo "$GPU_PYTHON"; return; fi
@@ -106,7 +108,7 @@ if ((!CHECK_ONLY)); then
   copy_tree "$work"
   say "building in $work for TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST} with $MAX_JOBS jobs (the CPU part, then the CUDA part)"
   t0=$SECONDS
-  (cd "$work" && POSENC_FAST_FORCE_CUDA=1 POSENC_FAST_REQUIRE_EXTENSION=1 \
+  (cd "$work" && POSENC_FAST_BUILD=cuda POSENC_FAST_REQUIRE_EXTENSION=1 \
     "$PY" setup.py -q build_ext --inplace) > "$work/build.log" 2>&1 ||
     { tail -40 "$work/build.log"; die "the build failed (log above)"; }
   build_s=$((SECONDS - t0))
@@ -153,9 +155,9 @@ if cpu is None:
 # The CUDA module loads without a GPU (it only registers kernels); the loader itself would
 # refuse it here because torch sees no device, so import it directly after the CPU part.
 cuda = importlib.import_module("posenc_fast._C_cuda")
-info = cuda.build_info()
+record = _extension.extension_build_metadata("cuda") or {}
 print(f"   _C: {cpu.__file__.rsplit('/', 1)[-1]} (isa {cpu.cpu_isa()}); "
-      f"_C_cuda: archs {info.get('cuda_archs', info)}")
+      f"_C_cuda: {cuda.__file__.rsplit('/', 1)[-1]}, archs {record.get('cuda_archs')}")
 if manifest["torch"] != torch.__version__:
     sys.exit(f"built for torch {manifest['torch']}, this venv has {torch.__version__}")
 stale = manifest["sources_sha256"] != sys.argv[2]

@@ -66,7 +66,7 @@ esac
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 layout "$work/pkg"
-gpu_py() { (cd "$work" && env -u TRITON_INTERPRET PYTHONPATH="$work/pkg" POSENC_FAST_NO_BUILD=1 "$GPU_VENV/bin/python" "$@"); }
+gpu_py() { (cd "$work" && env -u TRITON_INTERPRET PYTHONPATH="$work/pkg" POSENC_FAST_BUILD=none "$GPU_VENV/bin/python" "$@"); }
 
 if ((CHECK_ONLY)); then
   [[ -f "$OUT_DIR/triton_cache.tar.gz" && -f "$OUT_DIR/triton_manifest.json" ]] ||

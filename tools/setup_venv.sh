@@ -6,10 +6,10 @@
 # carries), installed first so that nothing pulls the multi-GB CUDA build from the index.
 # The C++ extension is then compiled the way a user's first call compiles it (the
 # first-use build into the user cache, ~/.cache/posenc_fast or $POSENC_FAST_CACHE), by
-# `python -m posenc_fast build`, with progress: one compile, reused by every later venv of
-# the same torch and sources, and tested as users get it. Its failure fails this script
-# (and so CI, which sets POSENC_FAST_REQUIRE_EXTENSION=1); POSENC_FAST_SKIP_EXTENSION=1
-# skips it (then a build already in the cache is still used).
+# `python -m posenc_fast build`, with the compiler's progress: one compile, reused by every
+# later venv of the same torch and sources, and tested as users get it. Its failure fails
+# this script (and so CI); POSENC_FAST_BUILD=none skips it (then a build already in the
+# cache is still used).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-test}"
@@ -19,9 +19,9 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -c constraints.txt torch==2.13.0 "setuptools>=77" wheel ninja
 # Editable, without build isolation (the torch above, no download of build requirements),
 # and without an ahead-of-time build: the step below compiles.
-POSENC_FAST_SKIP_EXTENSION=1 .venv/bin/python -m pip install -q -c constraints.txt \
+POSENC_FAST_BUILD=none .venv/bin/python -m pip install -q -c constraints.txt \
     --no-build-isolation -e ".[${extras}]"
-if [[ "${POSENC_FAST_SKIP_EXTENSION:-0}" == "0" ]]; then
+if [[ "${POSENC_FAST_BUILD:-auto}" != none ]]; then
     .venv/bin/python -m posenc_fast build
 fi
 # The test extra also gets timm, pinned, for the integration tests: with --no-deps, because

@@ -34,16 +34,14 @@ def _parser() -> argparse.ArgumentParser:
         "--cuda",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="the CUDA part: where torch has CUDA and a matching toolkit is found (auto), "
-        "attempted in any case (yes), not built (no)",
+        help="the CUDA part: where torch has CUDA and torch finds a toolkit (auto; "
+        "POSENC_FAST_BUILD=cpu|cuda make it no|yes), attempted in any case (yes), not built (no)",
     )
     build.add_argument(
         "--force",
         action="store_true",
-        help="rebuild even where a valid build exists (the package's or the cache's)",
-    )
-    build.add_argument(
-        "-v", "--verbose", action="store_true", help="show the compiler's commands and output"
+        help="rebuild from scratch into the cache, and use that build even where the package "
+        "has its own",
     )
 
     verify = sub.add_parser("verify", help="every usable backend against the float64 reference")

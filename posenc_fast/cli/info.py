@@ -88,8 +88,7 @@ def _extension_lines(ext: dict) -> list[str]:
         lines.append(f"{part:<5} {info.get('module')}: {state}" + (f": {why}" if why else ""))
         meta = info.get("build_metadata") or {}
         labels = {"build_time": "built" if meta.get("built") else "recorded",
-                  "torch_version": "for torch", "cuda_home": "toolkit", "cuda_toolkit": "nvcc",
-                  "cuda_archs": "archs", "how": "by"}  # fmt: skip
+                  "torch_version": "for torch", "cuda_archs": "archs", "how": "by"}  # fmt: skip
         built = [f"{label} {meta[key]}" for key, label in labels.items() if meta.get(key)]
         if info.get("path"):
             built.insert(0, f"{info['path']} (from {info.get('source')})")

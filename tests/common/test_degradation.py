@@ -141,7 +141,7 @@ def _simulate(tmp_path: Path, case: str):
     env.pop("POSENC_FAST_BACKEND", None)
     env.pop("POSENC_FAST_DISABLE_EXTENSION", None)
     if case.startswith("extension-"):  # an empty cache, no first-use build: it stays so
-        env.update(POSENC_FAST_NO_BUILD="1", POSENC_FAST_CACHE=str(tmp_path / "cache"))
+        env.update(POSENC_FAST_BUILD="none", POSENC_FAST_CACHE=str(tmp_path / "cache"))
     if case == "triton-missing":
         (site / "sitecustomize.py").write_text(TRITON_MISSING)
         env["TRITON_INTERPRET"] = "1"  # the interpreter would run it, were triton there
@@ -214,7 +214,7 @@ def test_extension_missing(tmp_path):
     result, info = _simulate(tmp_path, "extension-missing")
     reason = (
         "the C++ extension (posenc_fast._C) is not built for this torch and "
-        "POSENC_FAST_NO_BUILD forbids building it on first use: run `python -m posenc_fast build`"
+        "POSENC_FAST_BUILD=none forbids building it on first use: run `python -m posenc_fast build`"
     )
     _common(result, info, "cpp", reason)
     assert result["auto_ok"] and not result["binary_loaded"]

@@ -9,6 +9,7 @@ without it too (the kernel tests are then skipped, the loader tests still run).
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import math
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_fast import _dispatch, _extension, _extension_cache
+from posenc_fast import _dispatch, _extension
 from posenc_fast._testing import FloaterCase, floater_inputs
 from posenc_fast.cli import info as info_cli
 from posenc_fast.ops.floater import FloaterOptions
@@ -99,44 +100,52 @@ def test_disabled_extension_is_reported_and_import_works():
     assert got["cuda"]
 
 
-def _try_load_with(monkeypatch, info, binary, part="cpu"):
-    """_try_load with the package's own build replaced, an empty cache and no first-use
-    build (tests/common/test_extension_build.py tests those)."""
-    monkeypatch.setattr(_extension_cache, "read_build_info", lambda part="cpu": info)
-    monkeypatch.setattr(_extension_cache, "binary_path", lambda part="cpu": binary)
+@pytest.fixture
+def package(monkeypatch, tmp_path):
+    """The package's own build replaced by what a test writes into a folder, an empty cache
+    and no first-use build (tests/common/test_extension_build.py tests those)."""
+    folder = tmp_path / "package"
+    folder.mkdir()
+    monkeypatch.setattr(_extension, "PACKAGE_DIR", folder)
     monkeypatch.delenv("POSENC_FAST_DISABLE_EXTENSION", raising=False)
-    monkeypatch.setenv("POSENC_FAST_NO_BUILD", "1")
-    monkeypatch.setattr(_extension_cache, "cache_dir", lambda part="cpu": None)  # nothing cached
-    return _extension._try_load(part)
+    monkeypatch.setenv("POSENC_FAST_BUILD", "none")
+    monkeypatch.setenv("POSENC_FAST_CACHE", str(tmp_path / "cache"))
+    return folder
 
 
-def test_missing_extension_reason(monkeypatch):
-    module, reasons, _ = _try_load_with(monkeypatch, None, None)
-    assert module is None
-    assert "not built" in reasons[0] and "python -m posenc_fast build" in reasons[0]
-
-
-def test_failed_build_reason(monkeypatch):
-    info = {"built": False, "error": "RuntimeError: Error compiling objects for extension"}
-    module, reasons, _ = _try_load_with(monkeypatch, info, None)
-    assert module is None
-    assert "failed at install time" in reasons[0] and "Error compiling" in reasons[0]
-
-
-def test_torch_mismatch_is_reported_not_loaded(monkeypatch, tmp_path):
-    fake = tmp_path / "_C.so"
+def _fake_binary(folder: Path) -> Path:
+    fake = folder / f"_C{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     fake.write_bytes(b"not a shared object")  # loading it would fail loudly
-    info = {"built": True, "torch_version": "1.0.0+old", "python_abi": None}
-    module, reasons, _ = _try_load_with(monkeypatch, info, fake)
-    assert module is None
-    assert "1.0.0+old" in reasons[0] and torch.__version__ in reasons[0] and "rebuild" in reasons[0]
+    return fake
 
 
-def test_binary_without_metadata_is_not_loaded(monkeypatch, tmp_path):
-    fake = tmp_path / "_C.so"
-    fake.write_bytes(b"")
-    module, reasons, _ = _try_load_with(monkeypatch, None, fake)
-    assert module is None and "no build metadata" in reasons[0]
+def _record(folder: Path, **fields) -> None:
+    (folder / "_build_info.json").write_text(json.dumps(fields))
+
+
+def test_missing_extension_reason(package):
+    (why,) = _extension._try_load("cpu")["reasons"]
+    assert "not built" in why and "python -m posenc_fast build" in why
+
+
+def test_failed_build_reason(package):
+    _record(package, built=False, error="RuntimeError: Error compiling objects for extension")
+    reasons = _extension._try_load("cpu")["reasons"]
+    assert "was not built at install time" in reasons[0] and "Error compiling" in reasons[0]
+
+
+def test_torch_mismatch_is_reported_not_loaded(package):
+    fake = _fake_binary(package)
+    _record(package, built=True, torch_version="1.0.0+old")
+    (why, _no_build) = _extension._try_load("cpu")["reasons"]
+    assert why.startswith(f"{fake}: ")
+    assert "1.0.0+old" in why and torch.__version__ in why and "rebuild" in why
+
+
+def test_binary_without_metadata_is_not_loaded(package):
+    _fake_binary(package)
+    (why, _no_build) = _extension._try_load("cpu")["reasons"]
+    assert "no build record" in why
 
 
 @pytest.fixture
@@ -202,46 +211,16 @@ def _load_setup_module():
     return mod
 
 
-def test_setup_skip_variable_gives_pure_python(monkeypatch):
+def test_setup_build_none_gives_pure_python(monkeypatch):
     setup_mod = _load_setup_module()
-    monkeypatch.setenv("POSENC_FAST_SKIP_EXTENSION", "1")
+    monkeypatch.setenv("POSENC_FAST_BUILD", "none")
     assert setup_mod._extension_setup() == {}
-
-
-def test_setup_cuda_decision_never_asks_a_gpu(monkeypatch):
-    setup_mod = _load_setup_module()
-    from torch.utils import cpp_extension
-
-    def boom(*a, **k):
-        raise AssertionError("setup.py must not probe a GPU")
-
-    monkeypatch.setattr(torch.cuda, "is_available", boom)
-    monkeypatch.setattr(torch.cuda, "device_count", boom)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", boom)
-    # what _plan may change, restored afterwards
-    monkeypatch.setattr(cpp_extension, "CUDA_HOME", cpp_extension.CUDA_HOME)
-    for var in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST"):
-        monkeypatch.setenv(var, os.environ.get(var, "x"))
-        monkeypatch.delenv(var)
-    for var in ("POSENC_FAST_NO_CUDA", "POSENC_FAST_FORCE_CUDA"):
-        monkeypatch.delenv(var, raising=False)
-    cuda = setup_mod._plan(torch, cpp_extension)["cuda"]
-    if torch.version.cuda is None:
-        assert cuda["build"] is False and "built without CUDA" in cuda["record"]["cuda_decision"]
-    monkeypatch.setenv("POSENC_FAST_NO_CUDA", "1")
-    cuda = setup_mod._plan(torch, cpp_extension)["cuda"]
-    assert cuda["build"] is False
-    assert cuda["record"]["cuda_decision"] == "POSENC_FAST_NO_CUDA is set"
-    monkeypatch.delenv("POSENC_FAST_NO_CUDA")
-    monkeypatch.setenv("POSENC_FAST_FORCE_CUDA", "1")
-    cuda = setup_mod._plan(torch, cpp_extension)["cuda"]
-    assert cuda["build"] is True and cuda["archs"]  # attempted whatever the checks say
 
 
 @pytest.mark.slow
 def test_pure_python_wheel_builds_without_the_extension(tmp_path):
-    """POSENC_FAST_SKIP_EXTENSION=1: a wheel with no binary, built in this environment."""
-    env = dict(os.environ, POSENC_FAST_SKIP_EXTENSION="1")
+    """POSENC_FAST_BUILD=none: a wheel with no binary, built in this environment."""
+    env = dict(os.environ, POSENC_FAST_BUILD="none")
     cmd = [
         sys.executable,
         "-m",
@@ -283,7 +262,7 @@ def test_sdist_carries_every_extension_source(tmp_path):
         if (ROOT / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
-    env = dict(os.environ, POSENC_FAST_SKIP_EXTENSION="1")
+    env = dict(os.environ, POSENC_FAST_BUILD="none")
     cmd = [sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=src)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -291,7 +270,7 @@ def test_sdist_carries_every_extension_source(tmp_path):
     with tarfile.open(sdist) as tar:
         members = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     headers = [str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.h")]
-    wanted = [*_build_config.CPU_SOURCES, *_build_config.CUDA_SOURCES, *headers]
+    wanted = [*_build_config.SOURCES["cpu"], *_build_config.SOURCES["cuda"], *headers]
     assert headers and not [f for f in wanted if f not in members], sorted(members)
 
 

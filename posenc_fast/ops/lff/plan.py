@@ -381,7 +381,7 @@ def cache_path() -> str:
     named = os.environ.get(ENV_CACHE)
     if named:
         return os.path.expanduser(named)
-    from ..._extension_cache import cache_root
+    from ..._extension import cache_root
 
     return str(cache_root() / "lff_plans.json")
 
