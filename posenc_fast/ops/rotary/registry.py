@@ -42,54 +42,114 @@ def _reference_table(x, wr, out_dtype):
     return reference.rotary_table(x, wr, out_dtype).squeeze(-3)
 
 
-def _cpp_table(x, wr, out_dtype):
-    return extension_ops("cpp").lff_rotary_kernel(x, wr, out_dtype)
+# The compiled kernels of the general rotary ops:
+#   "rotary":       forward(q, k, x, freqs, pairs, layout, prefix) -> (q', k')
+#                   backward(gq, gk, q, k, x, freqs, pairs, layout, prefix, needs)
+#                       -> [dq, dk, dx, dfreqs], None where not needed
+#   "rotary_table": forward(x, freqs, pairs, out_dtype) -> [2, ..., F]
+#                   backward(grad, x, freqs, pairs, need_x, need_freqs) -> (dx, dfreqs)
+# freqs [F/2, M] shared by the heads or [H, F/2, M] one per head, any strides. The
+# LightGlue ops below are the case pairs="interleaved", prefix=0, shared freqs.
 
 
-def _cpp_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
-    dx, dwr = extension_ops("cpp").lff_rotary_kernel_backward(
-        grad, x, wr, bool(need_x), bool(need_wr)
-    )
-    return (dx if need_x else None), (dwr if need_wr else None)
+def _cpp_rotary(q, k, x, freqs, pairs: str, layout: str, prefix: int):
+    return extension_ops("cpp").rotary_kernel(q, k, x, freqs, str(pairs), str(layout), int(prefix))
 
 
-def _cpp_apply(q, k, x, wr, layout: str):
-    return extension_ops("cpp").apply_lff_rotary_kernel(q, k, x, wr, str(layout))
-
-
-def _cpp_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
+def _cpp_rotary_backward(gq, gk, q, k, x, freqs, pairs: str, layout: str, prefix: int, needs):
     needs = [bool(n) for n in needs]
-    grads = extension_ops("cpp").apply_lff_rotary_kernel_backward(
-        gq, gk, q, k, x, wr, str(layout), needs
+    grads = extension_ops("cpp").rotary_kernel_backward(
+        gq, gk, q, k, x, freqs, str(pairs), str(layout), int(prefix), needs
     )
     return [g if n else None for g, n in zip(grads, needs)]
+
+
+def _cpp_rotary_table(x, freqs, pairs: str, out_dtype):
+    return extension_ops("cpp").rotary_table_kernel(x, freqs, str(pairs), out_dtype)
+
+
+def _cpp_rotary_table_backward(grad, x, freqs, pairs: str, need_x: bool, need_freqs: bool):
+    dx, dfreqs = extension_ops("cpp").rotary_table_kernel_backward(
+        grad, x, freqs, str(pairs), bool(need_x), bool(need_freqs)
+    )
+    return (dx if need_x else None), (dfreqs if need_freqs else None)
 
 
 # The Triton launchers, imported on first use (triton is optional and slow to import).
 
 
+def _triton_rotary(q, k, x, freqs, pairs: str, layout: str, prefix: int):
+    from ...triton_kernels import rotary
+
+    return rotary.rotary_fwd(q, k, x, freqs, pairs, layout, prefix)
+
+
+def _triton_rotary_backward(gq, gk, q, k, x, freqs, pairs: str, layout: str, prefix: int, needs):
+    from ...triton_kernels import rotary
+
+    return rotary.rotary_bwd(gq, gk, q, k, x, freqs, pairs, layout, prefix, needs)
+
+
+def _triton_rotary_table(x, freqs, pairs: str, out_dtype):
+    from ...triton_kernels import rotary
+
+    return rotary.rotary_table_fwd(x, freqs, pairs, out_dtype)
+
+
+def _triton_rotary_table_backward(grad, x, freqs, pairs: str, need_x: bool, need_freqs: bool):
+    from ...triton_kernels import rotary
+
+    return rotary.rotary_table_bwd(grad, x, freqs, pairs, need_x, need_freqs)
+
+
+# LightGlue's ops on the general kernels.
+
+
+def _cpp_table(x, wr, out_dtype):
+    return extension_ops("cpp").rotary_table_kernel(x, wr, "interleaved", out_dtype)
+
+
+def _cpp_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
+    dx, dwr = extension_ops("cpp").rotary_table_kernel_backward(
+        grad, x, wr, "interleaved", bool(need_x), bool(need_wr)
+    )
+    return (dx if need_x else None), (dwr if need_wr else None)
+
+
+def _cpp_apply(q, k, x, wr, layout: str):
+    return extension_ops("cpp").rotary_kernel(q, k, x, wr, "interleaved", str(layout), 0)
+
+
+def _cpp_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
+    needs = [bool(n) for n in needs]
+    grads = extension_ops("cpp").rotary_kernel_backward(
+        gq, gk, q, k, x, wr, "interleaved", str(layout), 0, needs
+    )
+    return [g if n else None for g, n in zip(grads, needs)]
+
+
 def _triton_table(x, wr, out_dtype):
     from ...triton_kernels import rotary
 
-    return rotary.rotary_table_fwd(x, wr, out_dtype)
+    return rotary.rotary_table_fwd(x, wr, "interleaved", out_dtype)
 
 
 def _triton_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
     from ...triton_kernels import rotary
 
-    return rotary.rotary_table_bwd(grad, x, wr, need_x, need_wr)
+    return rotary.rotary_table_bwd(grad, x, wr, "interleaved", need_x, need_wr)
 
 
 def _triton_apply(q, k, x, wr, layout: str):
     from ...triton_kernels import rotary
 
-    return rotary.rotary_apply_fwd(q, k, x, wr, layout)
+    return rotary.rotary_fwd(q, k, x, wr, "interleaved", layout, 0)
 
 
 def _triton_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
     from ...triton_kernels import rotary
 
-    return rotary.rotary_apply_bwd(gq, gk, q, k, x, wr, layout, needs)
+    return rotary.rotary_bwd(gq, gk, q, k, x, wr, "interleaved", layout, 0, needs)
 
 
 _TRITON = _compiled(triton_devices(), {"pos_dim": 16})  # M unrolled in the kernels
