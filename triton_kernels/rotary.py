@@ -206,32 +206,39 @@ def _rotary_fwd_kernel(
         b = tl.cast(tile // tiles_per_batch, tl.int64)
         ns = tl.cast(tile % tiles_per_batch, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = ns < n_pos
-        ts = ns + prefix  # the tokens' rows in q and k
+        # x's row n is token prefix + n of q and k: a scalar offset of their bases
+        pre = tl.cast(prefix, tl.int64)
+        q_in, q_out = b * sq_b + pre * sq_n, b * soq_b + pre * soq_n
+        k_in, k_out = b * sk_b + pre * sk_n, b * sok_b + pre * sok_n
         x_rows = X + b * stride_xb + ns * stride_xn  # [BLOCK_N] pointers to the positions
-        for g in range(n_groups):
+        # (group, chunk of frequencies) pairs in one flat loop: a nested loop over the
+        # groups held the inner loop's hoisted addresses longer (more registers on sm_90)
+        chunks = tl.cdiv(n_freq, BLOCK_K)
+        for j in range(0, n_groups * chunks):
+            g = j // chunks
+            k0 = (j % chunks) * BLOCK_K
             gg = tl.cast(g, tl.int64)
             w = W + gg * stride_wg
-            for k0 in range(0, n_freq, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                c, s = cos_sin_strided(x_rows, nmask, stride_xm, w, ks, ks < n_freq, stride_wk,
-                                       stride_wm, M)  # fmt: skip
-                if TABLE:
-                    _store_pairs(OQ, b * soq_b + gg * soq_h, ns, nmask, k0, n_freq, soq_n, c, c,
-                                 HALF, INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
-                    _store_pairs(OK, b * sok_b + gg * sok_h, ns, nmask, k0, n_freq, sok_n, s, s,
-                                 HALF, INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
-                else:
-                    _rotate_heads(Q, OQ, b * sq_b, b * soq_b, g * heads_q, heads_q, sq_h, sq_n,
-                                  sq_d, soq_h, soq_n, ts, nmask, k0, n_freq, c, s, HALF,
-                                  INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
-                    _rotate_heads(K, OK, b * sk_b, b * sok_b, g * heads_k, heads_k, sk_h, sk_n,
-                                  sk_d, sok_h, sok_n, ts, nmask, k0, n_freq, c, s, HALF,
-                                  INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
+            ks = k0 + tl.arange(0, BLOCK_K)
+            c, s = cos_sin_strided(x_rows, nmask, stride_xm, w, ks, ks < n_freq, stride_wk,
+                                   stride_wm, M)  # fmt: skip
+            if TABLE:
+                _store_pairs(OQ, b * soq_b + gg * soq_h, ns, nmask, k0, n_freq, soq_n, c, c,
+                             HALF, INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
+                _store_pairs(OK, b * sok_b + gg * sok_h, ns, nmask, k0, n_freq, sok_n, s, s,
+                             HALF, INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
+            else:
+                _rotate_heads(Q, OQ, q_in, q_out, g * heads_q, heads_q, sq_h, sq_n, sq_d, soq_h,
+                              soq_n, ns, nmask, k0, n_freq, c, s, HALF, INTERPRET, BLOCK_N,
+                              BLOCK_K)  # fmt: skip
+                _rotate_heads(K, OK, k_in, k_out, g * heads_k, heads_k, sk_h, sk_n, sk_d, sok_h,
+                              sok_n, ns, nmask, k0, n_freq, c, s, HALF, INTERPRET, BLOCK_N,
+                              BLOCK_K)  # fmt: skip
         if not TABLE:
-            _copy_tail(Q, OQ, b * sq_b, b * soq_b, n_groups * heads_q, sq_h, sq_n, sq_d, soq_h,
-                       soq_n, ts, nmask, 2 * n_freq, head_dim, BLOCK_N, BLOCK_P)  # fmt: skip
-            _copy_tail(K, OK, b * sk_b, b * sok_b, n_groups * heads_k, sk_h, sk_n, sk_d, sok_h,
-                       sok_n, ts, nmask, 2 * n_freq, head_dim, BLOCK_N, BLOCK_P)  # fmt: skip
+            _copy_tail(Q, OQ, q_in, q_out, n_groups * heads_q, sq_h, sq_n, sq_d, soq_h, soq_n, ns,
+                       nmask, 2 * n_freq, head_dim, BLOCK_N, BLOCK_P)  # fmt: skip
+            _copy_tail(K, OK, k_in, k_out, n_groups * heads_k, sk_h, sk_n, sk_d, sok_h, sok_n, ns,
+                       nmask, 2 * n_freq, head_dim, BLOCK_N, BLOCK_P)  # fmt: skip
     elif not TABLE:
         t = tile - n_rot_tiles
         b = tl.cast(t // copy_tiles_per_batch, tl.int64)
@@ -279,60 +286,64 @@ def _rotary_bwd_kernel(
             b = tl.cast(tile // tiles_per_batch, tl.int64)
             ns = tl.cast(tile % tiles_per_batch, tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
             nmask = ns < n_pos
-            ts = ns + prefix
+            pre = tl.cast(prefix, tl.int64)
+            q_base, gq_base = b * sq_b + pre * sq_n, b * sgq_b + pre * sgq_n
+            k_base, gk_base = b * sk_b + pre * sk_n, b * sgk_b + pre * sgk_n
+            dq_base, dk_base = b * sdq_b + pre * sdq_n, b * sdk_b + pre * sdk_n
             x_rows = X + b * stride_xb + ns * stride_xn
             dx_acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for g in range(n_groups):
+            chunks = tl.cdiv(n_freq, BLOCK_K)
+            for j in range(0, n_groups * chunks):  # (group, chunk): as the forward
+                g = j // chunks
+                k0 = (j % chunks) * BLOCK_K
                 gg = tl.cast(g, tl.int64)
                 w = W + gg * stride_wg
-                ws_g = ws + gg * (n_freq * M)
-                for k0 in range(0, n_freq, BLOCK_K):
-                    ks = k0 + tl.arange(0, BLOCK_K)
-                    kmask = ks < n_freq
-                    c, s = cos_sin_strided(x_rows, nmask, stride_xm, w, ks, kmask, stride_wk,
-                                           stride_wm, M)  # fmt: skip
-                    if TABLE:
-                        # A frequency's two channels hold the same cos (sin): gradients add up.
-                        gca, gcb = _pair_tile(GQ, b * sgq_b + gg * sgq_h, ns, nmask, k0, n_freq,
-                                              sgq_n, sgq_d, HALF, BLOCK_N, BLOCK_K)  # fmt: skip
-                        gsa, gsb = _pair_tile(GK, b * sgk_b + gg * sgk_h, ns, nmask, k0, n_freq,
-                                              sgk_n, sgk_d, HALF, BLOCK_N, BLOCK_K)  # fmt: skip
-                        dphi = (gsa + gsb) * c - (gca + gcb) * s
-                    else:
-                        cross = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-                        dot = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-                        if NEED_Q or NEED_PHASE:
-                            cross, dot = _rotate_grads(
-                                Q, GQ, DQ, b * sq_b, b * sgq_b, b * sdq_b, g * heads_q, heads_q,
-                                sq_h, sq_n, sq_d, sgq_h, sgq_n, sgq_d, sdq_h, sdq_n, ts, nmask,
-                                k0, n_freq, c, s, cross, dot, NEED_Q, NEED_PHASE, HALF,
-                                INTERPRET, BLOCK_N, BLOCK_K,
-                            )  # fmt: skip
-                        if NEED_K or NEED_PHASE:
-                            cross, dot = _rotate_grads(
-                                K, GK, DK, b * sk_b, b * sgk_b, b * sdk_b, g * heads_k, heads_k,
-                                sk_h, sk_n, sk_d, sgk_h, sgk_n, sgk_d, sdk_h, sdk_n, ts, nmask,
-                                k0, n_freq, c, s, cross, dot, NEED_K, NEED_PHASE, HALF,
-                                INTERPRET, BLOCK_N, BLOCK_K,
-                            )  # fmt: skip
-                        dphi = c * cross - s * dot
-                    if NEED_PHASE:
-                        # Padded rows and frequencies read zeros above: dphi = 0 there.
-                        dx_acc = phase_chain_rule_strided(
-                            dphi, x_rows, nmask, stride_xm, w, ks, kmask, stride_wk, stride_wm,
-                            dx_acc, ms, ws_g, accumulate, M, NEED_X, NEED_W,
+                ks = k0 + tl.arange(0, BLOCK_K)
+                kmask = ks < n_freq
+                c, s = cos_sin_strided(x_rows, nmask, stride_xm, w, ks, kmask, stride_wk,
+                                       stride_wm, M)  # fmt: skip
+                if TABLE:
+                    # A frequency's two channels hold the same cos (sin): gradients add up.
+                    gca, gcb = _pair_tile(GQ, b * sgq_b + gg * sgq_h, ns, nmask, k0, n_freq,
+                                          sgq_n, sgq_d, HALF, BLOCK_N, BLOCK_K)  # fmt: skip
+                    gsa, gsb = _pair_tile(GK, b * sgk_b + gg * sgk_h, ns, nmask, k0, n_freq,
+                                          sgk_n, sgk_d, HALF, BLOCK_N, BLOCK_K)  # fmt: skip
+                    dphi = (gsa + gsb) * c - (gca + gcb) * s
+                else:
+                    cross = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+                    dot = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+                    if NEED_Q or NEED_PHASE:
+                        cross, dot = _rotate_grads(
+                            Q, GQ, DQ, q_base, gq_base, dq_base, g * heads_q, heads_q, sq_h,
+                            sq_n, sq_d, sgq_h, sgq_n, sgq_d, sdq_h, sdq_n, ns, nmask, k0, n_freq,
+                            c, s, cross, dot, NEED_Q, NEED_PHASE, HALF, INTERPRET, BLOCK_N,
+                            BLOCK_K,
                         )  # fmt: skip
+                    if NEED_K or NEED_PHASE:
+                        cross, dot = _rotate_grads(
+                            K, GK, DK, k_base, gk_base, dk_base, g * heads_k, heads_k, sk_h,
+                            sk_n, sk_d, sgk_h, sgk_n, sgk_d, sdk_h, sdk_n, ns, nmask, k0, n_freq,
+                            c, s, cross, dot, NEED_K, NEED_PHASE, HALF, INTERPRET, BLOCK_N,
+                            BLOCK_K,
+                        )  # fmt: skip
+                    dphi = c * cross - s * dot
+                if NEED_PHASE:
+                    # Padded rows and frequencies read zeros above: dphi = 0 there.
+                    dx_acc = phase_chain_rule_strided(
+                        dphi, x_rows, nmask, stride_xm, w, ks, kmask, stride_wk, stride_wm,
+                        dx_acc, ms, ws + gg * (n_freq * M), accumulate, M, NEED_X, NEED_W,
+                    )  # fmt: skip
             if NEED_X:
                 dx_ptrs = DX + (b * n_pos + ns)[:, None] * M + ms[None, :]
                 tl.store(dx_ptrs, dx_acc, mask=nmask[:, None] & (ms < M)[None, :])
             if not TABLE:
                 if NEED_Q:
-                    _copy_tail(GQ, DQ, b * sgq_b, b * sdq_b, n_groups * heads_q, sgq_h, sgq_n,
-                               sgq_d, sdq_h, sdq_n, ts, nmask, 2 * n_freq, head_dim, BLOCK_N,
+                    _copy_tail(GQ, DQ, gq_base, dq_base, n_groups * heads_q, sgq_h, sgq_n, sgq_d,
+                               sdq_h, sdq_n, ns, nmask, 2 * n_freq, head_dim, BLOCK_N,
                                BLOCK_P)  # fmt: skip
                 if NEED_K:
-                    _copy_tail(GK, DK, b * sgk_b, b * sdk_b, n_groups * heads_k, sgk_h, sgk_n,
-                               sgk_d, sdk_h, sdk_n, ts, nmask, 2 * n_freq, head_dim, BLOCK_N,
+                    _copy_tail(GK, DK, gk_base, dk_base, n_groups * heads_k, sgk_h, sgk_n, sgk_d,
+                               sdk_h, sdk_n, ns, nmask, 2 * n_freq, head_dim, BLOCK_N,
                                BLOCK_P)  # fmt: skip
         elif not TABLE:
             # a prefix tile: the gradient of a copied token is copied back
@@ -351,24 +362,25 @@ def _rotary_bwd_kernel(
 # ------------------------------------------------------------------------ launchers
 
 
-def blocks(n_pos: int, n_freq: int) -> tuple[dict, dict]:
+def blocks(n_pos: int, n_freq: int, half: bool = False) -> tuple[dict, dict]:
     """(block sizes, launch options), a fixed rule (part of the backward's summation
     order, so never timing-dependent).
 
-    GPU: 16 positions x 32 frequencies (64 channels: 128 B of bf16 per row, coalesced),
-    16 frequencies for head_dim <= 32, 4 warps. Chosen by compiling for sm_90 (triton
-    3.9, no GPU) and reading registers: at this size the forward needs 80-96 registers
-    and the backward 167, without spilling; 32 x 32 spills ~400 B in both (255
-    registers), so do 64 x 8 and 32 x 32 with 8 warps in the backward. The interpreter
-    pays per program and per loop iteration: few programs, large blocks."""
+    GPU: 16 tokens x 32 frequencies for interleaved pairs (64 channels: 128 B of bf16 per
+    row), 16 frequencies for head_dim <= 32 and for halves (two runs of 16 channels, 32 B
+    each), 4 warps. Chosen by compiling for sm_90 (compile_report, no GPU) and reading
+    registers: interleaved, the forward needs ~96 registers and the backward 128-160 (bf16;
+    fp32 more), without spilling; halves at 32 frequencies took 168 and 255 (spilling),
+    at 16 96 and 128-204. The interpreter pays per program and per loop iteration: few
+    programs, large blocks."""
     if INTERPRET:
         return {"BLOCK_N": pow2(n_pos, 16, 64), "BLOCK_K": pow2(n_freq, 16, 64), "BLOCK_P": 64}, {}
-    return gpu_blocks(n_freq), {"num_warps": 4}
+    return gpu_blocks(n_freq, half), {"num_warps": 4}
 
 
-def gpu_blocks(n_freq: int) -> dict:
+def gpu_blocks(n_freq: int, half: bool = False) -> dict:
     """The GPU's block sizes (see ``blocks``; the tests also run them in the interpreter)."""
-    return {"BLOCK_N": 16, "BLOCK_K": 32 if n_freq > 16 else 16, "BLOCK_P": 64}
+    return {"BLOCK_N": 16, "BLOCK_K": 32 if n_freq > 16 and not half else 16, "BLOCK_P": 64}
 
 
 def _strides(t: torch.Tensor, n: int) -> tuple:
@@ -404,7 +416,8 @@ def rotary_table_fwd(x, freqs, pairs: str, out_dtype: torch.dtype) -> torch.Tens
     F2 = freqs.shape[-2]
     out = torch.empty((2, Bx, G, N, 2 * F2), dtype=out_dtype, device=x.device)
     if Bx * N:
-        bl, opts = blocks(N, F2)
+        half = pairs == "half"
+        bl, opts = blocks(N, F2, half)
         tiles = triton.cdiv(N, bl["BLOCK_N"])
         o = out.stride()
         with device_guard(x):
@@ -413,7 +426,7 @@ def rotary_table_fwd(x, freqs, pairs: str, out_dtype: torch.dtype) -> torch.Tens
                 N, 0, F2, 2 * F2, G, 0, 0, tiles, Bx * tiles, 1,
                 x3.stride(0), x3.stride(1), x3.stride(2), swg, swk, swm,
                 *(0,) * 8, *o[1:4], *o[1:4],
-                M=M, TABLE=True, HALF=pairs == "half", INTERPRET=INTERPRET,
+                M=M, TABLE=True, HALF=half, INTERPRET=INTERPRET,
                 enable_fp_fusion=False, **bl, **opts,
             )  # fmt: skip
     return out.view(_table_shape(x, freqs))
@@ -429,7 +442,7 @@ def _launch_bwd(x3, freqs, q, k, gq, gk, dq, dk, dx, n_pos, prefix, heads, half,
     B = x3.shape[0] if table else gq.shape[0]
     M, F2 = x3.shape[-1], freqs.shape[-2]
     G, swg, swk, swm = _freq_strides(freqs)
-    bl, opts = blocks(n_pos, F2)
+    bl, opts = blocks(n_pos, F2, half)
     tiles_per_batch = triton.cdiv(n_pos, bl["BLOCK_N"])
     copy_tiles = triton.cdiv(prefix, bl["BLOCK_N"])
     n_rot = B * tiles_per_batch
@@ -503,7 +516,8 @@ def rotary_fwd(q, k, x, freqs, pairs: str, layout: str, prefix: int):
         return oq, ok
     G, swg, swk, swm = _freq_strides(freqs)
     F2, M = freqs.shape[-2:]
-    bl, opts = blocks(n_pos, F2)
+    half = pairs == "half"
+    bl, opts = blocks(n_pos, F2, half)
     tiles_per_batch = triton.cdiv(n_pos, bl["BLOCK_N"])
     copy_tiles = triton.cdiv(prefix, bl["BLOCK_N"])
     n_rot = B * tiles_per_batch
@@ -514,7 +528,7 @@ def rotary_fwd(q, k, x, freqs, pairs: str, layout: str, prefix: int):
             max(copy_tiles, 1),
             x3.stride(0) if x3.shape[0] > 1 else 0, x3.stride(1), x3.stride(2), swg, swk, swm,
             *_strides(qh, 4), *_strides(kh, 4), *_strides(oqh, 3), *_strides(okh, 3),
-            M=M, TABLE=False, HALF=pairs == "half", INTERPRET=INTERPRET,
+            M=M, TABLE=False, HALF=half, INTERPRET=INTERPRET,
             enable_fp_fusion=False, **bl, **opts,
         )  # fmt: skip
     return oq, ok
@@ -556,10 +570,10 @@ def compile_cases(quick: bool):
     the launchers' GPU configurations at head_dim 64 (and 128), M = 2, interleaved pairs
     (LightGlue, timm) and halves (rotate-half: DINOv3, timm half=True)."""
     for F2 in (32,) if quick else (32, 64):
-        bl, opts = blocks(1 << 16, F2)
-        tail = f"F{2 * F2} BN{bl['BLOCK_N']} BK{bl['BLOCK_K']}"
-        fwd_opts = dict(enable_fp_fusion=False, **opts)
         for half in (False, True):
+            bl, opts = blocks(1 << 16, F2, half)
+            tail = f"F{2 * F2} BN{bl['BLOCK_N']} BK{bl['BLOCK_K']}"
+            fwd_opts = dict(enable_fp_fusion=False, **opts)
             pairs = "half" if half else "interleaved"
             base = dict(M=2, HALF=half, INTERPRET=False, **bl)
             for dt in ("bf16",) if quick else ("bf16", "fp32"):

@@ -454,13 +454,17 @@ def test_cpp_equals_the_triton_interpreter(triton_interpreter):
         assert torch.equal(ta, tb), tcase
 
 
-def test_triton_gpu_block_sizes_in_the_interpreter(triton_interpreter, monkeypatch):
-    """The GPU's block rule (16 tokens x 32 frequencies) through the interpreter: several
-    tiles of tokens and of prefix tokens, per-head groups, halves, a partial last chunk."""
+@pytest.mark.parametrize("pairs", ["interleaved", "half"])
+def test_triton_gpu_block_sizes_in_the_interpreter(triton_interpreter, monkeypatch, pairs):
+    """The GPU's block rule (16 tokens x 32 frequencies, 16 for halves) through the
+    interpreter: several tiles of tokens and of prefix tokens, per-head groups, chunks of
+    frequencies with a partial last one."""
     from posenc_fast.triton_kernels import rotary as kernels
 
-    monkeypatch.setattr(kernels, "blocks", lambda n, f: (kernels.gpu_blocks(f), {}))
-    case = Case(2, 2, 2, 40, 84, 80, 2, "bnhd", "half", per_head=True, prefix=18)
+    monkeypatch.setattr(
+        kernels, "blocks", lambda n, f, half=False: (kernels.gpu_blocks(f, half), {})
+    )
+    case = Case(2, 2, 2, 40, 84, 80, 2, "bnhd", pairs, per_head=True, prefix=18)
     inputs = make_inputs(case, torch.float32, 41)
     g = _testing.generator(42)
     gq, gk = (_testing.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
