@@ -186,7 +186,7 @@ def _rotate_grads(
 def _rotary_fwd_kernel(
     X, W, Q, K, OQ, OK,
     n_pos, prefix, n_freq, head_dim, n_groups, heads_q, heads_k, tiles_per_batch, n_rot_tiles,
-    copy_tiles_per_batch,
+    copy_tiles_per_batch, plane,
     stride_xb, stride_xn, stride_xm, stride_wg, stride_wk, stride_wm,
     sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d,
     soq_b, soq_h, soq_n, sok_b, sok_h, sok_n,
@@ -196,8 +196,9 @@ def _rotary_fwd_kernel(
     # X [Bx, N', M] positions of the rotated tokens, any strides (stride_xb = 0: shared by
     # the batch). W [G, F2, M], any strides (stride_wg = 0 when G = 1). Apply: Q
     # [B, G * heads_q, prefix + N', D], K [B, G * heads_k, prefix + N', D], any strides; OQ,
-    # OK their shapes with unit channel stride. TABLE: OQ and OK are the cos and sin planes
-    # [Bx, G, N', 2 F2] (unit channel stride, the same strides), Q, K unread, prefix 0.
+    # OK their shapes with unit channel stride. TABLE: OQ = OK the table [2, Bx, G, N', 2 F2]
+    # (unit channel stride; the sin plane `plane` elements after the cos plane), Q, K
+    # unread, prefix 0.
     # Grid: (n_rot_tiles + B * copy_tiles_per_batch,): tile < n_rot_tiles -> (batch row b,
     # BLOCK_N tokens of x); the others copy BLOCK_N prefix tokens of batch row b whole.
     # 64-bit offsets throughout.
@@ -225,8 +226,8 @@ def _rotary_fwd_kernel(
             if TABLE:
                 _store_pairs(OQ, b * soq_b + gg * soq_h, ns, nmask, k0, n_freq, soq_n, c, c,
                              HALF, INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
-                _store_pairs(OK, b * sok_b + gg * sok_h, ns, nmask, k0, n_freq, sok_n, s, s,
-                             HALF, INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
+                _store_pairs(OK, plane + b * sok_b + gg * sok_h, ns, nmask, k0, n_freq, sok_n, s,
+                             s, HALF, INTERPRET, BLOCK_N, BLOCK_K)  # fmt: skip
             else:
                 _rotate_heads(Q, OQ, q_in, q_out, g * heads_q, heads_q, sq_h, sq_n, sq_d, soq_h,
                               soq_n, ns, nmask, k0, n_freq, c, s, HALF, INTERPRET, BLOCK_N,
@@ -254,7 +255,7 @@ def _rotary_fwd_kernel(
 def _rotary_bwd_kernel(
     X, W, Q, K, GQ, GK, DQ, DK, DX, WS,
     n_pos, prefix, n_freq, head_dim, n_groups, heads_q, heads_k, tiles_per_batch, n_rot_tiles,
-    copy_tiles_per_batch, n_tiles,
+    copy_tiles_per_batch, plane, n_tiles,
     stride_xb, stride_xn, stride_xm, stride_wg, stride_wk, stride_wm,
     sq_b, sq_h, sq_n, sq_d, sk_b, sk_h, sk_n, sk_d,
     sgq_b, sgq_h, sgq_n, sgq_d, sgk_b, sgk_h, sgk_n, sgk_d,
@@ -265,9 +266,10 @@ def _rotary_bwd_kernel(
     BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     # As the forward; GQ, GK the gradients of OQ, OK (any strides), DQ, DK [B, H, N, D]
-    # with unit channel stride. TABLE: GQ, GK the gradients of the cos and sin planes
-    # [Bx, G, N', 2 F2] (any strides). DX [Bx, N', M] contiguous float32 (per batch row;
-    # the launcher sums it over b for positions shared by the batch). WS [P, G * F2 * M]
+    # with unit channel stride. TABLE: GQ = GK the table's gradient [2, Bx, G, N', 2 F2]
+    # (any strides; the sin plane `plane` elements after the cos plane). DX [Bx, N', M]
+    # contiguous float32 (per batch row; the launcher sums it over b for positions shared
+    # by the batch). WS [P, G * F2 * M]
     # float32, uninitialised: this program's dW partial sums. Grid: (P,), programs walk
     # the tiles pid, pid + P, ...; with NEED_W, P <= n_rot_tiles (every program's first
     # tile rotates, and writes its whole workspace row).
@@ -306,8 +308,9 @@ def _rotary_bwd_kernel(
                     # A frequency's two channels hold the same cos (sin): gradients add up.
                     gca, gcb = _pair_tile(GQ, b * sgq_b + gg * sgq_h, ns, nmask, k0, n_freq,
                                           sgq_n, sgq_d, HALF, BLOCK_N, BLOCK_K)  # fmt: skip
-                    gsa, gsb = _pair_tile(GK, b * sgk_b + gg * sgk_h, ns, nmask, k0, n_freq,
-                                          sgk_n, sgk_d, HALF, BLOCK_N, BLOCK_K)  # fmt: skip
+                    gsa, gsb = _pair_tile(GK, plane + b * sgk_b + gg * sgk_h, ns, nmask, k0,
+                                          n_freq, sgk_n, sgk_d, HALF, BLOCK_N,
+                                          BLOCK_K)  # fmt: skip
                     dphi = (gsa + gsb) * c - (gca + gcb) * s
                 else:
                     cross = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -422,8 +425,8 @@ def rotary_table_fwd(x, freqs, pairs: str, out_dtype: torch.dtype) -> torch.Tens
         o = out.stride()
         with device_guard(x):
             _rotary_fwd_kernel[(Bx * tiles,)](
-                x3, freqs, out, out, out[0], out[1],
-                N, 0, F2, 2 * F2, G, 0, 0, tiles, Bx * tiles, 1,
+                x3, freqs, out, out, out, out,
+                N, 0, F2, 2 * F2, G, 0, 0, tiles, Bx * tiles, 1, o[0],
                 x3.stride(0), x3.stride(1), x3.stride(2), swg, swk, swm,
                 *(0,) * 8, *o[1:4], *o[1:4],
                 M=M, TABLE=True, HALF=half, INTERPRET=INTERPRET,
@@ -435,9 +438,8 @@ def rotary_table_fwd(x, freqs, pairs: str, out_dtype: torch.dtype) -> torch.Tens
 def _launch_bwd(x3, freqs, q, k, gq, gk, dq, dk, dx, n_pos, prefix, heads, half, table, needs):
     """The backward kernel over x3 [Bx, N', M] for B * cdiv(N', BLOCK_N) rotating tiles and
     B * cdiv(prefix, BLOCK_N) prefix tiles; returns dW (float32 sums rounded to freqs'
-    dtype, freqs' shape) or None. q..dk: [B, H, N, D] views (or, for the table, gq and gk
-    the cos and sin gradient planes [Bx, G, N', F], the rest unused); heads (per group of
-    q, of k)."""
+    dtype, freqs' shape) or None. q..dk: [B, H, N, D] views (or, for the table, every one
+    the table's gradient [2, Bx, G, N', F]); heads (per group of q, of k)."""
     need_q, need_k, need_x, need_w = needs
     B = x3.shape[0] if table else gq.shape[0]
     M, F2 = x3.shape[-1], freqs.shape[-2]
@@ -453,9 +455,11 @@ def _launch_bwd(x3, freqs, q, k, gq, gk, dq, dk, dx, n_pos, prefix, heads, half,
     programs = min(n_rot, max_programs(x3.device)) if need_w else n_tiles
     ws = torch.empty((programs, G * F2 * M if need_w else 1), dtype=torch.float32,
                      device=x3.device)  # fmt: skip
+    plane = 0
     if table:
         q_str = k_str = (0,) * 4
-        gq_str, gk_str = _strides(gq, 4), _strides(gk, 4)
+        plane, *gq_str = gq.stride()
+        gk_str = gq_str
         head_d = 2 * F2
     else:
         q_str, k_str, gq_str, gk_str = (_strides(t, 4) for t in (q, k, gq, gk))
@@ -468,7 +472,7 @@ def _launch_bwd(x3, freqs, q, k, gq, gk, dq, dk, dx, n_pos, prefix, heads, half,
             x3, freqs, q, k, gq, gk, dq if need_q else ws, dk if need_k else ws,
             dx if need_x else ws, ws,
             n_pos, prefix, F2, head_d, G, heads[0], heads[1], tiles_per_batch, n_rot,
-            max(copy_tiles, 1), n_tiles,
+            max(copy_tiles, 1), plane, n_tiles,
             x_b, x3.stride(1), x3.stride(2), swg, swk, swm,
             *q_str, *k_str, *gq_str, *gk_str, *dq_str, *dk_str, ws.stride(0),
             M=M, TABLE=table, HALF=half, NEED_Q=need_q, NEED_K=need_k, NEED_X=need_x,
@@ -497,7 +501,7 @@ def rotary_table_bwd(grad, x, freqs, pairs: str, need_x: bool, need_freqs: bool)
     F2 = freqs.shape[-2]
     g = grad.reshape(2, Bx, freqs.shape[0] if per_head else 1, N, 2 * F2)
     dx = torch.empty((Bx, N, M), dtype=torch.float32, device=x.device) if need_x else None
-    dw = _launch_bwd(x3, freqs, g[0], g[1], g[0], g[1], None, None, dx, N, 0, (0, 0),
+    dw = _launch_bwd(x3, freqs, g, g, g, g, None, None, dx, N, 0, (0, 0),
                      pairs == "half", True, (False, False, need_x, need_freqs))  # fmt: skip
     return (None if dx is None else dx.to(x.dtype).view(x.shape)), dw
 
@@ -525,7 +529,7 @@ def rotary_fwd(q, k, x, freqs, pairs: str, layout: str, prefix: int):
         _rotary_fwd_kernel[(n_rot + B * copy_tiles,)](
             x3, freqs, qh, kh, oqh, okh,
             n_pos, prefix, F2, D, G, Hq // G, kh.shape[1] // G, tiles_per_batch, n_rot,
-            max(copy_tiles, 1),
+            max(copy_tiles, 1), 0,
             x3.stride(0) if x3.shape[0] > 1 else 0, x3.stride(1), x3.stride(2), swg, swk, swm,
             *_strides(qh, 4), *_strides(kh, 4), *_strides(oqh, 3), *_strides(okh, 3),
             M=M, TABLE=False, HALF=half, INTERPRET=INTERPRET,
