@@ -171,7 +171,7 @@ def workload_kernels(device: str) -> list[str]:
     oq, ok = pf.apply_lff_rotary(q, k, xr, wr, case.layout, backend="triton")
     table = pf.lff_rotary(xr, wr, backend="triton")
     (oq.sum() + ok.sum() + table.sum()).backward()
-    wq, _ = ref_rot.apply_rotary(q.detach(), k.detach(), xr.detach(), wr.detach(), case.layout)
+    wq, _ = ref_rot.apply_lff_rotary(q.detach(), k.detach(), xr.detach(), wr.detach(), case.layout)
     _check(oq, wq, f32, "rotary", "rotary q")
     ran.append(f"triton rotary apply + table, forward+backward ({case.id})")
     ran += workload_floater(device, plans=(None,))

@@ -7,8 +7,11 @@
 - Sinusoidal (Vaswani et al.) and DFT (Idé et al.) encodings: :func:`sinusoidal`,
   :func:`sinusoidal_nd`, :func:`dft`, :func:`dft_inverse`, :class:`SinusoidalPE`,
   :class:`SinusoidalNdPE` (Sine-2D added in one pass), :class:`DFTPE`.
-- Learnable Fourier features as rotary embeddings (LightGlue): :func:`lff_rotary`,
-  :func:`apply_lff_rotary`, :class:`LearnableFourierRotary`.
+- Rotary embeddings for grids, q and k rotated by x . W_i: :func:`rotary`,
+  :func:`rotary_table`, :class:`Rotary`, with the frequencies of every family in
+  :mod:`posenc_fast.rope` (axial / EVA-02, RoPE-Mixed, DINOv3, FLUX's N-D); LightGlue's
+  learnable Fourier rotary: :func:`lff_rotary`, :func:`apply_lff_rotary`,
+  :class:`LearnableFourierRotary`.
 - Helpers: :func:`grid_positions`, :func:`available_backends`, :func:`onnx_phases` (the
   precision of the phases in ONNX exports: float32 by default).
 
@@ -32,7 +35,15 @@ from .ops.encodings import (
 )
 from .ops.floater import Floater, FloaterAttentionBias, floater
 from .ops.lff import LearnableFourierFeatures, lff
-from .ops.rotary import LearnableFourierRotary, apply_lff_rotary, lff_rotary
+from .ops.rotary import (
+    LearnableFourierRotary,
+    Rotary,
+    apply_lff_rotary,
+    lff_rotary,
+    rotary,
+    rotary_table,
+)
+from .ops.rotary import frequencies as rope
 
 __all__ = [
     "DFTPE",
@@ -41,6 +52,7 @@ __all__ = [
     "FloaterAttentionBias",
     "LearnableFourierFeatures",
     "LearnableFourierRotary",
+    "Rotary",
     "SinusoidalNdPE",
     "SinusoidalPE",
     "__version__",
@@ -53,6 +65,9 @@ __all__ = [
     "lff",
     "lff_rotary",
     "onnx_phases",
+    "rope",
+    "rotary",
+    "rotary_table",
     "sinusoidal",
     "sinusoidal_nd",
 ]

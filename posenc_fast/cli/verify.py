@@ -169,7 +169,7 @@ def check_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
         inputs = _testing.rotary_table_inputs(shape, dtype, device, seed + i)
         leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
         out = lff_rotary(*leaves, backend=backend)
-        ref = rotary_ref.rotary_table(*leaves64)
+        ref = rotary_ref.lff_rotary_table(*leaves64)
         res.add(out, ref, dtype, "encoding", f"table {shape} forward")
         if out.numel():
             g = _testing.randn(out.shape, _testing.generator(seed + 400 + i), dtype, device)
@@ -189,7 +189,7 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
         inputs = _testing.rotary_inputs(case, dtype, device, seed + i)
         leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
         out = apply_lff_rotary(*leaves, case.layout, backend=backend)
-        ref = rotary_ref.apply_rotary(*leaves64, case.layout)
+        ref = rotary_ref.apply_lff_rotary(*leaves64, case.layout)
         scale = max([float(r.detach().abs().max()) for r in ref if r.numel()] or [0.0])
         for o, r, name in zip(out, ref, ("q", "k")):
             res.add(o, r, dtype, "rotary", f"{case.id} {name}'", scale)

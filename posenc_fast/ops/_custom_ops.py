@@ -80,18 +80,18 @@ def run(function, op, impl: Implementation, *args):
     """
     if impl.backward is None:
         return impl.forward(*args)
-    grad = _plain_eager_grad(args)
+    grad = plain_eager_grad(args)
     if grad is None:
         if onnx_exporting():
             return function.onnx(*args)
         return op(*args, impl.name)
     if grad:
-        return _apply(function)(*args, impl.name)
+        return fast_apply(function)(*args, impl.name)
     with autocast_disabled(args[0].device.type):
         return impl.forward(*args)
 
 
-def _plain_eager_grad(args) -> Optional[bool]:
+def plain_eager_grad(args) -> Optional[bool]:
     """None unless ``args`` hold plain tensors only (no subclass, no functorch wrapper) and
     torch runs in plain eager mode; else whether autograd wants a gradient of them.
     Private torch APIs are looked up defensively: where one is missing, None."""
@@ -122,15 +122,15 @@ def _plain_eager_grad(args) -> Optional[bool]:
 def direct_call_ok(*args) -> bool:
     """Whether an op may run without its custom op: plain tensors (the Tensor arguments
     among ``args``) in plain eager mode (see :func:`run`)."""
-    return _plain_eager_grad(args) is not None
+    return plain_eager_grad(args) is not None
 
 
 _APPLY: dict = {}
 
 
-def _apply(function):
+def fast_apply(function):
     """``function.apply`` without autograd.Function's Python wrapper (~2 µs), whose work
-    :func:`_plain_eager_grad` has done: no functorch transform, no wrapped tensor, and no
+    :func:`plain_eager_grad` has done: no functorch transform, no wrapped tensor, and no
     setup_context to bind arguments for."""
     apply = _APPLY.get(function)
     if apply is None:

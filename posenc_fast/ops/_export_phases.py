@@ -1,7 +1,7 @@
 """Phases of an exported graph in float32 only: the kernels' error-free reduction in ATen.
 
 While an ONNX exporter traces a model, every custom op runs its plain-ATen composition
-(ops/_common.py). Those compositions used to reduce phases as the torch backend does, in
+(ops/_custom_ops.py). Those compositions used to reduce phases as the torch backend does, in
 float64 (exact products, an exact ``frac``), which put float64 tensors into the graph:
 TensorRT and other float32-only runtimes cannot run them. By default the compositions
 now compute phases the way the Triton and C++ kernels do (triton_kernels/_phase.py,
@@ -207,7 +207,7 @@ def rows_cos_sin(rows: Tensor, wr: Tensor) -> tuple[Tensor, Tensor]:
 
 def cos_sin_graph(rows: Tensor, wr: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos and sin of rows wr^T in ``dtype`` (float32 or float64) for the compositions of
-    ops/_common.py: float32 phases (rows_cos_sin) while an ONNX export traces a float32
+    ops/_custom_ops.py: float32 phases (rows_cos_sin) while an ONNX export traces a float32
     graph (float32_graph), else the torch backend's float64 reduction (a double
     backward, float64 weights, onnx_phases(torch.float64))."""
     if dtype == torch.float32 and float32_graph(rows, wr):

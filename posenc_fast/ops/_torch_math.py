@@ -1,5 +1,5 @@
-"""What the pure-PyTorch implementations share: accurate phases, row chunks and cached
-device constants."""
+"""What the pure-PyTorch implementations share: accurate phases, row chunks and device
+constants made once."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """
     if onnx_exporting():
         # The TorchScript-based ONNX exporter has no aten::frac; x - floor(x), in [0, 1),
-        # is just as exact in float64 and the same angle modulo 2 pi (ops/_common.py).
+        # is just as exact in float64 and the same angle modulo 2 pi (ops/_custom_ops.py).
         return (exact_scalar(TWO_PI, turns) * (turns - torch.floor(turns))).to(dtype)
     return (TWO_PI * torch.frac(turns)).to(dtype)
 
@@ -147,8 +147,8 @@ def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     return rows.to(torch.float64) @ (freq / exact_scalar(TWO_PI, freq)).T
 
 
-# Constant tensors (frequencies, Runge-Kutta tableaux, the DFT basis) per device. Small, but
-# bounded all the same: the oldest entry goes when the table is full.
+# Constant tensors (frequencies, Runge-Kutta tableaux, the DFT basis) per device, made once.
+# Small, but bounded all the same: the oldest entry goes when the table is full.
 _DEVICE_CONSTANTS: dict = {}
 _MAX_DEVICE_CONSTANTS = 256
 
@@ -157,7 +157,7 @@ def device_constant(
     key: Hashable, make: Callable[[torch.device], torch.Tensor], device
 ) -> torch.Tensor:
     """``make(device)``, a constant tensor on ``device``, made once per (key, device) and
-    then served from a cache: copying a host tensor to a GPU waits for the copy, which would
+    then kept in a table: copying a host tensor to a GPU waits for the copy, which would
     otherwise happen on every call. The result is shared, so callers must never modify it in
     place. It is made outside inference mode, so that autograd may save it later."""
     device = torch.device(device)

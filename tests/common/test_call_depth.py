@@ -1,8 +1,8 @@
 """A call reaches its kernel in a few plain hops: from a module's forward (or a public
 function) to the kernel's launch at most MAX_FRAMES frames of our own code, on the cpp and
-the (interpreted) triton backends, forward and backward. Counted with sys.setprofile: the
-frames of posenc_fast/ and triton_kernels/ on the stack when the kernel is entered (a
-posenc_fast:: C++ kernel op, or a Triton kernel's launch)."""
+the (interpreted) triton backends (FLOATER: cpp), forward and backward. Counted with
+sys.setprofile: the frames of posenc_fast/ and triton_kernels/ on the stack when the
+kernel is entered (a posenc_fast:: C++ kernel op, or a Triton kernel's launch)."""
 
 import os
 import sys
@@ -96,5 +96,69 @@ def test_calls_reach_their_kernels_within_six_frames(backend):
         out = call()
         outs = out if isinstance(out, tuple) else (out,)
         loss = sum(o.float().square().sum() for o in outs)
+        depth, stack, kernel = deepest_kernel_call(loss.backward)
+        assert depth <= MAX_FRAMES, f"{name} backward: {depth} frames to {kernel}: {stack}"
+
+
+def _eval(module, call):
+    """``call()`` with ``module`` in eval mode (its result cache serves it)."""
+
+    def run():
+        module.eval()
+        try:
+            return call()
+        finally:
+            module.train()
+
+    return run
+
+
+def _floater_calls():
+    fl = pf.Floater(8, 3, hidden_dim=6, backend="cpp")
+    refreshing = pf.Floater(8, 3, hidden_dim=6, backend="cpp", refresh_every=2)
+    bias = pf.FloaterAttentionBias(8, num_layers=2, hidden_dim=6, backend="cpp")
+    for m in (fl, refreshing, bias):
+        _testing.randomize_parameters(m, 3, scale=0.3)
+
+    def extended():  # the cache holds 5 positions: the call integrates the 4 new ones
+        fl.clear_cache()
+        fl(length=5)
+        return fl(length=9)
+
+    def extended_bias():
+        bias.floater.clear_cache()
+        bias(5)
+        return bias(9)
+
+    return {
+        "Floater training": lambda: fl(length=7),
+        "Floater training, refresh_every": lambda: (refreshing.clear_cache(), refreshing(7))[1],
+        "Floater eval, cached": _eval(fl, lambda: (fl.clear_cache(), fl(length=7))[1]),
+        "Floater eval, extended": _eval(fl, extended),
+        "FloaterAttentionBias training": lambda: bias(7),
+        "FloaterAttentionBias eval, extended": _eval(bias, extended_bias),
+        "FloaterAttentionBias.block_biases training": lambda: tuple(
+            bias.block_biases(n, 7) for n in range(2)
+        ),
+        "FloaterAttentionBias.block_biases per block": lambda: tuple(
+            bias.block_biases(n, 7, share=False) for n in range(2)
+        ),
+        "FloaterAttentionBias.block_biases eval": _eval(
+            bias, lambda: (bias.floater.clear_cache(), bias.block_biases(1, 7))[1]
+        ),
+    }
+
+
+def test_floater_reaches_its_kernels_within_six_frames():
+    """Training (the taped forward), the eval cache (a fresh integration and an extension)
+    and the blocks' shared training integration, and their backward, on the cpp backend."""
+    if pf.available_backends(verbose=True)["cpp"]:
+        pytest.skip("cpp unavailable here")
+    for name, call in _floater_calls().items():
+        depth, stack, kernel = deepest_kernel_call(call)
+        assert depth <= MAX_FRAMES, f"{name} forward: {depth} frames to {kernel}: {stack}"
+        out = call()
+        outs = out if isinstance(out, tuple) else (out,)
+        loss = sum(o.square().sum() for o in outs)
         depth, stack, kernel = deepest_kernel_call(loss.backward)
         assert depth <= MAX_FRAMES, f"{name} backward: {depth} frames to {kernel}: {stack}"

@@ -77,7 +77,7 @@ def test_every_custom_op_is_checked():
     names = {op.op._name for op in _custom_ops.CUSTOM_OPS}
     # the taped and cached FLOATER ops, the rotary ops, the n-d add: all of them
     assert len(names) == len(_custom_ops.CUSTOM_OPS) >= 14, sorted(names)
-    assert {"floater_taped", "floater_cached", "lff_rotary", "encoding_nd_add"} <= names
+    assert {"floater_taped", "floater_cached", "rotary", "rotary_table", "encoding_nd_add"} <= names
 
 
 @pytest.mark.parametrize("custom", _custom_ops.CUSTOM_OPS, ids=lambda c: c.op._name)

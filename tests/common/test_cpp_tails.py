@@ -152,8 +152,8 @@ ROT_TAILS = [
 def test_rotary_tails(case):
     q, k, x, wr = _testing.rotary_inputs(case, torch.float32, "cpu", _testing.seed_of(case.id))
     leaves64 = [t.detach().double().requires_grad_() for t in (q, k, x, wr)]
-    wq, wk = ref_rot.apply_rotary(*leaves64, case.layout)
-    wt = ref_rot.rotary_table(leaves64[2], leaves64[3])
+    wq, wk = ref_rot.apply_lff_rotary(*leaves64, case.layout)
+    wt = ref_rot.lff_rotary_table(leaves64[2], leaves64[3])
     g = _testing.generator(2)
     gq, gk, gt = (_testing.randn(t.shape, g) for t in (wq, wk, wt))
     ((wq * gq.double()).sum() + (wk * gk.double()).sum() + (wt * gt.double()).sum()).backward()

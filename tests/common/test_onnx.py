@@ -10,7 +10,7 @@ The phases' accuracy against float64 at large |phase| is benchmarks/onnx_accurac
 measurement. Each export costs seconds, so one small model holds every op of a family and
 is exported once (module-scoped fixtures).
 
-How it works: ops/_common.py (the custom ops trace their plain-ATen composition while an
+How it works: ops/_custom_ops.py (the custom ops trace their plain-ATen composition while an
 ONNX exporter runs) and ops/_export_phases.py (the float32 phases)."""
 
 from __future__ import annotations

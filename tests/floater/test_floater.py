@@ -685,3 +685,44 @@ def test_double_backward_against_reference(backend, length, device):
             assert got is None or not got.any(), f"dd{name}"
         else:
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=f"dd{name}")
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpp", "torch"])
+def test_an_eager_call_chooses_its_implementation_once(backend, monkeypatch):
+    """The dispatcher runs once per eager call (the ops look the chosen name up), and not
+    at all on a cache hit or in the backward."""
+    if backend == "cpp" and pf.available_backends(verbose=True)["cpp"]:
+        pytest.skip("cpp unavailable here")
+    from posenc_fast import _dispatch
+
+    chosen = []
+    choose = _dispatch.choose
+
+    def counting(registry, problem, requested="auto"):
+        chosen.append(problem.op)
+        return choose(registry, problem, requested)
+
+    monkeypatch.setattr(_dispatch, "choose", counting)
+    fl = pf.Floater(5, 3, hidden_dim=4, backend=backend)
+    bias = pf.FloaterAttentionBias(5, num_layers=2, hidden_dim=4, backend=backend)
+    _testing.randomize_parameters(fl, 1, scale=0.3)
+    args = [p.detach().requires_grad_() for p in fl.parameters()] + [torch.arange(4.0)]
+
+    def calls(fn, expected):
+        chosen.clear()
+        out = fn()
+        outs = out if isinstance(out, tuple) else (out,)
+        sum(o.square().sum() for o in outs).backward()
+        assert chosen == ["floater"] * expected, (fn, chosen)
+
+    calls(lambda: pf.floater(*args, backend=backend), 1)
+    calls(lambda: fl(length=6), 1)  # training
+    calls(lambda: tuple(bias.block_biases(n, 6) for n in range(2)), 1)  # shared by both
+    fl.eval()
+    calls(lambda: fl(length=6), 1)  # a cache miss (gradients attached to the states)
+    calls(lambda: fl(length=4), 0)  # a hit
+    calls(lambda: fl(length=9), 0)  # an extension: the stored states' implementation
+    with torch.no_grad():
+        chosen.clear()
+        pf.floater(*args, backend=backend)
+        assert chosen == ["floater"]

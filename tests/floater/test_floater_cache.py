@@ -10,7 +10,7 @@ from torch.library import opcheck
 
 import posenc_fast as pf
 from posenc_fast import _testing
-from posenc_fast.ops.floater import api as floater_api
+from posenc_fast.ops.floater import functional as floater_functional
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
 
@@ -310,7 +310,7 @@ def test_export_detection_ignores_is_exporting(monkeypatch):
     torch.compile, which turned the compiled cache off on torch 2.7 to 2.11 (the compiled
     tests above failed there): the module reads the flag that torch.export sets."""
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True, raising=False)
-    assert not floater_api._is_exporting()
+    assert not floater_functional.is_exporting()
 
 
 @pytest.mark.skipif(

@@ -91,7 +91,10 @@ def _training_call(monkeypatch, budget_mb, dtype=torch.float32, times_grad=False
     return out, [leaf.grad for leaf in leaves], args
 
 
-def test_training_call_tapes_and_matches_reference(monkeypatch, calls):
+def test_training_call_tapes_and_matches_reference(calls, monkeypatch):
+    # calls is set up before monkeypatch, so torn down after it: monkeypatch puts back the
+    # counting wrapper it found, then calls removes it (the other order left the counting
+    # wrapper on FLOATER["cpp"] for the process's later tests)
     seen = []
     forward_taped = pf.ops.floater.registry.FLOATER["cpp"].forward_taped
 

@@ -58,7 +58,7 @@ def test_apply_matches_reference(backend, dtype, case, device):
     assert oq.shape == q.shape and ok.shape == k.shape
     assert oq.dtype == ok.dtype == dtype
     assert oq.is_contiguous() and ok.is_contiguous()
-    expected = ref.apply_rotary(q, k, x, wr, case.layout, out_dtype=torch.float64)
+    expected = ref.apply_lff_rotary(q, k, x, wr, case.layout, out_dtype=torch.float64)
     _check_apply((oq, ok), expected, dtype, f"{backend} {case.id}")
     for t, b in zip((q, k, x, wr), before):
         assert torch.equal(t, b), "inputs must not be modified"
@@ -81,7 +81,7 @@ def test_table_matches_reference(backend, dtype, shape, device):
     t = pf.lff_rotary(x, wr, backend=backend)
     assert t.shape == (2, *x.shape[:-2], 1, x.shape[-2], shape[-1])
     assert t.dtype == dtype
-    assert_close(t, ref.rotary_table(x, wr), dtype, "encoding", what=f"{backend} {shape}")
+    assert_close(t, ref.lff_rotary_table(x, wr), dtype, "encoding", what=f"{backend} {shape}")
     assert torch.equal(x, before[0]) and torch.equal(wr, before[1])
 
 
@@ -107,7 +107,7 @@ def test_apply_backward_matches_reference(backend, dtype, case, device):
     gk = _testing.randn(ok.shape, g, dtype, device)
     torch.autograd.backward((oq, ok), (gq, gk))
     leaves64 = _leaves(inputs, torch.float64)
-    rq, rk = ref.apply_rotary(*leaves64, case.layout)
+    rq, rk = ref.apply_lff_rotary(*leaves64, case.layout)
     torch.autograd.backward((rq, rk), (gq.double(), gk.double()))
     _testing.assert_grads_close(
         ("q", "k", "x", "wr"), leaves, leaves64, dtype, f"{backend} {case.id}"
@@ -123,7 +123,7 @@ def test_table_backward_matches_reference(backend, dtype, shape, device):
     grad = _testing.randn(t.shape, _testing.generator(9), dtype, device)
     t.backward(grad)
     leaves64 = _leaves((x, wr), torch.float64)
-    ref.rotary_table(*leaves64).backward(grad.double())
+    ref.lff_rotary_table(*leaves64).backward(grad.double())
     _testing.assert_grads_close(("x", "wr"), leaves, leaves64, dtype, f"{backend} {shape}")
 
 
@@ -217,20 +217,25 @@ def test_layouts_and_shared_positions_agree(backend, device):
 def test_opcheck(backend, device):
     case = RotaryCase(2, 2, 1, 5, 6, 4, 2, "bnhd")
     q, k, x, wr = (t.requires_grad_() for t in rotary_inputs(case, torch.float32, device, 17))
-    opcheck(torch.ops.posenc_fast.apply_lff_rotary.default, (q, k, x, wr, "bnhd", backend))
+    # the LightGlue members run the general custom ops (interleaved pairs, no prefix)
+    args = (q, k, x, wr, "interleaved", "bnhd", 0, backend)
+    opcheck(torch.ops.posenc_fast.rotary.default, args)
     plain = [t.detach() for t in (q, k, x, wr)]
     gq, gk = torch.randn_like(plain[0]), torch.randn_like(plain[1])
     opcheck(
-        torch.ops.posenc_fast.apply_lff_rotary_backward.default,
-        (gq, gk, *plain, "bnhd", backend, True, True, True, True),
+        torch.ops.posenc_fast.rotary_backward.default,
+        (gq, gk, *plain, "interleaved", "bnhd", 0, backend, True, True, True, True),
     )
     xt, wt = rotary_table_inputs((2, 5, 2, 6), torch.float32, device, 18)
     xt, wt = xt.requires_grad_(), wt.requires_grad_()
-    opcheck(torch.ops.posenc_fast.lff_rotary.default, (xt, wt, torch.float32, backend))
+    opcheck(
+        torch.ops.posenc_fast.rotary_table.default,
+        (xt, wt, "interleaved", torch.float32, backend),
+    )
     g = torch.randn(2, 2, 5, 6, device=device)
     opcheck(
-        torch.ops.posenc_fast.lff_rotary_backward.default,
-        (g, xt.detach(), wt.detach(), backend, True, False),
+        torch.ops.posenc_fast.rotary_table_backward.default,
+        (g, xt.detach(), wt.detach(), "interleaved", backend, True, False),
     )
 
 
@@ -299,13 +304,13 @@ def test_large_phases_fp32(backend, pos_dim, device):
     x = (x * (1e5 / phase)).float()
     assert (x.double() @ wr.double().T).abs().max() > 9e4
     table = pf.lff_rotary(x, wr, backend=backend)
-    err = (table.double() - ref.rotary_table(x, wr)).abs().max().item()
+    err = (table.double() - ref.lff_rotary_table(x, wr)).abs().max().item()
     assert err <= PHASE_ATOL, f"table: max error {err:.3g} at |phase| up to 1e5"
     # unit pairs (1, 0) rotate to (cos, sin): the rotation's error is the cos / sin error
     q = torch.zeros(1, 2, 130, 64, device=device)
     q[..., 0::2] = 1.0
     oq, _ = pf.apply_lff_rotary(q, q, x, wr, backend=backend)
-    err = (oq.double() - ref.apply_rotary(q, q, x, wr, out_dtype=torch.float64)[0]).abs().max()
+    err = (oq.double() - ref.apply_lff_rotary(q, q, x, wr, out_dtype=torch.float64)[0]).abs().max()
     assert err <= PHASE_ATOL, f"rotation: max error {err:.3g} at |phase| up to 1e5"
 
 
@@ -334,7 +339,7 @@ def test_table_under_autocast(backend, device):
         table = pf.lff_rotary(x, wr * 100.0, backend=backend)  # phases up to ~1e3
         oq, _ = pf.apply_lff_rotary(q, q, x, wr, backend=backend)
     assert table.dtype == torch.bfloat16 and oq.dtype == torch.float32
-    assert_close(table, ref.rotary_table(x, wr * 100.0), torch.bfloat16, "encoding")
+    assert_close(table, ref.lff_rotary_table(x, wr * 100.0), torch.bfloat16, "encoding")
 
 
 @pytest.mark.parametrize("backend", backend_params("apply_lff_rotary", torch.float32))
@@ -343,10 +348,10 @@ def test_integer_positions(backend, device):
     wr = torch.randn(3, 2, device=device)
     q, k = torch.randn(1, 2, 7, 6, device=device), torch.randn(1, 1, 7, 6, device=device)
     out = pf.apply_lff_rotary(q, k, x, wr, backend=backend)
-    expected = ref.apply_rotary(q, k, x.double(), wr, out_dtype=torch.float64)
+    expected = ref.apply_lff_rotary(q, k, x.double(), wr, out_dtype=torch.float64)
     _check_apply(out, expected, torch.float32, backend)
     table = pf.lff_rotary(x, wr, backend=backend)
-    assert_close(table, ref.rotary_table(x.double(), wr), torch.float32, "encoding")
+    assert_close(table, ref.lff_rotary_table(x.double(), wr), torch.float32, "encoding")
 
 
 # ------------------------------------------------------------------ LightGlue
@@ -510,7 +515,7 @@ def test_unavailable_backend_explains_every_backend():
 @pytest.mark.skipif(DEVICE != "cpu", reason="checks the CPU dispatch choice")
 def test_auto_picks_cpp_then_torch_on_cpu(monkeypatch):
     """On the CPU, "auto" picks the C++ kernels when the extension is usable, else torch."""
-    from posenc_fast.ops.rotary.registry import APPLY
+    from posenc_fast.ops.rotary.registry import LIGHTGLUE_ROTARY as APPLY
 
     name = "torch" if _testing.environment_reasons("cpp") else "cpp"
     calls = []
@@ -551,21 +556,21 @@ def test_triton_gpu_block_sizes_in_the_interpreter(monkeypatch, device):
     inputs = rotary_inputs(case, torch.float32, device, 41)
     leaves = _leaves(inputs)
     out = pf.apply_lff_rotary(*leaves, backend="triton")
-    _check_apply(out, ref.apply_rotary(*inputs, out_dtype=torch.float64), torch.float32, "gpu")
+    _check_apply(out, ref.apply_lff_rotary(*inputs, out_dtype=torch.float64), torch.float32, "gpu")
     torch.autograd.backward(out, [torch.ones_like(o) for o in out])
     leaves64 = _leaves(inputs, torch.float64)
-    rq, rk = ref.apply_rotary(*leaves64)
+    rq, rk = ref.apply_lff_rotary(*leaves64)
     torch.autograd.backward((rq, rk), [torch.ones_like(o) for o in (rq, rk)])
     _testing.assert_grads_close(("q", "k", "x", "wr"), leaves, leaves64, torch.float32, "gpu")
     x, wr = rotary_table_inputs((1, 37, 2, 80), torch.float32, device, 42)
-    assert_close(pf.lff_rotary(x, wr, backend="triton"), ref.rotary_table(x, wr),
+    assert_close(pf.lff_rotary(x, wr, backend="triton"), ref.lff_rotary_table(x, wr),
                  torch.float32, "encoding")  # fmt: skip
 
 
 def test_verify_checks_rotary(monkeypatch, device):
     """``python -m posenc_fast verify`` checks both rotary ops and catches a wrong backend."""
     from posenc_fast.cli import verify
-    from posenc_fast.ops.rotary.registry import APPLY
+    from posenc_fast.ops.rotary.registry import LIGHTGLUE_ROTARY as APPLY
 
     table = verify.check_lff_rotary("torch", torch.float32, device, 3)
     assert table.cases == len(_testing.ROTARY_TABLE_SHAPES) and not table.failures

@@ -1,6 +1,6 @@
 """The compiled kernels of the general rotary op (triton_kernels/rotary.py, csrc/rotary/),
-called through the registry functions the "rotary" / "rotary_table" ops use, against a
-float64 formula: frequencies shared [F/2, M] or per head [H, F/2, M] (strided views too),
+called as the "rotary" / "rotary_table" registries hold them, against the float64
+reference: frequencies shared [F/2, M] or per head [H, F/2, M] (strided views too),
 pairs "interleaved" and "half", prefix tokens, positions per token or per sample, both
 layouts, F < head_dim, fewer key heads, N = 1, empty batches, forward and backward; the
 same bits twice, for 1 and 2 threads and on every instruction set (C++), C++ equal to the
@@ -16,58 +16,24 @@ import torch
 from conftest import DEVICE
 
 from posenc_fast import _extension, _testing
-from posenc_fast.ops.rotary import registry
+from posenc_fast.ops.rotary import reference, registry
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 # ------------------------------------------------------------------ the float64 formula
-# (posenc_fast.ops.rotary.reference states it for the public op; these two functions are
-# the same formula on the kernels' arguments, and can become calls of it.)
-
-
-def _angles(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """theta = x . W: [..., N, F/2] for W [F/2, M], [..., H, N, F/2] for W [H, F/2, M]."""
-    x, w = x.double(), freqs.double()
-    if w.dim() == 2:
-        return x @ w.T
-    return torch.einsum("...nm,hkm->...hnk", x, w)
-
-
-def _pair_index(F2: int, pairs: str) -> tuple[list[int], list[int]]:
-    """The channels (first, second) of the pairs 0..F2-1."""
-    if pairs == "interleaved":
-        return list(range(0, 2 * F2, 2)), list(range(1, 2 * F2, 2))
-    return list(range(F2)), list(range(F2, 2 * F2))
 
 
 def reference_rotary(q, k, x, freqs, pairs, layout, prefix):
-    """(q', k') in float64: tokens >= prefix rotated pair by pair by the angles."""
-    theta = _angles(x, freqs)  # [(B,) (H,) N', F2]
-    if freqs.dim() == 2:
-        theta = theta.unsqueeze(-3)  # a heads axis of 1
-    if x.dim() == 2:
-        theta = theta.unsqueeze(0)  # a batch axis of 1: [B or 1, H or 1, N', F2]
-    cos, sin = torch.cos(theta), torch.sin(theta)
-    first, second = _pair_index(freqs.shape[-2], pairs)
-    outs = []
-    for t in (q, k):
-        th = t.double() if layout == "bhnd" else t.double().transpose(1, 2)
-        a, b = th[:, :, prefix:, first], th[:, :, prefix:, second]
-        out = th.clone()
-        out[:, :, prefix:, first] = a * cos - b * sin
-        out[:, :, prefix:, second] = b * cos + a * sin
-        outs.append(out if layout == "bhnd" else out.transpose(1, 2))
-    return tuple(outs)
+    """(q', k') in float64 (posenc_fast/ops/rotary/reference.py)."""
+    return reference.rotary(q, k, x, freqs, pairs, layout, prefix, out_dtype=torch.float64)
 
 
 def reference_table(x, freqs, pairs):
-    """[2, ..., F] (or [2, ..., H, N, F] per head): cos, sin on both channels of a pair."""
-    theta = _angles(x, freqs)
-    F2 = freqs.shape[-2]
-    full = torch.empty((*theta.shape[:-1], 2 * F2), dtype=torch.float64)
-    first, second = _pair_index(F2, pairs)
-    full[..., first] = theta
-    full[..., second] = theta
-    return torch.stack([torch.cos(full), torch.sin(full)])
+    return reference.rotary_table(x, freqs, pairs)
+
+
+def _first_channels(F2: int, pairs: str) -> list[int]:
+    """The first channel of each pair 0..F2-1."""
+    return list(range(0, 2 * F2, 2)) if pairs == "interleaved" else list(range(F2))
 
 
 # ------------------------------------------------------------------ the kernels
@@ -93,20 +59,15 @@ def _triton_ok() -> str:
     return ""
 
 
-# backend -> (rotary forward, backward, table forward, backward): the registry's functions
+# backend -> (rotary forward, backward, table forward, backward), as registered
 KERNELS = {
-    "cpp": (
-        registry._cpp_rotary,
-        registry._cpp_rotary_backward,
-        registry._cpp_rotary_table,
-        registry._cpp_rotary_table_backward,
-    ),
-    "triton": (
-        registry._triton_rotary,
-        registry._triton_rotary_backward,
-        registry._triton_rotary_table,
-        registry._triton_rotary_table_backward,
-    ),
+    b: (
+        registry.ROTARY[b].forward,
+        registry.ROTARY[b].backward,
+        registry.TABLE[b].forward,
+        registry.TABLE[b].backward,
+    )
+    for b in ("cpp", "triton")
 }
 BACKENDS = [
     pytest.param(b, marks=pytest.mark.skipif(bool(why()), reason=why() or "-"))
@@ -199,32 +160,6 @@ def run_rotary(backend, case, inputs, gq, gk, needs=(True, True, True, True)):
     oq, ok = fwd(q, k, x, freqs, case.pairs, case.layout, case.prefix)
     grads = bwd(gq, gk, q, k, x, freqs, case.pairs, case.layout, case.prefix, list(needs))
     return [oq, ok, *grads]
-
-
-def test_the_formula_is_lightglues_and_rotate_halfs():
-    """The float64 formula above: LightGlue's reference for interleaved pairs, shared
-    frequencies and no prefix; HF's ``q * cos + rotate_half(q) * sin`` for halves; the table
-    applied as LightGlue / HF apply it, per head and with a prefix."""
-    from posenc_fast.ops.rotary import reference as lightglue
-
-    case = Case(2, 3, 2, 9, 12, 8, 2)
-    q, k, x, freqs = make_inputs(case, torch.float64, 1, torch.float64)
-    want = lightglue.apply_rotary(q, k, x, freqs, "bhnd")
-    got = reference_rotary(q, k, x, freqs, "interleaved", "bhnd", 0)
-    assert all(torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(got, want))
-    case = Case(2, 3, 3, 9, 12, 8, 2, "bnhd", "half", per_head=True, prefix=2)
-    q, k, x, freqs = make_inputs(case, torch.float64, 2, torch.float64)
-    cos, sin = reference_table(x, freqs, "half")  # [B, H, N', F]
-
-    def rotate_half(t):
-        a, b = t.chunk(2, dim=-1)
-        return torch.cat([-b, a], dim=-1)
-
-    for t, got in zip((q, k), reference_rotary(q, k, x, freqs, "half", "bnhd", 2)):
-        th = t.transpose(1, 2)[:, :, 2:, :8]  # [B, H, N', F]
-        rotated = th * cos + rotate_half(th) * sin
-        assert torch.allclose(got.transpose(1, 2)[:, :, 2:, :8], rotated, rtol=0, atol=1e-12)
-        assert torch.equal(got[:, :2], t[:, :2]) and torch.equal(got[..., 8:], t[..., 8:])
 
 
 # ------------------------------------------------------------------ against float64
@@ -371,13 +306,12 @@ def test_phases_up_to_1e5(backend, per_head, pairs):
     H, F2 = 2, 20
     freqs = _testing.randn((H, F2, 2) if per_head else (F2, 2), g, torch.float32, DEVICE)
     x = _testing.rand((97, 2), g, -1.0, 1.0, torch.float32, DEVICE)
-    x = (x * (1e5 / _angles(x, freqs).abs().max())).float()
-    assert _angles(x, freqs).abs().max() > 9e4
+    x = (x * (1e5 / reference.angles(x, freqs).abs().max())).float()
+    assert reference.angles(x, freqs).abs().max() > 9e4
     table = tfwd(x, freqs, pairs, torch.float32)
     assert (table.double() - reference_table(x, freqs, pairs)).abs().max() <= PHASE_ATOL
     q = torch.zeros(1, H, 97 + 1, 2 * F2 + 2, device=DEVICE)
-    first, _ = _pair_index(F2, pairs)
-    q[..., first] = 1.0
+    q[..., _first_channels(F2, pairs)] = 1.0
     oq, _ = fwd(q, q, x, freqs, pairs, "bhnd", 1)
     want = reference_rotary(q, q, x, freqs, pairs, "bhnd", 1)[0]
     assert (oq.double() - want).abs().max() <= PHASE_ATOL
@@ -545,12 +479,12 @@ def test_cpp_gradcheck_at_float32_precision():
         @staticmethod
         def forward(ctx, q, k, x, freqs):
             ctx.save_for_backward(q, k, x, freqs)
-            return registry._cpp_rotary(q, k, x, freqs, case.pairs, case.layout, case.prefix)
+            return KERNELS["cpp"][0](q, k, x, freqs, case.pairs, case.layout, case.prefix)
 
         @staticmethod
         def backward(ctx, gq, gk):
             q, k, x, freqs = ctx.saved_tensors
-            return tuple(registry._cpp_rotary_backward(
+            return tuple(KERNELS["cpp"][1](
                 gq.contiguous(), gk.contiguous(), q, k, x, freqs, case.pairs, case.layout,
                 case.prefix, [True] * 4,
             ))  # fmt: skip

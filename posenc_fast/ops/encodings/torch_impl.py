@@ -150,7 +150,7 @@ def _encoding_graph_float32(positions, dim: int, kind: str, base: float, block):
 
 def encoding_graph(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
     """encoding_forward from differentiable, out-of-place ops on the whole input (no
-    chunks, no out=, no cache): the graph an ONNX export traces (ops/_common.py). Same
+    chunks, no out=, no cache): the graph an ONNX export traces (ops/_custom_ops.py). Same
     math: float32 phases with the kernels' error-free reduction for a float32 graph
     (ops/_export_phases.py), else float64 phases reduced before the trig."""
     fdt = feature_dtype(out_dtype)
@@ -169,7 +169,8 @@ def encoding_graph(positions, dim: int, kind: str, base: float, block, out_dtype
         out = torch.cat(
             [first, amp * torch.cos(ang), amp * torch.sin(ang), edge * torch.cos(half)], -1
         )
-    if block is not None:  # built in the graph: a cached device_constant would hold a fake
+    # built in the graph: a device_constant, kept for later calls, would hold a fake
+    if block is not None:
         at = torch.full((), float(block), dtype=torch.float64, device=positions.device)
         out = out + encoding_graph(at, dim, kind, base, None, fdt)
     return out.to(out_dtype)

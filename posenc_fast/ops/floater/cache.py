@@ -9,13 +9,16 @@ a repeated eval call costs nothing, a longer one integrates only the new positio
 # be traced, so the compiled graph calls the custom op ``posenc_fast::floater_cached``
 # (op.py) instead, which consults the same cache when it runs: the cache is found
 # through a process-wide registry by an integer id, the only handle a graph can carry.
+# ``refresh_every`` (training calls) keeps its last refresh here too.
 #
 # Everything here works on the integration's inputs ``(p0, w1, b1, w2, b2)`` in the dtype
-# the states are integrated in, and on the sample ``times``; an ``integrate(inputs, times,
-# backend) -> (out, backend name)`` callable does the work.
+# the states are integrated in, and on the sample ``times``; an ``integrate(impl, inputs,
+# times, options) -> out`` callable does the work, with the implementation chosen here
+# (on a miss: once per call) or the one that made the stored states (an extension).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
 from collections.abc import Sequence
@@ -25,9 +28,11 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from ..._dispatch import Implementation
 from .reference import FloaterOptions
+from .registry import FLOATER, implementation
 
-Integrate = Callable[[Sequence[Tensor], Tensor, str], "tuple[Tensor, str]"]
+Integrate = Callable[[Implementation, Sequence[Tensor], Tensor, FloaterOptions], Tensor]
 
 _ids = itertools.count()
 # id -> cache of a live module; a module's cache leaves the registry with the module.
@@ -103,7 +108,7 @@ def valid(entry: Optional[Entry], inputs: Sequence[Tensor], config_key: tuple) -
     """Whether ``entry`` still describes these inputs and this configuration."""
     if entry is None or not entry.intact() or entry.key != config_key:
         return False
-    # The values decide (the parameters are small; this costs a few microseconds). Fused
+    # The values decide (the parameters are small: comparing them is cheap). Fused
     # optimizers and .data writes change them without bumping _version, and FSDP2 gathers
     # unchanged values into fresh storage on every forward (new data_ptr and _version), so
     # neither pointers nor versions can.
@@ -138,20 +143,17 @@ def store(
     return entry
 
 
-def extend(entry: Entry, inputs: Sequence[Tensor], times: Tensor, integrate: Integrate) -> Tensor:
-    """States at ``times`` (length form, longer than the stored ones, which are a prefix)
-    from the stored states: integrate onwards from the last stored state. The op integrates
-    from time 0, so time is shifted by t0 = times[Lc-1], which h sees only through its
-    biases: h(t0 + s, p) uses b1 + t0 w1[d] and b2 + t0 w2[H] at time s."""
+def _onwards(entry: Entry, inputs: Sequence[Tensor], times: Tensor):
+    """(inputs, times) that integrate the positions of ``times`` (length form, longer
+    than the stored ones, which are a prefix) beyond ``entry``'s, onwards from its last
+    state. The ops integrate from time 0, so time is shifted by t0 = times[Lc-1], which h
+    sees only through its biases: h(t0 + s, p) uses b1 + t0 w1[d] and b2 + t0 w2[H] at
+    time s."""
     p0, w1, b1, w2, b2 = inputs
-    old = entry.out
-    Lc = old.shape[1]
+    Lc = entry.out.shape[1]
     d, H = p0.shape[1], w1.shape[1]
     t0 = times[Lc - 1]
-    with torch.no_grad():
-        shifted = (old[:, -1], w1, b1 + t0 * w1[d], w2, b2 + t0 * w2[H])
-        new, _ = integrate(shifted, times[Lc:] - t0, entry.backend)
-        return torch.cat([old, new], dim=1)
+    return (entry.out[:, -1], w1, b1 + t0 * w1[d], w2, b2 + t0 * w2[H]), times[Lc:] - t0
 
 
 def _extends(entry: Entry, mode: str, times: Tensor) -> bool:
@@ -166,24 +168,69 @@ def cached_states(
     mode: str,
     inputs: Sequence[Tensor],
     times: Tensor,
-    config_key: tuple,
+    options: FloaterOptions,
+    backend: str,
     integrate: Integrate,
 ) -> tuple[Tensor, str]:
-    """(states at ``times``, detached; the backend that computed them), from the cache when
-    it covers the call, by extending it, or by a fresh integration that is then stored."""
+    """(states at ``times``, detached; the name of the implementation that computed them),
+    from the cache when it covers the call, by extending it, or by a fresh integration
+    with the implementation ``backend`` chooses; what was integrated is stored."""
+    config_key = key(inputs, options, backend)
     entry = cache.entries.get(mode)
+    onwards = None
     if valid(entry, inputs, config_key):
         values = serve(entry, mode, times)
         if values is not None:
             cache.hits += 1
             return values, entry.backend
         if _extends(entry, mode, times):
-            cache.misses += 1
-            out = extend(entry, inputs, times, integrate)
-            return store(cache, mode, out, inputs, times, config_key, entry.backend).out, (
-                entry.backend
-            )
+            onwards = entry
     cache.misses += 1
     with torch.no_grad():
-        out, backend = integrate(inputs, times, config_key[-1])
-    return store(cache, mode, out, inputs, times, config_key, backend).out, backend
+        if onwards is None:
+            impl = implementation(backend, inputs[0], inputs[1], times, options)
+            out = integrate(impl, inputs, times, options)
+        else:  # the stored states, then the new positions by the same implementation
+            impl = FLOATER[onwards.backend]
+            new = integrate(impl, *_onwards(onwards, inputs, times), options)
+            out = torch.cat([onwards.out, new], dim=1)
+    return store(cache, mode, out, inputs, times, config_key, impl.name).out, impl.name
+
+
+# -- refresh_every: a training call integrates one call in k -------------------------------
+
+
+def reuse(cache: FloaterCache, mode: str, times: Tensor, every: int) -> Optional[Tensor]:
+    """The last refresh's values (detached) when they may serve this training call: fewer
+    than ``every`` - 1 calls served since, and the same times; else None."""
+    if every == 1:
+        return None
+    entry = cache.entries.get(mode)
+    if entry is None or cache.reused >= every - 1 or not entry.intact():
+        return None
+    values = serve(entry, mode, times)
+    if values is not None:
+        cache.reused += 1
+    return values
+
+
+def refreshed(cache, mode, out, inputs, times, options: FloaterOptions, backend, name) -> None:
+    """Keep a refresh's result ``out`` (made by implementation ``name`` for a call with
+    ``backend``) for the calls :func:`reuse` serves."""
+    store(cache, mode, out, inputs, times, key(inputs, options, backend), name)
+    cache.reused = 0
+
+
+@contextlib.contextmanager
+def _outside_inference():
+    with torch.inference_mode(False), torch.no_grad():
+        yield
+
+
+def outside_inference_mode():
+    """A context that leaves inference mode, where it is on, for the cache's work:
+    tensors made in inference mode have no version counter, which the cache needs to
+    notice edits of what it handed out."""
+    if torch.is_inference_mode_enabled():
+        return _outside_inference()
+    return contextlib.nullcontext()

@@ -15,7 +15,7 @@ thousands of small kernels; the same code runs eagerly elsewhere."""
 # The capture happens on the first call of a problem, after a warm-up on a side stream over
 # the first two intervals (cuBLAS handles, the tableaux' device constants, the allocator),
 # as torch.cuda.make_graphed_callables does without its full-size runs. Entries live in a
-# small LRU cache (:data:`MAX_ENTRIES`); :func:`clear` frees them. Results are the eager
+# small LRU table (:data:`MAX_ENTRIES`); :func:`clear` frees them. Results are the eager
 # loop's, bitwise (the same kernels in the same order).
 #
 # Where nothing is captured and the same code runs eagerly on the static buffers: CPU

@@ -1,23 +1,31 @@
-"""The torch.library custom ops of FLOATER (floater, floater_taped, floater_backward,
-floater_cached) and their autograd: what the public API and the module call, so that
-torch.compile, export and ONNX see one op per integration. Every op's schema starts with
-the same ten arguments (:func:`_schema`); the Python side passes one FloaterOptions.
+"""FLOATER's custom ops and the autograd.Functions of their eager path
+
+    posenc_fast::floater(p0, w1, b1, w2, b2, times, substeps, method, activation, backend)
+        -> out [S, L, d]
+    posenc_fast::floater_taped(..., backend, intervals) -> (out, tape)
+    posenc_fast::floater_cached(..., backend, cache_id, mode) -> out   (torch.compile only)
+    posenc_fast::floater_backward(grad, out, ..., backend, needs, tape?)
+        -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is False)
+
+Every schema holds the six tensors of reference.TENSORS and FloaterOptions' three fields;
+Python passes one FloaterOptions. ``backend`` names the implementation the API chose, or
+is the caller's request in a traced call (registry.in_op). The backward is the discrete
+adjoint, recomputing from the states at the sample times (and reading the tape of the
+taped form, tape.py); a double backward differentiates the reference's solver loop.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import Tensor
 
-from ..._dispatch import Implementation
-from .._common import CustomOp, autocast_disabled, differentiable_grads
+from ..._dispatch import BackendError
+from .._custom_ops import autocast_disabled, custom_op, differentiable_grads, direct_call_ok
 from . import cache as _cache
 from . import reference
 from . import tape as _tape
 from .reference import FloaterOptions
-from .registry import FLOATER, implementation
+from .registry import FLOATER, in_op
 
 # The schema types of FloaterOptions' fields (infer_schema's spelling: int is SymInt).
 _SCHEMA_TYPES = {int: "SymInt", str: "str"}
@@ -26,8 +34,7 @@ _SCHEMA_TYPES = {int: "SymInt", str: "str"}
 def _schema(returns: str, before: str = "", after: str = "") -> str:
     """An op's schema: ``before``, the ten arguments every FLOATER op takes (the tensors
     reference.TENSORS, the fields of FloaterOptions, the backend's name), ``after``.
-    Written out rather than inferred from annotations: one definition for every op (and
-    torch 2.5's infer_schema read some annotation forms wrongly)."""
+    Written out, not inferred: one definition for every op."""
     call = [f"Tensor {name}" for name in reference.TENSORS]
     call += [f"{_SCHEMA_TYPES[type(v)]} {n}" for n, v in FloaterOptions._field_defaults.items()]
     call.append("str backend")
@@ -35,37 +42,20 @@ def _schema(returns: str, before: str = "", after: str = "") -> str:
     return f"({args}) -> {returns}"
 
 
-def _in_op(backend: str, p0, w1, times, options) -> Implementation:
-    """Inside an op's body: the named implementation, or "auto" (passed by calls traced by
-    torch.compile) resolved here, where the tensors are real (registry.implementation:
-    the same decision as the API's)."""
-    if backend == "auto":
-        return implementation(backend, p0, w1, times, options)
-    return FLOATER[backend]
-
-
-def _floater(p0, w1, b1, w2, b2, times, substeps, method, activation, backend) -> Tensor:
-    options = FloaterOptions(substeps, method, activation)
-    with autocast_disabled(p0.device.type):
-        impl = _in_op(backend, p0, w1, times, options)
-        return impl.forward(p0, w1, b1, w2, b2, times, options)
-
-
 def _states_like(p0: Tensor, times: Tensor) -> Tensor:
     """An empty [S, L, d] result: the fake (shape-only) kernel of the forward ops."""
     return p0.new_empty((p0.shape[0], times.shape[0], p0.shape[1]))
 
 
-def _floater_fake(p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
-    return _states_like(p0, times)
+# -- backward ------------------------------------------------------------------------------
 
 
-def _backward_body(
+def floater_backward(
     grad, out, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, needs, tape
 ) -> list[Tensor]:
     options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
-        impl = _in_op(backend, p0, w1, times, options)
+        impl = in_op(backend, p0, w1, times, options)
         grads = impl.backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape)
     return [g if g is not None else grad.new_empty(0) for g in grads]
 
@@ -77,9 +67,9 @@ def _backward_fake(
     return [torch.empty_like(t) if need else grad.new_empty(0) for need, t in zip(needs, refs)]
 
 
-FLOATER_BACKWARD = CustomOp(
-    "posenc_fast::floater_backward",
-    _backward_body,
+FLOATER_BACKWARD = custom_op(
+    "floater_backward",
+    floater_backward,
     _backward_fake,
     schema=_schema(
         "Tensor[]", before="Tensor grad, Tensor out", after="bool[] needs, Tensor? tape"
@@ -89,65 +79,94 @@ FLOATER_BACKWARD = CustomOp(
 
 def gradients(grad, out, inputs, options: FloaterOptions, backend: str, needs, tape=None) -> list:
     """(dp0, dw1, db1, dw2, db2, dtimes) of ``out`` = floater(*inputs, options), None where
-    ``needs`` is False (``tape``: what floater_taped kept). Used by the ops' autograd
-    registrations and by the module's cache, which attaches this backward to stored states."""
+    ``needs`` is False (``tape``: what floater_taped kept): the backward of every
+    Function and op here, and of the module's cached states."""
     if not any(needs):
         return [None] * 6
     if torch.is_grad_enabled():
-        # The reference integrated in the inputs' dtype: differentiable by autograd, and
-        # its L = 0 result still has a graph to every input.
+        # A double backward: the reference integrated in the inputs' dtype, which autograd
+        # differentiates (its L = 0 result still has a graph to every input).
         return differentiable_grads(
-            lambda: reference.floater(*inputs, *options, None, inputs[0].dtype),
+            lambda: reference.floater(*inputs, *options, compute_dtype=inputs[0].dtype),
             inputs,
             needs,
             grad,
             zero_fill=True,
         )
-    grads = FLOATER_BACKWARD(grad, out, *inputs, *options, backend, needs, tape)
+    args = (grad, out, *inputs, *options, backend, needs, tape)
+    grads = floater_backward(*args) if direct_call_ok(*args) else FLOATER_BACKWARD(*args)
     return [g if n else None for g, n in zip(grads, needs)]
 
 
+# -- posenc_fast::floater ------------------------------------------------------------------
+
+
+def floater(p0, w1, b1, w2, b2, times, substeps, method, activation, backend) -> Tensor:
+    options = FloaterOptions(substeps, method, activation)
+    with autocast_disabled(p0.device.type):
+        impl = in_op(backend, p0, w1, times, options)
+        return impl.forward(p0, w1, b1, w2, b2, times, options)
+
+
+def _floater_fake(p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
+    return _states_like(p0, times)
+
+
 def _setup_context(ctx, inputs, output):
-    p0, w1, b1, w2, b2, times, substeps, method, activation, backend = inputs
+    p0, w1, b1, w2, b2, times, substeps, method, activation, backend = inputs[:10]
     ctx.save_for_backward(p0, w1, b1, w2, b2, times, output)
     ctx.options, ctx.backend = FloaterOptions(substeps, method, activation), backend
 
 
-def _backward(ctx, grad):
-    *inputs, out = ctx.saved_tensors
-    needs = [bool(n) for n in ctx.needs_input_grad[:6]]
-    tape = getattr(ctx, "tape", None)  # floater_taped's context holds its tape (_setup_taped)
-    grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs, tape)
-    return (*grads, None, None, None, None)
+class FloaterFunction(torch.autograd.Function):
+    """p0 [S, d], the dynamics, times [L] -> the states at the times [S, L, d]."""
+
+    @staticmethod
+    def forward(ctx, p0, w1, b1, w2, b2, times, substeps, method, activation, backend):
+        options = FloaterOptions(substeps, method, activation)
+        with autocast_disabled(p0.device.type):
+            out = FLOATER[backend].forward(p0, w1, b1, w2, b2, times, options)
+        ctx.save_for_backward(p0, w1, b1, w2, b2, times, out)
+        ctx.options, ctx.backend = options, backend
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        *inputs, out = ctx.saved_tensors
+        needs = [bool(n) for n in ctx.needs_input_grad[:6]]
+        grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs)
+        return (*grads, None, None, None, None)
+
+    @staticmethod
+    def onnx(p0, w1, b1, w2, b2, times, substeps, method, activation):
+        """What an ONNX export traces: the reference's solver loop, unrolled in the state
+        dtype (ONNX has no ODE solver: the length is static in the graph, which grows with
+        length x substeps; deployed modules freeze() their states instead)."""
+        args = (p0, w1, b1, w2, b2, times, substeps, method, activation)
+        return reference.floater(*args, compute_dtype=p0.dtype)
 
 
-FLOATER_OP = CustomOp(
-    "posenc_fast::floater",
-    _floater,
+FLOATER_OP = custom_op(
+    "floater",
+    floater,
     _floater_fake,
     schema=_schema("Tensor"),
-    backward=_backward,
+    backward=FloaterFunction.backward,
     setup_context=_setup_context,
-    op_function="forward",
-    impl_args=lambda p0, w1, b1, w2, b2, times, *options: (
-        (p0, w1, b1, w2, b2, times, FloaterOptions(*options))
-    ),
-    # ONNX has no ODE solver: the export unrolls the solver steps (the reference's loop,
-    # in the state dtype), so the sequence length is static in the graph and the graph
-    # grows with L * substeps. Deployed models freeze() the states instead (api.py).
-    onnx=lambda p0, w1, b1, w2, b2, times, substeps, method, activation, backend: reference.floater(
-        p0, w1, b1, w2, b2, times, substeps, method, activation, None, p0.dtype
-    ),
 )
 
 
-def _floater_taped(
+# -- posenc_fast::floater_taped: the forward that keeps the stage values (tape.py) ----------
+
+
+def floater_taped(
     p0, w1, b1, w2, b2, times, substeps, method, activation, backend, intervals
 ) -> tuple[Tensor, Tensor]:
     options = FloaterOptions(substeps, method, activation)
     with autocast_disabled(p0.device.type):
-        # the dispatcher checks the sizes (a compiled call names its backend while tracing)
-        impl = implementation(backend, p0, w1, times, options)
+        impl = in_op(backend, p0, w1, times, options)
+        if impl.forward_taped is None:
+            raise BackendError(f"posenc_fast: backend {impl.name!r} has no taped forward")
         return impl.forward_taped(p0, w1, b1, w2, b2, times, options, intervals)
 
 
@@ -162,59 +181,99 @@ def _floater_taped_fake(
 def _setup_taped(ctx, inputs, output):
     out, tape = output
     ctx.mark_non_differentiable(tape)
-    _setup_context(ctx, inputs[:10], out)
+    _setup_context(ctx, inputs, out)
     ctx.tape = tape  # made by the op, read once by its backward
 
 
-def _backward_taped(ctx, grad, _grad_tape):
-    return (*_backward(ctx, grad), None)  # and none for intervals
+class FloaterTapedFunction(torch.autograd.Function):
+    """:class:`FloaterFunction` that also returns the tape of its first ``intervals``
+    intervals, which its backward reads instead of integrating them again."""
+
+    @staticmethod
+    def forward(ctx, p0, w1, b1, w2, b2, times, substeps, method, activation, backend, intervals):
+        options = FloaterOptions(substeps, method, activation)
+        with autocast_disabled(p0.device.type):
+            out, tape = FLOATER[backend].forward_taped(
+                p0, w1, b1, w2, b2, times, options, intervals
+            )
+        ctx.mark_non_differentiable(tape)
+        ctx.save_for_backward(p0, w1, b1, w2, b2, times, out)
+        ctx.options, ctx.backend, ctx.tape = options, backend, tape
+        return out, tape
+
+    @staticmethod
+    def backward(ctx, grad, _grad_tape):
+        *inputs, out = ctx.saved_tensors
+        needs = [bool(n) for n in ctx.needs_input_grad[:6]]
+        grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs, ctx.tape)
+        return (*grads, None, None, None, None, None)
 
 
-FLOATER_TAPED = CustomOp(
-    "posenc_fast::floater_taped",
-    _floater_taped,
+FLOATER_TAPED = custom_op(
+    "floater_taped",
+    floater_taped,
     _floater_taped_fake,
     schema=_schema("(Tensor, Tensor)", after="SymInt intervals"),
-    backward=_backward_taped,
+    backward=FloaterTapedFunction.backward,
     setup_context=_setup_taped,
 )
 
 
-def integrator(options: FloaterOptions) -> _cache.Integrate:
-    """``integrate(inputs, times, backend) -> (states, name of the implementation)``, what
-    the cache calls: the implementation's forward itself (no graph: the cache attaches
-    the backward)."""
-
-    def integrate(inputs, times, backend):
-        impl = _in_op(backend, inputs[0], inputs[1], times, options)
-        return impl.forward(*inputs, times, options), impl.name
-
-    return integrate
+# -- the module's cached states ------------------------------------------------------------
 
 
-def _floater_cached(
+def states_without_graph(impl, inputs, times: Tensor, options: FloaterOptions) -> Tensor:
+    """The states at ``times`` without a graph (the result cache's integration, under
+    no_grad): the implementation itself on plain tensors in plain eager mode, else the op,
+    which tracers, modes and a running profiler must see."""
+    if impl.backward is None:  # the reference: no op
+        return impl.forward(*inputs, times, options)
+    if direct_call_ok(*inputs, times):
+        with autocast_disabled(times.device.type):
+            return impl.forward(*inputs, times, options)
+    return FLOATER_OP(*inputs, times, *options, impl.name)
+
+
+class StoredStates(torch.autograd.Function):
+    """States computed earlier (the module's result cache, ``out``) with the backward of
+    the integration attached: a repeated call costs nothing, yet gradients reach the
+    parameters, and every returned tensor has a graph of its own."""
+
+    @staticmethod
+    def forward(ctx, out, p0, w1, b1, w2, b2, times, options, backend):
+        ctx.save_for_backward(p0, w1, b1, w2, b2, times, out)
+        ctx.options, ctx.backend = options, backend
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        *inputs, out = ctx.saved_tensors
+        needs = [bool(n) for n in ctx.needs_input_grad[1:7]]
+        grads = gradients(grad, out, inputs, ctx.options, ctx.backend, needs)
+        return (None, *grads, None, None)
+
+
+def _states_in_op(impl, inputs, times: Tensor, options: FloaterOptions) -> Tensor:
+    """The cached op's integration: inside its body, the implementation itself."""
+    return impl.forward(*inputs, times, options)
+
+
+def floater_cached(
     p0, w1, b1, w2, b2, times, substeps, method, activation, backend, cache_id, mode
 ) -> Tensor:
+    """Under torch.compile: the module's result cache (cache.py), found by its id."""
     inputs = (p0, w1, b1, w2, b2)
     options = FloaterOptions(substeps, method, activation)
-    integrate = integrator(options)
     cache = _cache.find(cache_id)
-    with autocast_disabled(p0.device.type), _outside_inference_mode():
+    with autocast_disabled(p0.device.type), _cache.outside_inference_mode():
         if cache is None:  # the module is gone: nothing to keep the result for
-            return integrate(inputs, times, backend)[0]
-        config_key = _cache.key(inputs, options, backend)
-        values, _ = _cache.cached_states(cache, mode, inputs, times, config_key, integrate)
+            return in_op(backend, p0, w1, times, options).forward(*inputs, times, options)
+        values, _ = _cache.cached_states(
+            cache, mode, inputs, times, options, backend, _states_in_op
+        )
         # A copy: compiled code may write into an op's output buffer once it is dead, and
         # the stored states must stay as they are.
         return values.clone()
-
-
-def _outside_inference_mode():
-    # Tensors made in inference mode have no version counter, which the cache needs to
-    # notice edits of what it handed out (the eager module does the same).
-    if torch.is_inference_mode_enabled():
-        return torch.inference_mode(False)
-    return contextlib.nullcontext()
 
 
 def _floater_cached_fake(
@@ -224,23 +283,19 @@ def _floater_cached_fake(
 
 
 def _backward_cached(ctx, grad):
-    return (*_backward(ctx, grad), None, None)
-
-
-def _setup_cached(ctx, inputs, output):
-    _setup_context(ctx, inputs[:10], output)
+    return (*FloaterFunction.backward(ctx, grad), None, None)  # none for cache_id, mode
 
 
 # The op reads its cache's state on the host (value comparisons), which a captured CUDA
 # graph would skip on replay: where torch has the tag, compiled code never graphs it.
 _UNSAFE_IN_CUDA_GRAPHS = getattr(torch.Tag, "cudagraph_unsafe", None)
 
-FLOATER_CACHED = CustomOp(
-    "posenc_fast::floater_cached",
-    _floater_cached,
+FLOATER_CACHED = custom_op(
+    "floater_cached",
+    floater_cached,
     _floater_cached_fake,
     schema=_schema("Tensor", after="SymInt cache_id, str mode"),
     backward=_backward_cached,
-    setup_context=_setup_cached,
+    setup_context=_setup_context,
     tags=(_UNSAFE_IN_CUDA_GRAPHS,) if _UNSAFE_IN_CUDA_GRAPHS is not None else (),
 )

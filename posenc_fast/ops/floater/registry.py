@@ -97,6 +97,13 @@ FLOATER = register(
 
 
 # -- which implementation runs a call: decided here, and only here ---------------------
+# An eager call chooses once, in the API (:func:`implementation`), and hands the op the
+# chosen name. A call that torch.compile traces cannot choose while dynamo traces (the
+# dispatcher may load the C++ extension under a lock): it hands the op the caller's
+# request, which :func:`in_op` resolves when the op runs, on real tensors; an exported
+# program so chooses where it runs. Whether a compiled training call tapes is decided while
+# tracing by :func:`traced_name` (dynamo runs it for real and keeps its answer) and
+# :func:`within_limits`.
 
 
 def problem_of(device: str, dtype: torch.dtype, sizes, options: FloaterOptions) -> Problem:
@@ -124,6 +131,32 @@ def implementation(backend: str, p0, w1, times, options: FloaterOptions) -> Impl
     """:func:`choose` for a call on these tensors (their sizes' limits checked too)."""
     sizes = (p0.shape[0], p0.shape[1], w1.shape[1], times.shape[0])
     return choose(backend, p0.device.type, p0.dtype, options, sizes)
+
+
+def in_op(backend: str, p0, w1, times, options: FloaterOptions) -> Implementation:
+    """The implementation an op's body runs: the one ``backend`` names (an eager call
+    passes the name its API chose), or for "auto" (a call torch.compile traced) the one
+    :func:`implementation` chooses now."""
+    if backend == "auto":
+        return implementation(backend, p0, w1, times, options)
+    return FLOATER[backend]
+
+
+@torch._dynamo.assume_constant_result
+def traced_name(backend, device, dtype, substeps, method, activation) -> str:
+    """The name :func:`choose` gives a call torch.compile traces, without its sizes; ""
+    when it refuses. :func:`within_limits` then checks the sizes."""
+    try:
+        return choose(backend, device, dtype, FloaterOptions(substeps, method, activation)).name
+    except (_dispatch.BackendError, ValueError):
+        return ""
+
+
+def within_limits(impl: Implementation, p0, w1) -> bool:
+    """Whether ``impl``'s size limits (dim and hidden_dim: the others have none) admit
+    p0 [S, d] and w1 [d+1, H]; symbolic sizes under torch.compile become a guard."""
+    limits, dim, hidden = impl.support.max_sizes, p0.shape[1], w1.shape[1]
+    return dim <= limits.get("dim", dim) and hidden <= limits.get("hidden_dim", hidden)
 
 
 def named(backend: str) -> Optional[Implementation]:

@@ -14,7 +14,7 @@ for the backward, so that it need not integrate again; what it keeps, and how mu
 # (csrc/floater/floater_cuda.cu). The tape lives until the backward has run (it is saved
 # for it like any activation); on CUDA it is device memory from torch's caching allocator.
 #
-# Under torch.compile the decision is made while dynamo traces (api._compiled_tape): a
+# Under torch.compile the decision is made while dynamo traces (functional._traced): a
 # training call tapes as in eager mode, its intervals computed from the sizes (symbolic
 # ones too) with the budget as it is then, which stays in the compiled code.
 #

@@ -184,7 +184,7 @@ def lff_forward(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) 
 
 def lff_autograd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> torch.Tensor:
     """Unchunked forward made of differentiable ops: the graph of a double backward
-    (create_graph=True) and what an ONNX export traces (ops/_common.py; float32 phases
+    (create_graph=True) and what an ONNX export traces (ops/_custom_ops.py; float32 phases
     there: ops/_export_phases.py). Same math as lff_forward, written plainly."""
     G = x.shape[-2]
     rows = _rows_of(x)

@@ -1,15 +1,38 @@
-"""Learnable Fourier features as rotary embeddings (LightGlue): ``lff_rotary``,
-``apply_lff_rotary``, ``LearnableFourierRotary``.
+"""Rotary embeddings for grids: channel pair i of q and k rotated by x . W_i. ``rotary``,
+``rotary_table``, ``Rotary``; the frequency builders of every family (``frequencies``,
+``posenc_fast.rope``); the LightGlue members ``lff_rotary``, ``apply_lff_rotary``,
+``LearnableFourierRotary``.
 
-    api.py         the public functions and module (checks, dispatch)
-    op.py          the custom ops posenc_fast::lff_rotary / apply_lff_rotary and their
-                   backward ops, with autograd
-    registry.py    backend name -> SUPPORT table + implementation, for both ops
-    reference.py   the float64 specification
-    torch_impl.py  the pure-PyTorch implementation
-Kernels: triton_kernels/rotary.py; csrc/rotary/rotary_cpu.cpp.
+    api.py          the public functions and modules (checks, dispatch)
+    op.py           the custom ops posenc_fast::rotary / rotary_table and their backward
+                    ops, with autograd
+    registry.py     backend name -> SUPPORT table + implementation, for both ops
+    reference.py    the float64 specification
+    torch_impl.py   the pure-PyTorch implementation
+    frequencies.py  W and positions of the families: axial, mixed, dinov3, nd, grid, augment
+Kernels: triton_kernels/rotary.py; csrc/rotary/.
 """
 
-from .api import LAYOUTS, LearnableFourierRotary, apply_lff_rotary, lff_rotary
+from . import frequencies
+from .api import (
+    LAYOUTS,
+    PAIRS,
+    LearnableFourierRotary,
+    Rotary,
+    apply_lff_rotary,
+    lff_rotary,
+    rotary,
+    rotary_table,
+)
 
-__all__ = ["LAYOUTS", "LearnableFourierRotary", "apply_lff_rotary", "lff_rotary"]
+__all__ = [
+    "LAYOUTS",
+    "PAIRS",
+    "LearnableFourierRotary",
+    "Rotary",
+    "apply_lff_rotary",
+    "frequencies",
+    "lff_rotary",
+    "rotary",
+    "rotary_table",
+]

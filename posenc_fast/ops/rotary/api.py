@@ -1,16 +1,15 @@
-"""Learnable Fourier features as rotary embeddings (LightGlue): ``lff_rotary``,
-``apply_lff_rotary`` and the nn.Module ``LearnableFourierRotary``.
+"""Rotary embeddings for grids: ``rotary``, ``rotary_table`` and the module ``Rotary``, and
+the LightGlue members ``apply_lff_rotary``, ``lff_rotary`` and ``LearnableFourierRotary``.
 
-LightGlue (Lindenberger et al. 2023) encodes keypoints x with learnable Fourier features
-and uses their cosines and sines as a rotary embedding of every attention head: channel
-pair (2i, 2i+1) of q and k is rotated by the angle x . wr_i. reference.py states the
-formulas; this module checks arguments and dispatches.
+Channel pair i of q and k is rotated by the angle x . W_i, x a token's M coordinates and W
+a frequency matrix (reference.py states it all). The families differ only in W and x,
+which the builders of frequencies.py (``posenc_fast.rope``) make: axial (EVA-02, FLUX),
+RoPE-Mixed, DINOv3; LightGlue learns one dense W.
 
-Path of a call: ``apply_lff_rotary`` -> the dispatcher picks an implementation from the
-registry (registry.py) -> the custom op ``posenc_fast::apply_lff_rotary`` (op.py) -> the
-implementation's kernel (torch_impl.py, triton_kernels/rotary.py,
-csrc/rotary/rotary_cpu.cpp) -> backward ``posenc_fast::apply_lff_rotary_backward``,
-recomputing the cos / sin from x.
+Path of a call: ``rotary`` (checks) -> the dispatcher picks an implementation from the
+registry (registry.py) -> the custom op ``posenc_fast::rotary`` (op.py) -> the
+implementation (torch_impl.py; the compiled kernels) -> backward
+``posenc_fast::rotary_backward``, recomputing the cos / sin from x.
 """
 
 from __future__ import annotations
@@ -23,26 +22,376 @@ from torch import Tensor, nn
 
 from ... import _checks, _dispatch
 from ..._dispatch import Problem
+from ..._modules import module_tensors
 from .._custom_ops import autocast_dtype, run
 from . import reference as _reference
-from .op import APPLY_OP, TABLE_OP, ApplyFunction, TableFunction
-from .registry import APPLY, TABLE
+from .op import ROTARY_OP, TABLE_OP, RotaryFunction, TableFunction
+from .registry import LIGHTGLUE_ROTARY, LIGHTGLUE_TABLE, ROTARY, TABLE
 
 LAYOUTS = _reference.LAYOUTS
+PAIRS = _reference.PAIRS
+_FLOATS = frozenset(_checks.FLOAT_DTYPES)
+_NOT_POSITIONS = frozenset((torch.bool, torch.complex32, torch.complex64, torch.complex128))
 
 
-def _check_wr(wr, M: int) -> int:
-    """wr [F/2, M]; returns F."""
-    _checks.float_tensor("wr", wr)
-    _checks.frequencies("wr", wr, M)
-    return 2 * wr.shape[0]
-
-
-def _float_positions(x: Tensor, wr: Tensor) -> Tensor:
-    """Integer positions as float32 (exact up to 2^24; float64 for float64 wr)."""
+def _float_positions(x: Tensor, freqs: Tensor) -> Tensor:
+    """Integer positions as float32 (exact up to 2^24; float64 for float64 freqs)."""
     if x.is_floating_point():
         return x
-    return x.to(torch.float64 if wr.dtype == torch.float64 else torch.float32)
+    return x.to(torch.float64 if freqs.dtype == torch.float64 else torch.float32)
+
+
+def _kind(freqs: Tensor) -> str:
+    return "shared" if freqs.dim() == 2 else "per_head"
+
+
+# ------------------------------------------------------------------------ checks
+# The common case costs a few attribute reads (_fast_ok); when it fails, the detailed
+# check names the argument that is wrong.
+
+
+def _fast_ok(q, k, x, freqs, pairs, layout, prefix, per_head_ok: bool) -> bool:
+    try:
+        qs, ks, xs, fs = q.shape, k.shape, x.shape, freqs.shape
+        if not (
+            q.dtype in _FLOATS and k.dtype == q.dtype and freqs.dtype in _FLOATS
+            and x.dtype not in _NOT_POSITIONS and len(qs) == 4 and len(ks) == 4
+            and pairs in PAIRS and layout in LAYOUTS and type(prefix) is int
+        ):  # fmt: skip
+            return False
+    except (AttributeError, TypeError):
+        return False
+    t = 2 if layout == "bhnd" else 1  # the tokens' axis
+    B, N, D = qs[0], qs[t], qs[3]
+    if not (ks[0] == B and ks[t] == N and ks[3] == D and 0 <= prefix <= N):
+        return False
+    if not ((len(xs) == 2 and xs[0] == N - prefix) or (len(xs) == 3 and xs[:2] == (B, N - prefix))):
+        return False
+    M = xs[-1]
+    if len(fs) == 2:
+        ok = fs[1] == M and fs[0] >= 1
+    else:
+        H = qs[3 - t]
+        ok = per_head_ok and len(fs) == 3 and fs[0] == H == ks[3 - t] and fs[2] == M and fs[1] >= 1
+    dev = q.device
+    return ok and 2 * fs[-2] <= D and k.device == dev and x.device == dev and freqs.device == dev
+
+
+def _check_freqs(name: str, freqs, M: int, heads: Optional[int]) -> None:
+    """freqs [F/2, M]; [H, F/2, M] instead when ``heads`` (H) is given."""
+    _checks.float_tensor(name, freqs)
+    if heads is None:
+        _checks.frequencies(name, freqs, M)
+        return
+    what = f"[H, F/2, M] with H = {heads} heads and M = x.shape[-1]"
+    _checks.shape(name, freqs, (heads, None, M), what)
+    if freqs.shape[1] == 0:
+        raise ValueError(f"{name} must have F/2 >= 1 frequencies, got {list(freqs.shape)}")
+
+
+def _explain(q, k, x, freqs, pairs, layout, prefix, name: str, per_head_ok: bool) -> None:
+    """Raise the error that names what is wrong with a call _fast_ok refused."""
+    _checks.choice("layout", layout, LAYOUTS)
+    _checks.choice("pairs", pairs, PAIRS)
+    _checks.float_tensor("q", q)
+    _checks.float_tensor("k", k)
+    spec = "[B, heads, N, head_dim]" if layout == "bhnd" else "[B, N, heads, head_dim]"
+    for arg, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{arg} must have shape {spec} (layout={layout!r}), got {list(t.shape)}"
+            )
+    t_axis = 2 if layout == "bhnd" else 1
+    B, N, D = q.shape[0], q.shape[t_axis], q.shape[3]
+    if (k.shape[0], k.shape[t_axis], k.shape[3]) != (B, N, D):
+        raise ValueError(
+            f"k must have the batch size, positions and head_dim of q {spec}: "
+            f"q {list(q.shape)}, k {list(k.shape)} (layout={layout!r}; heads may differ)"
+        )
+    if k.dtype != q.dtype:
+        raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}: q and k must share one dtype")
+    if type(prefix) is not int or not 0 <= prefix <= N:
+        raise ValueError(f"prefix must be an int in [0, N] with N = {N} tokens, got {prefix!r}")
+    _checks.real_positions("x", x)
+    n = N - prefix
+    if not ((x.dim() == 3 and x.shape[:2] == (B, n)) or (x.dim() == 2 and x.shape[0] == n)):
+        tokens = "N - prefix" if prefix else "N"
+        raise ValueError(
+            f"x must have shape [B, {tokens}, M] or [{tokens}, M] (shared by the batch) with "
+            f"B = {B} and {tokens} = {n} from q, got {list(x.shape)}"
+        )
+    H = q.shape[3 - t_axis]
+    _checks.float_tensor(name, freqs)
+    if per_head_ok and freqs.dim() not in (2, 3):
+        raise ValueError(
+            f"{name} must have shape [F/2, M] (shared by the heads) or [H, F/2, M] (one per "
+            f"head), got {list(freqs.shape)}"
+        )
+    per_head = per_head_ok and freqs.dim() == 3
+    _check_freqs(name, freqs, x.shape[-1], H if per_head else None)
+    if per_head and k.shape[3 - t_axis] != H:
+        raise ValueError(
+            f"k must have the {H} heads of q when {name} is per head {list(freqs.shape)} "
+            f"(fewer key heads need {name} [F/2, M] shared by the heads), got {list(k.shape)}"
+        )
+    F = 2 * freqs.shape[-2]
+    if F > D:
+        raise ValueError(
+            f"{name} rotates F = 2 * {name}.shape[-2] = {F} channels, more than head_dim = {D}"
+        )
+    _checks.same_device("q", q, k=k, x=x, **{name: freqs})
+    raise AssertionError("rotary: the fast check refused arguments the detailed one accepts")
+
+
+def _rotary_problem(op, q, k, x, freqs, pairs, layout, prefix, name, per_head_ok=True):
+    """(x as floats, the Problem of the call), after the checks."""
+    if not _fast_ok(q, k, x, freqs, pairs, layout, prefix, per_head_ok):
+        _explain(q, k, x, freqs, pairs, layout, prefix, name, per_head_ok)
+    x = _float_positions(x, freqs)
+    problem = Problem(
+        op=op,
+        device=q.device.type,
+        dtype=q.dtype,
+        sizes={"pos_dim": x.shape[-1], "rotary_dim": 2 * freqs.shape[-2], "prefix": prefix},
+        options={"pairs": pairs, "freqs": _kind(freqs)},
+        input_dtypes={"x": x.dtype, "freqs": freqs.dtype},
+    )
+    return x, problem
+
+
+def _table_problem(op, x, freqs, pairs, name, per_head_ok=True):
+    """(x as floats, the Problem of the call), after the checks."""
+    _checks.real_positions("x", x)
+    if x.dim() < 2:
+        raise ValueError(
+            f"x must have shape [..., N, M] (at least 2 dimensions), got {list(x.shape)}"
+        )
+    _checks.choice("pairs", pairs, PAIRS)
+    _checks.float_tensor(name, freqs)
+    if per_head_ok and freqs.dim() not in (2, 3):
+        raise ValueError(
+            f"{name} must have shape [F/2, M] or [H, F/2, M] (one per head), "
+            f"got {list(freqs.shape)}"
+        )
+    per_head = per_head_ok and freqs.dim() == 3
+    _check_freqs(name, freqs, x.shape[-1], freqs.shape[0] if per_head else None)
+    _checks.same_device(name, freqs, x=x)
+    x = _float_positions(x, freqs)
+    amp = autocast_dtype(x.device.type)
+    out_dtype = amp if (amp is not None and freqs.dtype == torch.float32) else freqs.dtype
+    problem = Problem(
+        op=op,
+        device=x.device.type,
+        dtype=out_dtype,
+        sizes={"pos_dim": x.shape[-1], "rotary_dim": 2 * freqs.shape[-2]},
+        options={"pairs": pairs, "freqs": _kind(freqs)},
+        input_dtypes={"x": x.dtype, "freqs": freqs.dtype},
+    )
+    return x, problem
+
+
+# ------------------------------------------------------------------------ the op
+
+
+def rotary(
+    q: Tensor,
+    k: Tensor,
+    x: Tensor,
+    freqs: Tensor,
+    pairs: str = "interleaved",
+    layout: str = "bhnd",
+    prefix: int = 0,
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """q and k rotated by the angles x . W_i of their tokens' positions, fused.
+
+    Args:
+        q, k: [B, heads, N, head_dim] (``layout="bhnd"``) or [B, N, heads, head_dim]
+            (``"bnhd"``); any strides; float16, bfloat16, float32 or float64, one dtype.
+            k may have fewer heads than q when freqs is shared by the heads.
+        x: positions [N - prefix, M] shared by the batch, or [B, N - prefix, M] per sample
+            (floating or integer).
+        freqs: W [F/2, M] shared by the heads, or [H, F/2, M] one per head (any strides:
+            a block's slice of a [depth, H, F/2, M] parameter). F <= head_dim.
+        pairs: "interleaved" (pair i = channels 2i, 2i+1) or "half" (i, i + F/2).
+        layout: "bhnd" or "bnhd", see q.
+        prefix: the first ``prefix`` tokens (class, registers) pass through unchanged.
+        backend: "auto", "reference", "torch", "triton" or "cpp".
+
+    Returns:
+        (q', k'): new tensors (the inputs are not modified) of q's and k's shapes, in q's
+        dtype, contiguous in the given layout; channels F.. pass through. Angles in float32
+        or better with accurate phases (within 1e-6 of float64 up to |phase| 1e5),
+        rotations in float32 (float64 for float64 q), rounded once. Differentiable with
+        respect to q, k, x and freqs.
+    """
+    x, problem = _rotary_problem("rotary", q, k, x, freqs, pairs, layout, prefix, "freqs")
+    impl = _dispatch.choose(ROTARY, problem, backend)
+    return run(RotaryFunction, ROTARY_OP, impl, q, k, x, freqs, pairs, layout, prefix)
+
+
+def rotary_table(
+    x: Tensor, freqs: Tensor, pairs: str = "interleaved", backend: str = "auto"
+) -> Tensor:
+    """The cos / sin table of the angles x . W_i, for callers that apply it themselves.
+
+    Args:
+        x: positions [..., N, M] (floating or integer).
+        freqs: W [F/2, M], or [H, F/2, M] one per head.
+        pairs: "interleaved" (each angle on channels 2i and 2i+1) or "half" (i, i + F/2).
+        backend: "auto", "reference", "torch", "triton" or "cpp".
+
+    Returns:
+        [2, ..., N, F] (shared freqs) or [2, ..., H, N, F] (per head): ``[0]`` the cosines,
+        ``[1]`` the sines. timm's concatenated embedding is ``torch.cat([t[1], t[0]], -1)``.
+        The dtype is freqs' (the autocast dtype under autocast for float32 freqs); phases
+        are float32 or better, reduced accurately. Differentiable in x and freqs.
+    """
+    x, problem = _table_problem("rotary_table", x, freqs, pairs, "freqs")
+    impl = _dispatch.choose(TABLE, problem, backend)
+    return run(TableFunction, TABLE_OP, impl, x, freqs, pairs, problem.dtype)
+
+
+class Rotary(nn.Module):
+    r"""Rotary embedding of attention heads by positions: ``m(q, k, x)`` rotates q and k
+    (:func:`rotary`), ``m.table(x)`` gives the cos / sin table (:func:`rotary_table`).
+
+    - ``freqs`` [F/2, pos_dim] shared by the heads, or [heads, F/2, pos_dim] one per head:
+      a Parameter, or a buffer with ``learnable=False``. By default axial frequencies
+      (``posenc_fast.rope.axial(rotary_dim, pos_dim, in_pixels=False)``: F/2 = pos_dim *
+      (rotary_dim // (2 pos_dim)), for integer grid coordinates), the same for every head;
+      ``frequencies=`` (or :meth:`from_frequencies`) takes any family's
+      (``posenc_fast.rope``: axial, mixed, dinov3, nd).
+    - ``rotary_dim`` (default head_dim): channels rotated; the others pass through.
+    - ``pairs``, ``layout``, ``prefix``: as for :func:`rotary`.
+    """
+
+    def __init__(
+        self,
+        pos_dim: int,
+        head_dim: int,
+        rotary_dim: Optional[int] = None,
+        heads: Optional[int] = None,
+        pairs: str = "interleaved",
+        layout: str = "bhnd",
+        prefix: int = 0,
+        learnable: bool = True,
+        frequencies: Optional[Tensor] = None,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        _checks.positive_int("pos_dim", pos_dim)
+        _checks.positive_int("head_dim", head_dim)
+        if heads is not None:
+            _checks.positive_int("heads", heads)
+        self.pairs = _checks.choice("pairs", pairs, PAIRS)
+        self.layout = _checks.choice("layout", layout, LAYOUTS)
+        self.prefix = _checks.size("prefix", prefix, 0)
+        self.backend = _dispatch.validate_name(backend)
+        if frequencies is None:
+            from .frequencies import axial
+
+            dim = head_dim - head_dim % 2 if rotary_dim is None else rotary_dim
+            _checks.even_positive_int("rotary_dim", dim)
+            if dim < 2 * pos_dim:
+                raise ValueError(
+                    f"rotary_dim ({dim}) must be >= 2 * pos_dim ({2 * pos_dim}) for the default "
+                    "axial frequencies (one pair per axis); or pass frequencies="
+                )
+            w = axial(dim, ndim=pos_dim, in_pixels=False)
+            if heads is not None:
+                w = w.expand(heads, -1, -1)
+        else:
+            w = _checks.float_tensor("frequencies", frequencies).detach()
+            if w.dim() == 3 and heads is None:
+                heads = w.shape[0]
+            _check_freqs("frequencies", w, pos_dim, heads if w.dim() == 3 else None)
+            if heads is not None and w.dim() == 2:
+                w = w.expand(heads, -1, -1)
+            if rotary_dim is not None and rotary_dim != 2 * w.shape[-2]:
+                raise ValueError(
+                    f"rotary_dim ({rotary_dim}) must be 2 * frequencies.shape[-2] "
+                    f"= {2 * w.shape[-2]} (or None)"
+                )
+        rotated = 2 * w.shape[-2]
+        if rotated > head_dim:
+            raise ValueError(f"rotary_dim ({rotated}) must be <= head_dim ({head_dim})")
+        self.pos_dim, self.head_dim, self.rotary_dim = pos_dim, head_dim, rotated
+        self.heads = heads
+        w = w.to(device=device, dtype=dtype).clone(memory_format=torch.contiguous_format)
+        if learnable:
+            self.freqs = nn.Parameter(w)
+        else:
+            self.register_buffer("freqs", w)
+
+    @classmethod
+    def from_frequencies(
+        cls,
+        freqs: Tensor,
+        head_dim: Optional[int] = None,
+        pairs: str = "interleaved",
+        layout: str = "bhnd",
+        prefix: int = 0,
+        learnable: bool = True,
+        backend: str = "auto",
+    ) -> Rotary:
+        """The module holding a copy of ``freqs`` [F/2, M] or [heads, F/2, M] (a builder's
+        output, e.g. ``posenc_fast.rope.dinov3(64)``); head_dim defaults to F."""
+        _checks.float_tensor("freqs", freqs)
+        if freqs.dim() not in (2, 3):
+            raise ValueError(
+                f"freqs must have shape [F/2, M] or [H, F/2, M], got {list(freqs.shape)}"
+            )
+        F = 2 * freqs.shape[-2]
+        return cls(
+            freqs.shape[-1],
+            F if head_dim is None else head_dim,
+            heads=freqs.shape[0] if freqs.dim() == 3 else None,
+            pairs=pairs,
+            layout=layout,
+            prefix=prefix,
+            learnable=learnable,
+            frequencies=freqs,
+            backend=backend,
+            device=freqs.device,
+            dtype=freqs.dtype,
+        )
+
+    def forward(self, q: Tensor, k: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(q', k'): q and k [B, heads, N, head_dim] (or [B, N, heads, head_dim] with layout
+        "bnhd") rotated by positions x [N - prefix, pos_dim] or [B, N - prefix, pos_dim]."""
+        if q.shape[-1:] != (self.head_dim,):
+            raise ValueError(f"q must have head_dim={self.head_dim} channels, got {list(q.shape)}")
+        (freqs,) = module_tensors(self, ("freqs",))
+        return rotary(q, k, x, freqs, self.pairs, self.layout, self.prefix, self.backend)
+
+    def table(self, x: Tensor) -> Tensor:
+        """x [..., N, pos_dim] -> the cos / sin table [2, ..., N, rotary_dim] (per head
+        [2, ..., heads, N, rotary_dim])."""
+        (freqs,) = module_tensors(self, ("freqs",))
+        return rotary_table(x, freqs, self.pairs, self.backend)
+
+    def extra_repr(self) -> str:
+        s = f"pos_dim={self.pos_dim}, head_dim={self.head_dim}"
+        if self.rotary_dim != self.head_dim:
+            s += f", rotary_dim={self.rotary_dim}"
+        if self.heads is not None:
+            s += f", heads={self.heads}"
+        for name, default in (("pairs", "interleaved"), ("layout", "bhnd"), ("backend", "auto")):
+            if getattr(self, name) != default:
+                s += f", {name}={getattr(self, name)!r}"
+        if self.prefix:
+            s += f", prefix={self.prefix}"
+        if not isinstance(self.freqs, nn.Parameter):
+            s += ", learnable=False"
+        return s
+
+
+# ------------------------------------------------------------------------ LightGlue
+# The LightGlue members: interleaved pairs, shared frequencies wr [F/2, M], no prefix,
+# the table with a broadcast heads axis. The same custom ops as the general op.
 
 
 def lff_rotary(x: Tensor, wr: Tensor, backend: str = "auto") -> Tensor:
@@ -62,59 +411,11 @@ def lff_rotary(x: Tensor, wr: Tensor, backend: str = "auto") -> Tensor:
         autocast dtype under autocast for float32 wr); phases are always computed in
         float32 or better and reduced accurately (docs/precision.md).
         :func:`apply_lff_rotary` does the rotation in one pass without the table.
+        ``rotary_table(x, wr).unsqueeze(-3)``.
     """
-    _checks.real_positions("x", x)
-    if x.dim() < 2:
-        raise ValueError(
-            f"x must have shape [..., N, M] (at least 2 dimensions), got {list(x.shape)}"
-        )
-    F = _check_wr(wr, x.shape[-1])
-    _checks.same_device("wr", wr, x=x)
-    x = _float_positions(x, wr)
-    amp = autocast_dtype(x.device.type)
-    out_dtype = amp if (amp is not None and wr.dtype == torch.float32) else wr.dtype
-    problem = Problem(
-        op="lff_rotary",
-        device=x.device.type,
-        dtype=out_dtype,
-        sizes={"pos_dim": x.shape[-1], "rotary_dim": F},
-        input_dtypes={"x": x.dtype, "wr": wr.dtype},
-    )
-    impl = _dispatch.choose(TABLE, problem, backend)
-    return run(TableFunction, TABLE_OP, impl, x, wr, out_dtype).unsqueeze(-3)
-
-
-def _check_apply_args(q, k, x, wr, layout) -> tuple[Tensor, int]:
-    _checks.choice("layout", layout, LAYOUTS)
-    _checks.float_tensor("q", q)
-    _checks.float_tensor("k", k)
-    spec = "[B, heads, N, head_dim]" if layout == "bhnd" else "[B, N, heads, head_dim]"
-    for name, t in (("q", q), ("k", k)):
-        if t.dim() != 4:
-            raise ValueError(
-                f"{name} must have shape {spec} (layout={layout!r}), got {list(t.shape)}"
-            )
-    n_axis = 2 if layout == "bhnd" else 1
-    B, N, D = q.shape[0], q.shape[n_axis], q.shape[3]
-    if (k.shape[0], k.shape[n_axis], k.shape[3]) != (B, N, D):
-        raise ValueError(
-            f"k must have the batch size, positions and head_dim of q {spec}: "
-            f"q {list(q.shape)}, k {list(k.shape)} (layout={layout!r}; heads may differ)"
-        )
-    if k.dtype != q.dtype:
-        raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}: q and k must share one dtype")
-    _checks.real_positions("x", x)
-    ok = (x.dim() == 3 and x.shape[:2] == (B, N)) or (x.dim() == 2 and x.shape[0] == N)
-    if not ok:
-        raise ValueError(
-            f"x must have shape [B, N, M] or [N, M] (shared by the batch) with B = {B} and "
-            f"N = {N} from q, got {list(x.shape)}"
-        )
-    F = _check_wr(wr, x.shape[-1])
-    if F > D:
-        raise ValueError(f"wr rotates F = 2 * wr.shape[0] = {F} channels, more than head_dim = {D}")
-    _checks.same_device("q", q, k=k, x=x, wr=wr)
-    return _float_positions(x, wr), F
+    x, problem = _table_problem("lff_rotary", x, wr, "interleaved", "wr", per_head_ok=False)
+    impl = _dispatch.choose(LIGHTGLUE_TABLE, problem, backend)
+    return run(TableFunction, TABLE_OP, impl, x, wr, "interleaved", problem.dtype).unsqueeze(-3)
 
 
 def apply_lff_rotary(
@@ -125,7 +426,8 @@ def apply_lff_rotary(
     layout: str = "bhnd",
     backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
-    """q and k rotated by the learnable Fourier rotary embedding of positions x, fused.
+    """q and k rotated by the learnable Fourier rotary embedding of positions x, fused:
+    ``rotary(q, k, x, wr, "interleaved", layout, 0, backend)``.
 
     Equal to ``t * c + rotate_half(t) * s`` with ``c, s = lff_rotary(x, wr)`` (LightGlue's
     ``apply_cached_rotary_emb``), for t = q and t = k, without the table: the cos / sin
@@ -147,16 +449,11 @@ def apply_lff_rotary(
         dtype, contiguous in the given layout. Rotations are computed in float32 (float64
         for float64 q) and rounded once. Differentiable with respect to q, k, x and wr.
     """
-    x, F = _check_apply_args(q, k, x, wr, layout)
-    problem = Problem(
-        op="apply_lff_rotary",
-        device=q.device.type,
-        dtype=q.dtype,
-        sizes={"pos_dim": x.shape[-1], "rotary_dim": F},
-        input_dtypes={"x": x.dtype, "wr": wr.dtype},
+    x, problem = _rotary_problem(
+        "apply_lff_rotary", q, k, x, wr, "interleaved", layout, 0, "wr", per_head_ok=False
     )
-    impl = _dispatch.choose(APPLY, problem, backend)
-    return run(ApplyFunction, APPLY_OP, impl, q, k, x, wr, layout)
+    impl = _dispatch.choose(LIGHTGLUE_ROTARY, problem, backend)
+    return run(RotaryFunction, ROTARY_OP, impl, q, k, x, wr, "interleaved", layout, 0)
 
 
 class LearnableFourierRotary(nn.Module):

@@ -1,16 +1,17 @@
-"""The learnable Fourier rotary ops (LightGlue's layout): autograd.Functions that are also
-the bodies of the custom ops
+"""The rotary ops: autograd.Functions that are also the bodies of the custom ops
 
-    posenc_fast::lff_rotary(x, wr, out_dtype, backend) -> [2, *x.shape[:-1], F]
-    posenc_fast::lff_rotary_backward(grad, x, wr, backend, need_x, need_wr) -> (dx, dwr)
-    posenc_fast::apply_lff_rotary(q, k, x, wr, layout, backend) -> (q', k')
-    posenc_fast::apply_lff_rotary_backward(gq, gk, q, k, x, wr, layout, backend,
-        need_q, need_k, need_x, need_wr) -> (dq, dk, dx, dwr)
+    posenc_fast::rotary(q, k, x, freqs, pairs, layout, prefix, backend) -> (q', k')
+    posenc_fast::rotary_backward(gq, gk, q, k, x, freqs, pairs, layout, prefix, backend,
+        need_q, need_k, need_x, need_freqs) -> (dq, dk, dx, dfreqs)
+    posenc_fast::rotary_table(x, freqs, pairs, out_dtype, backend) -> table
+    posenc_fast::rotary_table_backward(grad, x, freqs, pairs, backend, need_x, need_freqs)
+        -> (dx, dfreqs)
 
-``backend`` names the implementation in the registry. Gradients that are not needed come
-back as empty tensors. The backward ops save only the inputs (the cos / sin are
-recomputed); a double backward differentiates the torch implementation's recomputation.
-Flags are separate bools and results tuples: the schemas torch 2.5's custom_op accepts.
+``backend`` names the implementation (registry.RUN_ROTARY / RUN_TABLE). Gradients that are
+not needed come back as empty tensors. The backward ops save only the inputs (the cos /
+sin are recomputed); a double backward differentiates the torch implementation's
+recomputation. Flags are separate bools and results tuples: the schemas torch 2.5's
+custom_op accepts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from .._custom_ops import autocast_disabled, custom_op, differentiable_grads, direct_call_ok
 from . import torch_impl
-from .registry import APPLY, TABLE
+from .registry import RUN_ROTARY, RUN_TABLE
 
 
 def _or_empty(t, like: Tensor) -> Tensor:
@@ -31,162 +32,166 @@ def _or_empty(t, like: Tensor) -> Tensor:
 
 
 def table_backward(
-    grad: Tensor, x: Tensor, wr: Tensor, backend: str, need_x: bool, need_wr: bool
-) -> tuple[Tensor, Tensor]:
+    grad: Tensor, x: Tensor, freqs: Tensor, pairs: str, backend: str, need_x: bool,
+    need_freqs: bool,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     with autocast_disabled(x.device.type):
-        dx, dwr = TABLE[backend].backward(grad, x, wr, need_x, need_wr)
-    return _or_empty(dx, grad), _or_empty(dwr, grad)
+        dx, dfreqs = RUN_TABLE[backend].backward(grad, x, freqs, pairs, need_x, need_freqs)
+    return _or_empty(dx, grad), _or_empty(dfreqs, grad)
 
 
-def _table_backward_fake(grad, x, wr, backend, need_x, need_wr):
+def _table_backward_fake(grad, x, freqs, pairs, backend, need_x, need_freqs):
     return (
-        torch.empty_like(x) if need_x else grad.new_empty(0),
-        torch.empty_like(wr) if need_wr else grad.new_empty(0),
+        x.new_empty(x.shape) if need_x else grad.new_empty(0),
+        freqs.new_empty(freqs.shape) if need_freqs else grad.new_empty(0),
     )
 
 
-TABLE_BACKWARD_OP = custom_op("lff_rotary_backward", table_backward, _table_backward_fake)
+TABLE_BACKWARD_OP = custom_op("rotary_table_backward", table_backward, _table_backward_fake)
 
 
-def table(x: Tensor, wr: Tensor, out_dtype: torch.dtype, backend: str) -> Tensor:
+def table(x: Tensor, freqs: Tensor, pairs: str, out_dtype: torch.dtype, backend: str) -> Tensor:
     with autocast_disabled(x.device.type):
-        return TABLE[backend].forward(x, wr, out_dtype)
+        return RUN_TABLE[backend].forward(x, freqs, pairs, out_dtype)
 
 
 def _setup_table(ctx, inputs, output):
-    x, wr, out_dtype, backend = inputs
-    ctx.save_for_backward(x, wr)
-    ctx.out_dtype, ctx.backend = out_dtype, backend
+    x, freqs, pairs, out_dtype, backend = inputs
+    ctx.save_for_backward(x, freqs)
+    ctx.pairs, ctx.out_dtype, ctx.backend = pairs, out_dtype, backend
 
 
 class TableFunction(torch.autograd.Function):
-    """x [..., M] -> the cos / sin table [2, ..., F]."""
+    """x [..., M] -> the cos / sin table [2, ..., F] (per head [2, ..., H, N, F])."""
 
     @staticmethod
-    def forward(ctx, x, wr, out_dtype, backend):
-        _setup_table(ctx, (x, wr, out_dtype, backend), None)
+    def forward(ctx, x, freqs, pairs, out_dtype, backend):
+        _setup_table(ctx, (x, freqs, pairs, out_dtype, backend), None)
         with autocast_disabled(x.device.type):
-            return TABLE[backend].forward(x, wr, out_dtype)
+            return RUN_TABLE[backend].forward(x, freqs, pairs, out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        x, wr = ctx.saved_tensors
+        x, freqs = ctx.saved_tensors
         needs = [bool(n) for n in ctx.needs_input_grad[:2]]
         if torch.is_grad_enabled():
-            dx, dwr = differentiable_grads(
-                lambda: torch_impl.table_autograd(x, wr, ctx.out_dtype), (x, wr), needs, grad
+            dx, dfreqs = differentiable_grads(
+                lambda: torch_impl.table_autograd(x, freqs, ctx.pairs, ctx.out_dtype),
+                (x, freqs),
+                needs,
+                grad,
             )
-        elif direct_call_ok(grad, x, wr):
-            dx, dwr = table_backward(grad, x, wr, ctx.backend, *needs)
+        elif direct_call_ok(grad, x, freqs):
+            dx, dfreqs = table_backward(grad, x, freqs, ctx.pairs, ctx.backend, *needs)
         else:
-            dx, dwr = TABLE_BACKWARD_OP(grad, x, wr, ctx.backend, *needs)
-        return (dx if needs[0] else None), (dwr if needs[1] else None), None, None
+            dx, dfreqs = TABLE_BACKWARD_OP(grad, x, freqs, ctx.pairs, ctx.backend, *needs)
+        return (dx if needs[0] else None), (dfreqs if needs[1] else None), None, None, None
 
     @staticmethod
-    def onnx(x, wr, out_dtype):
-        return torch_impl.table_autograd(x, wr, out_dtype)
+    def onnx(x, freqs, pairs, out_dtype):
+        return torch_impl.table_autograd(x, freqs, pairs, out_dtype)
 
 
-def _table_fake(x, wr, out_dtype, backend):
-    return x.new_empty((2, *x.shape[:-1], 2 * wr.shape[0]), dtype=out_dtype)
+def _table_fake(x, freqs, pairs, out_dtype, backend):
+    F = 2 * freqs.shape[-2]
+    if freqs.dim() == 2:
+        return x.new_empty((2, *x.shape[:-1], F), dtype=out_dtype)
+    return x.new_empty((2, *x.shape[:-2], freqs.shape[0], x.shape[-2], F), dtype=out_dtype)
 
 
 TABLE_OP = custom_op(
-    "lff_rotary", table, _table_fake, backward=TableFunction.backward, setup_context=_setup_table
+    "rotary_table",
+    table,
+    _table_fake,
+    backward=TableFunction.backward,
+    setup_context=_setup_table,
 )
 
 
 # ------------------------------------------------------------------------ q and k
 
 
-def apply_backward(
-    gq: Tensor,
-    gk: Tensor,
-    q: Tensor,
-    k: Tensor,
-    x: Tensor,
-    wr: Tensor,
-    layout: str,
+def rotary_backward(
+    gq: Tensor, gk: Tensor, q: Tensor, k: Tensor, x: Tensor, freqs: Tensor, pairs: str,
+    layout: str, prefix: int, backend: str, need_q: bool, need_k: bool, need_x: bool,
+    need_freqs: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    needs = (need_q, need_k, need_x, need_freqs)
+    with autocast_disabled(q.device.type):
+        grads = RUN_ROTARY[backend].backward(gq, gk, q, k, x, freqs, pairs, layout, prefix, needs)
+    dq, dk, dx, dfreqs = (_or_empty(g, gq) for g in grads)
+    return dq, dk, dx, dfreqs
+
+
+def _rotary_backward_fake(
+    gq, gk, q, k, x, freqs, pairs, layout, prefix, backend, need_q, need_k, need_x, need_freqs
+):
+    wanted = ((q, q.dtype, need_q), (k, q.dtype, need_k), (x, x.dtype, need_x))
+    grads = [t.new_empty(t.shape, dtype=dt) if n else gq.new_empty(0) for t, dt, n in wanted]
+    return (*grads, freqs.new_empty(freqs.shape) if need_freqs else gq.new_empty(0))
+
+
+ROTARY_BACKWARD_OP = custom_op("rotary_backward", rotary_backward, _rotary_backward_fake)
+
+
+def rotary(
+    q: Tensor, k: Tensor, x: Tensor, freqs: Tensor, pairs: str, layout: str, prefix: int,
     backend: str,
-    need_q: bool,
-    need_k: bool,
-    need_x: bool,
-    need_wr: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    needs = (need_q, need_k, need_x, need_wr)
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     with autocast_disabled(q.device.type):
-        grads = APPLY[backend].backward(gq, gk, q, k, x, wr, layout, needs)
-    dq, dk, dx, dwr = (_or_empty(g, gq) for g in grads)
-    return dq, dk, dx, dwr
+        return RUN_ROTARY[backend].forward(q, k, x, freqs, pairs, layout, prefix)
 
 
-def _apply_backward_fake(gq, gk, q, k, x, wr, layout, backend, need_q, need_k, need_x, need_wr):
-    refs = (q, k, x, wr)
-    return tuple(
-        t.new_empty(t.shape) if need else gq.new_empty(0)
-        for t, need in zip(refs, (need_q, need_k, need_x, need_wr))
-    )
+def _setup_rotary(ctx, inputs, output):
+    q, k, x, freqs, pairs, layout, prefix, backend = inputs
+    ctx.save_for_backward(q, k, x, freqs)
+    ctx.pairs, ctx.layout, ctx.prefix, ctx.backend = pairs, layout, prefix, backend
 
 
-APPLY_BACKWARD_OP = custom_op("apply_lff_rotary_backward", apply_backward, _apply_backward_fake)
-
-
-def apply(
-    q: Tensor, k: Tensor, x: Tensor, wr: Tensor, layout: str, backend: str
-) -> tuple[Tensor, Tensor]:
-    with autocast_disabled(q.device.type):
-        return APPLY[backend].forward(q, k, x, wr, layout)
-
-
-def _setup_apply(ctx, inputs, output):
-    q, k, x, wr, layout, backend = inputs
-    ctx.save_for_backward(q, k, x, wr)
-    ctx.layout, ctx.backend = layout, backend
-
-
-class ApplyFunction(torch.autograd.Function):
-    """(q, k) -> (q', k') rotated by the angles x . wr_i."""
+class RotaryFunction(torch.autograd.Function):
+    """(q, k) -> (q', k') rotated by the angles x . W_i."""
 
     @staticmethod
-    def forward(ctx, q, k, x, wr, layout, backend):
-        _setup_apply(ctx, (q, k, x, wr, layout, backend), None)
+    def forward(ctx, q, k, x, freqs, pairs, layout, prefix, backend):
+        _setup_rotary(ctx, (q, k, x, freqs, pairs, layout, prefix, backend), None)
         with autocast_disabled(q.device.type):
-            return APPLY[backend].forward(q, k, x, wr, layout)
+            return RUN_ROTARY[backend].forward(q, k, x, freqs, pairs, layout, prefix)
 
     @staticmethod
     def backward(ctx, gq, gk):
-        q, k, x, wr = ctx.saved_tensors
+        q, k, x, freqs = ctx.saved_tensors
         needs = [bool(n) for n in ctx.needs_input_grad[:4]]
+        options = (ctx.pairs, ctx.layout, ctx.prefix)
         if torch.is_grad_enabled():
             # Both outputs as one flat tensor, so that one autograd.grad call serves them.
             def both():
-                oq, ok = torch_impl.apply_autograd(q, k, x, wr, ctx.layout)
+                oq, ok = torch_impl.rotary_autograd(q, k, x, freqs, *options)
                 return torch.cat([oq.flatten(), ok.flatten()])
 
             grad = torch.cat([gq.flatten(), gk.flatten()])
-            grads = differentiable_grads(both, (q, k, x, wr), needs, grad)
+            grads = differentiable_grads(both, (q, k, x, freqs), needs, grad)
         else:
-            args = (gq, gk, q, k, x, wr, ctx.layout, ctx.backend, *needs)
-            if direct_call_ok(gq, gk, q, k, x, wr):
-                grads = apply_backward(*args)
+            args = (gq, gk, q, k, x, freqs, *options, ctx.backend, *needs)
+            if direct_call_ok(gq, gk, q, k, x, freqs):
+                grads = rotary_backward(*args)
             else:
-                grads = APPLY_BACKWARD_OP(*args)
-        return (*(g if n else None for g, n in zip(grads, needs)), None, None)
+                grads = ROTARY_BACKWARD_OP(*args)
+        return (*(g if n else None for g, n in zip(grads, needs)), None, None, None, None)
 
     @staticmethod
-    def onnx(q, k, x, wr, layout):
-        return torch_impl.apply_autograd(q, k, x, wr, layout)
+    def onnx(q, k, x, freqs, pairs, layout, prefix):
+        return torch_impl.rotary_autograd(q, k, x, freqs, pairs, layout, prefix)
 
 
-def _apply_fake(q, k, x, wr, layout, backend):
+def _rotary_fake(q, k, x, freqs, pairs, layout, prefix, backend):
     # Outputs are contiguous in the caller's layout, in q's dtype.
     return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype)
 
 
-APPLY_OP = custom_op(
-    "apply_lff_rotary",
-    apply,
-    _apply_fake,
-    backward=ApplyFunction.backward,
-    setup_context=_setup_apply,
+ROTARY_OP = custom_op(
+    "rotary",
+    rotary,
+    _rotary_fake,
+    backward=RotaryFunction.backward,
+    setup_context=_setup_rotary,
 )

@@ -1,14 +1,20 @@
-"""Who implements the learnable Fourier rotary embeddings: backend name -> SUPPORT table
-+ functions, for the two ops "lff_rotary" (the table) and "apply_lff_rotary" (q and k).
+"""Who implements the rotary ops: backend name -> SUPPORT table + functions.
 
-"lff_rotary":
-    forward(x, wr, out_dtype) -> [2, *x.shape[:-1], F]: cos, then sin, each frequency on
-        two neighbouring channels
-    backward(grad, x, wr, need_x, need_wr) -> (dx, dwr), None where not needed
-"apply_lff_rotary":
-    forward(q, k, x, wr, layout) -> (q', k') in q's dtype, contiguous in the layout of q, k
-    backward(gq, gk, q, k, x, wr, layout, needs) -> [dq, dk, dx, dwr], None where not needed
-(the reference only ``forward``: autograd differentiates it).
+"rotary" (``pf.rotary``):
+    forward(q, k, x, freqs, pairs, layout, prefix) -> (q', k') in q's dtype, contiguous in
+        the layout of q and k
+    backward(gq, gk, q, k, x, freqs, pairs, layout, prefix, needs) -> [dq, dk, dx, dfreqs],
+        None where not needed
+"rotary_table" (``pf.rotary_table``):
+    forward(x, freqs, pairs, out_dtype) -> [2, *x.shape[:-1], F] (shared freqs) or
+        [2, *x.shape[:-2], H, N, F] (per head): cos, then sin
+    backward(grad, x, freqs, pairs, need_x, need_freqs) -> (dx, dfreqs), None where not needed
+(the reference only ``forward``: autograd differentiates it). A call's Problem carries
+sizes pos_dim (M), rotary_dim (F), prefix (rotary only) and options pairs ("interleaved" |
+"half") and freqs ("shared" | "per_head"), which SUPPORT tables may restrict.
+
+The LightGlue members (``apply_lff_rotary``, ``lff_rotary``: interleaved pairs, shared
+frequencies, no prefix) have registries of their own, holding the same implementations.
 """
 
 from __future__ import annotations
@@ -28,28 +34,17 @@ from . import reference, torch_impl
 def _compiled(devices: tuple, max_sizes: dict) -> OpSupport:
     """q / k / table in float32 or half precision, positions and frequencies converted to
     float32 on load (float64 ones would lose their precision in the float32 phases: the
-    torch backend takes those)."""
+    torch backend takes those); every pair layout, shared or per-head frequencies, any
+    prefix."""
     return OpSupport(
         devices=devices,
         dtypes=HALF_AND_SINGLE,
         max_sizes=max_sizes,
-        input_dtypes={"x": HALF_AND_SINGLE, "wr": HALF_AND_SINGLE},
+        input_dtypes={"x": HALF_AND_SINGLE, "freqs": HALF_AND_SINGLE},
     )
 
 
-def _reference_table(x, wr, out_dtype):
-    """The reference table without its broadcast heads axis, as the op returns it."""
-    return reference.rotary_table(x, wr, out_dtype).squeeze(-3)
-
-
-# The compiled kernels of the general rotary ops:
-#   "rotary":       forward(q, k, x, freqs, pairs, layout, prefix) -> (q', k')
-#                   backward(gq, gk, q, k, x, freqs, pairs, layout, prefix, needs)
-#                       -> [dq, dk, dx, dfreqs], None where not needed
-#   "rotary_table": forward(x, freqs, pairs, out_dtype) -> [2, ..., F]
-#                   backward(grad, x, freqs, pairs, need_x, need_freqs) -> (dx, dfreqs)
-# freqs [F/2, M] shared by the heads or [H, F/2, M] one per head, any strides. The
-# LightGlue ops below are the case pairs="interleaved", prefix=0, shared freqs.
+# The C++ CPU kernels (csrc/rotary/).
 
 
 def _cpp_rotary(q, k, x, freqs, pairs: str, layout: str, prefix: int):
@@ -75,7 +70,8 @@ def _cpp_rotary_table_backward(grad, x, freqs, pairs: str, need_x: bool, need_fr
     return (dx if need_x else None), (dfreqs if need_freqs else None)
 
 
-# The Triton launchers, imported on first use (triton is optional and slow to import).
+# The Triton launchers (triton_kernels/rotary.py), imported on first use (triton is
+# optional and slow to import).
 
 
 def _triton_rotary(q, k, x, freqs, pairs: str, layout: str, prefix: int):
@@ -102,70 +98,28 @@ def _triton_rotary_table_backward(grad, x, freqs, pairs: str, need_x: bool, need
     return rotary.rotary_table_bwd(grad, x, freqs, pairs, need_x, need_freqs)
 
 
-# LightGlue's ops on the general kernels.
-
-
-def _cpp_table(x, wr, out_dtype):
-    return extension_ops("cpp").rotary_table_kernel(x, wr, "interleaved", out_dtype)
-
-
-def _cpp_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
-    dx, dwr = extension_ops("cpp").rotary_table_kernel_backward(
-        grad, x, wr, "interleaved", bool(need_x), bool(need_wr)
-    )
-    return (dx if need_x else None), (dwr if need_wr else None)
-
-
-def _cpp_apply(q, k, x, wr, layout: str):
-    return extension_ops("cpp").rotary_kernel(q, k, x, wr, "interleaved", str(layout), 0)
-
-
-def _cpp_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
-    needs = [bool(n) for n in needs]
-    grads = extension_ops("cpp").rotary_kernel_backward(
-        gq, gk, q, k, x, wr, "interleaved", str(layout), 0, needs
-    )
-    return [g if n else None for g, n in zip(grads, needs)]
-
-
-def _triton_table(x, wr, out_dtype):
-    from ...triton_kernels import rotary
-
-    return rotary.rotary_table_fwd(x, wr, "interleaved", out_dtype)
-
-
-def _triton_table_backward(grad, x, wr, need_x: bool, need_wr: bool):
-    from ...triton_kernels import rotary
-
-    return rotary.rotary_table_bwd(grad, x, wr, "interleaved", need_x, need_wr)
-
-
-def _triton_apply(q, k, x, wr, layout: str):
-    from ...triton_kernels import rotary
-
-    return rotary.rotary_fwd(q, k, x, wr, "interleaved", layout, 0)
-
-
-def _triton_apply_backward(gq, gk, q, k, x, wr, layout: str, needs):
-    from ...triton_kernels import rotary
-
-    return rotary.rotary_bwd(gq, gk, q, k, x, wr, "interleaved", layout, 0, needs)
-
-
 _TRITON = _compiled(triton_devices(), {"pos_dim": 16})  # M unrolled in the kernels
 _CPP = _compiled(("cpu",), {})
 
+ROTARY = register(
+    "rotary",
+    Implementation("reference", ANYWHERE, reference.rotary),
+    Implementation("torch", ANYWHERE, torch_impl.forward, torch_impl.backward),
+    Implementation("triton", _TRITON, _triton_rotary, _triton_rotary_backward),
+    Implementation("cpp", _CPP, _cpp_rotary, _cpp_rotary_backward),
+)
 TABLE = register(
-    "lff_rotary",
-    Implementation("reference", ANYWHERE, _reference_table),
+    "rotary_table",
+    Implementation("reference", ANYWHERE, reference.rotary_table),
     Implementation("torch", ANYWHERE, torch_impl.table_forward, torch_impl.table_backward),
-    Implementation("triton", _TRITON, _triton_table, _triton_table_backward),
-    Implementation("cpp", _CPP, _cpp_table, _cpp_table_backward),
+    Implementation("triton", _TRITON, _triton_rotary_table, _triton_rotary_table_backward),
+    Implementation("cpp", _CPP, _cpp_rotary_table, _cpp_rotary_table_backward),
 )
-APPLY = register(
-    "apply_lff_rotary",
-    Implementation("reference", ANYWHERE, reference.apply_rotary),
-    Implementation("torch", ANYWHERE, torch_impl.apply_forward, torch_impl.apply_backward),
-    Implementation("triton", _TRITON, _triton_apply, _triton_apply_backward),
-    Implementation("cpp", _CPP, _cpp_apply, _cpp_apply_backward),
-)
+
+# LightGlue's members: the same implementations, registered under their own op names.
+LIGHTGLUE_ROTARY = register("apply_lff_rotary", *ROTARY.values())
+LIGHTGLUE_TABLE = register("lff_rotary", *TABLE.values())
+
+# What the custom ops run, by the backend name a call chose from either registry.
+RUN_ROTARY = {**LIGHTGLUE_ROTARY, **ROTARY}
+RUN_TABLE = {**LIGHTGLUE_TABLE, **TABLE}

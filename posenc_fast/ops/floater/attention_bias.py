@@ -1,0 +1,121 @@
+"""FloaterAttentionBias: FLOATER's Q/K/V biases for every attention block from one shared
+dynamics (the paper's Eq. 12-13), and :class:`BlockBiases`, what one block holds."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ... import _checks
+from .._custom_ops import onnx_export_running
+from . import training
+from .cache import FloaterCacheInfo
+from .module import Floater
+
+
+class FloaterAttentionBias(nn.Module):
+    r"""FLOATER's compatible form (Eq. 12-13): position-dependent biases for the Q/K/V
+    projections of every attention block, all driven by one shared dynamics.
+
+    ``forward(length)`` -> [num_layers, num_projections, L, dim]: bias[n, j] is added to
+    projection j (0: Q, 1: K, 2: V by convention) of block n. One :class:`Floater` with
+    num_states = num_layers * num_projections holds the initial values; ``floater_kwargs``
+    (hidden_dim, delta_t, substeps, method, activation, backend, refresh_every, init_scale,
+    device, dtype) go to it. The default initialisation (p0 = 0, h close to 0) starts the biases
+    near zero, so a pretrained Transformer can be warm-started with FLOATER switched off.
+
+    Example::
+
+        class Block(nn.Module):
+            def __init__(self, dim, heads):
+                super().__init__()
+                self.heads = heads
+                self.qkv = nn.Linear(dim, 3 * dim)
+                self.proj = nn.Linear(dim, dim)
+
+            def forward(self, x, bias):  # x [B, L, dim], bias [3, L, dim]
+                q, k, v = (self.qkv(x).unflatten(-1, (3, -1)) + bias.transpose(0, 1)).unbind(-2)
+                q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
+                y = F.scaled_dot_product_attention(q, k, v)
+                return x + self.proj(y.transpose(1, 2).flatten(2))
+
+        pos = posenc_fast.FloaterAttentionBias(dim=256, num_layers=4)
+        blocks = nn.ModuleList(Block(256, heads=8) for _ in range(4))
+        bias = pos(x.shape[1])  # [4, 3, L, 256]
+        for n, block in enumerate(blocks):
+            x = block(x, bias[n])
+    """
+
+    def __init__(self, dim: int, num_layers: int, num_projections: int = 3, **floater_kwargs):
+        super().__init__()
+        _checks.positive_int("num_layers", num_layers)
+        _checks.positive_int("num_projections", num_projections)
+        self.num_layers, self.num_projections = num_layers, num_projections
+        self.floater = Floater(dim, num_layers * num_projections, **floater_kwargs)
+        self._step = training.Slot()  # a training forward's one integration (training.py)
+
+    def reset_parameters(self) -> None:
+        self.floater.reset_parameters()
+
+    def forward(self, length: Optional[int] = None, times: Optional[Tensor] = None) -> Tensor:
+        """length: int >= 0, or times [L] -> [num_layers, num_projections, L, dim]."""
+        out = self.floater(length, times)
+        return out.unflatten(0, (self.num_layers, self.num_projections))
+
+    def block(self, layer: int, share: bool = True) -> BlockBiases:
+        """What an attention block holds to get its biases: ``block(n)(length)`` is
+        :meth:`block_biases` of block n."""
+        return BlockBiases(self, layer, share)
+
+    def block_biases(self, n: int, length: int, share: bool = True) -> Tensor:
+        """Block ``n``'s biases for positions 0..length-1: [num_projections, L, dim], equal
+        to ``self(length)[n]``. In a training step (train mode, gradients on) one
+        integration of all blocks' states per forward serves every block and its backward
+        (layer 0 makes it; ``share=False``: block n integrates its own states); otherwise
+        the module's cache or frozen states serve it (docs/floater-training.md)."""
+        fl = self.floater
+        # Frozen: stored biases, never integrate. An ONNX export goes through forward too,
+        # which refuses an unfrozen module.
+        if fl.frozen or onnx_export_running() or not (fl.training and torch.is_grad_enabled()):
+            # self(length)[n], the Floater called directly (a frame fewer to the kernel)
+            return fl(length).unflatten(0, (self.num_layers, self.num_projections))[n]
+        return training.block_biases(self, self._step, n, length, share)
+
+    def extra_repr(self) -> str:
+        return f"num_layers={self.num_layers}, num_projections={self.num_projections}"
+
+    # -- inference: the Floater's, see Floater.freeze --------------------------------------
+
+    @property
+    def frozen(self) -> bool:
+        return self.floater.frozen
+
+    def freeze(self, length: int) -> FloaterAttentionBias:
+        """Store the biases of positions 0..length-1 (Floater.freeze): a model given
+        biases by add_floater_biases (``model.floater_bias.freeze(L)``) then runs and
+        exports without integrating. Returns the module."""
+        self.floater.freeze(length)
+        return self
+
+    def unfreeze(self) -> FloaterAttentionBias:
+        self.floater.unfreeze()
+        return self
+
+    def cache_info(self) -> FloaterCacheInfo:
+        """Floater.cache_info of the shared Floater."""
+        return self.floater.cache_info()
+
+
+class BlockBiases:
+    """Block ``layer``'s biases from a FloaterAttentionBias: ``biases(length)`` ->
+    [num_projections, L, dim], equal to ``module(length)[layer]``. Holds the module
+    without registering it as a submodule of every projection (it is registered once, on
+    the model: a state_dict lists it once). Made by :meth:`FloaterAttentionBias.block`."""
+
+    def __init__(self, module: FloaterAttentionBias, layer: int, share: bool = True):
+        self.module, self.layer, self.share = module, layer, share
+
+    def __call__(self, length: int) -> Tensor:
+        return self.module.block_biases(self.layer, length, self.share)

@@ -1,0 +1,131 @@
+"""One integration per training forward, shared by the attention blocks a
+FloaterAttentionBias serves: layer 0 integrates all blocks' states, the later layers take
+their slice while it still describes the module (docs/floater-training.md)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from .attention_bias import FloaterAttentionBias
+
+
+@dataclass(eq=False)
+class _Shared:
+    """One training forward's biases of all blocks [N, P, L, dim] and what they describe
+    (``key`` None: made under torch.compile, which cannot compute the eager key)."""
+
+    biases: Tensor
+    key: Optional[tuple]
+
+
+class Slot:
+    """A holder (``value``) that copies and pickles leave empty: what it holds is derived
+    data (a tensor with an autograd graph, which could not be deep-copied). A plain
+    attribute of a module, so torch.compile traces reads and writes of it. The bias module
+    keeps its training forward's shared result in one (:class:`_Shared`)."""
+
+    def __init__(self):
+        self.value = None
+
+    def __deepcopy__(self, memo) -> Slot:
+        return type(self)()
+
+    def __reduce__(self):
+        return (type(self), ())
+
+
+def _key(bias: FloaterAttentionBias, length: int) -> tuple:
+    """What a shared result describes: the length, the options and the parameter tensors
+    at their version counters (an in-place optimizer step bumps them)."""
+    fl = bias.floater
+    params = (fl.p0, fl.w1, fl.b1, fl.w2, fl.b2)
+    versions = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+    return (length, fl.options, fl.backend, fl.refresh_every, versions)
+
+
+def _drop_when_consumed(step: Slot, entry: _Shared):
+    """A hook on ``entry.biases``: its gradient arrives when the backward reaches the
+    integration, whose graph is then freed: the entry must not serve another forward."""
+    step_ref, entry_ref = weakref.ref(step), weakref.ref(entry)
+
+    def hook(grad):
+        current = step_ref()
+        if current is not None and current.value is not None and current.value is entry_ref():
+            current.value = None
+
+    return hook
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine runs this code (activation checkpointing recomputes)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _one_block(bias: FloaterAttentionBias, n: int) -> slice:
+    """Block n's rows among the Floater's states."""
+    P = bias.num_projections
+    return slice(n * P, (n + 1) * P)
+
+
+def _all_blocks(states: Tensor, bias: FloaterAttentionBias) -> Tensor:
+    """[N * P, L, dim] states -> [N, P, L, dim] biases, as the bias module's forward."""
+    return states.unflatten(0, (bias.num_layers, bias.num_projections))
+
+
+def block_biases(
+    bias: FloaterAttentionBias, step: Slot, n: int, length: int, share: bool
+) -> Tensor:
+    """Block n's biases [P, L, dim] in a training step: from the step's one integration
+    of all blocks when it is still valid (layer 0 makes it; kept in ``step``), else
+    integrated for the block alone (``share=False`` always). The Floater is called
+    directly (its forward, or integrate_states without the refresh bookkeeping), not
+    through the bias module's forward: one frame fewer to the kernel."""
+    fl = bias.floater
+    if not share:
+        return fl.integrate_states(length, _one_block(bias, n))
+    if torch.compiler.is_compiling():
+        return _compiled_block(bias, step, n, length)
+    entry = step.value
+    valid = entry is not None and entry.key == _key(bias, length)
+    if _in_backward():  # activation checkpointing recomputes; nothing new is shared here
+        if not valid:  # reentrant: the forward ran under no_grad
+            return fl.integrate_states(length, _one_block(bias, n))
+        if n == 0 and entry.biases.requires_grad:
+            # Non-reentrant checkpointing wants the forward's operations again: layer 0
+            # integrated all states (values only fill the forward's saved tensors).
+            return _all_blocks(fl.integrate_states(length), bias)[n]
+        return entry.biases[n]
+    if valid and n != 0:
+        return entry.biases[n]
+    if n != 0 and fl.refresh_every == 1:  # layer 0 did not run first
+        return fl.integrate_states(length, _one_block(bias, n))
+    biases = _all_blocks(fl(length), bias)  # all blocks: one integration (or a refresh's)
+    entry = _Shared(biases, _key(bias, length))
+    step.value = entry
+    if biases.requires_grad:
+        biases.register_hook(_drop_when_consumed(step, entry))
+    return biases[n]
+
+
+def _compiled_block(bias: FloaterAttentionBias, step: Slot, n: int, length: int) -> Tensor:
+    """A training forward traced by torch.compile: layer 0 integrates all blocks' states
+    and leaves the result in ``step``, where the later layers of the same forward find it
+    (within one graph, the traced tensor itself; across graph breaks, a graph input). The
+    eager key (pointers, version counters) and the consumption hook cannot be traced:
+    here a result serves the layers that follow layer 0 in its forward, and the blocks a
+    non-reentrant checkpoint recomputes in its backward."""
+    fl = bias.floater
+    if n == 0:
+        biases = _all_blocks(fl(length), bias)
+        step.value = _Shared(biases, None)
+        return biases[0]
+    entry = step.value  # (its key is never read here: a guard on it would recompile each step)
+    if entry is None or entry.biases.shape[2] != length:
+        return fl.integrate_states(length, _one_block(bias, n))
+    return entry.biases[n]
