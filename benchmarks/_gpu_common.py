@@ -12,6 +12,7 @@ limit leaves the last complete file behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -20,7 +21,6 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-GIT_SHA_ENV = "POSENC_FAST_GIT_SHA"  # for copies of the tree without .git (the GPU machine)
 
 
 def sync(device: str) -> None:
@@ -146,19 +146,47 @@ def _tiny_ceiling_path() -> str:
     return "copy, fill and matmul ran at a tiny size on the CPU"
 
 
-def environment() -> dict:
+def add_git_sha_argument(parser) -> None:
+    """--git-sha: the commit of a tree without .git (a copy sent to a GPU machine;
+    benchmarks/gpu_validate.sh passes it)."""
+    parser.add_argument(
+        "--git-sha", default="", help="the tree's commit, recorded where it has no .git"
+    )
+
+
+def environment(git_sha: str = "") -> dict:
     """posenc_fast.cli._environment.describe() (GPU name, driver, CUDA, torch, triton, git
-    SHA ...). Where the tree has no .git (a copy sent to a GPU machine), the SHA comes from
-    $POSENC_FAST_GIT_SHA when set."""
+    SHA ...). Where the tree has no .git (a copy sent to a GPU machine), the SHA is
+    ``git_sha`` when given (the scripts' --git-sha)."""
     try:
         from posenc_fast.cli._environment import describe
 
         env = describe()
     except Exception as exc:  # the CLI is another module's; never fail the run on it
         env = {"torch": torch.__version__, "describe_error": repr(exc)}
-    if env.get("git_sha", "unknown") == "unknown" and os.environ.get(GIT_SHA_ENV):
-        env["git_sha"] = os.environ[GIT_SHA_ENV] + " (from $" + GIT_SHA_ENV + ")"
+    if env.get("git_sha", "unknown") == "unknown" and git_sha:
+        env["git_sha"] = f"{git_sha} (--git-sha)"
     return env
+
+
+@contextlib.contextmanager
+def forced_floater_plan(plan: str | None):
+    """The CUDA FLOATER integrator's layout forced within the block ("mode,C,Sg[,resident
+    [,staged]]", through the CUDA module's set_development_options: csrc/README.md); None
+    or "": the automatic choice, nothing changed."""
+    if not plan:
+        yield
+        return
+    from posenc_fast import _extension
+
+    cuda = _extension.load("cuda")
+    if cuda is None:
+        raise RuntimeError(f"a forced layout needs the CUDA module: {_extension.reasons('cuda')}")
+    before = cuda.set_development_options(floater_plan=plan)["floater_plan"]
+    try:
+        yield
+    finally:
+        cuda.set_development_options(floater_plan=before)
 
 
 def default_out(name: str, env: dict) -> str:

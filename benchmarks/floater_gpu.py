@@ -110,11 +110,12 @@ def parse_args(argv=None):
     p.add_argument(
         "--cuda-plans",
         default="",
-        help="extra subject rows with POSENC_FAST_CUDA_PLAN forced, ';'-separated "
-        "(e.g. 'solo,1,12;cluster,4,12'), for tuning",
+        help="extra subject rows with the CUDA layout forced (set_development_options' "
+        "floater_plan), ';'-separated (e.g. 'solo,1,12;cluster,4,12'), for tuning",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
+    _gpu_common.add_git_sha_argument(p)
     args = p.parse_args(argv)
     dry = args.dry_run
     args.lengths = _ints(args.lengths or ("5,9" if dry else "256,1024,4096"))
@@ -494,28 +495,25 @@ def row_base(case: Case, impl: str, mode: str, method: str) -> dict:
 def run_subject(
     ctx: Context, case: Case, method: str, mode: str, plan: str = "", tape_mb: str = ""
 ) -> tuple:
-    """One subject row; plan: POSENC_FAST_CUDA_PLAN for it, tape_mb: the tape's budget
-    (POSENC_FAST_FLOATER_TAPE_MB) for it."""
+    """One subject row; plan: the CUDA layout forced for it (_gpu_common.forced_floater_plan),
+    tape_mb: the tape's budget (POSENC_FAST_FLOATER_TAPE_MB) for it."""
     name = (
         ctx.subject + (f"[plan={plan}]" if plan else "") + (f"[tape={tape_mb}]" if tape_mb else "")
     )
     row = row_base(case, name, mode, method)
-    if plan:
-        os.environ["POSENC_FAST_CUDA_PLAN"] = plan
     old_tape = os.environ.get("POSENC_FAST_FLOATER_TAPE_MB")
     if tape_mb:
         os.environ["POSENC_FAST_FLOATER_TAPE_MB"] = tape_mb
     try:
-        prep = case.prepare("subject", mode, case.L, method)
-        row.update(measure(ctx, prep, None, 0, ctx.args.slow_repeats))
-        row.update(setup_s=prep.setup_s, held_bytes=prep.held_bytes)
-        result = prep.result()
+        with _gpu_common.forced_floater_plan(plan):
+            prep = case.prepare("subject", mode, case.L, method)
+            row.update(measure(ctx, prep, None, 0, ctx.args.slow_repeats))
+            row.update(setup_s=prep.setup_s, held_bytes=prep.held_bytes)
+            result = prep.result()
     except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         result = None
     finally:
-        if plan:
-            os.environ.pop("POSENC_FAST_CUDA_PLAN", None)
         if tape_mb:
             if old_tape is None:
                 os.environ.pop("POSENC_FAST_FLOATER_TAPE_MB", None)
@@ -702,7 +700,7 @@ def environment(ctx: Context) -> dict:
     from posenc_fast import _dispatch as ext
     from posenc_fast import _extension
 
-    env = _gpu_common.environment()
+    env = _gpu_common.environment(ctx.args.git_sha)
     env["extension"] = {part: _extension.extension_build_metadata(part) for part in ("cpu", "cuda")}
     env["cuda_gate"] = f"{ext.CUDA_GATE_ENV}={os.environ.get(ext.CUDA_GATE_ENV, '')}"
     env["allow_tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32

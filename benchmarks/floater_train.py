@@ -36,7 +36,7 @@ Where the extra time goes: on the last exact step, torch.profiler's totals of th
 ops ``posenc_fast::floater`` (integration forward) and ``posenc_fast::floater_backward``
 (its discrete adjoint); the rest of the overhead is the adds, the Python of the wrapped
 attention and whatever the profiler cannot attribute. ``--contention`` repeats every
-setting with a busy process pinned to one core (posenc_fast.cli._contention).
+setting with a busy process pinned to one core (benchmarks/_contention.py).
 
 Timings are reported, never asserted. The median of ``--steps`` measured steps after
 ``--warmup`` steps (batch 32 ViT-S is ~8 s a step on 2 cores: keep both small).
@@ -57,7 +57,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from posenc_fast.cli._contention import busy_cpu
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _contention, beside it
+from _contention import busy_cpu
+
 from posenc_fast.cli._environment import describe
 from posenc_fast.integrations.attention import add_floater_biases
 

@@ -70,13 +70,14 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="CPU: nothing measured, code paths run")
     p.add_argument("--rep-ms", type=int, default=200)
     p.add_argument("--out", required=True)
+    _gpu_common.add_git_sha_argument(p)
     args = p.parse_args(argv)
     device = "cpu" if args.dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         print("gpu_ceilings: no CUDA device (use --dry-run on CPU)", file=sys.stderr)
         return 2
     report = {"benchmark": "benchmarks/gpu_ceilings.py", "dry_run": args.dry_run}
-    report["environment"] = _gpu_common.environment()
+    report["environment"] = _gpu_common.environment(args.git_sha)
     report["nvidia_smi_before"] = smi() if device == "cuda" else None
 
     def bench_fn(fn):

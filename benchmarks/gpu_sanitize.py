@@ -13,7 +13,8 @@ Runs, each a child process of this script under compute-sanitizer:
   (PYTORCH_NO_CUDA_MEMORY_CACHING=1): every tensor is its own allocation, so a read past
   its end is outside any allocation and memcheck sees it.
 - racecheck and synccheck over the CUDA FLOATER integrator (workload "floater"): forward
-  and backward in every layout, forced one after the other (POSENC_FAST_CUDA_PLAN): one
+  and backward in every layout, forced one after the other (the CUDA module's
+  set_development_options(floater_plan=...)): one
   block (shared-memory exchange), a cluster of 2 (sm_90), a cooperative grid team of 3,
   weights from L2 with vectors read from L2. racecheck finds shared-memory hazards
   between a block's threads (missing __syncthreads), synccheck barriers not reached by
@@ -47,7 +48,7 @@ ROOT = os.path.dirname(HERE)
 
 # (tool, workload): what each sanitizer run covers
 RUNS = (("memcheck", "kernels"), ("racecheck", "floater"), ("synccheck", "floater"))
-# The FLOATER layouts the "floater" workload forces, in POSENC_FAST_CUDA_PLAN's form
+# The FLOATER layouts the "floater" workload forces, as the CUDA module's floater_plan
 # "mode,C,Sg[,resident[,staged]]", for its shape (S=5, d=9, H=7): one block; a cluster of
 # 2 blocks (sm_90); a grid team of 3 blocks; weights from L2, vectors read from L2.
 FLOATER_PLANS = ("solo,1,5", "cluster,2,3", "grid,3,2", "grid,2,3,0,0")
@@ -188,6 +189,10 @@ def workload_floater(device: str, plans=FLOATER_PLANS) -> list[str]:
     from posenc_fast._testing import FloaterCase, floater_inputs
     from posenc_fast.ops.floater import reference as ref
 
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import _gpu_common
+
     backend = "cuda" if device == "cuda" else "cpp"
     if device != "cuda":
         plans = (None,)
@@ -197,17 +202,15 @@ def workload_floater(device: str, plans=FLOATER_PLANS) -> list[str]:
         args = floater_inputs(case, dtype, device, seed=5)
         want = ref.floater(*[a.double() for a in args], case.substeps, case.method, case.activation)
         for plan in plans:
-            if plan is None:
-                os.environ.pop("POSENC_FAST_CUDA_PLAN", None)
-            else:
-                os.environ["POSENC_FAST_CUDA_PLAN"] = plan
             leaves = [a.detach().clone().requires_grad_() for a in args]
-            out = pf.floater(*leaves, case.substeps, case.method, case.activation, backend=backend)
-            out.backward(torch.ones_like(out))
+            with _gpu_common.forced_floater_plan(plan):
+                out = pf.floater(
+                    *leaves, case.substeps, case.method, case.activation, backend=backend
+                )
+                out.backward(torch.ones_like(out))
             _check(out, want, dtype, "floater", f"floater {plan or 'auto'} {dtype}")
             layout = plan or "auto"
             ran.append(f"{backend} floater {case.id} {str(dtype)[6:]} {layout}: forward+backward")
-    os.environ.pop("POSENC_FAST_CUDA_PLAN", None)
     return ran
 
 
@@ -283,6 +286,7 @@ def main(argv=None) -> int:
                     help="seconds for all runs: each run is stopped at what is left")  # fmt: skip
     ap.add_argument("--child", choices=sorted(WORKLOADS), help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
+    ap.add_argument("--git-sha", default="", help="the tree's commit (gpu_validate.sh passes it)")
     args = ap.parse_args(argv)
     if args.child:
         return child(args.child, args.device)
@@ -290,7 +294,7 @@ def main(argv=None) -> int:
     runs = [tuple(r.split(":")) for r in args.runs.split(",") if r]
     sanitizer, how = (None, "dry run: no sanitizer") if args.dry_run else find_sanitizer()
     report = {"benchmark": "sanitize", "dry_run": args.dry_run, "sanitizer": sanitizer, "how": how,
-              "git_sha": os.environ.get("POSENC_FAST_GIT_SHA", ""), "runs": []}  # fmt: skip
+              "git_sha": args.git_sha, "runs": []}  # fmt: skip
     if sanitizer:
         ver = subprocess.run([sanitizer, "--version"], capture_output=True, text=True)
         report["version"] = (ver.stdout.strip().splitlines() or [""])[-1]

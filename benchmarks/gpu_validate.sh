@@ -36,8 +36,8 @@
 #   rotary       benchmarks/rotary.py --device cuda (rotary LFF vs LightGlue's eager code and
 #                torch.compile, float32 and bfloat16) -> rotary_gpu.json
 #   bench        python -m posenc_fast bench --device cuda -> bench_cli.json
-#   compile      Triton compile report for sm_90 (fails on sin.approx / cos.approx in the
-#                PTX) -> compile_report.txt
+#   compile      tools/triton_compile_report.py for sm_90 (fails on sin.approx / cos.approx
+#                in the PTX) -> compile_report.txt
 #   sanitize     benchmarks/gpu_sanitize.py: compute-sanitizer's memcheck over every CUDA
 #                and Triton kernel on small shapes, racecheck and synccheck over the CUDA
 #                FLOATER integrator in every layout -> sanitize.json
@@ -203,13 +203,17 @@ if [[ -z "${GIT_SHA:-}" ]] && command -v git >/dev/null 2>&1 && git rev-parse HE
   GIT_SHA="$(git rev-parse HEAD)"
   [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || GIT_SHA="$GIT_SHA-dirty"
 fi
-export POSENC_FAST_GIT_SHA="${GIT_SHA:-}"
+# the benchmark scripts record it (--git-sha): the GPU machine's tree has no .git
+SHA_ARG=(--git-sha "${GIT_SHA:-}")
 # Every Triton compilation (a hit or a miss of the prepared cache) and every launcher call
-# of every stage, written down (triton_kernels/ahead.py): the summary counts the misses, and
-# the calls are what the next tools/prepare_gpu_build.sh compiles ahead.
-export POSENC_FAST_TRITON_LOG="$WORK_DIR/triton_compiles.jsonl"
-export POSENC_FAST_TRITON_RECORD="$WORK_DIR/triton_records.jsonl"
-rm -f "$POSENC_FAST_TRITON_LOG" "$POSENC_FAST_TRITON_RECORD"
+# of every stage, written down from outside the package (what `tools/triton_ahead.py run
+# --record ... --log ...` does for one command: its start-up hook, first on PYTHONPATH,
+# installs the recorder and the compile log in every Python process): the summary counts
+# the misses, and the calls are what the next tools/prepare_gpu_build.sh compiles ahead.
+export TRITON_AHEAD_LOG="$WORK_DIR/triton_compiles.jsonl"
+export TRITON_AHEAD_RECORD="$WORK_DIR/triton_records.jsonl"
+export PYTHONPATH="$ROOT/tools/triton_ahead_hooks${PYTHONPATH:+:$PYTHONPATH}"
+rm -f "$TRITON_AHEAD_LOG" "$TRITON_AHEAD_RECORD"
 
 exec > >(tee -a "$LOG") 2>&1
 TEE_PID=$!
@@ -407,11 +411,11 @@ triton_cache_setup() {
   export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$dir}"
   mkdir -p "$TRITON_CACHE_DIR"
   tar -xzf "$archive" -C "$TRITON_CACHE_DIR" || { echo "   the Triton cache does not unpack" | tee "$check"; return 1; }
-  "$PYTHON" -m posenc_fast.triton_kernels.ahead relocate "$TRITON_CACHE_DIR" | sed 's/^/   /'
+  "$PYTHON" tools/triton_ahead.py relocate "$TRITON_CACHE_DIR" | sed 's/^/   /'
   local arch=""
   ((DRY)) || arch="--arch $("$PYTHON" -c 'import torch; a, b = torch.cuda.get_device_capability(); print(10 * a + b)')"
   # shellcheck disable=SC2086  # $arch: two words or none
-  (unset TRITON_INTERPRET; "$PYTHON" -m posenc_fast.triton_kernels.ahead check "$manifest" $arch) |
+  (unset TRITON_INTERPRET; "$PYTHON" tools/triton_ahead.py check "$manifest" $arch) |
     tee "$check" | sed 's/^/   /'
   STAGE_NOTE="${STAGE_NOTE:+$STAGE_NOTE; }Triton cache: $(tail -1 "$check" | cut -c1-160)"
 }
@@ -513,7 +517,7 @@ stage_verify() {
 stage_ceilings() {
   local dry=()
   ((DRY)) && dry=(--dry-run)
-  run_limited "$PYTHON" benchmarks/gpu_ceilings.py "${dry[@]}" --out "$OUT_DIR/ceilings.json"
+  run_limited "$PYTHON" benchmarks/gpu_ceilings.py "${dry[@]}" "${SHA_ARG[@]}" --out "$OUT_DIR/ceilings.json"
 }
 
 stage_floater() {
@@ -521,7 +525,7 @@ stage_floater() {
   ((budget < 30)) && budget=30
   ((PROOF)) && budget=$((STAGE_LIMIT - 15))
   if ((DRY)); then
-    run_limited "$PYTHON" benchmarks/floater_gpu.py --dry-run --methods rk38 \
+    run_limited "$PYTHON" benchmarks/floater_gpu.py --dry-run "${SHA_ARG[@]}" --methods rk38 \
       --impls cuda,torchdiffeq,graph --out "$OUT_DIR/floater_gpu.json"
     return
   fi
@@ -534,7 +538,7 @@ stage_floater() {
   # 45 s on rk38 and rk4 of the subject and reached no baseline).
   ((PROOF)) && default="--lengths 1024 --states 12 --dims 512 --methods rk38 --impls cuda,graph,torchdiffeq"
   # shellcheck disable=SC2086
-  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/floater_gpu.py \
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/floater_gpu.py "${SHA_ARG[@]}" \
     --out "$OUT_DIR/floater_gpu.json" --time-budget "$budget" ${FLOATER_ARGS:-$default}
 }
 
@@ -552,26 +556,26 @@ stage_lff() {
   if ((DRY)); then
     local cases=canonical
     ((PROOF)) && cases=compute,canonical,small:fwd,compute-fp32,sinusoidal-add,dft-add
-    run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run --cases "$cases" --modes fwd \
+    run_limited "$PYTHON" benchmarks/lff_gpu.py --dry-run "${SHA_ARG[@]}" --cases "$cases" --modes fwd \
       --impls eager,auto,fused --out "$OUT_DIR/lff_gpu.json"
     return
   fi
   local default="" autotune="${POSENC_FAST_TRITON_AUTOTUNE:-1}"
   ((PROOF)) && default="$LFF_PROOF_ARGS" && autotune=0
   # shellcheck disable=SC2086
-  POSENC_FAST_TRITON_AUTOTUNE=$autotune run_limited "$PYTHON" benchmarks/lff_gpu.py \
+  POSENC_FAST_TRITON_AUTOTUNE=$autotune run_limited "$PYTHON" benchmarks/lff_gpu.py "${SHA_ARG[@]}" \
     --out "$OUT_DIR/lff_gpu.json" ${LFF_ARGS:-$default}
 }
 
 stage_rotary() {
   if ((DRY)); then
-    run_limited "$PYTHON" benchmarks/rotary.py --dry-run --out "$OUT_DIR/rotary_gpu.json"
+    run_limited "$PYTHON" benchmarks/rotary.py --dry-run "${SHA_ARG[@]}" --out "$OUT_DIR/rotary_gpu.json"
     return
   fi
   local default="--dtypes float32,bfloat16"
   ((PROOF)) && default="--cases lightglue-2048,vit-1024 --dtypes bfloat16,float32"
   # shellcheck disable=SC2086
-  run_limited "$PYTHON" benchmarks/rotary.py --device cuda --out "$OUT_DIR/rotary_gpu.json" \
+  run_limited "$PYTHON" benchmarks/rotary.py --device cuda "${SHA_ARG[@]}" --out "$OUT_DIR/rotary_gpu.json" \
     ${ROTARY_ARGS:-$default}
 }
 
@@ -591,19 +595,19 @@ stage_bench() {
 stage_compile() {
   local report="$OUT_DIR/compile_report.txt"
   if ((DRY)); then
-    (unset TRITON_INTERPRET; run_limited "$PYTHON" -m posenc_fast.triton_kernels.compile_report --help) |
+    (unset TRITON_INTERPRET; run_limited "$PYTHON" tools/triton_compile_report.py --help) |
       tee "$report"
     return
   fi
   # shellcheck disable=SC2086
-  (unset TRITON_INTERPRET; run_limited "$PYTHON" -m posenc_fast.triton_kernels.compile_report \
+  (unset TRITON_INTERPRET; run_limited "$PYTHON" tools/triton_compile_report.py \
     --arch 90 ${COMPILE_ARGS:---quick}) | tee "$report"
 }
 
 stage_sanitize() {
   local dry=()
   ((DRY)) && dry=(--dry-run)
-  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/gpu_sanitize.py "${dry[@]}" \
+  POSENC_FAST_CUDA_UNVALIDATED=1 run_limited "$PYTHON" benchmarks/gpu_sanitize.py "${dry[@]}" "${SHA_ARG[@]}" \
     --budget "$((STAGE_LIMIT * SLACK - 5))" --out "$WORK_DIR/sanitize.json"  # (the proof: home in summary.json)
   # (SLACK: the dry run's clock, as run_limited's; the budget ran out on a loaded 2-core VM)
 }

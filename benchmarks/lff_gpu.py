@@ -64,6 +64,7 @@ def _args(argv=None):
     p.add_argument("--rep-ms", type=int, default=200, help="do_bench measuring time per point")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
     p.add_argument("--no-encodings", action="store_true", help="skip the table / fused-add cases")
+    p.add_argument("--git-sha", default="", help="the tree's commit (gpu_validate.sh passes it)")
     return p.parse_args(argv)
 
 
@@ -288,7 +289,7 @@ def triton_calls(device: str):
     forward and backward to the weights as ``runner`` takes it; every table / fused-add
     case), with the
     inputs on ``device``: what tools/prepare_gpu_build.sh compiles ahead for the GPU (on
-    `meta` tensors, triton_kernels/ahead.py), so that the GPU run compiles none of it."""
+    `meta` tensors, tools/triton_ahead.py), so that the GPU run compiles none of it."""
     global DEVICE
     DEVICE = device
     for name, spec in CASES.items():
@@ -354,7 +355,7 @@ def main() -> int:
         print(f"unknown cases {unknown}; choose from {list(cases) + list(enc_cases)}",
               file=sys.stderr)  # fmt: skip
         return 2
-    env = _gpu_common.environment()
+    env = _gpu_common.environment(ARGS.git_sha)
     env["triton_autotune"] = os.environ.get("POSENC_FAST_TRITON_AUTOTUNE", "1") != "0"
     out_path = ARGS.out or _gpu_common.default_out("lff_gpu", env)
     ceil = ceilings()

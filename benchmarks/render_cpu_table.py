@@ -1,6 +1,7 @@
-"""benchmarks/RESULTS.md's CPU tables from one ``python -m posenc_fast bench --json`` run.
+"""benchmarks/RESULTS.md's CPU tables from one ``python -m posenc_fast bench --json`` run
+(or ``benchmarks/cpu_lab.py``'s, the same with its busy-process settings).
 
-    python -m posenc_fast bench --quick --threads 1,2 --contention --max-autotune \
+    python benchmarks/cpu_lab.py --quick --threads 1,2 --contention --max-autotune \
         --json benchmarks/results/cpu_quick.json
     python benchmarks/render_cpu_table.py benchmarks/results/cpu_quick.json > cpu_tables.md
 

@@ -104,7 +104,7 @@ def run_case(name, dtype, device, compile_=True):
 def triton_calls(device: str):
     """(name, call) for each Triton path this script times, every case and dtype, with the
     inputs on ``device``: what tools/prepare_gpu_build.sh compiles ahead for the GPU (on
-    `meta` tensors, triton_kernels/ahead.py), so that the GPU run compiles none of it."""
+    `meta` tensors, tools/triton_ahead.py), so that the GPU run compiles none of it."""
     for name in CASES:
         for dtype in (torch.float32, torch.bfloat16):
             for mode in bench.MODES:
@@ -122,6 +122,7 @@ def main(argv=None):
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--dtypes", default="float32")
     ap.add_argument("--out", default=None)
+    _gpu_common.add_git_sha_argument(ap)
     ap.add_argument(
         "--dry-run",
         action="store_true",
@@ -137,7 +138,7 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
-    env = _gpu_common.environment()
+    env = _gpu_common.environment(args.git_sha)
     report = {"benchmark": "rotary", "environment": env, "dry_run": args.dry_run, "results": []}
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)

@@ -13,11 +13,12 @@ calls can be merged afterwards on any machine (no GPU, no torch needed):
     floater_gpu*.json      benchmarks/floater_gpu.py (FLOATER goals per case)
     lff_gpu*.json          benchmarks/lff_gpu.py (LFF and table goals)
     bench_cli*.json        python -m posenc_fast bench --json
-    compile_report*.txt    python -m posenc_fast.triton_kernels.compile_report
+    compile_report*.txt    python tools/triton_compile_report.py
     triton_compiles*.jsonl every Triton compilation of the run, a hit or a miss of the cache
-                           prepared ahead (POSENC_FAST_TRITON_LOG, triton_kernels/ahead.py)
-    triton_records*.jsonl  every Triton launcher call of the run (POSENC_FAST_TRITON_RECORD):
-                           kept whole in summary.json, what the next preparation compiles
+                           prepared ahead (tools/triton_ahead.py's compile log)
+    triton_records*.jsonl  every Triton launcher call of the run (tools/triton_ahead.py's
+                           recorder): kept whole in summary.json, what the next preparation
+                           compiles
     triton_cache_check*.txt  whether the prepared cache matched this machine's Triton
     sanitize*.json         benchmarks/gpu_sanitize.py (compute-sanitizer per tool and workload)
 A figure that is missing is reported as pending, never filled in.
@@ -361,7 +362,11 @@ def summarize(paths: list[str]) -> dict:
                 continue
             env = data.get("environment")
             if isinstance(env, dict) and (summary["environment"] is None or env.get("gpu")):
+                known = (summary["environment"] or {}).get("git_sha")
                 summary["environment"] = {k: env.get(k) for k in ENV_KEYS}
+                if env.get("git_sha", "unknown") == "unknown" and known:
+                    # (bench's JSON: the package's CLI knows no commit in a copied tree)
+                    summary["environment"]["git_sha"] = known
         else:
             continue
         summary["sources"].append(src)

@@ -5,8 +5,8 @@
 // posenc_fast._C_cuda (module_cuda.cpp), built and loaded on its own, so that a failed CUDA
 // build never costs the CPU part. The pybind11 functions here describe the build and give
 // tests the CPU runtime's instruction-set override (cpu/isa.h), its contention fallback
-// (cpu/parallel.h) and FLOATER's backward budget, and release the spare block of the FLOATER
-// tapes (cpu/spare.h).
+// (cpu/parallel.h: judge_regions_contended, set_development_options) and FLOATER's backward
+// budget, and release the spare block of the FLOATER tapes (cpu/spare.h).
 #include <torch/extension.h>
 #include <torch/version.h>
 
@@ -33,6 +33,16 @@ pybind11::dict build_info() {
   return info;
 }
 
+// The settings tests and tools make (csrc/README.md, "Settings for tests and tools"): each
+// keyword given (not None) replaces its setting; returns the settings as they were.
+//   always_team: CPU teams even when the machine looks contended (cpu/parallel.h)
+pybind11::dict set_development_options(const pybind11::object& always_team) {
+  pybind11::dict before;
+  before["always_team"] = cpu::always_team().load();
+  if (!always_team.is_none()) cpu::always_team().store(always_team.cast<bool>());
+  return before;
+}
+
 }  // namespace
 }  // namespace posenc_fast
 
@@ -47,6 +57,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("judge_regions_contended", &posenc_fast::cpu::judge_regions_contended, pybind11::arg("regions"),
         "Judge the next `regions` team regions of the CPU kernels contended (the contention fallback: calls "
         "then run on one thread for 250 ms); 0 also ends the current one-thread period; for tests");
+  m.def("set_development_options", &posenc_fast::set_development_options, pybind11::kw_only(),
+        pybind11::arg("always_team") = pybind11::none(),
+        "Settings for tests and tools (always_team: CPU teams even on a busy machine); a keyword "
+        "left at None keeps its setting; returns the settings as they were");
   m.def("cpu_contended", &posenc_fast::cpu::contended,
         "Whether the CPU kernels run on one thread for now (the contention fallback)");
   m.def("release_spare_memory", &posenc_fast::cpu::release_spare,

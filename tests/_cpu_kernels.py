@@ -6,7 +6,6 @@ compare with."""
 from __future__ import annotations
 
 import contextlib
-import os
 
 import pytest
 import torch
@@ -44,11 +43,11 @@ def threads(n: int):
     (csrc/cpu/parallel.h: a late-starting team thread)."""
     before = torch.get_num_threads()
     torch.set_num_threads(n)
-    os.environ["POSENC_FAST_CPU_ALWAYS_TEAM"] = "1"
+    teams = EXT.set_development_options(always_team=True)["always_team"]
     try:
         yield
     finally:
-        del os.environ["POSENC_FAST_CPU_ALWAYS_TEAM"]
+        EXT.set_development_options(always_team=teams)
         torch.set_num_threads(before)
 
 

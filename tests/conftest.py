@@ -20,14 +20,46 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 # from tools/setup_venv.sh (`python -m posenc_fast build`) or an ahead-of-time build; the
 # tests of the first-use build set their own environment. Subprocesses inherit this.
 os.environ.setdefault("POSENC_FAST_NO_BUILD", "1")
-# bench runs in the tests keep no floor history in the user's cache (cli/_reliability)
-os.environ.setdefault("POSENC_FAST_BENCH_HISTORY", "off")
 
 import posenc_fast
 from posenc_fast import _testing
-from posenc_fast.cli import _contention
 
 DEVICE = os.environ.get("POSENC_FAST_TEST_DEVICE", "cpu")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("posenc_fast")
+    group.addoption(
+        "--emulation-cxxflags",
+        default="",
+        help="extra compiler flags of the CUDA emulator (tests/floater/"
+        "test_extension_cuda_emulation.py), e.g. '-fsanitize=thread -g' "
+        "(tools/check_sanitizers.sh)",
+    )
+    group.addoption(
+        "--floater-cuda-plan",
+        default="",
+        help="force the CUDA FLOATER integrator's layout in every test, "
+        "'mode,C,Sg[,resident[,staged]]' (csrc/README.md): every layout on one GPU",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forced_floater_cuda_plan(request):
+    """--floater-cuda-plan: the layout forced through the CUDA module's
+    set_development_options for the whole session."""
+    spec = request.config.getoption("--floater-cuda-plan")
+    if not spec:
+        yield
+        return
+    from posenc_fast import _extension
+
+    cuda = _extension.load("cuda")
+    if cuda is None:
+        raise RuntimeError(f"--floater-cuda-plan: {'; '.join(_extension.reasons('cuda'))}")
+    before = cuda.set_development_options(floater_plan=spec)["floater_plan"]
+    yield
+    cuda.set_development_options(floater_plan=before)
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -40,12 +72,32 @@ def pytest_xdist_auto_num_workers(config):
         return int(workers)
     if DEVICE != "cpu":
         return 0
-    return max(1, min(4, len(_contention.cpus())))
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity else (os.cpu_count() or 1)
+    return max(1, min(4, cpus))
 
 
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture
+def cpu_teams():
+    """The C++ CPU kernels run their teams even on a busy machine (csrc/cpu/parallel.h: the
+    contention fallback off, through the extension's set_development_options), as before
+    afterwards."""
+    from posenc_fast import _extension
+
+    ext = _extension.load()
+    if ext is None:
+        yield
+        return
+    before = ext.set_development_options(always_team=True)["always_team"]
+    try:
+        yield
+    finally:
+        ext.set_development_options(always_team=before)
 
 
 def backend_params(op: str, dtype=None, include_reference=False, exclude=()):

@@ -20,7 +20,7 @@
 #   and LeakSanitizer cannot tell those from ours; test_no_leaks.py bounds the growth instead.
 # tsan: the emulation of the CUDA FLOATER kernels (tools/cuda_emulation: one std::thread per
 #   CUDA thread, std::barrier for __syncthreads, cluster and grid barriers) built with
-#   ThreadSanitizer (POSENC_FAST_EMULATION_CXXFLAGS), running its cases
+#   ThreadSanitizer (pytest's --emulation-cxxflags), running its cases
 #   (tests/floater/test_extension_cuda_emulation.py): a data race between threads of a block,
 #   blocks of a team or teams, across any barrier, fails the case with the report.
 #
@@ -200,8 +200,8 @@ tsan() {
   echo "== tsan: pytest ${args[*]} with the emulator built -fsanitize=thread"
   canary_tsan || return 1
   local rc=0
-  run_pytest POSENC_FAST_EMULATION_CXXFLAGS="-fsanitize=thread -g" \
-    TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1" -- "${args[@]}" || rc=1
+  run_pytest TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1" -- \
+    --emulation-cxxflags="-fsanitize=thread -g" "${args[@]}" || rc=1
   SUMMARY+=("tsan (CUDA emulation): $( ((rc)) && echo FAILED || echo clean) in $((SECONDS - start)) s")
   return "$rc"
 }

@@ -20,7 +20,7 @@
 #      recorded, e.g. POSENC_FAST_NO_CUDA=1;
 #   4. import posenc_fast, `python -m posenc_fast info`;
 #   5. the test suite (CHECK_PYTEST_ARGS, default: all of it, -q);
-#   6. python -m posenc_fast.triton_kernels.compile_report for sm_80 and sm_90
+#   6. tools/triton_compile_report.py for sm_80 and sm_90
 #      (CHECK_COMPILE_ARGS, default --quick: one configuration per kernel; "" for all).
 # Appends one tab-separated line to tools/version_matrix.tsv (CHECK_RESULTS overrides)
 # and keeps the full log beside it in $CHECK_LOG_DIR (default: the temporary directory,
@@ -127,7 +127,7 @@ if [ "$build" != failed ]; then
     for arch in 80 90; do
         say "compile_report --arch $arch"
         (cd "$work" && env -u TRITON_INTERPRET TRITON_CACHE_DIR="$work/triton-cache" \
-            timeout 1800 $py -m posenc_fast.triton_kernels.compile_report --arch "$arch" $compile_args) \
+            timeout 1800 $py "$work/src/tools/triton_compile_report.py" --arch "$arch" $compile_args) \
             >"$work/compile_$arch.log" 2>&1
         status=$?
         cat "$work/compile_$arch.log" >>"$log"

@@ -107,10 +107,10 @@ def _triton(version: str) -> dict:
         "target=$(mktemp -d) && trap 'rm -rf \"$target\"' EXIT && "
         f'"$0" -m pip install -q --no-deps --target "$target" triton=={version} && '
         'env -u TRITON_INTERPRET PYTHONPATH="$target" "$0" '
-        "-m posenc_fast.triton_kernels.compile_report --arch 80,90 --filter '^lff_'"
+        "tools/triton_compile_report.py --arch 80,90 --filter '^lff_'"
     )
     return {
-        "inputs": ["triton_kernels"],
+        "inputs": ["triton_kernels", "tools/triton_compile_report.py"],
         "tools": {"triton": version, "torch": _torch_version()},
         "command": ["bash", "-c", script, sys.executable],
     }
@@ -127,7 +127,7 @@ def _triton_venv() -> dict:
     except Exception:  # not installed: no key, the test says why it skips
         triton = None
     return {
-        "inputs": ["triton_kernels", test],
+        "inputs": ["triton_kernels", "tools/triton_compile_report.py", test],
         "tools": {"triton": triton, "torch": _torch_version()},
         "command": [
             *("env", "POSENC_FAST_COMPILE_TEST=1", sys.executable, "-m", "pytest"),

@@ -8,10 +8,11 @@
 #   tools/prepare_triton_cache.sh --fresh   start from an empty cache (else incremental)
 #
 # (tools/prepare_gpu_build.sh runs it after building the extension.) Steps
-# (triton_kernels/ahead.py explains the mechanism):
+# (tools/triton_ahead.py explains the mechanism):
 #   1. record the launcher calls the proof's correctness stages make, by running them here
 #      on CPU tensors under Triton's interpreter ($MAIN_VENV, default .venv: Triton >= 3.9),
-#      with POSENC_FAST_TRITON_AUTOTUNE=0 as the proof runs them: `verify`, and the proof's
+#      with POSENC_FAST_TRITON_AUTOTUNE=0 as the proof runs them (`tools/triton_ahead.py run
+#      --record`): `verify`, and the proof's
 #      selection of tests (benchmarks/gpu_validate.sh --proof-tests-k); add the calls that
 #      GPU runs recorded (benchmarks/results/gpu_*/summary.json, "triton" "records");
 #   2. compile them, and the Triton paths the proof's benchmarks time (the `triton_calls`
@@ -32,6 +33,7 @@ MAIN_VENV="${MAIN_VENV:-$ROOT/.venv}"
 GPU_VENV="${GPU_VENV:-$ROOT/.venv-gpu}"
 ARCH="${GPU_ARCH:-90}"
 SM_COUNT="${GPU_SM_COUNT:-132}"
+AHEAD="$ROOT/tools/triton_ahead.py"
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/posenc_fast-triton-sm$ARCH}"
 say() { echo "[prepare_triton_cache $(date -u +%T)] $*"; }
 die() { echo "prepare_triton_cache: ERROR: $*" >&2; exit 1; }
@@ -69,7 +71,7 @@ gpu_py() { (cd "$work" && env -u TRITON_INTERPRET PYTHONPATH="$work/pkg" POSENC_
 if ((CHECK_ONLY)); then
   [[ -f "$OUT_DIR/triton_cache.tar.gz" && -f "$OUT_DIR/triton_manifest.json" ]] ||
     die "no $OUT_DIR/triton_cache.tar.gz: run tools/prepare_triton_cache.sh"
-  gpu_py -m posenc_fast.triton_kernels.ahead check "$OUT_DIR/triton_manifest.json" ||
+  gpu_py "$AHEAD" check "$OUT_DIR/triton_manifest.json" ||
     die "the cache was made with another Triton than $GPU_VENV's"
   want="$("$GPU_VENV/bin/python" -c "import json, sys; print(json.load(open(sys.argv[1]))['kernels_sha256'])" "$OUT_DIR/triton_manifest.json")"
   [[ "$want" == "$(kernels_sha)" ]] || die "stale: triton_kernels/ changed since the cache was compiled"
@@ -85,8 +87,9 @@ record() {  # name, command...: run it on the CPU under the interpreter, recordi
   local name=$1
   shift
   local t0=$SECONDS
-  TRITON_INTERPRET=1 POSENC_FAST_TRITON_AUTOTUNE=0 POSENC_FAST_TRITON_RECORD="$records/$name.jsonl" \
-    "$@" > "$work/$name.log" 2>&1 || { tail -20 "$work/$name.log"; die "recording $name failed"; }
+  TRITON_INTERPRET=1 POSENC_FAST_TRITON_AUTOTUNE=0 "$MAIN_VENV/bin/python" "$AHEAD" run \
+    --record "$records/$name.jsonl" -- "$@" > "$work/$name.log" 2>&1 ||
+    { tail -20 "$work/$name.log"; die "recording $name failed"; }
   say "recorded $name: $(wc -l < "$records/$name.jsonl") calls in $((SECONDS - t0)) s"
 }
 record verify "$MAIN_VENV/bin/python" -m posenc_fast verify --seed 1
@@ -109,13 +112,13 @@ PY
 ((FRESH)) && rm -rf "$TRITON_CACHE_DIR"
 mkdir -p "$TRITON_CACHE_DIR"
 say "compiling for sm_$ARCH with $("$GPU_VENV/bin/python" -c 'import triton; print("Triton", triton.__version__)') into $TRITON_CACHE_DIR"
-gpu_py -m posenc_fast.triton_kernels.ahead compile "$records"/*.jsonl --arch "$ARCH" \
+gpu_py "$AHEAD" compile "$records"/*.jsonl --arch "$ARCH" \
   --sm-count "$SM_COUNT" --benchmarks "$ROOT/benchmarks/lff_gpu.py" "$ROOT/benchmarks/rotary.py" \
   --manifest "$work/manifest.json" || die "some calls did not compile (above)"
 
 # ------------------------------------------------------------------ 3. pack
 mkdir -p "$OUT_DIR"
-gpu_py -m posenc_fast.triton_kernels.ahead pack "$TRITON_CACHE_DIR" "$OUT_DIR/triton_cache.tar.gz"
+gpu_py "$AHEAD" pack "$TRITON_CACHE_DIR" "$OUT_DIR/triton_cache.tar.gz"
 sha="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || sha="$sha-dirty"
 "$GPU_VENV/bin/python" - "$work/manifest.json" "$OUT_DIR/triton_manifest.json" "$(kernels_sha)" "$sha" <<'PY'

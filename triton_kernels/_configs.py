@@ -1,6 +1,6 @@
 """Which kernel configurations may be compiled where: the one rule set that the launchers
 (pruning their autotuners, choosing the backward's fixed configuration) and the compile
-report (compile_report.py, per GPU architecture) share."""
+report (tools/triton_compile_report.py, per GPU architecture) share."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
     bound is the largest of: the first matmul's loop, the second matmul's loop, and the
     hidden layer's conversion between them (beside the second loop's first weights),
     plus 20 % and 1 kB. Fitted as an upper bound of what Triton 3.1 and 3.9 allocate for
-    the configurations of compile_report.py on sm_80 and sm_90 (bf16 and float32,
+    the configurations of tools/triton_compile_report.py on sm_80 and sm_90 (bf16 and float32,
     H = 32..256); conservative for float32 (the 64-row, 128-column float32 forward is not
     offered on the 99 kB GPUs although it needs ~58 kB). The report checks the bound
     against the compiler on every architecture it compiles for, and fails where the
@@ -234,11 +234,6 @@ def refusal(
 def device_arch(device) -> int:
     import torch
 
-    from ._env import compile_target
-
-    target = compile_target()
-    if target is not None and torch.device(device).type == "meta":
-        return target["arch"]  # compiling ahead (ahead.py) for a GPU that is not here
     major, minor = torch.cuda.get_device_capability(device)
     return 10 * major + minor
 

@@ -12,39 +12,11 @@ import os
 import re
 from functools import lru_cache
 
-# The GPU a compile-ahead run compiles for (ahead.py), while it runs: `meta` tensors then
-# stand for that GPU's tensors, and the launchers ask its properties here instead of the
-# driver's. None otherwise.
-_COMPILE_TARGET: dict | None = None
-
-
-def compile_target() -> dict | None:
-    """``{"arch": 90, "sm_count": 132, "name": "NVIDIA H200"}`` while compiling ahead for a
-    GPU that is not here."""
-    return _COMPILE_TARGET
-
-
-def set_compile_target(target: dict | None) -> None:
-    global _COMPILE_TARGET
-    _COMPILE_TARGET = dict(target) if target is not None else None
-
-
-def recording() -> str:
-    """The file named by POSENC_FAST_TRITON_RECORD ("" if unset): every launcher call is
-    written down there (ahead.py), for compiling its kernels ahead on another machine."""
-    return os.environ.get("POSENC_FAST_TRITON_RECORD", "")
-
 
 def interpreter_enabled() -> bool:
     """Whether TRITON_INTERPRET asks for Triton's interpreter. The one place this is
     parsed (the launchers and the dispatcher both ask)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def retune_all() -> bool:
-    """POSENC_FAST_TRITON_AUTOTUNE=all: tune every key, even those the table of measured
-    choices (tuned.json) has."""
-    return os.environ.get("POSENC_FAST_TRITON_AUTOTUNE", "1") == "all"
 
 
 def autotune_enabled() -> bool:

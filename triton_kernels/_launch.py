@@ -4,7 +4,6 @@ autotuners pruned by the rules of _configs.py."""
 from __future__ import annotations
 
 import contextlib
-import os
 from functools import cache
 
 import torch
@@ -16,13 +15,6 @@ from ._env import interpreter_enabled
 
 # Decided once: Triton itself reads TRITON_INTERPRET when the kernels are defined.
 INTERPRET = interpreter_enabled()
-
-# POSENC_FAST_TRITON_LOG: this process's Triton compilations, hits and misses of the cache,
-# one JSON line each (ahead.py), e.g. to show that a GPU run compiled nothing it was given.
-if os.environ.get("POSENC_FAST_TRITON_LOG"):
-    from .ahead import install_log
-
-    install_log(os.environ["POSENC_FAST_TRITON_LOG"])
 
 _TL_DTYPES = {
     torch.float32: tl.float32,
@@ -80,9 +72,6 @@ def _sm_count(index: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    target = _env.compile_target()
-    if device.type == "meta" and target is not None:
-        return target["sm_count"]  # compiling ahead (ahead.py): the target's
     if device.type != "cuda":
         return 2  # the interpreter: a couple of programs exercise the partial sums
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
@@ -96,9 +85,6 @@ def _device_name(index: int) -> str:
 def device_name(device: torch.device) -> str:
     """The GPU's name as torch reports it ("NVIDIA H200"); "cpu (Triton interpreter)" for
     CPU tensors."""
-    target = _env.compile_target()
-    if device.type == "meta" and target is not None:
-        return target["name"]  # compiling ahead (ahead.py): the target's
     if device.type != "cuda":
         return "cpu (Triton interpreter)"
     return _device_name(device.index if device.index is not None else torch.cuda.current_device())
@@ -163,47 +149,14 @@ def _tensor_device(values) -> torch.device:
     return next(v.device for v in values if isinstance(v, torch.Tensor))
 
 
-# Autotuner choices measured on GPUs, per architecture (tuned.json beside this file: made
-# from a GPU run's records by `python -m posenc_fast.triton_kernels.ahead tuned`): a key
-# found there is launched with its recorded configuration, nothing timed. Keys it lacks are
-# tuned as usual (POSENC_FAST_TRITON_AUTOTUNE=all: every key, the table ignored).
-TUNED_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned.json")
-
-
-@cache
-def tuned_table() -> dict:
-    """{"sm_90": {kernel: {key: configuration}}}: the configurations GPU runs chose (the
-    file POSENC_FAST_TRITON_TUNED names instead, if set)."""
-    path = os.environ.get("POSENC_FAST_TRITON_TUNED") or TUNED_FILE
-    if not os.path.exists(path):
-        return {}
-    import json
-
-    with open(path) as f:
-        return json.load(f)
-
-
-def tuning_key(key: list, args: dict) -> str:
-    """An autotuner's key as text: the values of its key arguments, then the dtypes of
-    its tensor arguments (as Triton's own key)."""
-    import json
-
-    values = [args[k] for k in key if k in args]
-    values += [str(v.dtype) for v in args.values() if isinstance(v, torch.Tensor)]
-    return json.dumps([v if isinstance(v, (int, float, str, bool)) else str(v) for v in values])
-
-
 class _Autotuned:
     """An autotuned kernel built on first use: some Triton versions (3.2) ask the GPU
     driver when an autotuner is created, which must not happen when the kernels are only
-    imported (compile_report, a machine without a GPU). After a launch that tuned, its
-    choice is recorded with the launcher calls (POSENC_FAST_TRITON_RECORD, ahead.py)."""
+    imported (a machine without a GPU)."""
 
-    def __init__(self, build, name: str):
+    def __init__(self, build):
         self._build = build
         self._tuner = None
-        self.name = name
-        self.tuning: tuple[int, str] | None = None  # (arch, key) being tuned by this launch
 
     @property
     def tuner(self):
@@ -212,20 +165,7 @@ class _Autotuned:
         return self._tuner
 
     def __getitem__(self, grid):
-        run = self.tuner[grid]
-
-        def launch(*args, **kwargs):
-            out = run(*args, **kwargs)
-            if self.tuning is not None:
-                arch, key = self.tuning
-                self.tuning = None
-                if _env.recording():
-                    from .ahead import record_tuned
-
-                    record_tuned(self.name, arch, key, _configs.describe(self.tuner.best_config))
-            return out
-
-        return launch
+        return self.tuner[grid]
 
 
 def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Autotuned:
@@ -233,10 +173,8 @@ def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Auto
     on the device of the call (its Triton-version defects and shared memory limit), after
     ``select(configs, meta)``, the kernel's own choice for the call's constexprs; and
     guarded, so that a configuration whose compilation raises is dropped, not fatal.
-    ``name`` is the kernel's name in _configs' rules. Where tuned.json has the architecture
-    and key, only the configuration recorded there is offered; otherwise, with
-    POSENC_FAST_TRITON_AUTOTUNE=0 (``_env.autotune_enabled``), only the first allowed one."""
-    wrapper: _Autotuned
+    ``name`` is the kernel's name in _configs' rules. With POSENC_FAST_TRITON_AUTOTUNE=0
+    (``_env.autotune_enabled``) only the first allowed configuration is offered."""
 
     def early_prune(candidates, named_args, **kwargs):
         meta = {**named_args, **kwargs}
@@ -249,17 +187,7 @@ def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Auto
                 f"posenc_fast: no {name} configuration can be compiled for sm_{arch} with "
                 f"Triton {triton.__version__}: " + "; ".join(why)
             )
-        tkey = tuning_key(key, meta)
-        if not _env.retune_all():  # a choice measured on this architecture comes first
-            chosen = tuned_table().get(f"sm_{arch}", {}).get(name, {}).get(tkey)
-            match = [c for c in kept if _configs.describe(c) == chosen]
-            if match:
-                return match
-        if not _env.autotune_enabled():
-            return kept[:1]
-        if len(kept) > 1:
-            wrapper.tuning = (arch, tkey)
-        return kept
+        return kept if _env.autotune_enabled() else kept[:1]
 
     def build():
         tuner = triton.autotune(
@@ -267,5 +195,4 @@ def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Auto
         )(kernel)
         return _configs.guard_autotuner(tuner, name)
 
-    wrapper = _Autotuned(build, name)
-    return wrapper
+    return _Autotuned(build)

@@ -54,8 +54,9 @@ struct WorkQueue {
 //   added to what one thread would have taken: with the half bound here too, an LFF forward
 //   beside a busy core took 16.0 ms against 7.7 ms on one thread (N = 4096, 2026-11-27).
 // Calls then run on one thread (the same bits) for kSoloNs, after which a call tries the
-// team again. POSENC_FAST_CPU_ALWAYS_TEAM=1 turns this off (the tests of thread-count
-// independence must really run teams, on a CI machine that may be busy).
+// team again. always_team() turns this off (module.cpp: set_development_options; the
+// tests of thread-count independence must really run teams, on a CI machine that may be
+// busy).
 constexpr int64_t kLateNs = 1'000'000;
 constexpr int64_t kSoloNs = 250'000'000;
 
@@ -67,9 +68,14 @@ inline std::atomic<int64_t>& solo_until_ns() {
   static std::atomic<int64_t> until{0};
   return until;
 }
+// For tests: teams whatever the machine looks like (the fallback off).
+inline std::atomic<bool>& always_team() {
+  static std::atomic<bool> on{false};
+  return on;
+}
 // Whether calls run on one thread for now (the machine looked contended).
 inline bool contended() {
-  return now_ns() < solo_until_ns().load(std::memory_order_relaxed) && !std::getenv("POSENC_FAST_CPU_ALWAYS_TEAM");
+  return now_ns() < solo_until_ns().load(std::memory_order_relaxed) && !always_team().load(std::memory_order_relaxed);
 }
 
 // For tests (module.cpp: judge_regions_contended): the next n team regions are judged

@@ -41,21 +41,17 @@
 // - The gradient of the times needs the slopes k_i: such a backward re-tapes every chunk
 //   with the slopes (as the CPU backward does) and accumulates dLoss/dh per block.
 // - plan() picks the layout from the shapes and the device's properties with a cost model
-//   (stage_cost; its constants are estimates until a GPU measures them); POSENC_FAST_CUDA_
-//   PLAN forces one (floater_cuda_ops.cpp).
+//   (stage_cost; its constants are estimates until a GPU measures them); set_forced_plan
+//   forces one (floater_cuda_ops.cpp).
 // - Determinism: every sum runs in an order fixed by the shapes and the plan (block_gemm's
 //   split and the partials' block order); no float atomics: results are bitwise
 //   reproducible for a fixed plan on one GPU.
 // - Testing without a GPU: tools/cuda_emulation compiles this file as host C++ with one
 //   std::thread per CUDA thread and checks the exchange buffers' accesses against the
-//   barriers (tests/floater/test_extension_cuda_emulation.py).
-#if defined(POSENC_FAST_CUDA_EMULATION)
-#include "cuda_emulation.h"
-#else
+//   barriers (tests/floater/test_extension_cuda_emulation.py), through the hooks of
+//   floater_cuda_hooks.h and its own versions of the CUDA headers.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
-#define PF_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -64,6 +60,7 @@
 
 #include "floater_common.h"
 #include "floater_cuda.h"
+#include "floater_cuda_hooks.h"
 #include "floater_cuda_products.cuh"
 #include "floater_cuda_team.cuh"
 
@@ -247,7 +244,7 @@ __device__ __forceinline__ int slice_start(int r, int n, int C) { return static_
 // ------------------------------------------------------------------------------------
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p) {
-  PF_DYNAMIC_SMEM(smem_raw);
+  FLOATER_CUDA_DYNAMIC_SMEM(smem_raw);
   constexpr bool XG = Team::kGlobal;
   Blk<T> b = setup<T, Team>(p, smem_raw, false);
   const Dims& D = b.D;
@@ -371,7 +368,7 @@ __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p
 // ------------------------------------------------------------------------------------
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_adj_kernel(const Params<T> p) {
-  PF_DYNAMIC_SMEM(smem_raw);
+  FLOATER_CUDA_DYNAMIC_SMEM(smem_raw);
   constexpr bool XG = Team::kGlobal;
   Blk<T> b = setup<T, Team>(p, smem_raw, true);
   const Dims& D = b.D;
@@ -585,25 +582,21 @@ template <typename T>
 cudaError_t launch_persistent(const Plan& pl, bool adj, cudaStream_t stream, Params<T>& p) {
   KernelFn<T> kernel = pick_kernel_t<T>(pl.mode, adj);
   const dim3 grid(pl.G * pl.C);
-#if defined(POSENC_FAST_CUDA_EMULATION)
-  (void)stream;
-  if (p.xg) emu::track(p.xg, pl.workspace_bytes);  // the race checker watches the grid's exchange
-  return emu::launch(kernel, pl.mode, pl.C, grid, dim3(kThreads), pl.smem_bytes, p);
-#else
+  if (p.xg) FLOATER_CUDA_EXCHANGE_BUFFER(p.xg, pl.workspace_bytes);
   const void* fn = reinterpret_cast<const void*>(kernel);
   cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(pl.smem_bytes));
   if (err != cudaSuccess) return err;
   void* args[] = {&p};
   const dim3 block(kThreads);
-  if (pl.mode == kSolo) return cudaLaunchKernel(fn, grid, block, args, pl.smem_bytes, stream);
-  if (pl.mode == kGrid) return cudaLaunchCooperativeKernel(fn, grid, block, args, pl.smem_bytes, stream);
+  // (the typed overloads of the runtime's launch calls: the same launches)
+  if (pl.mode == kSolo) return cudaLaunchKernel(kernel, grid, block, args, pl.smem_bytes, stream);
+  if (pl.mode == kGrid) return cudaLaunchCooperativeKernel(kernel, grid, block, args, pl.smem_bytes, stream);
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr{};
   err = cluster_config(fn, pl.C, grid, pl.smem_bytes, stream, &cfg, &attr);
   if (err != cudaSuccess) return err;
-  return cudaLaunchKernelExC(&cfg, fn, args);
-#endif
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 // Fill the parameters every launch shares.
@@ -954,13 +947,8 @@ cudaError_t forward_typed(const Problem& pr, const Plan& pl, const Pointers& ptr
 template <typename T>
 cudaError_t launch_dtimes(const T* end, const T* start, int nb, int L, T* out, cudaStream_t stream) {
   const int threads = 128, blocks = std::min((L + threads - 1) / threads, 1024);
-#if defined(POSENC_FAST_CUDA_EMULATION)
-  (void)stream;
-  return emu::launch_simple(&dtimes_reduce<T>, dim3(blocks), dim3(threads), end, start, nb, L, out);
-#else
-  dtimes_reduce<T><<<blocks, threads, 0, stream>>>(end, start, nb, L, out);
-  return cudaGetLastError();
-#endif
+  void* args[] = {&end, &start, &nb, &L, &out};
+  return cudaLaunchKernel(&dtimes_reduce<T>, dim3(blocks), dim3(threads), args, 0, stream);
 }
 
 template <typename T>

@@ -4,11 +4,7 @@
 // floater_cuda_ops.cpp.
 #pragma once
 
-#if defined(POSENC_FAST_CUDA_EMULATION)
-#include "cuda_emulation.h"
-#else
 #include <cuda_runtime.h>
-#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -50,7 +46,7 @@ cudaError_t plan(const Problem& pr, int device, Plan* plan);
 // A plan for a given layout (mode, blocks per team C, states per team Sg, the fraction of
 // each weight slice's rows held in shared memory, vectors staged in shared memory (grid)),
 // without asking the device whether it fits: for tests, the CPU emulation
-// (tools/cuda_emulation) and POSENC_FAST_CUDA_PLAN experiments on a GPU.
+// (tools/cuda_emulation) and forced layouts on a GPU (set_forced_plan).
 cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, double resident, Plan* plan,
                       bool stage_x = true);
 
@@ -104,6 +100,12 @@ cudaError_t backward(const Problem& pr, const Plan& fplan, const Plan& aplan, co
 // Every layout the CUDA ops chose in this process, one line each (the problem, then
 // Plan::why): what the benchmarks record (floater_cuda_ops.cpp).
 std::vector<std::string> plan_log();
+
+// Force a layout on the CUDA ops instead of plan()'s choice: "mode,C,Sg[,resident[,staged]]"
+// (mode solo, cluster or grid; "" for the automatic choice); returns the previous one. For
+// tests and experiments on a GPU (module_cuda.cpp: set_development_options).
+std::string set_forced_plan(const std::string& spec);
+std::string forced_plan_spec();  // the forced layout, "" for none
 
 int compiled_version();  // CUDART_VERSION the kernels were compiled with
 int runtime_version();   // the CUDA runtime's version, -1 if it cannot tell (floater_cuda_ops.cpp)

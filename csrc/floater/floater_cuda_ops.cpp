@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -53,15 +52,17 @@ Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backwa
   return cp;
 }
 
-// POSENC_FAST_CUDA_PLAN="mode,C,Sg[,resident[,staged]]" (mode: solo, cluster or grid;
-// resident: the fraction of the weight rows held in shared memory, default 1) forces a
-// layout instead of the automatic choice, for the forward and the adjoint alike: for
-// testing every layout on one GPU and for experiments. A layout that does not fit fails at
-// launch with CUDA's error.
+// The forced layout (set_forced_plan: "mode,C,Sg[,resident[,staged]]", mode: solo,
+// cluster or grid; resident: the fraction of the weight rows held in shared memory,
+// default 1), used instead of the automatic choice for the forward and the adjoint alike:
+// for testing every layout on one GPU and for experiments. A layout that does not fit
+// fails at launch with CUDA's error.
+std::mutex forced_lock;
+std::string forced_spec;
+
 bool forced_plan(const Problem& cp, Plan* plan) {
-  const char* env = std::getenv("POSENC_FAST_CUDA_PLAN");
-  if (env == nullptr || *env == '\0') return false;
-  std::string spec(env);
+  const std::string spec = forced_plan_spec();
+  if (spec.empty()) return false;
   std::vector<std::string> f;
   size_t start = 0;
   while (true) {
@@ -71,9 +72,9 @@ bool forced_plan(const Problem& cp, Plan* plan) {
     start = comma + 1;
   }
   TORCH_CHECK_VALUE(f.size() >= 3 && f.size() <= 5,
-                    "POSENC_FAST_CUDA_PLAN must be 'mode,C,Sg[,resident[,staged]]', got '", spec, "'");
+                    "floater_plan must be 'mode,C,Sg[,resident[,staged]]', got '", spec, "'");
   const int mode = f[0] == "solo" ? 0 : f[0] == "cluster" ? 1 : f[0] == "grid" ? 2 : -1;
-  TORCH_CHECK_VALUE(mode >= 0, "POSENC_FAST_CUDA_PLAN: mode must be solo, cluster or grid, got '", f[0], "'");
+  TORCH_CHECK_VALUE(mode >= 0, "floater_plan: mode must be solo, cluster or grid, got '", f[0], "'");
   int C = 0, Sg = 0;
   double resident = 1.0;
   try {
@@ -81,11 +82,11 @@ bool forced_plan(const Problem& cp, Plan* plan) {
     Sg = std::stoi(f[2]);
     if (f.size() >= 4) resident = std::stod(f[3]);
   } catch (const std::exception&) {
-    TORCH_CHECK_VALUE(false, "POSENC_FAST_CUDA_PLAN: C and Sg must be integers, resident a number, got '", spec, "'");
+    TORCH_CHECK_VALUE(false, "floater_plan: C and Sg must be integers, resident a number, got '", spec, "'");
   }
   const bool staged = f.size() < 5 || f[4] != "0";
   const cudaError_t err = plan_with(cp, mode, C, Sg, resident, plan, staged);
-  TORCH_CHECK_VALUE(err == cudaSuccess, "POSENC_FAST_CUDA_PLAN='", spec, "' is not a valid layout for d=", cp.d,
+  TORCH_CHECK_VALUE(err == cudaSuccess, "floater_plan='", spec, "' is not a valid layout for d=", cp.d,
                     ", H=", cp.H);
   return true;
 }
@@ -308,6 +309,18 @@ std::vector<at::Tensor> integrate_backward_taped_cuda(const at::Tensor& grad, co
 }
 
 }  // namespace
+
+std::string forced_plan_spec() {
+  const std::lock_guard<std::mutex> g(forced_lock);
+  return forced_spec;
+}
+
+std::string set_forced_plan(const std::string& spec) {
+  const std::lock_guard<std::mutex> g(forced_lock);
+  std::string before = forced_spec;
+  forced_spec = spec;
+  return before;
+}
 
 std::vector<std::string> plan_log() {
   const std::lock_guard<std::mutex> g(plans_lock);

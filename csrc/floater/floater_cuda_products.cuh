@@ -4,23 +4,19 @@
 // so the kernels' results are bitwise reproducible for a fixed plan.
 #pragma once
 
-#if !defined(POSENC_FAST_CUDA_EMULATION)
 #include <cuda_pipeline.h>
-#endif
 
 #include "floater_common.h"
+#include "floater_cuda_hooks.h"
 #include "floater_cuda_team.cuh"
 
 namespace posenc_fast {
 namespace floater {
 namespace cuda {
 
-#ifndef POSENC_FAST_CUDA_THREADS
-#define POSENC_FAST_CUDA_THREADS 256
-#endif
-// Threads per block (a multiple of 32). The CPU emulation builds with fewer to spawn fewer
-// host threads; nothing else depends on the value.
-constexpr int kThreads = POSENC_FAST_CUDA_THREADS;
+// Threads per block (a multiple of 32; FLOATER_CUDA_THREADS, floater_cuda_hooks.h). The
+// CPU emulation builds with fewer to spawn fewer host threads; nothing else depends on it.
+constexpr int kThreads = FLOATER_CUDA_THREADS;
 constexpr int kMaxRows = 4;                    // states per thread item in block_gemm
 constexpr int kRedElems = kMaxRows * kThreads;  // K-split scratch of block_gemm
 constexpr int kMaxSplit = 32;                  // K-split parts, at most
@@ -117,10 +113,7 @@ constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 // exchange buffer in global memory that other blocks write.
 template <bool XG, typename T>
 __device__ __forceinline__ void load_vec(const T* p, T (&v)[kVec<T>]) {
-#if defined(POSENC_FAST_CUDA_EMULATION)
-#pragma unroll
-  for (int u = 0; u < kVec<T>; ++u) v[u] = xload<XG>(p + u);
-#else
+  FLOATER_CUDA_ACCESS(p, 16, false);
   if constexpr (sizeof(T) == 4) {
     const float4 q = XG ? __ldcg(reinterpret_cast<const float4*>(p)) : *reinterpret_cast<const float4*>(p);
     v[0] = q.x;
@@ -132,7 +125,6 @@ __device__ __forceinline__ void load_vec(const T* p, T (&v)[kVec<T>]) {
     v[0] = q.x;
     v[1] = q.y;
   }
-#endif
 }
 
 // acc[r] += sum_{k in [ka, kb)} X[r][k] * w[k * stride], r < RT, in the order of k (rows of X
@@ -245,17 +237,11 @@ __device__ __forceinline__ double block_sum(double v, double* scratch) {
 // __syncthreads).
 template <typename T>
 __device__ __forceinline__ void async_copy(T* dst_smem, const T* src) {
-#if defined(POSENC_FAST_CUDA_EMULATION)
-  *dst_smem = *src;
-#else
   __pipeline_memcpy_async(dst_smem, src, sizeof(T));
-#endif
 }
 __device__ __forceinline__ void async_wait() {
-#if !defined(POSENC_FAST_CUDA_EMULATION)
   __pipeline_commit();
   __pipeline_wait_prior(0);
-#endif
 }
 
 }  // namespace cuda

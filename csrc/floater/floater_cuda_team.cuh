@@ -15,13 +15,13 @@
 // are fire-and-forget stores. The cluster barrier is split (arrive, then wait), so that
 // work which touches no exchange buffer (stores to the tape, prefetches) can sit between.
 //
-// Under tools/cuda_emulation every exchange access goes through the emulator's race
-// checker (emu::checked_load / checked_store).
+// Every exchange access runs the hook FLOATER_CUDA_ACCESS first (floater_cuda_hooks.h:
+// nothing on a GPU; tools/cuda_emulation's race checker).
 #pragma once
 
-#if !defined(POSENC_FAST_CUDA_EMULATION)
 #include <cooperative_groups.h>
-#endif
+
+#include "floater_cuda_hooks.h"
 
 namespace posenc_fast {
 namespace floater {
@@ -35,36 +35,32 @@ enum Mode { kSolo = 0, kCluster = 1, kGrid = 2 };
 // and written through L2 only: another SM's L1 may hold stale lines).
 template <bool G, typename T>
 __device__ __forceinline__ T xload(const T* p) {
-#if defined(POSENC_FAST_CUDA_EMULATION)
-  return emu::checked_load(p);
-#else
+  FLOATER_CUDA_ACCESS(p, sizeof(T), false);
   if constexpr (G) {
     return __ldcg(p);
   } else {
     return *p;
   }
-#endif
 }
 
 template <bool G, typename T>
 __device__ __forceinline__ void xstore(T* p, T v) {
-#if defined(POSENC_FAST_CUDA_EMULATION)
-  emu::checked_store(p, v);
-#else
+  FLOATER_CUDA_ACCESS(p, sizeof(T), true);
   if constexpr (G) {
     __stcg(p, v);
   } else {
     *p = v;
   }
-#endif
 }
 
 // A store into block `rank` of this cluster, at the offset of p in this block's shared
 // memory (p: a shared-memory address of this block).
 template <typename T>
 __device__ __forceinline__ void dsmem_store(T* p, unsigned rank, T v) {
-#if defined(POSENC_FAST_CUDA_EMULATION)
-  emu::checked_store(cg::this_cluster().map_shared_rank(p, rank), v);
+#if defined(FLOATER_CUDA_NO_INLINE_PTX)
+  T* remote = cg::this_cluster().map_shared_rank(p, rank);
+  FLOATER_CUDA_ACCESS(remote, sizeof(T), true);
+  *remote = v;
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
   unsigned remote;
@@ -104,7 +100,7 @@ struct ClusterTeam {
   static constexpr int kMode = kCluster;
   static constexpr bool kGlobal = false;
   __device__ static int team(int C) { return blockIdx.x / C; }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 || defined(POSENC_FAST_CUDA_EMULATION)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __device__ static int rank(int) { return static_cast<int>(cg::this_cluster().block_rank()); }
   // barrier.cluster.arrive.release / wait.acquire: this block's stores (shared::cluster
   // included) before the arrival are visible to every block of the cluster after its wait

@@ -56,55 +56,53 @@ def _parser() -> argparse.ArgumentParser:
         "floater",
     )
 
-    bench = sub.add_parser("bench", help="time every implementation side by side")
-    bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    bench.add_argument(
+    bench_arguments(sub.add_parser("bench", help="time every implementation side by side"))
+    return p
+
+
+def bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``bench`` (benchmarks/cpu_lab.py adds its own to the same set)."""
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument(
         "--quick", action="store_true", help="small size set (about a minute on 2 CPU cores)"
     )
-    bench.add_argument(
+    p.add_argument(
         "--ops",
         default="all",
         help="comma-separated subset of lff,sinusoidal,dft,floater,rotary; 'all' (the "
         "default) is every op but rotary, which runs only when named",
     )
-    bench.add_argument(
-        "--modes", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd"
-    )
-    bench.add_argument(
+    p.add_argument("--modes", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
+    p.add_argument(
         "--floater-sizes",
         metavar="LxD,...",
         default=None,
         help="FLOATER cases as (sample times L) x (d = H) pairs, replacing the default set, "
         "e.g. 512x64,512x512 (benchmarks/RESULTS.md's FLOATER table)",
     )
-    bench.add_argument(
+    p.add_argument(
         "--json", metavar="PATH", help="save the results (with machine, versions, git SHA)"
     )
-    bench.add_argument(
+    p.add_argument(
         "--plot", metavar="PATH", help="draw time against size as a PNG (needs matplotlib)"
     )
-    bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    bench.add_argument(
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    p.add_argument(
         "--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune')"
     )
-    bench.add_argument(
+    p.add_argument(
         "--compile-timeout",
         type=float,
         default=300.0,
         help="seconds one torch.compile may take before it is recorded as unfinished",
     )
-    bench.add_argument(
+    p.add_argument(
         "--min-time", type=float, default=None, help="seconds of timed runs per measurement"
     )
-    bench.add_argument(
+    p.add_argument(
         "--threads",
         default=None,
         help="comma-separated torch thread counts to run at, e.g. 1,2 (default: torch's)",
-    )
-    bench.add_argument(
-        "--contention",
-        action="store_true",
-        help="also run with a busy process pinned to one CPU (at each --threads count >= 2)",
     )
     return p
 

@@ -13,12 +13,9 @@ from .._version import __version__
 
 
 def git_sha() -> str:
-    """The commit of the code that runs: $POSENC_FAST_GIT_SHA when set (a copied tree, e.g.
-    the GPU machine's, whose .git may be absent or older than the files: the first GPU run
-    recorded the session's starting commit so), else git's HEAD (+ "-dirty")."""
-    given = os.environ.get("POSENC_FAST_GIT_SHA", "").strip()
-    if given:
-        return given
+    """The commit of the code that runs: git's HEAD (+ "-dirty") where the package lies in
+    a checkout, else "unknown" (the GPU benchmark scripts take the commit of a copied tree
+    as --git-sha)."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(

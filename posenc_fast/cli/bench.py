@@ -13,12 +13,14 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 
 from .._dispatch import AUTO_ORDER
-from . import _cases, _contention, _floors, _reliability, _timing
+from . import _cases, _floors, _timing
 from ._cases import Impl
 from ._environment import describe
 
@@ -33,10 +35,15 @@ DEFAULT_COMPILE_TIMEOUT = 300.0
 
 @dataclass(frozen=True)
 class Setting:
-    """Threads for torch (None: leave as is) and whether a busy process holds a core."""
+    """Threads for torch (None: leave as is), and whether the timings run beside a busy
+    process: ``context()``, a context manager yielding a dict of what it started, holds
+    during the setting (benchmarks/cpu_lab.py's process pinned to one core)."""
 
     threads: int | None = None
     contention: bool = False
+    context: Optional[Callable[[], AbstractContextManager]] = field(
+        default=None, compare=False, repr=False
+    )
 
 
 class CompileTimeout(BaseException):
@@ -65,14 +72,15 @@ def time_box(seconds: float | None):
 
 @contextlib.contextmanager
 def applied(setting: Setting):
-    """Set the thread count and start the busy process for the block; undo both after."""
+    """Set the thread count and enter the setting's context for the block; undo both
+    after."""
     before = torch.get_num_threads()
     if setting.threads:
         torch.set_num_threads(setting.threads)
     try:
-        if setting.contention:
-            with _contention.busy_cpu() as proc:
-                yield {"busy_pid": proc.pid, "busy_cpu": _contention.cpus()[-1]}
+        if setting.context is not None:
+            with setting.context() as started:
+                yield dict(started or {})
         else:
             yield {}
     finally:
@@ -253,14 +261,19 @@ def measure(
     gemm_shapes = set().union(*(w.shapes() for c in cases for w in c.work.values()))
     described = []
     for index, setting in enumerate(settings):
-        with applied(setting) as busy:
+        with applied(setting) as started:
             torch._dynamo.reset()  # compiled kernels are specialised to the thread count
             machine = _floors.measure(device, gemm_shapes, state.timer, min(min_time, 0.2))
             threads = torch.get_num_threads()
             described.append(
-                {"threads": threads, "contention": setting.contention, **busy, "machine": machine}
+                {
+                    "threads": threads,
+                    "contention": setting.contention,
+                    **started,
+                    "machine": machine,
+                }
             )
-            where = f", busy process on CPU {busy['busy_cpu']}" if busy else ""
+            where = "".join(f", {k} {v}" for k, v in started.items())
             _progress(
                 f"-- {threads} thread(s){where}: bandwidth {machine['bandwidth_gbps']:.1f} GB/s, "
                 + ", ".join(f"GEMM {k} {v:.1f} GFLOP/s" for k, v in machine["gemm_gflops"].items())
@@ -381,80 +394,97 @@ def floater_sizes_from(text: str | None) -> list[tuple[int, int]] | None:
     return out
 
 
-def settings_from(threads: str | None, contention: bool) -> list[Setting]:
-    """``--threads 1,2 --contention`` -> 1 and 2 threads, then every count >= 2 (or the
-    largest, if none is) again with a busy process."""
+def settings_from(threads: str | None) -> list[Setting]:
+    """``--threads 1,2`` -> 1 and 2 threads (default: torch's count)."""
     counts = [int(t) for t in threads.split(",")] if threads else [torch.get_num_threads()]
     if any(t < 1 for t in counts):
         raise ValueError(f"--threads takes positive counts, got {threads!r}")
-    out = [Setting(t) for t in counts]
-    if contention:
-        busy = [t for t in counts if t >= 2] or [max(counts)]
-        out += [Setting(t, True) for t in busy]
-    return out
+    return [Setting(t) for t in counts]
 
 
-def run(args) -> int:
+@dataclass
+class Selection:
+    """What one run measures, as its command line asks (:func:`select`)."""
+
+    device: str
+    ops: list
+    modes: list
+    settings: list
+    cases: list
+    min_time: float
+    compile_modes: tuple
+
+
+def select(args) -> Selection:
+    """The run ``args`` (bench's options) asks for; ValueError with the message to print
+    where they do not make sense."""
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
-        print("bench --device cuda: no CUDA device is visible to torch", file=sys.stderr)
-        return 2
+        raise ValueError("bench --device cuda: no CUDA device is visible to torch")
     ops = list(DEFAULT_OPS) if args.ops == "all" else [o.strip() for o in args.ops.split(",")]
     bad = [o for o in ops if o not in KNOWN_OPS]
     modes = [m.strip() for m in args.modes.split(",")]
     if bad or any(m not in MODES for m in modes):
-        print(
-            f"choose --ops from {list(KNOWN_OPS)} and --modes from {list(MODES)}", file=sys.stderr
-        )
-        return 2
-    try:
-        settings = settings_from(args.threads, args.contention)
-        floater_sizes = floater_sizes_from(args.floater_sizes)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        raise ValueError(f"choose --ops from {list(KNOWN_OPS)} and --modes from {list(MODES)}")
+    settings = settings_from(args.threads)
+    floater_sizes = floater_sizes_from(args.floater_sizes)
     if floater_sizes and "floater" not in ops:
-        print("--floater-sizes needs floater among --ops", file=sys.stderr)
-        return 2
-    if args.contention and (device != "cpu" or len(_contention.cpus()) < 2):
-        print("--contention needs --device cpu and at least 2 CPUs", file=sys.stderr)
-        return 2
+        raise ValueError("--floater-sizes needs floater among --ops")
     min_time = args.min_time if args.min_time is not None else (0.1 if args.quick else 0.5)
     compile_modes = () if args.no_compile else ("compile",)
     if args.max_autotune and not args.no_compile:
         compile_modes += ("compile-max",)
     cases = bench_cases(args.quick, device, ops, floater_sizes)
-    env = describe()
+    return Selection(device, ops, modes, settings, cases, min_time, compile_modes)
+
+
+def measure_selection(sel: Selection, args, env: dict) -> dict:
+    """:func:`measure` of what ``sel`` selects, with a progress line first."""
     _progress(
-        f"posenc_fast bench: {len(cases)} cases on {device}, modes {modes}, "
-        f"{len(settings)} setting(s), git {env['git_sha']}"
+        f"posenc_fast bench: {len(sel.cases)} cases on {sel.device}, modes {sel.modes}, "
+        f"{len(sel.settings)} setting(s), git {env['git_sha']}"
     )
-    t0 = time.perf_counter()
-    load_start = _reliability.load_average()  # before the benchmark adds its own threads
-    report = measure(cases, modes, device, min_time, compile_modes, settings, args.compile_timeout)
-    reliability = _reliability.assess(
-        report["settings"], env, device, load_start, _reliability.load_average()
-    )
-    print(table(report))
+    return measure(
+        sel.cases, sel.modes, sel.device, sel.min_time, sel.compile_modes, sel.settings,
+        args.compile_timeout,
+    )  # fmt: skip
+
+
+def report(args, sel: Selection, env: dict, result: dict, seconds: float, extra=None, notes=()):
+    """Print the tables and a closing line (then ``notes``), save the JSON (``extra``
+    added to it) and the plot, as ``args`` asks."""
+    print(table(result))
     print(
-        f"\n{len(report['results'])} measurements in {time.perf_counter() - t0:.0f} s on "
+        f"\n{len(result['results'])} measurements in {seconds:.0f} s on "
         f"{env['processor']} ({env['cpu_count']} CPUs), torch {env['torch']}, git {env['git_sha']}"
     )
-    for line in _reliability.summary(reliability):
+    for line in notes:
         print(line)
     if args.json:
         payload = {
             "environment": env,
-            "device": device,
+            "device": sel.device,
             "quick": args.quick,
-            "min_time": min_time,
+            "min_time": sel.min_time,
             "compile_timeout_s": args.compile_timeout,
-            "reliability": reliability,
-            **report,
+            **(extra or {}),
+            **result,
         }
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)
         print(f"results written to {args.json}", file=sys.stderr)
     if args.plot:
-        plot(report["results"], args.plot)
+        plot(result["results"], args.plot)
+
+
+def run(args) -> int:
+    try:
+        sel = select(args)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    env = describe()
+    t0 = time.perf_counter()
+    result = measure_selection(sel, args, env)
+    report(args, sel, env, result, time.perf_counter() - t0)
     return 0

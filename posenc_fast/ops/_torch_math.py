@@ -4,7 +4,6 @@ constants made once."""
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Hashable, Iterator
 
 import torch
@@ -16,14 +15,14 @@ TWO_PI = 2.0 * math.pi
 
 
 # Temporaries of one chunk stay below this many bytes (FLOATER's precomputed stages; rows
-# of LFF and the encodings: see row_chunk_bytes). Override with POSENC_FAST_CHUNK_BYTES
-# (tests use it).
+# of LFF and the encodings: see row_chunk_bytes).
 DEFAULT_CHUNK_BYTES = 64 * 2**20
+# Replaces every chunk budget here when set (tests set it to a few kB: many chunks).
+CHUNK_BYTES_OVERRIDE: int | None = None
 
 
 def chunk_bytes() -> int:
-    value = os.environ.get("POSENC_FAST_CHUNK_BYTES")
-    return int(value) if value else DEFAULT_CHUNK_BYTES
+    return CHUNK_BYTES_OVERRIDE or DEFAULT_CHUNK_BYTES
 
 
 # Chunks of rows (LFF, encodings). On the CPU with one thread: small chunks whose
@@ -38,9 +37,8 @@ PARALLEL_CHUNK_BYTES = 256 * 2**20
 
 
 def row_chunk_bytes(device_type: str) -> int:
-    value = os.environ.get("POSENC_FAST_CHUNK_BYTES")
-    if value:
-        return int(value)
+    if CHUNK_BYTES_OVERRIDE:
+        return CHUNK_BYTES_OVERRIDE
     if device_type == "cpu" and torch.get_num_threads() == 1:
         return CACHE_CHUNK_BYTES
     return PARALLEL_CHUNK_BYTES

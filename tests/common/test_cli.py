@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from posenc_fast import _testing
-from posenc_fast.cli import _baselines, _cases, _contention, bench, verify
+from posenc_fast.cli import _baselines, _cases, bench, verify
 from posenc_fast.ops.encodings import reference as enc_ref
 from posenc_fast.ops.lff import reference as lff_ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
@@ -155,23 +155,40 @@ def _render_module():
 
 
 def test_bench_settings_from_flags():
-    s = bench.settings_from("1,2", contention=True)
-    assert s == [bench.Setting(1), bench.Setting(2), bench.Setting(2, True)]
-    assert bench.settings_from("1", contention=True) == [bench.Setting(1), bench.Setting(1, True)]
-    assert bench.settings_from(None, False) == [bench.Setting(torch.get_num_threads())]
+    assert bench.settings_from("1,2") == [bench.Setting(1), bench.Setting(2)]
+    assert bench.settings_from(None) == [bench.Setting(torch.get_num_threads())]
     with pytest.raises(ValueError, match="positive"):
-        bench.settings_from("0,2", False)
+        bench.settings_from("0,2")
 
 
-@pytest.mark.skipif(len(_contention.cpus()) < 2, reason="contention mode needs 2 CPUs")
-def test_busy_process_is_pinned_and_always_stopped():
-    with _contention.busy_cpu() as proc:
-        assert proc.poll() is None
-        assert os.sched_getaffinity(proc.pid) == {_contention.cpus()[-1]}
-    assert proc.poll() is not None  # stopped when the block ends
-    with pytest.raises(KeyboardInterrupt), _contention.busy_cpu() as proc:
-        raise KeyboardInterrupt  # e.g. Ctrl-C during a measurement
-    assert proc.poll() is not None
+def test_bench_command_line_has_no_lab_options():
+    """The lab's options (contention, the floors' history) are benchmarks/cpu_lab.py's."""
+    from posenc_fast.cli import _parser
+
+    args = _parser().parse_args(["bench", "--quick"])
+    assert not hasattr(args, "contention") and not hasattr(args, "history")
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["bench", "--contention"])
+
+
+def test_a_setting_context_holds_during_its_timings():
+    """A setting's context (the lab's busy process) is entered around its timings and what
+    it yields is recorded with the setting."""
+    import contextlib
+
+    seen = []
+
+    @contextlib.contextmanager
+    def around():
+        seen.append("in")
+        yield {"busy_pid": 1}
+        seen.append("out")
+
+    case = _cases.encoding_case("sinusoidal", 64, 8, "cpu")
+    report = bench.measure([case], ["fwd"], "cpu", 0.01, (), [bench.Setting(1, True, around)])
+    assert seen == ["in", "out"]
+    assert report["settings"][0]["busy_pid"] == 1 and report["settings"][0]["contention"]
+    assert all(r["contention"] for r in report["results"])
 
 
 def test_time_box_interrupts_a_long_compilation():
@@ -244,7 +261,6 @@ def test_bench_cli_end_to_end_with_compile_baseline(tmp_path, monkeypatch):
         compile_timeout=300.0,
         min_time=0.01,
         threads="1",
-        contention=len(_contention.cpus()) >= 2,
     )
     assert bench.run(args) == 0
     data = json.loads(path.read_text())
@@ -253,7 +269,4 @@ def test_bench_cli_end_to_end_with_compile_baseline(tmp_path, monkeypatch):
     by_impl = {(r["impl"], r["contention"]): r for r in data["results"]}
     assert {("eager", False), ("compile", False), ("torch", False)} <= set(by_impl)
     assert by_impl[("compile", False)]["speedup_vs_compile"] == pytest.approx(1.0)
-    if args.contention:
-        busy = data["settings"][1]
-        assert busy["contention"] and busy["threads"] == 1
-        assert by_impl[("torch", True)]["ms"] > 0
+    assert "reliability" not in data  # the lab's (benchmarks/cpu_lab.py)

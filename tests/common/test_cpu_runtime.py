@@ -11,15 +11,13 @@ spinning on one of the two cores.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from _cpu_kernels import EXT
+from _lab import contention as _contention
 
 from posenc_fast import _testing
 from posenc_fast._testing import FloaterCase, floater_inputs
-from posenc_fast.cli import _contention
 
 pytestmark = [pytest.mark.skipif(EXT is None, reason="the C++ extension is not built")]
 
@@ -29,15 +27,16 @@ def _ops():
 
 
 @pytest.fixture
-def two_threads(monkeypatch):
-    """Two threads, with the fallback live (not POSENC_FAST_CPU_ALWAYS_TEAM)."""
-    monkeypatch.delenv("POSENC_FAST_CPU_ALWAYS_TEAM", raising=False)
+def two_threads():
+    """Two threads, with the fallback live (not set_development_options(always_team=True))."""
+    teams = EXT.set_development_options(always_team=False)["always_team"]
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     EXT.judge_regions_contended(0)
     yield
     EXT.judge_regions_contended(0)  # and the one-thread period ends
     torch.set_num_threads(before)
+    EXT.set_development_options(always_team=teams)
 
 
 def _lff():
@@ -127,4 +126,17 @@ def test_real_contention_gives_the_team_bits(two_threads):
             ):
                 for a, b in zip(want[name], run()):
                     assert torch.equal(a, b), name
-    assert os.environ.get("POSENC_FAST_CPU_ALWAYS_TEAM") is None
+    assert EXT.set_development_options()["always_team"] is False
+
+
+def test_development_options_return_what_they_replace():
+    """set_development_options (csrc/README.md): keywords only, None keeps a setting, and
+    the call returns the settings it replaced (what the tests restore)."""
+    before = EXT.set_development_options(always_team=True)
+    try:
+        assert EXT.set_development_options() == {"always_team": True}
+        with pytest.raises(TypeError):
+            EXT.set_development_options(False)
+    finally:
+        EXT.set_development_options(**before)
+    assert EXT.set_development_options() == before

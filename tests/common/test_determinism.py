@@ -9,6 +9,7 @@ from conftest import backend_params
 
 import posenc_fast as pf
 from posenc_fast import _testing
+from posenc_fast.ops import _torch_math
 from posenc_fast.tolerances import assert_close
 
 
@@ -65,7 +66,7 @@ def test_chunking_does_not_change_the_numbers(monkeypatch):
     summation order by matrix size, so bits may differ between chunk sizes; bitwise
     reproducibility is promised for repeated runs of one configuration)."""
     full = _lff_run("torch", "cpu", torch.float32)
-    monkeypatch.setenv("POSENC_FAST_CHUNK_BYTES", "4096")  # a handful of rows per chunk
+    monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", 4096)  # a handful of rows per chunk
     chunked = _lff_run("torch", "cpu", torch.float32)
     for i, (a, b) in enumerate(zip(full, chunked)):
         assert_close(a, b.double(), torch.float32, "grad", what=f"output {i}")
@@ -75,7 +76,7 @@ def test_chunking_does_not_change_the_numbers(monkeypatch):
 def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
     from posenc_fast.ops.encodings import reference as enc_ref
 
-    monkeypatch.setenv("POSENC_FAST_CHUNK_BYTES", "4096")  # ~3 positions per chunk
+    monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", 4096)  # ~3 positions per chunk
     p = _testing.rand((101,), _testing.generator(7), -300.0, 300.0).requires_grad_()
     fn, ref = (pf.dft, enc_ref.dft) if kind == "dft" else (pf.sinusoidal, enc_ref.sinusoidal)
     y = fn(p, 96, backend="torch")
@@ -90,10 +91,9 @@ def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
 
 def test_chunk_budget_follows_the_thread_count(monkeypatch):
     """One thread: cache-sized chunks; more threads or a GPU: few large chunks (one
-    parallel region per op and chunk); POSENC_FAST_CHUNK_BYTES overrides both."""
-    from posenc_fast.ops import _torch_math as _common
-
-    monkeypatch.delenv("POSENC_FAST_CHUNK_BYTES", raising=False)
+    parallel region per op and chunk); CHUNK_BYTES_OVERRIDE overrides both."""
+    _common = _torch_math
+    monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", None)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -104,7 +104,7 @@ def test_chunk_budget_follows_the_thread_count(monkeypatch):
         torch.set_num_threads(2)
         assert _common.row_chunk_bytes("cpu") == _common.PARALLEL_CHUNK_BYTES
         assert list(_common.row_chunks(16384, 10240, "cpu")) == [slice(0, 16384)]
-        monkeypatch.setenv("POSENC_FAST_CHUNK_BYTES", "4096")
+        monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", 4096)
         assert _common.row_chunk_bytes("cpu") == 4096
     finally:
         torch.set_num_threads(before)

@@ -422,9 +422,8 @@ def test_needs_selects_outputs():
 
 @needs_ext
 @pytest.mark.parametrize("shape", [(13, 16, 32, 5, 2), BIG], ids=["chunked", "split"])
-def test_deterministic_and_thread_count_independent(shape, monkeypatch):
+def test_deterministic_and_thread_count_independent(shape, cpu_teams):
     # Teams really run, even on a busy machine (csrc/cpu/parallel.h: contention fallback).
-    monkeypatch.setenv("POSENC_FAST_CPU_ALWAYS_TEAM", "1")
     S, d, H, L, n = shape
     args = floater_inputs(FloaterCase(S, d, H, L), torch.float32, "cpu", seed=6)
     grad = torch.randn((S, L, d), generator=torch.Generator().manual_seed(1))
@@ -445,12 +444,11 @@ def test_deterministic_and_thread_count_independent(shape, monkeypatch):
 
 @needs_ext
 @pytest.mark.parametrize("method", ["rk38", "midpoint", "euler"])
-def test_team_results_independent_of_team_size(method, monkeypatch):
+def test_team_results_independent_of_team_size(method, cpu_teams):
     """Large dynamics run on a team of threads, each owning columns of every layer (packed
     weight panels, swept in alternating order): teams of 1, 2 and 3 members (uneven
     splits, partial vectors at d = 300) give bitwise the same results, with the stage
     values kept or recomputed, and match the loop."""
-    monkeypatch.setenv("POSENC_FAST_CPU_ALWAYS_TEAM", "1")  # teams even on a busy machine
     S, d, H, L, n = 5, 300, 270, 3, 2
     args = floater_inputs(FloaterCase(S, d, H, L), torch.float32, "cpu", seed=21)
     grad = torch.randn((S, L, d), generator=torch.Generator().manual_seed(2))

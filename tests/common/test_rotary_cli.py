@@ -23,8 +23,7 @@ def _module(name):
 def _bench_args(**kw):
     args = dict(device="cpu", quick=True, ops="rotary", modes="fwd,fwd+bwd",
                 floater_sizes=None, json=None, plot=None, no_compile=True,
-                max_autotune=False, compile_timeout=300.0, min_time=0.01, threads="1",
-                contention=False)  # fmt: skip
+                max_autotune=False, compile_timeout=300.0, min_time=0.01, threads="1")  # fmt: skip
     args.update(kw)
     return Namespace(**args)
 

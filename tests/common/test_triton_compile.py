@@ -8,7 +8,7 @@ interpreter must be off there. It takes minutes of CPU and its answer depends on
 triton_kernels/ and the Triton version, so the suite leaves it to tools/checked_sources.py
 (the check "triton"), which runs it whenever those changed since its last recorded pass;
 POSENC_FAST_COMPILE_TEST=1 runs it here. The full report (every configuration, sm_80 ..
-sm_120) is `python -m posenc_fast.triton_kernels.compile_report`.
+sm_120) is `python tools/triton_compile_report.py`.
 """
 
 import os
@@ -18,6 +18,8 @@ import sys
 import pytest
 
 triton = pytest.importorskip("triton")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
@@ -34,7 +36,7 @@ def test_kernels_compile_for_sm80_and_sm90_without_approximate_trig(tmp_path):
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     report_json = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "posenc_fast.triton_kernels.compile_report", "--quick",
+        [sys.executable, os.path.join(ROOT, "tools", "triton_compile_report.py"), "--quick",
          "--arch", "80,90", "--json", str(report_json)],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
@@ -57,10 +59,9 @@ def test_kernels_compile_for_sm80_and_sm90_without_approximate_trig(tmp_path):
 def test_gpu_benchmark_script_dry_run(tmp_path):
     """benchmarks/lff_gpu.py must run unchanged on the H200: its CPU dry run (interpreter,
     tiny sizes) exercises every code path but the CUDA-only timing and ceilings."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "dry.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(root, "benchmarks", "lff_gpu.py"), "--dry-run",
+        [sys.executable, os.path.join(ROOT, "benchmarks", "lff_gpu.py"), "--dry-run",
          "--cases", "canonical", "--modes", "fwd,bwd", "--out", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -44,17 +44,19 @@ RESIDENT, VECTORS_FROM_L2, HALF_RESIDENT = 1, 2, 4
 NO_TIMES = (1, 1, 1, 1, 1, 0)  # every gradient but the times': the taped backward
 ALL = (1,) * 6
 
-# Extra compiler flags of the emulator, e.g. "-fsanitize=thread -g" (tools/check_sanitizers.sh
-# runs these tests so: a data race between emulated CUDA threads, blocks or teams is then a
-# failed case, with ThreadSanitizer's report).
-FLAGS_ENV = "POSENC_FAST_EMULATION_CXXFLAGS"
+EMULATION = ROOT / "tools" / "cuda_emulation"
 
 
-def _build(tmp_path_factory, threads):
+def _build(tmp_path_factory, threads, extra_flags: str = ""):
+    """The emulator, from outside the CUDA sources: its header force-included (the hooks of
+    csrc/floater/floater_cuda_hooks.h, blocks of ``threads``) and its stand-ins for the
+    CUDA headers first on the include path; ``extra_flags``: pytest's --emulation-cxxflags
+    (tools/check_sanitizers.sh: "-fsanitize=thread -g", a data race between emulated CUDA
+    threads, blocks or teams is then a failed case, with ThreadSanitizer's report)."""
     exe = tmp_path_factory.mktemp("emu") / f"emulate_floater_{threads}"
     cmd = [
         CXX,
-        f"-DPOSENC_FAST_CUDA_THREADS={threads}",
+        f"-DFLOATER_CUDA_THREADS={threads}",
         "-std=c++20",
         "-O1",
         "-pthread",
@@ -62,14 +64,16 @@ def _build(tmp_path_factory, threads):
         "-Werror",
         "-Wno-unknown-pragmas",
         "-Wno-unused-function",
+        "-include",
+        str(EMULATION / "cuda_emulation.h"),
+        "-I",
+        str(EMULATION / "include"),
         "-I",
         str(ROOT / "csrc"),
-        "-I",
-        str(ROOT / "tools" / "cuda_emulation"),
-        str(ROOT / "tools" / "cuda_emulation" / "emulate_floater.cpp"),
+        str(EMULATION / "emulate_floater.cpp"),
         "-o",
         str(exe),
-        *shlex.split(os.environ.get(FLAGS_ENV, "")),
+        *shlex.split(extra_flags),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -77,10 +81,15 @@ def _build(tmp_path_factory, threads):
 
 
 @pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
+def emulation_flags(request):
+    return request.config.getoption("--emulation-cxxflags")
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory, emulation_flags):
     """Blocks of 64 threads: every code path, a quarter of the host threads (this kind of
     machine is shared; a case spawns blocks x threads std::threads)."""
-    return _build(tmp_path_factory, 64)
+    return _build(tmp_path_factory, 64, emulation_flags)
 
 
 def run_emulated(exe, tmp, case, seed, needs=NO_TIMES, env=None, check=True):
@@ -288,9 +297,9 @@ def test_emulated_race_checker_catches_a_missing_barrier(emulator, tmp_path, cas
     assert r.returncode != 0 and "emulated device: race" in r.stderr, r.stderr[-2000:]
 
 
-def test_emulated_cuda_kernels_256_threads(tmp_path_factory, tmp_path):
+def test_emulated_cuda_kernels_256_threads(tmp_path_factory, tmp_path, emulation_flags):
     """The real block size (the products' splits depend on it)."""
-    exe = _build(tmp_path_factory, 256)
+    exe = _build(tmp_path_factory, 256, emulation_flags)
     check_case(exe, tmp_path, CASES[4])
 
 

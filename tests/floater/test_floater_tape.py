@@ -31,9 +31,8 @@ def ops():
 
 
 @pytest.fixture
-def teams(monkeypatch):
+def teams(cpu_teams):
     """Teams of two really run, even on a busy machine (csrc/cpu/parallel.h)."""
-    monkeypatch.setenv("POSENC_FAST_CPU_ALWAYS_TEAM", "1")
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     yield

@@ -8,7 +8,13 @@
 // cluster_group::block_rank() and map_shared_rank() (distributed shared memory: the same
 // offset in another block's shared memory) behave as on sm_90.
 //
-// Race checker. Every access the kernels route through emu::checked_load / checked_store
+// How it reaches the kernels: it is force-included before csrc/floater/floater_cuda.cu
+// (-include cuda_emulation.h), defines the hooks of csrc/floater/floater_cuda_hooks.h and
+// stands in for the CUDA headers (include/: cuda_runtime.h, cooperative_groups.h and
+// cuda_pipeline.h, which find everything here): the runtime's launch calls start the
+// emulated threads, __ldcg / __stcg / cp.async are plain copies.
+//
+// Race checker. Every access the kernels announce through the hook FLOATER_CUDA_ACCESS
 // (the exchange buffers: floater_cuda_team.cuh) is checked against the happens-before
 // order the barriers give: a shadow record per 4-byte word keeps its last write (thread,
 // block, and the writer's arrival counts at block and team level) and the reads since.
@@ -22,7 +28,7 @@
 // checker notices).
 //
 // What it cannot check: the GPU memory model beyond barrier order (ld.global.cg, L1
-// staleness), accesses not routed through the checked functions, timing, occupancy,
+// staleness), accesses not announced through the hook, timing, occupancy,
 // register or shared-memory limits. Used by tests/floater/test_extension_cuda_emulation.py
 // through emulate_floater.cpp.
 #pragma once
@@ -38,7 +44,15 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+// The hooks of csrc/floater/floater_cuda_hooks.h (FLOATER_CUDA_THREADS: the build sets it).
+#define FLOATER_CUDA_DYNAMIC_SMEM(name) unsigned char* name = ::emu::ctx().smem
+#define FLOATER_CUDA_ACCESS(p, bytes, write) ::emu::check(p, bytes, write)
+#define FLOATER_CUDA_EXCHANGE_BUFFER(p, bytes) ::emu::track(p, bytes)
+#define FLOATER_CUDA_NO_INLINE_PTX 1
 
 #define __global__
 #define __device__
@@ -203,9 +217,10 @@ inline Checker& checker() {
   static Checker c;
   return c;
 }
-// Track [p, p + bytes): shadow records from now on (fresh: nothing written).
+// Track [p, p + bytes): shadow records from now on (fresh: nothing written), until the
+// launch ends.
 inline void track(const void* p, size_t bytes) {
-  if (bytes == 0) return;
+  if (p == nullptr || bytes == 0) return;
   auto r = std::make_unique<Region>();
   r->begin = reinterpret_cast<uintptr_t>(p);
   r->end = r->begin + bytes;
@@ -271,16 +286,6 @@ inline void check(const void* p, size_t bytes, bool write) {
     }
   }
 }
-template <typename T>
-inline T checked_load(const T* p) {
-  check(p, sizeof(T), false);
-  return *p;
-}
-template <typename T>
-inline void checked_store(T* p, T v) {
-  check(p, sizeof(T), true);
-  *p = v;
-}
 
 // ---------------------------------------------------------------------------- barriers
 inline void block_barrier() {
@@ -318,7 +323,6 @@ inline thread_local emu::uint3_ threadIdx{0, 0, 0};
 inline thread_local emu::uint3_ blockIdx{0, 0, 0};
 inline thread_local dim3 blockDim;
 inline thread_local dim3 gridDim;
-#define PF_DYNAMIC_SMEM(name) unsigned char* name = ::emu::ctx().smem
 
 inline void __syncthreads() { emu::block_barrier(); }
 inline void __trap() { std::abort(); }
@@ -330,6 +334,16 @@ template <typename T>
 inline void __stcg(T* p, T v) {
   *p = v;
 }
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(16) double2 {
+  double x, y;
+};
+// cp.async: a plain copy, complete at once
+inline void __pipeline_memcpy_async(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+inline void __pipeline_commit() {}
+inline void __pipeline_wait_prior(size_t) {}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 
@@ -379,14 +393,17 @@ inline cluster_group this_cluster() { return {}; }
 
 namespace emu {
 
-// Run a persistent kernel: one std::thread per CUDA thread; mode 1 (cluster) gives each
-// group of C consecutive blocks its own team barrier and a cluster of C, mode 2 (grid) one
-// barrier for all. Every block's shared memory is tracked by the race checker (besides
-// the regions track() registered), and starts poisoned.
-template <typename P>
-cudaError_t launch(void (*kernel)(const P), int mode, int C, dim3 grid, dim3 block, size_t smem, P& p) {
+// Run a kernel: one std::thread per CUDA thread, each calling run(); mode 1 (cluster)
+// gives each group of C consecutive blocks its own team barrier and a cluster of C, mode 2
+// (grid) one barrier for all. Every block's shared memory is tracked by the race checker
+// (besides the regions track() registered), and starts poisoned.
+template <typename Run>
+cudaError_t launch(const Run& run, int mode, int C, dim3 grid, dim3 block, size_t smem) {
   const unsigned nb = grid.x, nt = block.x;
-  if (nt % 32 != 0 || (mode == 1 && nb % C != 0)) return cudaErrorInvalidConfiguration;
+  if (nb == 0 || nt % 32 != 0 || (mode == 1 && nb % C != 0)) {
+    untrack_all();
+    return cudaErrorInvalidConfiguration;
+  }
   std::vector<std::unique_ptr<std::barrier<>>> blocks, warps, teams;
   for (unsigned b = 0; b < nb; ++b) blocks.emplace_back(new std::barrier<>(nt));
   for (unsigned w = 0; w < nb * nt / 32; ++w) warps.emplace_back(new std::barrier<>(32));
@@ -423,7 +440,7 @@ cudaError_t launch(void (*kernel)(const P), int mode, int C, dim3 grid, dim3 blo
         c.smem = bases[b];
         c.smem_of = &bases;
         c.skip_team = skip_team;
-        kernel(p);
+        run();
       });
     }
   }
@@ -432,19 +449,30 @@ cudaError_t launch(void (*kernel)(const P), int mode, int C, dim3 grid, dim3 blo
   return cudaSuccess;
 }
 
-// A kernel without barriers: run every thread in turn.
-template <typename... A, typename... B>
-cudaError_t launch_simple(void (*kernel)(A...), dim3 grid, dim3 block, B... args) {
-  for (unsigned b = 0; b < grid.x; ++b) {
-    for (unsigned t = 0; t < block.x; ++t) {
-      threadIdx = {t, 0, 0};
-      blockIdx = {b, 0, 0};
-      blockDim = block;
-      gridDim = grid;
-      kernel(args...);
-    }
-  }
-  return cudaSuccess;
+// kernel(*args[0], *args[1], ...): the arguments as the runtime's launch calls take them.
+template <typename... A, size_t... I>
+void call_with(void (*kernel)(A...), void** args, std::index_sequence<I...>) {
+  kernel(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(args[I])...);
 }
 
 }  // namespace emu
+
+// The runtime's typed launch calls (what floater_cuda.cu calls): blocks on their own (a
+// plain launch), a cooperative grid (one team), clusters of the configuration's size.
+template <typename... A>
+cudaError_t cudaLaunchKernel(void (*kernel)(A...), dim3 grid, dim3 block, void** args, size_t smem = 0,
+                             cudaStream_t = nullptr) {
+  return emu::launch([&] { emu::call_with(kernel, args, std::index_sequence_for<A...>{}); }, 0, 1, grid, block,
+                     smem);
+}
+template <typename... A>
+cudaError_t cudaLaunchCooperativeKernel(void (*kernel)(A...), dim3 grid, dim3 block, void** args, size_t smem = 0,
+                                        cudaStream_t = nullptr) {
+  return emu::launch([&] { emu::call_with(kernel, args, std::index_sequence_for<A...>{}); }, 2, 1, grid, block,
+                     smem);
+}
+template <typename... E, typename... Act>
+cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(E...), Act&&... args) {
+  const int C = cfg->numAttrs ? static_cast<int>(cfg->attrs[0].val.clusterDim.x) : 1;
+  return emu::launch([&] { kernel(args...); }, 1, C, cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes);
+}

@@ -13,7 +13,8 @@
 // OUT: float64 arrays out, dp0, dw1, db1, dw2, db2, dtimes (zeros where not needed), then
 // the tape (its stage values, the CPU tape's layout).
 // The weight gradients' GEMMs (GradSink: ATen on a GPU) are loops here, in the same order.
-#define POSENC_FAST_CUDA_EMULATION 1
+// Built with cuda_emulation.h force-included (-include) and include/ before the system's
+// headers: tests/floater/test_extension_cuda_emulation.py has the command.
 #include "floater/floater_cuda.cu"
 
 #include <fstream>

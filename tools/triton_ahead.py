@@ -1,57 +1,86 @@
-"""Compile the Triton kernels ahead of time, for a GPU that is not here."""
+"""Compile posenc_fast's Triton kernels ahead of time, for a GPU that is not here.
+
+    python tools/triton_ahead.py run --record R.jsonl [--log L.jsonl] -- COMMAND ...
+    python tools/triton_ahead.py compile R.jsonl ... --arch 90 --sm-count 132 \\
+        [--benchmarks benchmarks/lff_gpu.py ...] [--manifest M.json]
+    python tools/triton_ahead.py check M.json [--arch 90]
+    python tools/triton_ahead.py relocate CACHE_DIR
+    python tools/triton_ahead.py pack CACHE_DIR ARCHIVE.tar.gz
+
+Why: a GPU is lent rarely and for minutes, and compiling Triton kernels there cost the first
+GPU run most of its verify stage. Triton compiles for any NVIDIA target without a GPU (its
+bundled ptxas makes the cubin); what it cannot know without one is *which* kernels a run
+needs: each launch's specialisation (dtypes, constexprs, 16-byte alignment of pointers,
+divisibility by 16 of integers, the configurations an autotuner offers) is part of the
+cache key. So the launches are recorded where a run makes them and replayed for the target.
+Everything here reaches into the package from outside; the package knows nothing of it:
+
+record   ``run --record FILE -- COMMAND``: every call of a launcher of posenc_fast's Triton
+         kernels (the public ``*_fwd`` / ``*_bwd`` functions of the LAUNCHER_MODULES in
+         posenc_fast.triton_kernels, wrapped when their module is imported) appends one JSON
+         line, its name and arguments (tensors as shape, strides, dtype and storage offset),
+         in COMMAND's Python processes and their children: the folder triton_ahead_hooks/
+         goes first on PYTHONPATH, and its sitecustomize installs the hooks where
+         TRITON_AHEAD_RECORD / TRITON_AHEAD_LOG name files (benchmarks/gpu_validate.sh sets
+         them for every stage). On the CPU under the interpreter (the verify cases, the
+         tests a GPU run selects) or on the GPU itself (for the next time).
+log      ``run --log FILE``: every Triton compilation, a hit or a miss of the cache, appends
+         one JSON line (Triton's compilation listener; benchmarks/summarize_gpu.py counts
+         them), so a run shows what it still compiled.
+compile  each recorded call again on `meta` tensors (no data, no arithmetic), Triton's
+         driver replaced by a stand-in for the target and posenc_fast's questions about the
+         device (the dispatcher's device test, the launchers' SM count, name and
+         architecture) answered for it: every kernel, in every configuration its autotuner
+         may offer there, compiles into TRITON_CACHE_DIR without being launched or timed,
+         with its C launcher. The same for what the GPU benchmarks call (``--benchmarks``:
+         each script's ``triton_calls(device)``).
+
+A cache entry is found on the GPU machine when its key matches there: the kernel's source,
+the specialisation, the options, the backend's hash (ptxas version and arch),
+``triton_key()`` (Triton's own sources and libtriton) and the cache-invalidating
+environment. ``compile`` writes the last three of this install into a manifest; ``check``
+compares them with the GPU machine's. Group files in the cache hold absolute paths:
+``relocate`` rewrites them for the directory the cache is unpacked into.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib
+import importlib.abc
 import importlib.util
 import json
 import os
+import re
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Callable
 
-import torch
+# (nothing here imports torch or triton at module level: the startup hook imports this
+# module in every Python process of a recorded run)
 
-from . import _env
-
-# Why: a GPU is lent rarely and for minutes, and compiling Triton kernels there cost the first
-# GPU run most of its verify stage. Triton compiles for any NVIDIA target without a GPU (its
-# bundled ptxas makes the cubin); what it cannot know without one is *which* kernels a run
-# needs: each launch's specialisation (dtypes, constexprs, 16-byte alignment of pointers,
-# divisibility by 16 of integers, the configurations an autotuner offers) is part of the
-# cache key. So the launches are recorded where a run makes them and replayed for the target:
-#
-# record   POSENC_FAST_TRITON_RECORD=<file>: every call of a launcher (``lff_fwd``,
-#          ``encoding_fwd``, ...) appends one JSON line, its name and arguments (tensors as
-#          shape, strides, dtype and storage offset). On the CPU under the interpreter (the
-#          verify cases, the tests a GPU run selects) or on the GPU itself (for the next time).
-# compile  ``python -m posenc_fast.triton_kernels.ahead compile --arch 90 --sm-count 132
-#          RECORDS...``: each recorded call again on `meta` tensors (no data, no arithmetic),
-#          Triton's driver replaced by a stand-in for the target: every kernel, in every
-#          configuration its autotuner may offer there, compiles into TRITON_CACHE_DIR
-#          without being launched or timed, with its C launcher. The same for what the GPU
-#          benchmarks call (``--benchmarks``: each script's ``triton_calls(device)``).
-# log      POSENC_FAST_TRITON_LOG=<file>: every compilation, a hit or a miss of the cache,
-#          appends one JSON line (benchmarks/summarize_gpu.py counts them), so a run shows
-#          what it still compiled.
-#
-# A cache entry is found on the GPU machine when its key matches there: the kernel's source,
-# the specialisation, the options, the backend's hash (ptxas version and arch),
-# ``triton_key()`` (Triton's own sources and libtriton) and the cache-invalidating
-# environment. ``compile`` writes the last three of this install into a manifest; ``check``
-# compares them with the GPU machine's. Group files in the cache hold absolute paths:
-# ``relocate`` rewrites them for the directory the cache is unpacked into.
-
+HERE = os.path.dirname(os.path.abspath(__file__))
+HOOKS_DIR = os.path.join(HERE, "triton_ahead_hooks")  # its sitecustomize.py
+RECORD_ENV, LOG_ENV = "TRITON_AHEAD_RECORD", "TRITON_AHEAD_LOG"
 RECORD_VERSION = 1
+PACKAGE = "posenc_fast.triton_kernels"
+# The modules whose public ``*_fwd`` / ``*_bwd`` functions are the launchers the registries
+# call (tests/common/test_triton_ahead.py checks that every op's Triton path is recorded).
+LAUNCHER_MODULES = ("encodings", "lff_backward", "lff_forward", "lff_gemm", "rotary")
+_LAUNCHER_NAME = re.compile(r"^[a-z]\w*_(fwd|bwd)$")
 
 # ---------------------------------------------------------------- recording
 
 
 def encode(value):
     """A launcher argument as JSON: tensors by their layout, never their values."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return {
             "tensor": {
@@ -74,6 +103,8 @@ def encode(value):
 def decode(value, device: str = "meta"):
     """The argument :func:`encode` described, with tensors of that layout on ``device``
     (their values are not recorded: random where the device holds data)."""
+    import torch
+
     if isinstance(value, dict):
         if "tensor" in value:
             t = value["tensor"]
@@ -97,62 +128,147 @@ def decode(value, device: str = "meta"):
     return value
 
 
-_seen: set[str] = set()
-_lock = threading.Lock()
+def launcher_names(module) -> list[str]:
+    """The launchers a launcher module defines: its public ``*_fwd`` / ``*_bwd`` functions."""
+    return sorted(
+        name
+        for name, fn in vars(module).items()
+        if _LAUNCHER_NAME.match(name)
+        and callable(fn)
+        and getattr(fn, "__module__", None) == module.__name__
+    )
 
 
-def recorded(name: str, fn: Callable) -> Callable:
-    """``fn`` (the launcher ``name``, "triton_kernels.lff_forward:lff_fwd") writing each of
-    its calls with new arguments to the file POSENC_FAST_TRITON_RECORD names, one JSON line
-    per call, appended (several processes may share the file)."""
+class Recorder:
+    """Writes each launcher call with new arguments to ``path``, one JSON line per call,
+    appended (several processes may share the file). Only the outermost launcher of a call
+    is written (a launcher calling another is replayed whole)."""
 
-    def call(*args):
-        path = _env.recording()
-        if path:
+    def __init__(self, path: str):
+        self.path = path
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._depth = threading.local()
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        """``fn``, the launcher ``name`` ("triton_kernels.lff_forward:lff_fwd"), recording."""
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            depth = getattr(self._depth, "n", 0)
+            if depth == 0:
+                self.write(name, args, kwargs)
+            self._depth.n = depth + 1
             try:
-                rec = {"v": RECORD_VERSION, "launcher": name, "args": [encode(a) for a in args]}
-                # whether the autotuners offered all their configurations or only the first
-                rec["autotune"] = _env.autotune_enabled()
-                line = json.dumps(rec, sort_keys=True)
-            except TypeError as exc:
-                line = None
-                print(f"posenc_fast: not recorded: {name}: {exc}", file=sys.stderr)
-            if line is not None:
-                with _lock:
-                    new = line not in _seen
-                    _seen.add(line)
-                if new:
-                    with open(path, "a") as f:
-                        f.write(line + "\n")
-        return fn(*args)
+                return fn(*args, **kwargs)
+            finally:
+                self._depth.n = depth
 
-    call.__name__ = call.__qualname__ = getattr(fn, "__name__", name)
-    return call
+        call.__wrapped_launcher__ = fn
+        return call
 
+    def write(self, name: str, args: tuple, kwargs: dict) -> None:
+        from posenc_fast.triton_kernels import _env
 
-def record_tuned(kernel: str, arch: int, key: str, config: str) -> None:
-    """Write down an autotuner's choice (measured on a GPU) with the launcher calls:
-    ``tuned`` merges such lines into triton_kernels/tuned.json."""
-    path = _env.recording()
-    if path:
-        # compiling ahead "chooses" the first configuration, timing nothing: not a measurement
-        measured = _env.compile_target() is None
-        line = json.dumps({"v": RECORD_VERSION, "tuned": kernel, "arch": arch, "key": key,
-                           "config": config, "measured": measured}, sort_keys=True)  # fmt: skip
-        with _lock, open(path, "a") as f:
-            f.write(line + "\n")
+        try:
+            rec = {"v": RECORD_VERSION, "launcher": name, "args": [encode(a) for a in args]}
+            if kwargs:
+                rec["kwargs"] = {k: encode(v) for k, v in kwargs.items()}
+            # whether the autotuners offered all their configurations or only the first
+            rec["autotune"] = _env.autotune_enabled()
+            line = json.dumps(rec, sort_keys=True)
+        except TypeError as exc:
+            print(f"triton_ahead: not recorded: {name}: {exc}", file=sys.stderr)
+            return
+        with self._lock:
+            if line in self._seen:
+                return
+            self._seen.add(line)
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
 
 
-def merge_tuned(records: Iterable[dict], table: dict) -> int:
-    """Add the autotuner choices among ``records`` to ``table`` ({"sm_90": {kernel: {key:
-    configuration}}}); the last record of a key wins. Returns how many were added."""
-    n = 0
-    for rec in records:
-        if "tuned" in rec and rec.get("measured"):
-            kernels = table.setdefault(f"sm_{rec['arch']}", {})
-            kernels.setdefault(rec["tuned"], {})[rec["key"]] = rec["config"]
-            n += 1
-    return n
+def record_launchers(module, recorder: Recorder) -> list[str]:
+    """Replace ``module``'s launchers by recording wrappers (the registries and the plans
+    look them up on the module at each call). Returns their names."""
+    names = launcher_names(module)
+    short = module.__name__.removeprefix("posenc_fast.")
+    for name in names:
+        fn = getattr(module, name)
+        if not hasattr(fn, "__wrapped_launcher__"):
+            setattr(module, name, recorder.wrap(f"{short}:{name}", fn))
+    return names
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``actions[name](module)`` right after the module ``name`` is executed."""
+
+    def __init__(self, actions: dict[str, Callable]):
+        self.actions = actions
+
+    def find_spec(self, name, path, target=None):
+        action = self.actions.get(name)
+        if action is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None:
+            spec.loader = _Then(spec.loader, action)
+        return spec
+
+
+class _Then(importlib.abc.Loader):
+    """A loader that runs an action after the real loader executed the module."""
+
+    def __init__(self, loader, action):
+        self._loader, self._action = loader, action
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._action(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, ...: the real loader's
+        return getattr(self._loader, name)
+
+
+def install_hooks(record: str | None = None, log: str | None = None) -> None:
+    """In this process: record every launcher call to ``record``, log every Triton
+    compilation to ``log`` (either may be None). Modules already imported are patched now,
+    the others when they are imported."""
+    actions: dict[str, Callable] = {}
+    if record:
+        recorder = Recorder(record)
+        for short in LAUNCHER_MODULES:
+            actions[f"{PACKAGE}.{short}"] = lambda m, r=recorder: record_launchers(m, r)
+    if log:
+        # posenc_fast's kernels import triton through _launch: the listener goes in then
+        actions[f"{PACKAGE}._launch"] = lambda m: install_log(log)
+    for name, action in list(actions.items()):
+        if name in sys.modules:
+            action(sys.modules[name])
+            del actions[name]
+    if actions:
+        sys.meta_path.insert(0, _AfterImport(actions))
+
+
+def hook_environment(record: str | None, log: str | None, env=None) -> dict:
+    """``env`` (default os.environ) for a command whose Python processes install the hooks."""
+    env = dict(os.environ if env is None else env)
+    path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = HOOKS_DIR + (os.pathsep + path if path else "")
+    for var, value in ((RECORD_ENV, record), (LOG_ENV, log)):
+        if value:
+            env[var] = os.path.abspath(value)
+    return env
 
 
 def read_records(paths: Iterable[str]) -> list[dict]:
@@ -234,6 +350,7 @@ def _total_us(times) -> int | None:
 def _target_driver(arch: int):
     """A stand-in for Triton's CUDA driver that answers for a GPU that is not here: its
     target is sm_``arch``, device 0, stream 0; it cannot launch or time anything."""
+    import torch
     from triton.backends.compiler import GPUTarget
     from triton.backends.driver import DriverBase
 
@@ -297,7 +414,10 @@ def _stub_libcuda(folder: str) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             src = os.path.join(tmp, "libcuda_stub.c")
             with open(src, "w") as f:
-                f.write("/* not the CUDA driver: link and load targets only (ahead.py) */\n" + body)
+                f.write(
+                    "/* not the CUDA driver: link and load targets only (triton_ahead.py) */\n"
+                    + body
+                )
             out = os.path.join(tmp, "libcuda.so.1")
             subprocess.check_call(
                 ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", out, src]
@@ -306,6 +426,61 @@ def _stub_libcuda(folder: str) -> str:
     # A loaded object with the soname libcuda.so.1 satisfies the launchers' dependency.
     ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     return folder
+
+
+@contextlib.contextmanager
+def meta_stands_for(arch: int, sm_count: int, name: str) -> Iterator[None]:
+    """Within: posenc_fast takes `meta` tensors for the target GPU's. The dispatcher lets
+    the triton backend run them (its environment test and the devices of its SUPPORT
+    tables), and the launchers' questions about their device (``_launch.sm_count``,
+    ``_launch.device_name``, ``_configs.device_arch``, wherever imported) get the target's
+    answers; other devices get the usual ones. Everything is restored afterwards."""
+    import dataclasses
+
+    import torch
+    from posenc_fast.triton_kernels import _configs, _launch
+
+    import posenc_fast  # noqa: F401  (every op's registry)
+    from posenc_fast import _dispatch
+
+    def meta(device) -> bool:
+        return torch.device(device).type == "meta"
+
+    sm, gpu, cc = _launch.sm_count, _launch.device_name, _configs.device_arch
+    answers = {
+        id(sm): (sm, lambda device: sm_count if meta(device) else sm(device)),
+        id(gpu): (gpu, lambda device: name if meta(device) else gpu(device)),
+        id(cc): (cc, lambda device: arch if meta(device) else cc(device)),
+    }
+    patched = []  # (module, attribute, original)
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("posenc_fast"):
+            continue
+        for attr, value in list(vars(module).items()):
+            original, answer = answers.get(id(value), (None, None))
+            if original is not None and value is original:
+                setattr(module, attr, answer)
+                patched.append((module, attr, original))
+    backend = _dispatch.BACKENDS["triton"]
+    saved_backend = (backend.environment_reasons, backend.auto_devices)
+    backend.environment_reasons = list  # no reason against it
+    if backend.auto_devices is not None:
+        backend.auto_devices = (*backend.auto_devices, "meta")
+    saved_support = []
+    for registry in _dispatch.REGISTRIES.values():
+        impl = registry.get("triton")
+        devices = impl.support.devices if impl is not None else None
+        if devices is not None and "meta" not in devices:
+            saved_support.append((impl, impl.support))
+            impl.support = dataclasses.replace(impl.support, devices=(*devices, "meta"))
+    try:
+        yield
+    finally:
+        for impl, support in saved_support:
+            impl.support = support
+        backend.environment_reasons, backend.auto_devices = saved_backend
+        for module, attr, original in patched:
+            setattr(module, attr, original)
 
 
 class Compiled:
@@ -324,11 +499,16 @@ def compiling_for(
     arch: int, sm_count: int, launchers: bool = True, name: str = "NVIDIA H200"
 ) -> Iterator[Compiled]:
     """Within: Triton compiles every kernel the launchers run for sm_``arch`` into its
-    cache and launches nothing; `meta` tensors stand for the target's (``_env``); every
-    configuration an autotuner may offer there is compiled, none is timed (the first is
-    "chosen"). With ``launchers``, each kernel's C launcher is built into the cache too."""
+    cache and launches nothing; `meta` tensors stand for the target's
+    (:func:`meta_stands_for`); every configuration an autotuner may offer there is
+    compiled, none is timed (the first is "chosen"). With ``launchers``, each kernel's C
+    launcher is built into the cache too. Autotuners built within keep their stand-in
+    timing: run it in a process of its own (the ``compile`` command)."""
+    from posenc_fast.triton_kernels import _env
+
     if _env.interpreter_enabled():
         raise RuntimeError("compiling ahead needs TRITON_INTERPRET unset (it compiles nothing)")
+    from triton import knobs
     from triton.runtime import autotuner as tuner_module
     from triton.runtime import jit as jit_module
     from triton.runtime.driver import driver
@@ -359,8 +539,6 @@ def compiling_for(
         self.fn.run(*args, **{**meta, **config.all_kwargs()})
         return [0.0, 0.0, 0.0]
 
-    from triton import knobs
-
     listener = knobs.compilation.listener
 
     def count(*, cache_hit, **kwargs):
@@ -376,13 +554,12 @@ def compiling_for(
     driver.set_active(_target_driver(arch))
     jit_module.JITFunction.run = compile_only
     tuner_module.Autotuner._bench = no_timing
-    _env.set_compile_target({"arch": arch, "sm_count": sm_count, "name": name})
     try:
-        if launchers:
-            _build_driver_utils(compiled)
-        yield compiled
+        with meta_stands_for(arch, sm_count, name):
+            if launchers:
+                _build_driver_utils(compiled)
+            yield compiled
     finally:
-        _env.set_compile_target(None)
         jit_module.JITFunction.run, tuner_module.Autotuner._bench = run, bench
         driver._active = previous
         knobs.compilation.listener = listener
@@ -422,7 +599,9 @@ def replay(record: dict) -> None:
     saved = os.environ.get("POSENC_FAST_TRITON_AUTOTUNE")
     os.environ["POSENC_FAST_TRITON_AUTOTUNE"] = "1" if record.get("autotune", True) else "0"
     try:
-        launcher(record["launcher"])(*[decode(a, "meta") for a in record["args"]])
+        args = [decode(a, "meta") for a in record["args"]]
+        kwargs = {k: decode(v, "meta") for k, v in record.get("kwargs", {}).items()}
+        launcher(record["launcher"])(*args, **kwargs)
     finally:
         os.environ["POSENC_FAST_TRITON_AUTOTUNE"] = saved if saved is not None else "1"
 
@@ -613,13 +792,31 @@ def _compile_main(args) -> int:
     return 1 if manifest["failures"] else 0
 
 
+def _run_main(args) -> int:
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    if not command:
+        print("ahead run: give the command after --", file=sys.stderr)
+        return 2
+    if not (args.record or args.log):
+        print("ahead run: --record and/or --log", file=sys.stderr)
+        return 2
+    return subprocess.call(command, env=hook_environment(args.record, args.log))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m posenc_fast.triton_kernels.ahead", description=__doc__.split("\n\n")[0]
+        prog="python tools/triton_ahead.py", description=__doc__.split("\n\n")[0]
     )
     sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser(
+        "run",
+        help="run a command whose Python processes record launcher calls / log compilations",
+    )
+    r.add_argument("--record", help="append every launcher call here (JSON lines)")
+    r.add_argument("--log", help="append every Triton compilation here (JSON lines)")
+    r.add_argument("command_line", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     c = sub.add_parser("compile", help="compile recorded calls for a target into TRITON_CACHE_DIR")
-    c.add_argument("records", nargs="*", help="record files (POSENC_FAST_TRITON_RECORD)")
+    c.add_argument("records", nargs="*", help="record files (run --record)")
     c.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90)")
     c.add_argument("--sm-count", type=int, default=132, help="the target's SMs (H200: 132)")
     c.add_argument("--device-name", default="NVIDIA H200", help="the target's name, as torch's")
@@ -631,13 +828,12 @@ def main(argv=None) -> int:
     k.add_argument("--arch", type=int, help="default: the manifest's")
     r = sub.add_parser("relocate", help="point a cache's group files at the folder it lies in")
     r.add_argument("cache_dir")
-    t = sub.add_parser("tuned", help="merge the autotuner choices GPU runs recorded into a table")
-    t.add_argument("records", nargs="+")
-    t.add_argument("--into", required=True, help="the table (triton_kernels/tuned.json)")
     a = sub.add_parser("pack", help="a cache's kernels and launchers, binaries only, as tar.gz")
     a.add_argument("cache_dir")
     a.add_argument("archive")
     args = p.parse_args(argv)
+    if args.command == "run":
+        return _run_main(args)
     if args.command == "compile":
         return _compile_main(args)
     if args.command == "check":
@@ -647,17 +843,6 @@ def main(argv=None) -> int:
         verdict = "MISMATCH: " + "; ".join(why) if why else "the cache matches this install"
         print("ahead check: " + verdict)
         return 1 if why else 0
-    if args.command == "tuned":
-        table = {}
-        if os.path.exists(args.into):
-            with open(args.into) as f:
-                table = json.load(f)
-        n = merge_tuned(read_records(args.records), table)
-        with open(args.into, "w") as f:
-            json.dump(table, f, indent=1, sort_keys=True)
-            f.write("\n")
-        print(f"ahead tuned: {n} choices merged into {args.into}")
-        return 0
     if args.command == "pack":
         counts = pack(args.cache_dir, args.archive)
         print(f"ahead pack: {counts['entries']} entries, {counts['files']} files, "

@@ -1,4 +1,5 @@
-"""Whether a ``bench`` run's figures can be trusted: a run on a loaded machine says so.
+"""Whether a benchmarks/cpu_lab.py run's figures can be trusted: a run on a loaded machine
+says so.
 
 Two signs, each turned into one warning line (printed under the tables and saved in the
 JSON under "reliability"):
@@ -11,9 +12,9 @@ JSON under "reliability"):
   measures for its floors (_floors), compared per setting (device, CPU model and count,
   threads, contention) with the median of the earlier runs on this machine, kept in a
   small history file in the user's cache (``$XDG_CACHE_HOME/posenc_fast/bench_floors.json``,
-  else ``~/.cache/...``; ``POSENC_FAST_BENCH_HISTORY`` names another file, ``off``
-  disables it). Below FAR_BELOW of the usual: another process took the memory bus or the
-  cores. The first run on a machine has nothing to compare with and says so.
+  else ``~/.cache/...``; the lab's ``--history`` names another file, ``off`` disables
+  it). Below FAR_BELOW of the usual: another process took the memory bus or the cores. The
+  first run on a machine has nothing to compare with and says so.
 
 Neither sign changes a timing; they only say how far to believe it.
 """
@@ -38,9 +39,9 @@ def load_average() -> float | None:
         return None
 
 
-def history_path() -> str | None:
-    """The floors' history file, or None when disabled."""
-    chosen = os.environ.get("POSENC_FAST_BENCH_HISTORY")
+def history_path(chosen: str | None = None) -> str | None:
+    """The floors' history file: ``chosen`` (--history), None when that is "off", else the
+    user cache's."""
     if chosen:
         return None if chosen.lower() == "off" else chosen
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -112,8 +113,7 @@ def assess(
 ) -> dict:
     """The run's reliability: {"reliable", "warnings", "load_start", "load_end",
     "cpu_count", "history", "compared_runs"}; adds this run's floors to the history at
-    ``path`` (default history_path())."""
-    path = history_path() if path is None else path
+    ``path`` (None: none kept)."""
     cpus = env.get("cpu_count") or os.cpu_count() or 1
     warnings = []
     if load_start is not None and load_start > cpus:

@@ -1,12 +1,18 @@
-"""bench's warning that its figures are unreliable on a loaded machine (cli/_reliability):
-the load and the floors are forced (monkeypatch, fabricated measurements), never real load."""
+"""The CPU benchmark lab (benchmarks/cpu_lab.py): bench's cases with a busy process pinned
+to one core (benchmarks/_contention.py), and its warning that its figures are unreliable on
+a loaded machine (benchmarks/_reliability.py: the load and the floors are forced here,
+monkeypatch and fabricated measurements, never real load)."""
 
 import json
-from argparse import Namespace
+import os
 
 import pytest
+import torch
+from _lab import contention as _contention
+from _lab import cpu_lab
+from _lab import reliability as _reliability
 
-from posenc_fast.cli import _cases, _reliability, bench
+from posenc_fast.cli import _cases, bench
 
 ENV = {"cpu_model": "Test CPU", "cpu_count": 2}
 
@@ -75,12 +81,11 @@ def test_history_is_bounded_and_survives_damage(tmp_path):
 
 
 def test_history_location(monkeypatch, tmp_path):
-    monkeypatch.delenv("POSENC_FAST_BENCH_HISTORY", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert _reliability.history_path() == str(tmp_path / "posenc_fast" / "bench_floors.json")
-    monkeypatch.setenv("POSENC_FAST_BENCH_HISTORY", "off")
-    assert _reliability.history_path() is None
-    r = _reliability.assess([_setting()], ENV, "cpu", None, None)
+    assert _reliability.history_path("elsewhere.json") == "elsewhere.json"
+    assert _reliability.history_path("off") is None
+    r = _reliability.assess([_setting()], ENV, "cpu", None, None, _reliability.history_path("off"))
     assert r["reliable"] and r["history"] is None and not (tmp_path / "posenc_fast").exists()
 
 
@@ -92,26 +97,71 @@ def test_unwritable_history_is_a_note_not_a_failure(tmp_path):
 
 
 @pytest.mark.parametrize("loaded", [False, True])
-def test_bench_cli_prints_and_saves_the_warning(tmp_path, monkeypatch, capsys, loaded):
-    """The real CLI path with the load average forced: the warning line in the output and
-    the "reliability" record in the JSON."""
-    monkeypatch.setenv("POSENC_FAST_BENCH_HISTORY", str(tmp_path / "h.json"))
+def test_lab_prints_and_saves_the_warning(tmp_path, monkeypatch, capsys, loaded):
+    """The lab's command line with the load average forced: the warning line in the output
+    and the "reliability" record in the JSON, the floors kept in the --history file."""
     load = 64.0 if loaded else 0.0
     monkeypatch.setattr(_reliability, "load_average", lambda: load)
     small = [_cases.encoding_case("sinusoidal", 64, 8, "cpu")]
     monkeypatch.setattr(_cases, "cases", lambda quick, device, ops: small)
-    path = tmp_path / "r.json"
-    args = Namespace(
-        device="cpu", quick=True, ops="sinusoidal", modes="fwd", floater_sizes=None,
-        json=str(path), plot=None, no_compile=True, max_autotune=False,
-        compile_timeout=300.0, min_time=0.01, threads="1", contention=False,
-    )  # fmt: skip
-    assert bench.run(args) == 0
+    path, history = tmp_path / "r.json", tmp_path / "h.json"
+    argv = ["--quick", "--ops", "sinusoidal", "--modes", "fwd", "--json", str(path), "--no-compile",
+            "--min-time", "0.01", "--threads", "1", "--history", str(history)]  # fmt: skip
+    assert cpu_lab.main(argv) == 0
     out = capsys.readouterr().out
     rel = json.loads(path.read_text())["reliability"]
     assert rel["reliable"] is not loaded and rel["load_start"] == load
+    assert rel["history"] == str(history) and history.exists()
     if loaded:
         assert "WARNING: these figures are unreliable: the load average was 64.0" in out
         assert rel["warnings"] and "64.0" in rel["warnings"][0]
     else:
         assert "WARNING" not in out and rel["warnings"] == []
+
+
+def test_lab_settings_from_flags():
+    s = cpu_lab.settings_from("1,2", contention=True)
+    assert s == [bench.Setting(1), bench.Setting(2), bench.Setting(2, True)]
+    assert s[2].context is cpu_lab.busy_process and s[0].context is None
+    one = cpu_lab.settings_from("1", contention=True)
+    assert one == [bench.Setting(1), bench.Setting(1, True)]
+    assert cpu_lab.settings_from(None, False) == [bench.Setting(torch.get_num_threads())]
+    with pytest.raises(ValueError, match="positive"):
+        cpu_lab.settings_from("0,2", False)
+
+
+@pytest.mark.skipif(len(_contention.cpus()) < 2, reason="contention mode needs 2 CPUs")
+def test_busy_process_is_pinned_and_always_stopped():
+    with _contention.busy_cpu() as proc:
+        assert proc.poll() is None
+        assert os.sched_getaffinity(proc.pid) == {_contention.cpus()[-1]}
+    assert proc.poll() is not None  # stopped when the block ends
+    with pytest.raises(KeyboardInterrupt), _contention.busy_cpu() as proc:
+        raise KeyboardInterrupt  # e.g. Ctrl-C during a measurement
+    assert proc.poll() is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(_contention.cpus()) < 2, reason="contention mode needs 2 CPUs")
+def test_lab_end_to_end_with_contention(tmp_path, monkeypatch):
+    """The lab's command line, a quiet setting and a busy one, on a shrunken size set: the
+    busy setting records its process, its rows their contention."""
+    small = [_cases.encoding_case("dft", 128, 8, "cpu")]
+    monkeypatch.setattr(_cases, "cases", lambda quick, device, ops: small)
+    path = tmp_path / "r.json"
+    argv = ["--quick", "--ops", "dft", "--modes", "fwd", "--json", str(path), "--no-compile",
+            "--min-time", "0.01", "--threads", "1", "--contention", "--history", "off"]  # fmt: skip
+    assert cpu_lab.main(argv) == 0
+    data = json.loads(path.read_text())
+    quiet, busy = data["settings"]
+    assert not quiet["contention"] and busy["contention"] and busy["threads"] == 1
+    assert busy["busy_cpu"] == _contention.cpus()[-1] and busy["busy_pid"] > 0
+    by_impl = {(r["impl"], r["contention"]): r for r in data["results"]}
+    assert by_impl[("torch", True)]["ms"] > 0 and by_impl[("torch", False)]["ms"] > 0
+    assert data["reliability"]["history"] is None
+
+
+def test_lab_refuses_contention_without_two_cpus(monkeypatch, capsys):
+    monkeypatch.setattr(_contention, "cpus", lambda: [0])
+    assert cpu_lab.main(["--quick", "--ops", "sinusoidal", "--contention"]) == 2
+    assert "--contention needs" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Compile every kernel for GPU targets without a GPU, and report its resources."""
+"""Compile posenc_fast's Triton kernels for GPU targets without a GPU, and report their
+resources."""
 
 from __future__ import annotations
 
@@ -11,27 +12,26 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from ._env import interpreter_enabled  # (does not import triton)
+from posenc_fast.triton_kernels._env import interpreter_enabled  # (does not import triton)
 
 if interpreter_enabled():
-    raise SystemExit("compile_report: unset TRITON_INTERPRET (it replaces the compiler)")
+    raise SystemExit("triton_compile_report: unset TRITON_INTERPRET (it replaces the compiler)")
 
 import triton
 import triton.language as tl
+from posenc_fast.triton_kernels import _common, _configs
+from posenc_fast.triton_kernels import encodings as enc
+from posenc_fast.triton_kernels import lff_backward_fused as bwd
+from posenc_fast.triton_kernels import lff_backward_split_k as split_k
+from posenc_fast.triton_kernels import lff_forward as fwd
+from posenc_fast.triton_kernels import lff_gemm as gemm
+from posenc_fast.triton_kernels import lff_gemm_kernels as gemm_k
+from posenc_fast.triton_kernels import rotary as rot
+from posenc_fast.triton_kernels._launch import pow2
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import _common, _configs
-from . import encodings as enc
-from . import lff_backward_fused as bwd
-from . import lff_backward_split_k as split_k
-from . import lff_forward as fwd
-from . import lff_gemm as gemm
-from . import lff_gemm_kernels as gemm_k
-from . import rotary as rot
-from ._launch import pow2
-
-#     python -m posenc_fast.triton_kernels.compile_report [--arch 80,90] [--quick]
+#     python tools/triton_compile_report.py [--arch 80,90] [--quick] [--filter REGEX]
 #         [--json out.json] [--probe-refused]
 #
 # Runs Triton's real compiler (TTIR -> PTX -> cubin with the ptxas bundled in the triton
@@ -130,7 +130,7 @@ def compile_one(case: Case, arch: int) -> tuple[str, str]:
 
 def probe(case: Case, arch: int) -> str:
     """What compiling a refused case does, in a child process (it may abort)."""
-    cmd = [sys.executable, "-m", __spec__.name, "--arch", str(arch), "--force", case.label]
+    cmd = [sys.executable, os.path.abspath(__file__), "--arch", str(arch), "--force", case.label]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode < 0:
         lines = [ln for ln in proc.stderr.splitlines() if "ssert" in ln or "rror" in ln]
@@ -236,6 +236,39 @@ def _gemm_cases(quick: bool):
         )  # fmt: skip
 
 
+def _rotary_cases(quick: bool):
+    """(label, kernel, pointer dtypes, constexprs, launch options): the rotary
+    launchers' GPU configurations at head_dim 64 (and 128), M = 2, interleaved pairs
+    (LightGlue, timm) and halves (rotate-half: DINOv3, timm half=True)."""
+    for F2 in (32,) if quick else (32, 64):
+        for half in (False, True):
+            bl, opts = rot.blocks(1 << 16, F2, half)
+            tail = f"F{2 * F2} BN{bl['BLOCK_N']} BK{bl['BLOCK_K']}"
+            fwd_opts = dict(enable_fp_fusion=False, **opts)
+            pairs = "half" if half else "interleaved"
+            base = dict(M=2, HALF=half, INTERPRET=False, **bl)
+            for dt in ("bf16",) if quick else ("bf16", "fp32"):
+                qk = {name: f"*{dt}" for name in ("Q", "K", "OQ", "OK")}
+                yield (f"rotary_fwd {pairs} {dt} {tail}", rot._rotary_fwd_kernel, qk,
+                       dict(base, TABLE=False), fwd_opts)  # fmt: skip
+                grads = {name: f"*{dt}" for name in ("Q", "K", "GQ", "GK", "DQ", "DK")}
+                needs = dict(NEED_Q=True, NEED_K=True, NEED_X=True, NEED_W=True)
+                yield (f"rotary_bwd {pairs} {dt} {tail}", rot._rotary_bwd_kernel, grads,
+                       dict(base, TABLE=False, BLOCK_M=2, **needs), fwd_opts)  # fmt: skip
+            if not quick:
+                only_qk = dict(NEED_Q=True, NEED_K=True, NEED_X=False, NEED_W=False)
+                yield (f"rotary_bwd {pairs} bf16 q,k only {tail}", rot._rotary_bwd_kernel,
+                       grads, dict(base, TABLE=False, BLOCK_M=2, **only_qk),
+                       fwd_opts)  # fmt: skip
+            table = {"OQ": "*bf16", "OK": "*bf16"}
+            yield (f"rotary_table_fwd {pairs} bf16 {tail}", rot._rotary_fwd_kernel, table,
+                   dict(base, TABLE=True), fwd_opts)  # fmt: skip
+            yield (f"rotary_table_bwd {pairs} bf16 {tail}", rot._rotary_bwd_kernel,
+                   {"GQ": "*bf16", "GK": "*bf16"},
+                   dict(base, TABLE=True, BLOCK_M=2, NEED_Q=False, NEED_K=False, NEED_X=True,
+                        NEED_W=True), fwd_opts)  # fmt: skip
+
+
 def _cases(quick: bool, arch: int):
     """The Cases to compile for sm_{arch}."""
     bf16 = tl.bfloat16
@@ -328,7 +361,7 @@ def _cases(quick: bool, arch: int):
             dict(POS_INT=False, INTERLEAVED=interleaved, INTERPRET=False, **blocks),
             dict(enable_fp_fusion=False, **opts),
         )  # fmt: skip
-    for label, kernel, pointers, constexprs, options in rot.compile_cases(quick):
+    for label, kernel, pointers, constexprs, options in _rotary_cases(quick):
         yield Case(label, label.split()[0], kernel, pointers, constexprs, options)
 
 

@@ -1,4 +1,5 @@
-"""Contention mode of ``bench``: a busy process pinned to one CPU while the timings run.
+"""Contention mode of benchmarks/cpu_lab.py: a busy process pinned to one CPU while the
+timings run.
 
 Two cores are often shared (docs/performance.md): a kernel that runs one parallel region per
 call degrades gracefully when another process holds a core, dozens of small parallel ATen

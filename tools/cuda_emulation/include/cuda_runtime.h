@@ -1,0 +1,3 @@
+// The CUDA header cuda_runtime.h, as the emulation provides it (../cuda_emulation.h).
+#pragma once
+#include "../cuda_emulation.h"
