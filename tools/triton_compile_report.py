@@ -238,29 +238,35 @@ def _gemm_cases(quick: bool):
 
 def _rotary_cases(quick: bool):
     """(label, kernel, pointer dtypes, constexprs, launch options): the rotary
-    launchers' GPU configurations at LightGlue's head_dim 64 (and 128), M = 2."""
+    launchers' GPU configurations at head_dim 64 (and 128), M = 2, interleaved pairs
+    (LightGlue, timm) and halves (rotate-half: DINOv3, timm half=True)."""
     for F2 in (32,) if quick else (32, 64):
-        bl, opts = rot.blocks(1 << 16, F2)
-        tail = f"F{2 * F2} BN{bl['BLOCK_N']} BK{bl['BLOCK_K']}"
-        base = dict(M=2, INTERPRET=False, **bl)
-        fwd_opts = dict(enable_fp_fusion=False, **opts)
-        for dt in ("bf16",) if quick else ("bf16", "fp32"):
-            qk = {name: f"*{dt}" for name in ("Q", "K", "OQ", "OK")}
-            yield (f"rotary_apply_fwd {dt} {tail}", rot._rotary_fwd_kernel, qk,
-                   dict(base, TABLE=False), fwd_opts)  # fmt: skip
-            grads = {name: f"*{dt}" for name in ("Q", "K", "GQ", "GK", "DQ", "DK")}
-            needs = dict(NEED_Q=True, NEED_K=True, NEED_X=True, NEED_WR=True)
-            yield (f"rotary_apply_bwd {dt} {tail}", rot._rotary_bwd_kernel, grads,
-                   dict(base, TABLE=False, BLOCK_M=2, **needs), fwd_opts)  # fmt: skip
-        if not quick:
-            only_qk = dict(NEED_Q=True, NEED_K=True, NEED_X=False, NEED_WR=False)
-            yield (f"rotary_apply_bwd bf16 q,k only {tail}", rot._rotary_bwd_kernel, grads,
-                   dict(base, TABLE=False, BLOCK_M=2, **only_qk), fwd_opts)  # fmt: skip
-        yield (f"rotary_table_fwd bf16 {tail}", rot._rotary_fwd_kernel, {"OQ": "*bf16"},
-               dict(base, TABLE=True), fwd_opts)  # fmt: skip
-        yield (f"rotary_table_bwd bf16 {tail}", rot._rotary_bwd_kernel, {"GQ": "*bf16"},
-               dict(base, TABLE=True, BLOCK_M=2, NEED_Q=False, NEED_K=False, NEED_X=True,
-                    NEED_WR=True), fwd_opts)  # fmt: skip
+        for half in (False, True):
+            bl, opts = rot.blocks(1 << 16, F2, half)
+            tail = f"F{2 * F2} BN{bl['BLOCK_N']} BK{bl['BLOCK_K']}"
+            fwd_opts = dict(enable_fp_fusion=False, **opts)
+            pairs = "half" if half else "interleaved"
+            base = dict(M=2, HALF=half, INTERPRET=False, **bl)
+            for dt in ("bf16",) if quick else ("bf16", "fp32"):
+                qk = {name: f"*{dt}" for name in ("Q", "K", "OQ", "OK")}
+                yield (f"rotary_fwd {pairs} {dt} {tail}", rot._rotary_fwd_kernel, qk,
+                       dict(base, TABLE=False), fwd_opts)  # fmt: skip
+                grads = {name: f"*{dt}" for name in ("Q", "K", "GQ", "GK", "DQ", "DK")}
+                needs = dict(NEED_Q=True, NEED_K=True, NEED_X=True, NEED_W=True)
+                yield (f"rotary_bwd {pairs} {dt} {tail}", rot._rotary_bwd_kernel, grads,
+                       dict(base, TABLE=False, BLOCK_M=2, **needs), fwd_opts)  # fmt: skip
+            if not quick:
+                only_qk = dict(NEED_Q=True, NEED_K=True, NEED_X=False, NEED_W=False)
+                yield (f"rotary_bwd {pairs} bf16 q,k only {tail}", rot._rotary_bwd_kernel,
+                       grads, dict(base, TABLE=False, BLOCK_M=2, **only_qk),
+                       fwd_opts)  # fmt: skip
+            table = {"OQ": "*bf16", "OK": "*bf16"}
+            yield (f"rotary_table_fwd {pairs} bf16 {tail}", rot._rotary_fwd_kernel, table,
+                   dict(base, TABLE=True), fwd_opts)  # fmt: skip
+            yield (f"rotary_table_bwd {pairs} bf16 {tail}", rot._rotary_bwd_kernel,
+                   {"GQ": "*bf16", "GK": "*bf16"},
+                   dict(base, TABLE=True, BLOCK_M=2, NEED_Q=False, NEED_K=False, NEED_X=True,
+                        NEED_W=True), fwd_opts)  # fmt: skip
 
 
 def _cases(quick: bool, arch: int):

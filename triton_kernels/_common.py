@@ -1,7 +1,7 @@
 """Kernel pieces shared by the LFF and rotary kernels (lff_forward.py, lff_backward_*.py,
-rotary.py): the cos / sin of a tile of phases x . wr, the chain rule back through them,
-and the deterministic weight-gradient sums (per-program workspace rows, summed in a fixed
-order by a second kernel)."""
+rotary.py): the cos / sin of a tile of phases x . wr (wr contiguous, or any strides), the
+chain rule back through them, and the deterministic weight-gradient sums (per-program
+workspace rows, summed in a fixed order by a second kernel)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,16 @@ def cos_sin_tile(x_rows, rmask, stride_xm, WR, ks, kmask, M: tl.constexpr):
     Returns two [BLOCK_R, BLOCK_K] float32 tensors. Padded rows / frequencies read 0
     (phase 0, cos 1): callers mask them out of every store and zero their weights.
     """
+    return cos_sin_strided(x_rows, rmask, stride_xm, WR, ks, kmask, M, 1, M)
+
+
+@triton.jit
+def cos_sin_strided(x_rows, rmask, stride_xm, W, ks, kmask, stride_wk, stride_wm, M: tl.constexpr):
+    """cos_sin_tile for frequencies W [F/2, M] with any strides (frequency k, coordinate m
+    at W + k * stride_wk + m * stride_wm): the same arithmetic."""
     for m in tl.static_range(M):
         x = tl.load(x_rows + m * stride_xm, mask=rmask, other=0.0).to(tl.float32)
-        w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(W + ks * stride_wk + m * stride_wm, mask=kmask, other=0.0).to(tl.float32)
         t_hi, t_lo = turns_hi_lo(w)
         if m == 0:
             hi, lo = phase_term(x[:, None], t_hi[None, :], t_lo[None, :])
@@ -55,9 +62,22 @@ def phase_chain_rule(
     dx_acc [BR, BLOCK_M] + gphase @ wr[ks], and adds sum_rows gphase * x[:, m] to this
     program's workspace partials ws_wr[k * M + m] (add_to). Padded rows and frequencies
     must have gphase = 0. Shared by the LFF and rotary backward kernels."""
+    return phase_chain_rule_strided(
+        gphase, x_rows, rmask, stride_xm, WR, ks, kmask, M, 1, dx_acc, ms, ws_wr, accumulate,
+        M, NEED_X, NEED_WR,
+    )  # fmt: skip
+
+
+@triton.jit
+def phase_chain_rule_strided(
+    gphase, x_rows, rmask, stride_xm, W, ks, kmask, stride_wk, stride_wm, dx_acc, ms, ws_wr,
+    accumulate, M: tl.constexpr, NEED_X: tl.constexpr, NEED_WR: tl.constexpr,
+):  # fmt: skip
+    """phase_chain_rule for frequencies W with any strides (as cos_sin_strided's); the
+    workspace partials stay contiguous, ws_wr[k * M + m]."""
     for m in tl.static_range(M):
         if NEED_X:
-            w = tl.load(WR + ks * M + m, mask=kmask, other=0.0).to(tl.float32)
+            w = tl.load(W + ks * stride_wk + m * stride_wm, mask=kmask, other=0.0).to(tl.float32)
             col = tl.sum(gphase * w[None, :], axis=1)
             dx_acc += tl.where(ms[None, :] == m, col[:, None], 0.0)
         if NEED_WR:

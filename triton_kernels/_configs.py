@@ -198,8 +198,10 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
         need = 4 * 4 * br * bk
     elif kernel == "lff_gemm_act":  # one float32 [BR, BH] tile (db1's column sums)
         need = 4 * br * meta.get("BLOCK_H", 1)
-    elif kernel.startswith("rotary"):  # cos and sin [BLOCK_N, BLOCK_K] float32 tiles, each
-        need = 2 * 4 * meta.get("BLOCK_N", 1) * bk  # converted to the channel-pair layout
+    elif kernel.startswith("rotary"):  # float32 tiles converted between layouts: cos and
+        # sin [BLOCK_N, BLOCK_K] to the channel pairs' layout, a pair tile [BLOCK_N, 2 BLOCK_K]
+        # (Triton 3.1 converts float32 q, k pairs too: 8 KB at 16 x 32)
+        need = 4 * 4 * meta.get("BLOCK_N", 1) * bk
     else:  # no matmul: conversions of one [BLOCK_R, BLOCK_K or BLOCK_D] float32 tile
         need = 4 * br * max(bk, bd)
     return int(need * 1.2) + 1024

@@ -51,8 +51,10 @@ def _encodings_and_rotary():
     x = torch.randn(2, 3000, 64, generator=torch.Generator().manual_seed(2))
     case = _testing.RotaryCase(2, 4, 4, 600, 32, 32, 2)
     q, k, xr, wr = _testing.rotary_inputs(case, torch.float32, "cpu", 3)
-    oq, ok = _ops().apply_lff_rotary_kernel(q, k, xr, wr, "bhnd")
-    grads = _ops().apply_lff_rotary_kernel_backward(oq, ok, q, k, xr, wr, "bhnd", [True] * 4)
+    oq, ok = _ops().rotary_kernel(q, k, xr, wr, "interleaved", "bhnd", 0)
+    grads = _ops().rotary_kernel_backward(
+        oq, ok, q, k, xr, wr, "interleaved", "bhnd", 0, [True] * 4
+    )
     return [_ops().encoding_add_kernel(x, p, "sinusoidal", 1e4, None), oq, ok, *grads]
 
 

@@ -130,15 +130,15 @@ def test_rotary_calls_do_not_grow():
         _testing.RotaryCase(1, 2, 2, 17, 12, 12, 3, shared_x=True),
     ):
         q, k, x, wr = _testing.rotary_inputs(case, torch.float32, "cpu", 2)
-        table = _ops().lff_rotary_kernel(x, wr, torch.float32)
+        table = _ops().rotary_table_kernel(x, wr, "interleaved", torch.float32)
         gt = torch.randn_like(table)
         gq, gk = torch.randn_like(q), torch.randn_like(k)
 
         def call(q=q, k=k, x=x, wr=wr, gt=gt, gq=gq, gk=gk, layout=case.layout):
-            _ops().lff_rotary_kernel(x, wr, torch.float32)
-            _ops().lff_rotary_kernel_backward(gt, x, wr, True, True)
-            _ops().apply_lff_rotary_kernel(q, k, x, wr, layout)
-            _ops().apply_lff_rotary_kernel_backward(gq, gk, q, k, x, wr, layout, [True] * 4)
+            _ops().rotary_table_kernel(x, wr, "interleaved", torch.float32)
+            _ops().rotary_table_kernel_backward(gt, x, wr, "interleaved", True, True)
+            _ops().rotary_kernel(q, k, x, wr, "interleaved", layout, 0)
+            _ops().rotary_kernel_backward(gq, gk, q, k, x, wr, "interleaved", layout, 0, [True] * 4)
 
         calls.append(call)
     _stable(calls)

@@ -156,9 +156,9 @@ def _apply_args():
         (lambda a: a.__setitem__(1, a[1].half()), TypeError, "k must have q's dtype"),
         (lambda a: a.__setitem__(0, a[0][0]), ValueError, r"q must have shape \[B, heads, N"),
         (lambda a: a.__setitem__(1, a[1][:, :, :4]), ValueError, "k must have the batch size"),
-        (lambda a: a.__setitem__(2, a[2][:, :4]), ValueError, r"x must have shape \[B, N, M\]"),
+        (lambda a: a.__setitem__(2, a[2][:, :4]), ValueError, r"x must have shape \[B, N - prefix"),
         (lambda a: a.__setitem__(2, a[2].double()), TypeError, "x must be float32"),
-        (lambda a: a.__setitem__(3, a[3][:, :1]), ValueError, r"wr must have shape \[F/2, M\]"),
+        (lambda a: a.__setitem__(3, a[3][:, :1]), ValueError, r"freqs must have shape \[F/2, M\]"),
         (lambda a: a.__setitem__(3, torch.randn(5, 2)), ValueError, "more than head_dim = 8"),
     ],
     ids=["q-f64", "k-dtype", "q-rank", "k-shape", "x-shape", "x-f64", "wr-shape", "wr-wide"],
@@ -167,26 +167,35 @@ def test_apply_kernel_checks_name_the_argument(mutate, exc, match):
     args = _apply_args()
     mutate(args)
     with pytest.raises(exc, match=match):
-        ops().apply_lff_rotary_kernel(*args, "bhnd")
+        _apply(*args)
+
+
+def _apply(*args, layout="bhnd"):
+    """The general op's LightGlue case: interleaved pairs, no prefix."""
+    return ops().rotary_kernel(*args, "interleaved", layout, 0)
+
+
+def _apply_backward(*args, layout="bhnd", needs=(True,) * 4):
+    return ops().rotary_kernel_backward(*args, "interleaved", layout, 0, list(needs))
 
 
 def test_kernel_checks_options_and_gradients():
     args = _apply_args()
     with pytest.raises(ValueError, match="layout must be 'bhnd' or 'bnhd'"):
-        ops().apply_lff_rotary_kernel(*args, "nhd")
-    oq, ok = ops().apply_lff_rotary_kernel(*args, "bhnd")
+        _apply(*args, layout="nhd")
+    oq, ok = _apply(*args)
     with pytest.raises(ValueError, match="needs must have 4 entries"):
-        ops().apply_lff_rotary_kernel_backward(oq, ok, *args, "bhnd", [True])
+        _apply_backward(oq, ok, *args, needs=[True])
     with pytest.raises(ValueError, match="gk must have k's shape"):
-        ops().apply_lff_rotary_kernel_backward(oq, oq, *args, "bhnd", [True] * 4)
+        _apply_backward(oq, oq, *args)
     with pytest.raises(TypeError, match="gq must have q's dtype"):
-        ops().apply_lff_rotary_kernel_backward(oq.half(), ok, *args, "bhnd", [True] * 4)
+        _apply_backward(oq.half(), ok, *args)
     x, wr = args[2], args[3]
     with pytest.raises(TypeError, match="out_dtype must be float32"):
-        ops().lff_rotary_kernel(x, wr, torch.float64)
-    t = ops().lff_rotary_kernel(x, wr, torch.float32)
+        ops().rotary_table_kernel(x, wr, "interleaved", torch.float64)
+    t = ops().rotary_table_kernel(x, wr, "interleaved", torch.float32)
     with pytest.raises(ValueError, match="grad must have the table's shape"):
-        ops().lff_rotary_kernel_backward(t[:1], x, wr, True, True)
+        ops().rotary_table_kernel_backward(t[:1], x, wr, "interleaved", True, True)
 
 
 def test_apply_kernel_checks_devices():
@@ -194,31 +203,31 @@ def test_apply_kernel_checks_devices():
     dispatches to the Meta kernel, which checks its arguments like the CPU one.)"""
     q, k, x, wr = _apply_args()
     with pytest.raises(RuntimeError, match="k must be on q's device"):
-        ops().apply_lff_rotary_kernel(q, k.to("meta"), x, wr, "bhnd")
-    oq, ok = ops().apply_lff_rotary_kernel(q, k, x, wr, "bhnd")
+        _apply(q, k.to("meta"), x, wr)
+    oq, ok = _apply(q, k, x, wr)
     with pytest.raises(RuntimeError, match="k must be on q's device"):
-        ops().apply_lff_rotary_kernel_backward(oq, ok, q, k.to("meta"), x, wr, "bhnd", [True] * 4)
+        _apply_backward(oq, ok, q, k.to("meta"), x, wr)
     with pytest.raises(RuntimeError, match="gk must be on q's device"):
-        ops().apply_lff_rotary_kernel_backward(oq, ok.to("meta"), q, k, x, wr, "bhnd", [True] * 4)
+        _apply_backward(oq, ok.to("meta"), q, k, x, wr)
 
 
 def test_opcheck_low_level_ops():
     q, k, x, wr = _apply_args()
     opcheck = torch.library.opcheck
+    apply_op, backward_op = ops().rotary_kernel.default, ops().rotary_kernel_backward.default
     for layout in ("bhnd", "bnhd"):
         qq, kk = (q, k) if layout == "bhnd" else (q.transpose(1, 2), k.transpose(1, 2))
-        opcheck(ops().apply_lff_rotary_kernel.default, (qq, kk, x, wr, layout))
-        opcheck(
-            ops().apply_lff_rotary_kernel.default, (qq.bfloat16(), kk.bfloat16(), x[0], wr, layout)
-        )
-    oq, ok = ops().apply_lff_rotary_kernel(q, k, x, wr, "bhnd")
+        opcheck(apply_op, (qq, kk, x, wr, "interleaved", layout, 0))
+        opcheck(apply_op, (qq.bfloat16(), kk.bfloat16(), x[0], wr, "interleaved", layout, 0))
+    oq, ok = _apply(q, k, x, wr)
     for needs in ([True] * 4, [False, True, False, True]):
-        opcheck(
-            ops().apply_lff_rotary_kernel_backward.default, (oq, ok, q, k, x, wr, "bhnd", needs)
-        )
-    opcheck(ops().lff_rotary_kernel.default, (x, wr, torch.float16))
-    t = ops().lff_rotary_kernel(x, wr, torch.float32)
-    opcheck(ops().lff_rotary_kernel_backward.default, (torch.randn_like(t), x, wr, True, False))
+        opcheck(backward_op, (oq, ok, q, k, x, wr, "interleaved", "bhnd", 0, needs))
+    opcheck(ops().rotary_table_kernel.default, (x, wr, "interleaved", torch.float16))
+    t = ops().rotary_table_kernel(x, wr, "interleaved", torch.float32)
+    opcheck(
+        ops().rotary_table_kernel_backward.default,
+        (torch.randn_like(t), x, wr, "interleaved", True, False),
+    )
 
 
 def test_inputs_are_not_modified_and_strides_are_honoured():
@@ -230,12 +239,11 @@ def test_inputs_are_not_modified_and_strides_are_honoured():
     assert strided[0].stride(-1) != 1
     gq, gk = torch.randn_like(q), torch.randn_like(k)
     gs = [t.transpose(0, 2).contiguous().transpose(0, 2) for t in (gq, gk)]
-    a = ops().apply_lff_rotary_kernel_backward(gq, gk, q, k, x, wr, "bhnd", [True] * 4)
-    b = ops().apply_lff_rotary_kernel_backward(*gs, *strided, x, wr, "bhnd", [True] * 4)
+    a = _apply_backward(gq, gk, q, k, x, wr)
+    b = _apply_backward(*gs, *strided, x, wr)
     for u, v in zip(a, b):
         assert torch.equal(u, v)
-    for u, v in zip(ops().apply_lff_rotary_kernel(q, k, x, wr, "bhnd"),
-                    ops().apply_lff_rotary_kernel(*strided, x, wr, "bhnd")):  # fmt: skip
+    for u, v in zip(_apply(q, k, x, wr), _apply(*strided, x, wr)):
         assert torch.equal(u, v)
     for t, b in zip((q, k, x, wr), before):
         assert torch.equal(t, b)

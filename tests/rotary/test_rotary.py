@@ -549,7 +549,9 @@ def test_triton_gpu_block_sizes_in_the_interpreter(monkeypatch, device):
     frequency chunks, a partial last chunk, the pass-through tail, and the backward."""
     from posenc_fast.triton_kernels import rotary as kernels
 
-    monkeypatch.setattr(kernels, "blocks", lambda n, f: (kernels.gpu_blocks(f), {}))
+    monkeypatch.setattr(
+        kernels, "blocks", lambda n, f, half=False: (kernels.gpu_blocks(f, half), {})
+    )
     case = RotaryCase(2, 2, 1, 37, 84, 80, 2)  # 40 frequencies: chunks of 32 and 8
     inputs = rotary_inputs(case, torch.float32, device, 41)
     leaves = _leaves(inputs)
