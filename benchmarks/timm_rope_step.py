@@ -8,7 +8,8 @@ in one process, their steps interleaved (the order swapped every step, so machin
 drifts and cache effects hit both alike), each with AdamW on a fixed batch of random
 images and labels (10-class head, cross-entropy): "timm" as timm builds it, "fast" after
 ``use_fast_rope(model)``. The ratio is timm's median step time over fast's: above 1, the
-fused rotary op makes the step faster.
+fused rotary op makes the step faster. The ratio of the median CPU times of the process
+(all threads) is recorded beside it: on a busy machine it drifts less than wall time.
 
 Cases (timm 1.0.31's models, pretrained=False, num_classes=10):
 
@@ -20,8 +21,11 @@ Cases (timm 1.0.31's models, pretrained=False, num_classes=10):
                                                          coordinates in training, x2)
 
 The goals (the brief of use_fast_rope): never slower; Mixed at 448 px at least 1.04x.
-Run it on a quiet machine (the load average is recorded with every row; the script warns
-above 0.5 per thread). Timings are reported, never asserted.
+Run it on a quiet machine. On a shared one, a pair of steps (one of each model) is kept
+only if no other task was runnable just before and just after it (/proc/loadavg; else it
+is measured again, after waiting for quiet: ``--max-running``, ``--patience``); the load
+average and the pairs measured again are recorded with every row. Timings are reported,
+never asserted.
 """
 
 from __future__ import annotations
@@ -81,12 +85,13 @@ def make_case(name: str, quick: bool):
     return model, fast, x, y, size, batch
 
 
-def step(model, opt, x, y) -> float:
-    t0 = time.perf_counter()
+def step(model, opt, x, y) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process: all threads) of one training step."""
+    t0, c0 = time.perf_counter(), time.process_time()
     opt.zero_grad(set_to_none=True)
     nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def run_case(name: str, args) -> dict:
@@ -98,15 +103,33 @@ def run_case(name: str, args) -> dict:
     models = {"timm": timm_model, "fast": fast}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
     times = {k: [] for k in models}
+    cpu = {k: [] for k in models}
     load_before = os.getloadavg()[0]
-    for i in range(args.warmup + args.steps):
+    discarded = 0
+    i = 0
+    while len(times["timm"]) < args.steps:
+        # one pair: both models' steps, in alternating order; kept when no other process
+        # ran beside it (else measured again, after a wait: at most --patience seconds)
         order = list(models) if i % 2 == 0 else list(models)[::-1]
+        if i >= args.warmup and args.max_running:
+            wait_quiet(args.max_running, args.patience)
+        quiet = running() <= args.max_running if args.max_running else True
+        pair = {}
         for k in order:
             torch.manual_seed(i)  # the same augmentation draws for both
-            s = step(models[k], opts[k], x, y)
-            if i >= args.warmup:
-                times[k].append(s)
+            pair[k] = step(models[k], opts[k], x, y)
+        quiet = quiet and (running() <= args.max_running if args.max_running else True)
+        if i >= args.warmup:
+            if quiet or discarded >= args.max_discarded:
+                for k, (s, c) in pair.items():
+                    times[k].append(s)
+                    cpu[k].append(c)
+            else:
+                discarded += 1
+        i += 1
     med = {k: statistics.median(v) for k, v in times.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    pairwise = statistics.median(a / b for a, b in zip(times["timm"], times["fast"]))
     return {
         "case": name,
         "model": CASES[name][0],
@@ -115,23 +138,55 @@ def run_case(name: str, args) -> dict:
         "threads": torch.get_num_threads(),
         "load_average_1min_before": load_before,
         "load_average_1min_after": os.getloadavg()[0],
+        "pairs_discarded": discarded,
         "steps": times,
         "timm_s": med["timm"],
         "fast_s": med["fast"],
         "ratio": med["timm"] / med["fast"],
+        "ratio_pairwise_median": pairwise,
+        "cpu_steps": cpu,
+        "timm_cpu_s": med_cpu["timm"],
+        "fast_cpu_s": med_cpu["fast"],
+        "cpu_ratio": med_cpu["timm"] / med_cpu["fast"],
         "eval_logits_max_rel_diff": max_rel_diff,
     }
 
 
+def running() -> int:
+    """Runnable tasks on the machine now (/proc/loadavg's 4th field), this process's
+    included; 0 where unknown."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def wait_quiet(limit: int, patience: float) -> None:
+    """Wait (at most ``patience`` seconds) until at most ``limit`` tasks are runnable over
+    three samples 0.2 s apart."""
+    end = time.monotonic() + patience
+    while time.monotonic() < end:
+        samples = []
+        for _ in range(3):
+            samples.append(running())
+            time.sleep(0.2)
+        if max(samples) <= limit:
+            return
+        time.sleep(2.0)
+
+
 def render(rows: list[dict]) -> str:
     out = [
-        "| case | image | batch | timm (s/step) | use_fast_rope (s/step) | ratio | load (1 min) |",
-        "|---|---|---|---|---|---|---|",
+        "| model | image | batch | timm (s/step) | use_fast_rope (s/step) | ratio | "
+        "ratio of CPU time | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['model']} | {r['image_size']} px | {r['batch']} | {r['timm_s']:.3f} | "
-            f"{r['fast_s']:.3f} | {r['ratio']:.3f}x | {r['load_average_1min_before']:.1f} |"
+            f"{r['fast_s']:.3f} | {r['ratio']:.3f}x | {r['cpu_ratio']:.3f}x | "
+            f"{r['load_average_1min_before']:.1f} |"
         )
     return "\n".join(out)
 
@@ -143,6 +198,16 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=10, help="measured steps per model")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=-1,
+        help="keep a pair of steps only if at most this many tasks were runnable before and "
+        "after it (/proc/loadavg), else measure it again: default threads + 1 (our own); "
+        "0 keeps every pair",
+    )
+    p.add_argument("--patience", type=float, default=300.0, help="seconds to wait for quiet")
+    p.add_argument("--max-discarded", type=int, default=50, help="then keep pairs regardless")
     p.add_argument("--json", type=Path, help="write the rows and the environment here")
     p.add_argument("--render", type=Path, help="only print the table of a --json file")
     args = p.parse_args(argv)
@@ -154,6 +219,8 @@ def main(argv=None) -> int:
     if unknown or args.steps < 1 or args.warmup < 0:
         p.error(f"unknown cases {unknown} (of {list(CASES)}), or --steps < 1 / --warmup < 0")
     torch.set_num_threads(args.threads)
+    if args.max_running < 0:
+        args.max_running = args.threads + 1
     load = os.getloadavg()[0]
     print(f"load average before: {os.getloadavg()}", flush=True)
     if load > 0.5 * args.threads:
@@ -164,7 +231,9 @@ def main(argv=None) -> int:
         rows.append(row)
         print(
             f"{name:22s} timm {row['timm_s']:7.3f} s  fast {row['fast_s']:7.3f} s  "
-            f"ratio {row['ratio']:.3f}x  (load {row['load_average_1min_before']:.1f})",
+            f"ratio {row['ratio']:.3f}x (pairwise {row['ratio_pairwise_median']:.3f}x)  "
+            f"CPU-time ratio {row['cpu_ratio']:.3f}x  (load {row['load_average_1min_before']:.1f}, "
+            f"{row['pairs_discarded']} pairs measured again)",
             flush=True,
         )
     print(render(rows))

@@ -1,9 +1,10 @@
 """posenc_fast.integrations.timm.use_fast_rope against the real timm (1.0.31): every Eva
 rotary family (EVA-02, RoPE-ViT axial and Mixed, DINOv3, MRoPE; grouped-query attention)
 and NaFlexViT, built small with timm's own constructors (2 blocks, dim 32-64, 32 px
-images: seconds on a CPU). The converted model and timm's give the same outputs and
-gradients (float32: 1e-5 of the largest value), in training (augmented coordinates drawn
-as timm draws them) and evaluation, at other and non-square sizes, with token dropping,
+images: seconds on a CPU). The converted model gives timm's outputs (float32: within 1e-5
+of the largest value) and gradients (as close to timm's model run in float64 as timm's own
+float32 gradients), in training (augmented coordinates drawn as timm draws them) and
+evaluation, at other and non-square sizes, with token dropping,
 gradient checkpointing and forward_intermediates; checkpoints load both ways; compile,
 torch.export and ONNX work; what does not fit is refused by name."""
 
@@ -104,8 +105,9 @@ def assert_same(ref, fast, x, seed=1, fn=None):
     is at most twice that of timm's float32 gradients (three times, plus 2e-5, tensor by
     tensor: two float32 computations scatter about float64).
     (Gradients go through a whole model's rounding, amplified by sharp attention: timm's
-    own float32 gradients are up to ~1e-4 of the largest element from its float64 ones
-    here, and the converted model's as far, the angles being computed otherwise.)"""
+    own float32 gradients are a few 1e-5 of the largest element from its float64 ones
+    here, and the converted model's from timm's as far, the angles being computed
+    otherwise: a fixed tolerance would sit at that noise.)"""
     ref64 = copy.deepcopy(ref).double()
     call = (lambda m: None) if fn is None else fn
     (a, ga), (b, gb) = run(ref, x, seed, call(ref)), run(fast, x, seed, call(fast))
@@ -396,10 +398,11 @@ def test_get_embed_gives_the_coordinates():
 # -- compile, export, ONNX -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["mixed", "dinov3"])
+@pytest.mark.parametrize("family", ["mixed-augmented", "dinov3"])
 def test_compile_fullgraph_matches_eager(family):
-    fast = converted(eva(family, dynamic_img_size=True))
-    fast.eval()  # deterministic (no augmentation draws in the compiled graph)
+    """In training, with the coordinate augmentations and token dropping drawn inside the
+    graph (aot_eager: the eager kernels and RNG, so the same draws)."""
+    fast = converted(eva(family, dynamic_img_size=True, patch_drop_rate=0.3)).train()
     x = images(2, 24, 40)
     compiled = torch.compile(fast, fullgraph=True, backend="aot_eager")
     out, grads = run(fast, x, fn=compiled)
