@@ -1,23 +1,27 @@
 """Hugging Face transformers models with posenc_fast encodings, one call each: FLOATER
 Q/K/V biases (add_floater_biases; the layers: transformers_floater.py), LFF of a ViT's
-patch grid (use_lff), LightGlue's fused rotary table (use_fast_rotary), and
-from_pretrained for models saved with them. Nothing here imports transformers except
+patch grid (use_lff), LightGlue's fused rotary table (use_fast_rotary), DINOv3 ViT's
+attention on the fused rotary op (use_fast_rope), and from_pretrained for models saved
+with them. Nothing here imports transformers except
 from_pretrained; modules are recognised by their class names (docs/integrations.md).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from .. import _checks
-from ..ops.rotary import lff_rotary
+from .. import _checks, _dispatch
+from ..ops.rotary import frequencies as rope
+from ..ops.rotary import lff_rotary, rotary
 from .attention import add_floater_biases
-from .timm import LFFGridEncoding
+from .timm import LFFGridEncoding, centered_grid
 from .transformers_floater import (  # noqa: F401 (the FLOATER layers' names, also here)
     CONFIG_KEY,
     SUPPORTED_ATTENTION,
@@ -164,6 +168,122 @@ def use_fast_rotary(model: nn.Module, backend: str = "auto") -> FastLightGluePos
     return new
 
 
+# -- DINOv3 ViT: the fused rotary op ---------------------------------------------------------
+#
+# transformers' DINOv3 ViT (transformers.models.dinov3_vit, the structure of transformers
+# 5.24 followed here): ``DINOv3ViTRopePositionEmbedding(pixel_values)`` computes a cos /
+# sin table of the patch centres' coordinates per forward (augmented in training), every
+# layer passes it to its ``DINOv3ViTAttention``, which rotates the patch tokens of q and k
+# (rotate-half pairs) and concatenates the prefix tokens (class, registers) back. After
+# use_fast_rope both modules' ``forward`` are overridden on the instance: the position
+# embedding returns the coordinates [N, 2] (drawn as transformers draws them), the
+# attention rotates q and k with ``posenc_fast.rotary`` (prefix tokens passed through) and
+# then runs transformers' own attention function (config._attn_implementation).
+
+ROPE_EMBEDDING = "DINOv3ViTRopePositionEmbedding"
+ROPE_ATTENTION = "DINOv3ViTAttention"
+_EMBEDDING_ATTRIBUTES = ("config", "inv_freq")
+_ATTENTION_ATTRIBUTES = ("config", "num_heads", "head_dim", "scaling", "dropout", "q_proj",
+                         "k_proj", "v_proj", "o_proj")  # fmt: skip
+_CONFIG_ATTRIBUTES = ("patch_size", "num_register_tokens", "pos_embed_shift", "pos_embed_jitter",
+                      "pos_embed_rescale", "_attn_implementation")  # fmt: skip
+
+
+class _Dinov3Coordinates:
+    """Instance override of ``DINOv3ViTRopePositionEmbedding.forward(pixel_values)``: the
+    patch centres' coordinates [H/p * W/p, 2] in [-1, 1], float32 (row, col), shifted,
+    jittered and rescaled in training as transformers draws them (config.pos_embed_*)."""
+
+    def __init__(self, embedding: nn.Module):
+        self.embedding = embedding
+
+    def __call__(self, pixel_values: Tensor) -> Tensor:
+        m = self.embedding
+        config = m.config
+        ph, pw = _pair(config.patch_size)
+        height, width = pixel_values.shape[-2:]
+        coords = centered_grid((height // ph, width // pw), device=pixel_values.device)
+        if m.training:
+            coords = rope.augment(
+                coords, config.pos_embed_shift, config.pos_embed_jitter, config.pos_embed_rescale
+            )
+        return coords
+
+
+class _Dinov3Attention:
+    """Instance override of ``DINOv3ViTAttention.forward``: the projections, q and k
+    rotated by ``posenc_fast.rotary`` with the coordinates the position embedding gave
+    (``position_embeddings``) and W = 2 pi inv_freq on each axis, then transformers'
+    attention function and the output projection."""
+
+    def __init__(self, attention: nn.Module, embedding: nn.Module, backend: str):
+        self.attention, self.embedding, self.backend = attention, embedding, backend
+
+    def __call__(self, hidden_states, attention_mask=None, position_embeddings=None, **kwargs):
+        a = self.attention
+        B, N, _ = hidden_states.shape
+        q, k, v = (
+            proj(hidden_states).view(B, N, a.num_heads, a.head_dim).transpose(1, 2)
+            for proj in (a.q_proj, a.k_proj, a.v_proj)
+        )
+        coords = position_embeddings
+        if not isinstance(coords, Tensor) or coords.dim() != 2 or coords.shape[-1] != 2:
+            got = list(coords.shape) if isinstance(coords, Tensor) else type(coords).__name__
+            raise ValueError(
+                "position_embeddings must be the patch coordinates [N, 2] that the converted "
+                f"model's rope_embeddings gives (use_fast_rope), not a cos / sin table; got {got}"
+            )
+        bands = (2 * math.pi) * self.embedding.inv_freq  # [head_dim / 4] per axis
+        zero = torch.zeros_like(bands)
+        freqs = torch.stack([torch.cat([bands, zero]), torch.cat([zero, bands])], dim=-1)
+        prefix = 1 + a.config.num_register_tokens  # the class and register tokens
+        q, k = rotary(q, k, coords, freqs, "half", "bhnd", prefix, self.backend)
+        modeling = sys.modules[type(a).__module__]
+        attend = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
+            a.config._attn_implementation, modeling.eager_attention_forward
+        )
+        out, weights = attend(
+            a, q, k, v, attention_mask, dropout=a.dropout if a.training else 0.0,
+            scaling=a.scaling, **kwargs,
+        )  # fmt: skip
+        return a.o_proj(out.reshape(B, N, -1).contiguous()), weights
+
+
+def use_fast_rope(model: nn.Module, backend: str = "auto") -> nn.Module:
+    """Rotate q and k of every attention layer of a transformers DINOv3 ViT
+    (``DINOv3ViTModel``, ``DINOv3ViTBackbone``) with ``posenc_fast.rotary`` (one fused
+    pass, class and register tokens passed through) instead of the cos / sin table, in
+    place. The same outputs and gradients within float32 rounding, in training (the
+    coordinate augmentations drawn as transformers draws them) and evaluation, at any
+    image size; state_dict keys unchanged. ``model.rope_embeddings(pixel_values)`` then
+    returns the patch coordinates. Returns the model."""
+    backend = _dispatch.validate_name(backend)
+    embedding = _find(model, (ROPE_EMBEDDING,), "DINOv3 ViT rotary position embedding")
+    attentions = [m for m in model.modules() if ROPE_ATTENTION in class_names(m)]
+    for module, names in [(embedding, _EMBEDDING_ATTRIBUTES)] + [
+        (a, _ATTENTION_ATTRIBUTES) for a in attentions
+    ]:
+        missing = [n for n in names if not hasattr(module, n)]
+        if missing or type(module).__name__ not in (ROPE_EMBEDDING, ROPE_ATTENTION):
+            raise TypeError(
+                f"{type(module).__name__} lacks {missing} or is a subclass: its structure "
+                "differs from transformers 5.24's DINOv3 ViT, which use_fast_rope follows"
+            )
+    if not attentions:
+        raise TypeError(f"{type(model).__name__} has no {ROPE_ATTENTION}")
+    missing = [n for n in _CONFIG_ATTRIBUTES if not hasattr(embedding.config, n)]
+    if missing:
+        raise TypeError(
+            f"the model's config lacks {missing}: it differs from transformers 5.24's "
+            "DINOv3ViTConfig, which use_fast_rope follows"
+        )
+    embedding.__dict__["forward"] = _Dinov3Coordinates(embedding)  # instance attributes win
+    for a in attentions:
+        a.__dict__["forward"] = _Dinov3Attention(a, embedding, backend)
+    record(model, "fast_rope", {"backend": backend})
+    return model
+
+
 # -- checkpoints -----------------------------------------------------------------------------
 
 
@@ -192,13 +312,15 @@ def _read_checkpoint(path: str) -> dict[str, Tensor]:
 def apply_recorded(model: nn.Module, recorded: dict) -> None:
     """Apply what ``config.posenc_fast`` records (use_lff, add_floater_biases) to a model
     built without it."""
-    unknown = set(recorded) - {"lff", "floater_biases"}
+    unknown = set(recorded) - {"lff", "floater_biases", "fast_rope"}
     if unknown:
         raise ValueError(f"config.{CONFIG_KEY} holds unknown entries {sorted(unknown)}")
     if "lff" in recorded:
         use_lff(model, **recorded["lff"])
     if "floater_biases" in recorded:
         add_floater_biases(model, **recorded["floater_biases"])
+    if "fast_rope" in recorded:
+        use_fast_rope(model, **recorded["fast_rope"])
 
 
 def from_pretrained(model_class, pretrained_model_name_or_path=None, *, state_dict=None, **kwargs):

@@ -594,3 +594,146 @@ def test_lff_vit_and_lightglue_encoder_export_float32_graphs():
             want = list(want) if isinstance(want, (tuple, list)) else [want]
             for g, w in zip(got, want):
                 assert_close(g, w, torch.float32, "lff", what=f"{name} {list(shape)}")
+
+
+# -- DINOv3 ViT: attention on the fused rotary op ---------------------------------------------
+
+
+def dinov3(seed=0, attn="sdpa", **overrides):
+    """A tiny DINOv3 ViT (32 px, 8 px patches, 2 registers, training augmentations of the
+    coordinates), with q and k projections large enough that the rotation matters."""
+    config = tf.DINOv3ViTConfig(
+        **{
+            **dict(
+                hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                image_size=32, patch_size=8, num_register_tokens=2, pos_embed_shift=0.3,
+                pos_embed_jitter=1.5, pos_embed_rescale=2.0, layerscale_value=0.5,
+            ),
+            **overrides,
+        }
+    )  # fmt: skip
+    config._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = tf.DINOv3ViTModel(config)
+    for i, layer in enumerate(model.model.layer):
+        _testing.randomize_parameters(layer.attention, 10 + i, 0.5)
+    return model
+
+
+def dinov3_step(model, x, seed=1):
+    """(last hidden state, pooled output, {name: grad}) of one forward and backward from a
+    fixed RNG state (the coordinate augmentations draw from it in training)."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out = model(pixel_values=x)
+    hidden = out.last_hidden_state  # weighted: a sum of squares of LayerNorm outputs is ~constant
+    weights = _testing.randn(hidden.shape, _testing.generator(7), hidden.dtype)
+    ((weights * hidden).sum() + out.pooler_output.sum()).backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return out.last_hidden_state, out.pooler_output, grads
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_dinov3_fast_rope_equals_the_original(attn):
+    """Outputs within float32 rounding (1e-5 of the largest magnitude), gradients as close
+    as the original's own float32 ones are to float64, in training (augmented coordinates,
+    the same draws) and evaluation, at other and non-square sizes."""
+    ref = dinov3(attn=attn)
+    keys = list(ref.state_dict())
+    fast = pf_hf.use_fast_rope(copy.deepcopy(ref))
+    assert list(fast.state_dict()) == keys
+    ref64 = copy.deepcopy(ref).double()
+    for h, w in [(32, 32), (24, 40)]:
+        x = _testing.randn((2, 3, h, w), _testing.generator(h + w))
+        for train in (True, False):
+            for m in (ref, fast, ref64):
+                m.train(train)
+            (ha, pa, ga), (hb, pb, gb) = dinov3_step(ref, x), dinov3_step(fast, x)
+            _, _, g64 = dinov3_step(ref64, x.double())
+            for got, want in ((hb, ha), (pb, pa)):
+                scale = want.abs().max().item()
+                torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale)
+            errors = {
+                n: [((g[n] - g64[n]).abs().max() / g64[n].abs().max()).item() for g in (gb, ga)]
+                for n in g64
+            }
+            ours, theirs = (max(e[i] for e in errors.values()) for i in (0, 1))
+            assert ours <= 2 * theirs + 1e-6, errors
+    plain = copy.deepcopy(ref).eval()
+    with torch.no_grad():  # the rotation matters here: without it the outputs differ
+        plain.rope_embeddings.inv_freq.zero_()
+        x = _testing.randn((2, 3, 32, 32), _testing.generator(0))
+        assert (plain(x).last_hidden_state - ref.eval()(x).last_hidden_state).abs().max() > 1e-2
+
+
+def test_dinov3_fast_rope_saves_reloads_compiles_and_exports(tmp_path):
+    model = pf_hf.use_fast_rope(dinov3(num_hidden_layers=1)).eval()
+    x = _testing.randn((2, 3, 24, 40), _testing.generator(5))
+    with torch.no_grad():
+        want = model(pixel_values=x).last_hidden_state
+    model.save_pretrained(tmp_path)
+    ours = pf_hf.from_pretrained(tf.DINOv3ViTModel, str(tmp_path)).eval()
+    assert "forward" in vars(ours.model.layer[0].attention)  # use_fast_rope applied again
+    plain = tf.DINOv3ViTModel.from_pretrained(str(tmp_path)).eval()  # transformers' own
+    with torch.no_grad():
+        torch.testing.assert_close(ours(pixel_values=x).last_hidden_state, want)
+        torch.testing.assert_close(
+            plain(pixel_values=x).last_hidden_state, want, rtol=1e-5, atol=1e-5
+        )
+
+    def hidden(m):
+        return lambda images: m(pixel_values=images).last_hidden_state
+
+    compiled = torch.compile(hidden(model), fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), want)
+    program = torch.export.export(HiddenState(model), (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), want)
+
+
+class HiddenState(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images):
+        return self.model(pixel_values=images).last_hidden_state
+
+
+def test_dinov3_fast_rope_exports_a_float32_onnx_graph():
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extra")
+    onnx = pytest.importorskip("onnx", reason="onnx is in the test extra")
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    from _onnx_ops import float64_tensors
+
+    model = HiddenState(pf_hf.use_fast_rope(dinov3(num_hidden_layers=1))).eval()
+    x = _testing.randn((2, 3, 32, 40), _testing.generator(1))
+    rows, cols = torch.export.Dim("rows", min=2, max=8), torch.export.Dim("cols", min=2, max=8)
+    shapes = ({0: torch.export.Dim("batch"), 2: 8 * rows, 3: 8 * cols},)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=shapes, verbose=False)
+    proto = program.model_proto
+    assert float64_tensors(proto) == []
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in [(2, 3, 32, 40), (1, 3, 24, 16)]:
+        y = _testing.randn(shape, _testing.generator(sum(shape)))
+        got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: y.numpy()})[0])
+        with torch.no_grad():
+            want = model(y)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    del onnx
+
+
+def test_dinov3_fast_rope_refusals():
+    with pytest.raises(TypeError, match="exactly one DINOv3 ViT rotary position embedding"):
+        pf_hf.use_fast_rope(build("vit"))
+    model = dinov3()
+    del model.model.layer[1].attention.q_proj
+    with pytest.raises(TypeError, match=r"lacks \['q_proj'\].*transformers 5.24"):
+        pf_hf.use_fast_rope(model)
+    fast = pf_hf.use_fast_rope(dinov3())
+    table = (torch.ones(16, 16), torch.zeros(16, 16))
+    with pytest.raises(ValueError, match="patch coordinates.*not a cos / sin table"):
+        fast.model.layer[0].attention(torch.zeros(1, 19, 32), position_embeddings=table)
