@@ -19,9 +19,7 @@ from .op import FLOATER_CACHED, StoredStates, states_without_graph
 from .reference import ACTIVATIONS, METHODS, FloaterOptions
 from .registry import FLOATER
 
-# Scale of the default initialisation of the output layer (w2): small, so h starts close
-# to zero and a model starts as if it had no FLOATER term (the paper's warm start, Sec. 3.3
-# and 4.4), while every weight still receives a gradient.
+# w2's default initialisation scale: h starts near zero (the paper's warm start, Sec. 3.3).
 INIT_OUTPUT_SCALE = 1e-2
 
 
@@ -34,8 +32,7 @@ def _check_init_scale(init_scale) -> float:
     return float(init_scale)
 
 
-# An ONNX export of an unfrozen module refuses at once, naming the fix: neither unrolling
-# the solver into the graph nor freezing on the user's behalf (docs/deploying.md says why).
+# An ONNX export of an unfrozen module refuses, naming the fix (docs/deploying.md).
 _UNFROZEN_EXPORT = (
     "an ONNX export of an unfrozen Floater would unroll its ODE solver into the graph "
     "(minutes of tracing, a graph growing with length x substeps): call freeze(L) on it "
@@ -58,35 +55,27 @@ class Floater(nn.Module):
       code: delta_t 0.01, five RK4 steps per interval, ReLU.
     - Gradients are exact for the discretised solution (the discrete adjoint), memory
       O(S*L*d).
-    - Cache: in eval mode or under no_grad the result is kept. A repeated call costs
-      nothing (a longer one extends the cached states from the last one instead of
-      starting over; there is no maximum length), and gradients still flow when enabled.
-      Any change to a parameter's values invalidates it (an in-place update, a replaced
-      tensor, ``.data`` writes, fused optimizers), caught by comparing against the values
-      the cache was computed with; parameters re-materialised with unchanged values (FSDP2
-      gathers them into fresh storage on every forward) keep it. :meth:`clear_cache` drops
-      it; copies (``copy.deepcopy``, pickling, ``torch.save`` of the module) start without
-      it. Under torch.compile the same cache serves compiled eval calls (through the op
-      posenc_fast::floater_cached, which returns a copy); torch.export does not cache.
+    - Cache: in eval mode or under no_grad the result is kept; a repeated call costs
+      nothing, a longer one extends the cached states, and gradients still flow when
+      enabled. Any change of a parameter's values invalidates it (values are compared, so
+      ``.data`` writes and fused optimizers are caught, FSDP2's re-gathered unchanged
+      values are not a change). :meth:`clear_cache` drops it; copies and pickles start
+      without it. Compiled eval calls share it (op posenc_fast::floater_cached);
+      torch.export does not cache.
     - ``refresh_every=k`` (training mode): compute a differentiable result on one call in
       k and return that result's values, detached, on the k - 1 calls in between (the
       official code's trick to save time; the dynamics then receive gradients only on
       refresh calls, so DistributedDataParallel needs find_unused_parameters=True).
       Default 1: every training call recomputes, and every parameter receives a gradient
       on every call (DDP's default settings work). Ignored under torch.compile.
-    - ONNX export: :meth:`freeze` first. Exporting an unfrozen module raises at once with
-      that fix rather than unrolling the solver into the graph (minutes of tracing) or
-      freezing on its own, which would change the model you passed and bake in the example
-      input's length instead of the longest one you deploy (docs/deploying.md). The
-      functional :func:`floater` still exports its solver, unrolled, for a static length.
+    - ONNX export: :meth:`freeze` first; exporting an unfrozen module raises with that fix
+      (docs/deploying.md). The functional :func:`floater` exports its solver unrolled.
     - Half-precision parameters (``model.to(torch.bfloat16)``): the ODE is integrated in
       float32 and the result returned in their dtype; gradients reach them.
-    - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 small
-      (U(+-init_scale / sqrt(H+1)), ``init_scale`` default 0.01), b2 = 0, so h is close to
-      0 and the output near zero: a model starts as if it had no FLOATER term (Sec. 3.3;
-      Sec. 4.4's "initialize the FLOATER with smaller weights"). ``init_scale=0`` starts
-      with w2 = 0 and the output exactly zero (w1 and b1 still get gradients once w2 moves
-      away from zero); with every parameter zero the output is exactly zero.
+    - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 U(+-init_scale /
+      sqrt(H+1)) (``init_scale`` default 0.01), b2 = 0: the output starts near zero, as if
+      there were no FLOATER term (Sec. 3.3, 4.4). ``init_scale=0``: w2 = 0, output exactly
+      zero (w1 and b1 get gradients once w2 moves).
 
     Example::
 
@@ -177,10 +166,8 @@ class Floater(nn.Module):
         check_dynamics(self.p0, self.w1, self.b1, self.w2, self.b2, self.options)
 
     def _check_call(self, length, times) -> tuple:
-        """forward's arguments, and the module when it integrates, checked once, before
-        anything runs: (length, times), ``times`` converted to the dtype of the
-        integration. Which error a bad call raises first is that of the call forms:
-        a frozen module refuses ``times``, an ONNX export an unfrozen module."""
+        """(length, times) checked before anything runs, ``times`` in the integration's
+        dtype; a frozen module refuses ``times``, an ONNX export an unfrozen module."""
         if (length is None) == (times is None):
             raise ValueError("pass exactly one of length or times")
         if self.frozen:  # freeze(): the stored states serve it, no integration
@@ -199,10 +186,8 @@ class Floater(nn.Module):
         return length, times
 
     def integrate_states(self, length: int, states: Optional[slice] = None) -> Tensor:
-        """The states (those of ``states`` only, when given) at positions 0..length-1 as a
-        training call computes them, integrated now: no cache, no refresh bookkeeping.
-        [S, L, dim] in the parameters' dtype; ``length`` is trusted (a size already
-        checked), as the attention integrations pass it."""
+        """The states (``states`` only, when given) at positions 0..length-1 [S, L, dim],
+        integrated now as a training call does (no cache); ``length`` already checked."""
         self._check_dynamics()
         p0 = self.p0 if states is None else self.p0[states]
         t = self.length_times(length)
@@ -254,12 +239,9 @@ class Floater(nn.Module):
         return StoredStates.apply(values, *inputs, times, self.options, name)
 
     def _compiled(self, mode: str, times: Tensor) -> Tensor:
-        """Under torch.compile the cache's bookkeeping runs inside the opaque op
-        posenc_fast::floater_cached, so a compiled graph stays whole and its eval calls
-        are served from the same cache as eager ones. Not cached there: training steps
-        (refresh_every included: whether a call refreshes decides whether its result has a
-        graph, which one compiled graph cannot vary), torch.export (an exported program
-        must be a pure function of its inputs) and the reference backend (no op)."""
+        """Under torch.compile: the cache's bookkeeping inside the opaque op floater_cached.
+        Not cached: training steps (refresh_every would vary the graph), torch.export (a
+        pure function of its inputs) and the reference backend (no op)."""
         inputs = self._inputs()
         training_step = self.training and torch.is_grad_enabled()
         if training_step or is_exporting() or without_op(self.backend):
@@ -313,12 +295,10 @@ class Floater(nn.Module):
         return self
 
     def cache_info(self) -> cache.FloaterCacheInfo:
-        """(hits, misses, lengths, frozen): how often forward was served without integrating
-        (hits) or integrated (misses), the positions the result cache holds per call form
-        and the frozen length; like functools.lru_cache's cache_info(). Counted in eval
-        mode or under no_grad (where the cache applies) and for frozen calls, eagerly and
-        under torch.compile (frozen calls there are traced: not counted); training steps
-        integrate and are not counted. :meth:`clear_cache` resets the counts."""
+        """(hits, misses, lengths, frozen), like functools.lru_cache's cache_info(): calls
+        served without integrating, calls that integrated, positions cached per call form,
+        the frozen length. Counted where the cache applies (eval / no_grad) and for eager
+        frozen calls; not for training steps. :meth:`clear_cache` resets the counts."""
         results = self._cache
         lengths = {mode: int(e.out.shape[1]) for mode, e in results.entries.items()}
         return cache.FloaterCacheInfo(results.hits, results.misses, lengths, self.frozen_length)
