@@ -23,8 +23,7 @@ class FloaterAttentionBias(nn.Module):
     projection j (0: Q, 1: K, 2: V by convention) of block n. One :class:`Floater` with
     num_states = num_layers * num_projections holds the initial values; ``floater_kwargs``
     (hidden_dim, delta_t, substeps, method, activation, backend, refresh_every, init_scale,
-    device, dtype) go to it. The default initialisation (p0 = 0, h close to 0) starts the biases
-    near zero, so a pretrained Transformer can be warm-started with FLOATER switched off.
+    device, dtype) go to it. The biases start near zero (a pretrained model warm-starts).
 
     Example::
 
@@ -70,16 +69,12 @@ class FloaterAttentionBias(nn.Module):
         return BlockBiases(self, layer, share)
 
     def block_biases(self, n: int, length: int, share: bool = True) -> Tensor:
-        """Block ``n``'s biases for positions 0..length-1: [num_projections, L, dim], equal
-        to ``self(length)[n]``. In a training step (train mode, gradients on) one
-        integration of all blocks' states per forward serves every block and its backward
-        (layer 0 makes it; ``share=False``: block n integrates its own states); otherwise
-        the module's cache or frozen states serve it (docs/floater-training.md)."""
+        """Block ``n``'s biases [num_projections, L, dim] = ``self(length)[n]``. A training
+        step shares one integration of all blocks (``share=False``: per block); otherwise
+        the cache or frozen states serve it (docs/floater-training.md)."""
         fl = self.floater
-        # Frozen: stored biases, never integrate. An ONNX export goes through forward too,
-        # which refuses an unfrozen module.
         if fl.frozen or onnx_export_running() or not (fl.training and torch.is_grad_enabled()):
-            # self(length)[n], the Floater called directly (a frame fewer to the kernel)
+            # the Floater called directly: a frame fewer to the kernel
             return fl(length).unflatten(0, (self.num_layers, self.num_projections))[n]
         return training.block_biases(self, self._step, n, length, share)
 
@@ -93,9 +88,8 @@ class FloaterAttentionBias(nn.Module):
         return self.floater.frozen
 
     def freeze(self, length: int) -> FloaterAttentionBias:
-        """Store the biases of positions 0..length-1 (Floater.freeze): a model given
-        biases by add_floater_biases (``model.floater_bias.freeze(L)``) then runs and
-        exports without integrating. Returns the module."""
+        """Store the biases of positions 0..length-1 (Floater.freeze): the model then runs
+        and exports without integrating. Returns the module."""
         self.floater.freeze(length)
         return self
 
