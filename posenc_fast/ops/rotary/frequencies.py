@@ -9,10 +9,8 @@ Every family rotates channel pair i by x . W_i (reference.py); each differs only
     dinov3(head_dim)         DINOv3 / timm RotaryEmbeddingDinoV3: 2 pi / period per axis
     nd(axes_dim)             FLUX's EmbedND: per-axis bands, axis after axis
 
-and the coordinates: ``grid`` (timm's ``_build_grid``: index, pixel or centered grids)
-and ``augment`` (its training-time shift / jitter / rescale). Each reproduces its
-family's numbers (tests/rotary/test_frequencies.py checks them against timm 1.0.31 and
-FLUX's formula): the same float32 operations, so the same bits for W and x.
+and the coordinates ``grid`` (timm's ``_build_grid``) and ``augment`` (its training-time
+shift / jitter / rescale), each bit for bit its family's (tests/rotary/test_frequencies.py).
 """
 
 from __future__ import annotations

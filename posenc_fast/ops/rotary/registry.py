@@ -32,10 +32,8 @@ from . import reference, torch_impl
 
 
 def _compiled(devices: tuple, max_sizes: dict) -> OpSupport:
-    """q / k / table in float32 or half precision, positions and frequencies converted to
-    float32 on load (float64 ones would lose their precision in the float32 phases: the
-    torch backend takes those); every pair layout, shared or per-head frequencies, any
-    prefix."""
+    """float32 / half q, k, table, x and freqs (float64 x or freqs go to the torch backend:
+    the kernels' float32 phases would lose their precision)."""
     return OpSupport(
         devices=devices,
         dtypes=HALF_AND_SINGLE,
@@ -70,8 +68,7 @@ def _cpp_rotary_table_backward(grad, x, freqs, pairs: str, need_x: bool, need_fr
     return (dx if need_x else None), (dfreqs if need_freqs else None)
 
 
-# The Triton launchers (triton_kernels/rotary.py), imported on first use (triton is
-# optional and slow to import).
+# The Triton launchers (triton_kernels/rotary.py), imported on first use.
 
 
 def _triton_rotary(q, k, x, freqs, pairs: str, layout: str, prefix: int):
