@@ -41,9 +41,8 @@ class FloaterQKV(nn.Linear):
 
 
 def _no_fast_path(module, args):
-    """A forward pre-hook that changes nothing. nn.TransformerEncoderLayer skips its
-    inference fast path (which reads self_attn's weights directly and would skip the
-    biases) when any submodule has a hook; this is its documented off switch."""
+    """A no-op pre-hook: nn.TransformerEncoderLayer's inference fast path (which would skip
+    the biases) is off when a submodule has a hook."""
     return None
 
 
@@ -171,8 +170,7 @@ def _merge_masks(attn_mask, key_padding_mask, B, heads, L, S, dtype) -> Optional
 
 def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, Optional[str], nn.Module]]:
     """(parent, attribute name, module) of every layer to change, in module order; for a
-    transformers self-attention layer (separate q / k / v projections) the layer itself
-    with the projections' names: (layer, names, layer)."""
+    transformers self-attention layer (layer, projection names, layer)."""
     found = []
     inside = set()  # the projections of transformers layers already found
     for parent in model.modules():
@@ -233,19 +231,14 @@ def add_floater_biases(
     weights'. Returns the shared bias module, registered as ``model.floater_bias``.
 
     The paper's training options (Sec. 4.4): ``init_scale`` (w2's initialisation scale,
-    default 0.01: the biases start near zero), ``refresh_every=k`` (biases recomputed on
-    one training step in k, detached constants in between: no gradient reaches the
-    FLOATER parameters on those steps) and :func:`floater_param_groups` (a larger learning
-    rate for the FLOATER parameters). ``share_integration=False``: every block integrates
-    its own three states in training (the per-block path; only for reentrant
-    checkpointing of some blocks).
+    default 0.01), ``refresh_every=k`` (biases recomputed on one training step in k,
+    detached in between) and :func:`floater_param_groups` (a larger learning rate).
+    ``share_integration=False``: every block integrates its own states in training (for
+    reentrant checkpointing of some blocks).
 
-    Inside torch's nn.TransformerEncoder(Layer), the nested-tensor and inference fast
-    paths read the attention weights directly and would skip the biases: they are
-    switched off for the layers changed here. Hugging Face transformers models
-    (BERT, RoBERTa, XLM-R, DistilBERT, ViT, DeiT, ...): see
-    posenc_fast.integrations.transformers (positions from ``position_ids``, the options
-    recorded in ``model.config``).
+    nn.TransformerEncoder(Layer)'s fast paths, which would skip the biases, are switched
+    off for the changed layers. Hugging Face models (BERT, ViT, ...): positions from
+    ``position_ids``, options recorded in ``model.config`` (integrations.transformers).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -265,8 +258,7 @@ def add_floater_biases(
         )
     ref = _weight(*layers[0])
     floater_kwargs.setdefault("device", ref.device)
-    # The ODE state stays float32 in a half-precision model (its rounding would accumulate
-    # over the solver steps); the biases are cast to the projections' dtype when added.
+    # float32 ODE state in a half-precision model; biases cast to the projections' dtype.
     floater_kwargs.setdefault("dtype", ref.dtype if ref.dtype == torch.float64 else torch.float32)
     source = FloaterAttentionBias(dims.pop(), len(layers), **floater_kwargs)
     transformers_layers = False
