@@ -1,15 +1,9 @@
 """timm models with posenc_fast:
 
-- position encodings of a VisionTransformer's patch grid: the learned table becomes an
-  encoding of each patch's (row, col), so any grid size works::
-
-    posenc_fast.integrations.timm.use_lff(model, gamma=2.0)    # or use_sine2d(model)
-
-- the fused rotary op in timm's Eva-family models (EVA-02, RoPE-ViT axial and Mixed,
-  DINOv3, MRoPE) and NaFlexViT: every attention block rotates q and k in one pass from the
-  tokens' coordinates, without timm's sin / cos table::
-
-    posenc_fast.integrations.timm.use_fast_rope(model)
+- ``use_lff(model, gamma=2.0)`` / ``use_sine2d(model)``: a VisionTransformer's learned
+  table becomes an encoding of each patch's (row, col), so any grid size works;
+- ``use_fast_rope(model)``: timm's Eva-family models (EVA-02, RoPE-ViT axial and Mixed,
+  DINOv3, MRoPE) and NaFlexViT rotate q and k with the fused op, without the table.
 """
 
 # use_lff / use_sine2d set ``model.pos_embed`` to None (timm's own code then skips the table),
