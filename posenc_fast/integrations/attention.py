@@ -47,11 +47,9 @@ def _no_fast_path(module, args):
 
 
 class FloaterMultiheadAttention(nn.MultiheadAttention):
-    """nn.MultiheadAttention with block ``layer``'s FLOATER biases added to its query, key
-    and value projections (query positions 0..L-1, key/value positions 0..S-1). Same
-    arguments, outputs and parameter names as nn.MultiheadAttention (masks, need_weights,
-    batch_first, kdim/vdim, unbatched inputs); add_bias_kv and add_zero_attn are not
-    supported. Build it with :meth:`from_module`."""
+    """nn.MultiheadAttention with block ``layer``'s FLOATER biases on its q / k / v
+    projections (positions 0..L-1 and 0..S-1). Same arguments, outputs and parameter names
+    (not add_bias_kv, add_zero_attn). Build it with :meth:`from_module`."""
 
     @classmethod
     def from_module(
@@ -288,11 +286,9 @@ def floater_param_groups(model: nn.Module, lr: float, flow_lr_scale: float) -> l
         groups = floater_param_groups(model, lr=1e-3, flow_lr_scale=10.0)
         opt = torch.optim.AdamW(groups, weight_decay=0.05)
 
-    Returns ``[{"params": [every other parameter], "lr": lr}, {"params": [the parameters of
-    every FLOATER module in model (p0, w1, b1, w2, b2 of each Floater)], "lr": lr *
-    flow_lr_scale}]``, each trainable (requires_grad) parameter exactly once, in module
-    order; a group without parameters is left out. Other options (weight_decay, betas)
-    are the optimizer's defaults for both groups; set them per group on the result.
+    Returns ``[{"params": [every other parameter], "lr": lr}, {"params": [every Floater's
+    parameters], "lr": lr * flow_lr_scale}]``: each trainable parameter once, in module
+    order; an empty group is left out. Other options are the optimizer's defaults.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")

@@ -47,13 +47,9 @@ class Entry:
 
 
 class FloaterCacheInfo(NamedTuple):
-    """What :meth:`Floater.cache_info` returns (the analogue of functools.lru_cache's).
-
-    hits: calls answered without integrating (from the result cache, or from the states
-    stored by :meth:`Floater.freeze`); misses: calls that integrated (from scratch, or
-    onwards from shorter stored states); lengths: the number of positions held per call
-    form, e.g. {"length": 196} ("length": forward(length=...), "times": forward(times=...));
-    frozen: the length stored by freeze(), 0 when the module is not frozen."""
+    """What :meth:`Floater.cache_info` returns: hits (calls answered from the cache or
+    frozen states), misses (calls that integrated), lengths (positions held per call form,
+    e.g. {"length": 196}), frozen (the length freeze() stored, 0 if none)."""
 
     hits: int
     misses: int

@@ -50,11 +50,9 @@ class Floater(nn.Module):
 
     - ``fl(length=L)``: p(t_i) at t_i = i * delta_t, i = 0..L-1, so out[:, 0] equals p0.
     - ``fl(times=t)``: t a 1-D non-decreasing tensor of times >= 0 -> [S, len(t), d].
-    - Every interval between consecutive sample times (and from 0 to the first) is
-      integrated with ``substeps`` equal steps of ``method``. Defaults follow the official
-      code: delta_t 0.01, five RK4 steps per interval, ReLU.
-    - Gradients are exact for the discretised solution (the discrete adjoint), memory
-      O(S*L*d).
+    - Each interval between sample times (and from 0 to the first): ``substeps`` equal
+      steps of ``method``. Defaults (the official code's): delta_t 0.01, 5 RK4 steps, ReLU.
+    - Gradients are exact for the discretised solution, memory O(S*L*d).
     - Cache: in eval mode or under no_grad the result is kept; a repeated call costs
       nothing, a longer one extends the cached states, and gradients still flow when
       enabled. Any change of a parameter's values invalidates it (values are compared, so
@@ -62,12 +60,11 @@ class Floater(nn.Module):
       values are not a change). :meth:`clear_cache` drops it; copies and pickles start
       without it. Compiled eval calls share it (op posenc_fast::floater_cached);
       torch.export does not cache.
-    - ``refresh_every=k`` (training mode): compute a differentiable result on one call in
-      k and return that result's values, detached, on the k - 1 calls in between (the
-      official code's trick to save time; the dynamics then receive gradients only on
-      refresh calls, so DistributedDataParallel needs find_unused_parameters=True).
-      Default 1: every training call recomputes, and every parameter receives a gradient
-      on every call (DDP's default settings work). Ignored under torch.compile.
+    - ``refresh_every=k`` (training mode): one call in k computes a differentiable result,
+      the k - 1 calls after it return its values detached (the official code's trick); the
+      dynamics then get gradients only on refresh calls (DDP needs
+      find_unused_parameters=True). Default 1: every call recomputes. Ignored under
+      torch.compile.
     - ONNX export: :meth:`freeze` first; exporting an unfrozen module raises with that fix
       (docs/deploying.md). The functional :func:`floater` exports its solver unrolled.
     - Half-precision parameters (``model.to(torch.bfloat16)``): the ODE is integrated in

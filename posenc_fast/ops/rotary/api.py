@@ -250,11 +250,9 @@ class Rotary(nn.Module):
     (:func:`rotary`), ``m.table(x)`` gives the cos / sin table (:func:`rotary_table`).
 
     - ``freqs`` [F/2, pos_dim] shared by the heads, or [heads, F/2, pos_dim] one per head:
-      a Parameter, or a buffer with ``learnable=False``. By default axial frequencies
-      (``posenc_fast.rope.axial(rotary_dim, pos_dim, in_pixels=False)``: F/2 = pos_dim *
-      (rotary_dim // (2 pos_dim)), for integer grid coordinates), the same for every head;
-      ``frequencies=`` (or :meth:`from_frequencies`) takes any family's
-      (``posenc_fast.rope``: axial, mixed, dinov3, nd).
+      a Parameter, or a buffer with ``learnable=False``. Default: axial frequencies for
+      integer grid coordinates (``posenc_fast.rope.axial(rotary_dim, pos_dim,
+      in_pixels=False)``); ``frequencies=`` (or :meth:`from_frequencies`) takes any.
     - ``rotary_dim`` (default head_dim): channels rotated; the others pass through.
     - ``pairs``, ``layout``, ``prefix``: as for :func:`rotary`.
     """
