@@ -474,11 +474,9 @@ def use_fast_rope(model: nn.Module, backend: str = "auto") -> nn.Module:
             with one. Its attention modules must be timm's EvaAttention / AttentionRope.
         backend: the rotary op's backend ("auto", "torch", "triton", "cpp", "reference").
 
-    The model computes the same outputs and gradients (Mixed's ``rope.freqs`` included),
-    within float32 rounding (the angles are computed more accurately), in training (the
-    coordinate augmentations drawn as timm draws them) and evaluation, at any image size,
-    with token dropping; state_dict keys are unchanged. ``model.rope.get_embed`` then
-    returns the patch tokens' coordinates instead of the table. Returns the model.
+    Same outputs and gradients within float32 rounding, in training (timm's augmentation
+    draws) and evaluation, any image size, token dropping; state_dict keys unchanged.
+    ``model.rope.get_embed`` then returns coordinates, not the table. Returns the model.
     """
     family = _rope_family(model)
     backend = _dispatch.validate_name(backend)

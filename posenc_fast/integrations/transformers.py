@@ -123,11 +123,10 @@ def _json_options(options: dict) -> dict:
 
 
 class FastLightGluePositionalEncoder(nn.Module):
-    """LightGlue's positional encoder with its cos / sin table from posenc_fast's fused
-    ``lff_rotary`` op. ``projector`` is LightGlue's own nn.Linear(2, head_dim / 2,
-    bias=False) (its weight is the frequencies wr; the state_dict keys are unchanged).
-    Same outputs: ``((cos, sin),)`` each [..., N, head_dim], and the projected keypoints
-    as a second element when ``output_hidden_states``."""
+    """LightGlue's positional encoder on the fused ``lff_rotary`` op, with LightGlue's own
+    ``projector`` nn.Linear(2, head_dim / 2, bias=False) as wr (same state_dict keys). Same
+    outputs: ``((cos, sin),)`` each [..., N, head_dim] (+ the projected keypoints when
+    ``output_hidden_states``)."""
 
     def __init__(self, projector: nn.Linear, backend: str = "auto"):
         super().__init__()
@@ -144,10 +143,8 @@ class FastLightGluePositionalEncoder(nn.Module):
 
 
 def use_fast_rotary(model: nn.Module, backend: str = "auto") -> FastLightGluePositionalEncoder:
-    """Replace the positional encoder of a ``LightGlueForKeypointMatching`` by
-    :class:`FastLightGluePositionalEncoder`, which computes the same cos / sin table in
-    one fused op with the projector's weights (outputs equal within float32 rounding; the
-    phases are reduced more accurately). Returns the new encoder."""
+    """Replace a ``LightGlueForKeypointMatching``'s positional encoder by
+    :class:`FastLightGluePositionalEncoder` (equal within float32 rounding). Returns it."""
     old = getattr(model, "positional_encoder", None)
     if old is None or "LightGluePositionalEncoder" not in class_names(old):
         raise TypeError(
@@ -237,12 +234,11 @@ class _Dinov3Attention:
 
 def use_fast_rope(model: nn.Module, backend: str = "auto") -> nn.Module:
     """Rotate q and k of every attention layer of a transformers DINOv3 ViT
-    (``DINOv3ViTModel``, ``DINOv3ViTBackbone``) with ``posenc_fast.rotary`` (one fused
-    pass, class and register tokens passed through) instead of the cos / sin table, in
-    place. The same outputs and gradients within float32 rounding, in training (the
-    coordinate augmentations drawn as transformers draws them) and evaluation, at any
-    image size; state_dict keys unchanged. ``model.rope_embeddings(pixel_values)`` then
-    returns the patch coordinates. Returns the model."""
+    (``DINOv3ViTModel``, ``DINOv3ViTBackbone``) with ``posenc_fast.rotary`` instead of the
+    cos / sin table, in place: the same outputs and gradients within float32 rounding,
+    training augmentations included; state_dict keys unchanged.
+    ``model.rope_embeddings(pixel_values)`` then returns the patch coordinates. Returns the
+    model."""
     backend = _dispatch.validate_name(backend)
     embedding = _find(model, (ROPE_EMBEDDING,), "DINOv3 ViT rotary position embedding")
     attentions = [m for m in model.modules() if ROPE_ATTENTION in class_names(m)]

@@ -16,9 +16,8 @@ from .reference import ACTIVATIONS, METHODS, FloaterOptions
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the ODE is integrated in for parameters of ``dtype``: theirs when float32
-    or float64, float32 for float16/bfloat16 (a half-precision state would accumulate its
-    rounding over hundreds of steps; autocast keeps float32 for such work too)."""
+    """The dtype the ODE is integrated in: float32 / float64 as given, float32 for half
+    precision (a half-precision state would accumulate rounding over hundreds of steps)."""
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 

@@ -142,9 +142,8 @@ def _block(times: Tensor, block: range, K: int, tab: Tableau, w1t, b1, w2t, b2) 
 
 
 class _Buffers:
-    """Storage of one interval's K steps of s stages: stage inputs Y [S, d], pre-activations
-    Z [S, H] and stage derivatives Kd [S, d]. The views the loop needs are made once (an
-    indexing op per stage would cost as much as the arithmetic)."""
+    """One interval's K x s stages: inputs Y [S, d], pre-activations Z [S, H], derivatives
+    Kd [S, d], with the loop's views made once (indexing per stage costs as much as math)."""
 
     def __init__(self, K: int, s: int, S: int, d: int, H: int, like: Tensor):
         self.K, self.s = K, s

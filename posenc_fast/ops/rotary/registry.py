@@ -9,12 +9,9 @@
     forward(x, freqs, pairs, out_dtype) -> [2, *x.shape[:-1], F] (shared freqs) or
         [2, *x.shape[:-2], H, N, F] (per head): cos, then sin
     backward(grad, x, freqs, pairs, need_x, need_freqs) -> (dx, dfreqs), None where not needed
-(the reference only ``forward``: autograd differentiates it). A call's Problem carries
-sizes pos_dim (M), rotary_dim (F), prefix (rotary only) and options pairs ("interleaved" |
-"half") and freqs ("shared" | "per_head"), which SUPPORT tables may restrict.
-
-The LightGlue members (``apply_lff_rotary``, ``lff_rotary``: interleaved pairs, shared
-frequencies, no prefix) have registries of their own, holding the same implementations.
+(the reference only ``forward``). Problem sizes: pos_dim, rotary_dim, prefix; options:
+pairs, freqs ("shared" | "per_head"). The LightGlue members have registries of their own
+holding the same implementations.
 """
 
 from __future__ import annotations
