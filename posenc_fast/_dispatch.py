@@ -98,9 +98,7 @@ def extension_ops(backend: str):
     return torch.ops.posenc_fast
 
 
-# ---------------------------------------------------------------------------------------
-# Backend availability: per backend, for every op
-# ---------------------------------------------------------------------------------------
+# -- backend availability: per backend, for every op ------------------------------------
 
 
 def device_capability() -> tuple[int, int]:
@@ -225,9 +223,7 @@ def _names() -> str:
     return ", ".join(map(repr, BACKENDS))
 
 
-# ---------------------------------------------------------------------------------------
-# Choosing
-# ---------------------------------------------------------------------------------------
+# -- choosing ------------------------------------------------------------------------------
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -369,11 +365,8 @@ def validate_name(backend) -> str:
 
 
 def available_backends(verbose: bool = False) -> dict[str, list[str]] | list[str]:
-    """Backends usable in this process.
-
-    Returns the list of usable names, or with ``verbose=True`` a dict mapping every
-    backend name to the reasons it is unavailable ([] when usable).
-    """
+    """Backends usable in this process: their names, or with ``verbose=True`` every
+    backend's name -> the reasons it is unavailable ([] when usable)."""
     info = {name: b.environment_reasons() for name, b in BACKENDS.items()}
     if verbose:
         return info

@@ -103,10 +103,9 @@ class FloaterAttentionBias(nn.Module):
 
 
 class BlockBiases:
-    """Block ``layer``'s biases from a FloaterAttentionBias: ``biases(length)`` ->
-    [num_projections, L, dim], equal to ``module(length)[layer]``. Holds the module
-    without registering it as a submodule of every projection (it is registered once, on
-    the model: a state_dict lists it once). Made by :meth:`FloaterAttentionBias.block`."""
+    """Block ``layer``'s biases: ``biases(length)`` = ``module(length)[layer]``. Holds the
+    module unregistered (registered once, on the model). Made by
+    :meth:`FloaterAttentionBias.block`."""
 
     def __init__(self, module: FloaterAttentionBias, layer: int, share: bool = True):
         self.module, self.layer, self.share = module, layer, share

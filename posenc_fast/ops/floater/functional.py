@@ -117,8 +117,8 @@ def floater(
 ) -> Tensor:
     """Integrate dp/dt = h(t, p) from p(0) = p0 and return p at ``times``.
 
-    h(t, p) = act(p w1[:d] + t w1[d] + b1) w2[:H] + t w2[H] + b2: the time is concatenated
-    to the input of each layer, as in the paper's official code; h is shared by all states.
+    h(t, p) = act(p w1[:d] + t w1[d] + b1) w2[:H] + t w2[H] + b2 (the official code's: t
+    joins each layer's input), shared by all states.
 
     Args:
         p0: initial values [S, d] (one state per block / projection). float32 and float64

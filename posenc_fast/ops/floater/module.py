@@ -271,12 +271,11 @@ class Floater(nn.Module):
         return 0 if states is None else int(states.shape[1])
 
     def freeze(self, length: int) -> Floater:
-        """Integrate once for positions 0..length-1 (times i * delta_t) and serve
-        ``forward(length=l)``, l <= length, from the stored states from now on (also in
-        training mode: the dynamics then receive no gradient). The states are the buffer
-        ``frozen_states`` [num_states, length, dim] in the parameters' dtype, saved in
-        state_dict; loading such a state_dict freezes a fresh module. Call it again after
-        changing the parameters; :meth:`unfreeze` integrates again. Returns the module."""
+        """Integrate once for positions 0..length-1 and serve ``forward(length=l <=
+        length)`` from the buffer ``frozen_states`` [num_states, length, dim] from now on
+        (also in training: no gradient then). Saved in state_dict (loading it freezes a
+        fresh module). Call again after changing the parameters; :meth:`unfreeze` undoes
+        it. Returns the module."""
         length = _checks.size("length", length, minimum=1)
         if isinstance(length, torch.SymInt):
             raise TypeError("length must be a concrete int: freeze() runs eagerly, not traced")

@@ -414,15 +414,13 @@ def apply_lff_rotary(
     backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """q and k rotated by the learnable Fourier rotary embedding of positions x, fused:
-    ``rotary(q, k, x, wr, "interleaved", layout, 0, backend)``.
-
-    Equal to LightGlue's ``apply_cached_rotary_emb`` with ``lff_rotary(x, wr)``, without
-    the table.
+    ``rotary(q, k, x, wr, "interleaved", layout, 0, backend)``, equal to LightGlue's
+    ``apply_cached_rotary_emb`` with ``lff_rotary(x, wr)``, without the table.
 
     Args:
-        q, k: queries and keys, [B, heads, N, head_dim] (``layout="bhnd"``, LightGlue's)
-            or [B, N, heads, head_dim] (``layout="bnhd"``); any strides; float16, bfloat16,
-            float32 or float64, the same dtype. k may have fewer heads than q.
+        q, k: [B, heads, N, head_dim] (``layout="bhnd"``, LightGlue's) or [B, N, heads,
+            head_dim] (``"bnhd"``); any strides; float16, bfloat16, float32 or float64,
+            one dtype. k may have fewer heads than q.
         x: positions [B, N, M], or [N, M] shared by the batch (floating or integer).
         wr: frequencies [F/2, M] with F <= head_dim. Channels 2i and 2i+1 are rotated by
             the angle x . wr[i]; channels F..head_dim-1 are returned unchanged.
