@@ -13,8 +13,7 @@ from torch import Tensor, nn
 
 from ..ops.floater import BlockBiases, FloaterAttentionBias, Slot
 
-# Self-attention classes of transformers (5.x) whose three projections get FLOATER biases;
-# each is tested in tests/common/test_integrations_transformers.py.
+# transformers (5.x) self-attention classes that get FLOATER biases (each one tested).
 SUPPORTED_ATTENTION = (
     "BertSelfAttention",
     "RobertaSelfAttention",
@@ -121,11 +120,9 @@ class _ClearBiases:
 
 
 class FloaterProjection(nn.Linear):
-    """A query, key or value projection ``x [..., L, in] -> [..., L, out]`` plus the
-    FLOATER bias ``index`` (0: query, 1: key, 2: value) of block ``layer``. Shares
-    ``weight`` and ``bias`` with the nn.Linear it replaces; its attention layer's
-    pre-hook provides the biases (called on its own, it fetches them itself, for
-    positions 0..L-1)."""
+    """A q, k or v projection ``x [..., L, in] -> [..., L, out]`` plus block ``layer``'s
+    FLOATER bias ``index`` (0: q, 1: k, 2: v), sharing the replaced nn.Linear's parameters;
+    the layer's pre-hook provides the biases (alone, it fetches them for 0..L-1)."""
 
     def __init__(self, linear: nn.Linear, block: BlockBiases, slot: Slot, index: int):
         nn.Module.__init__(self)

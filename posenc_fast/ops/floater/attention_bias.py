@@ -25,26 +25,15 @@ class FloaterAttentionBias(nn.Module):
     (hidden_dim, delta_t, substeps, method, activation, backend, refresh_every, init_scale,
     device, dtype) go to it. The biases start near zero (a pretrained model warm-starts).
 
-    Example::
-
-        class Block(nn.Module):
-            def __init__(self, dim, heads):
-                super().__init__()
-                self.heads = heads
-                self.qkv = nn.Linear(dim, 3 * dim)
-                self.proj = nn.Linear(dim, dim)
-
-            def forward(self, x, bias):  # x [B, L, dim], bias [3, L, dim]
-                q, k, v = (self.qkv(x).unflatten(-1, (3, -1)) + bias.transpose(0, 1)).unbind(-2)
-                q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
-                y = F.scaled_dot_product_attention(q, k, v)
-                return x + self.proj(y.transpose(1, 2).flatten(2))
+    Example (``posenc_fast.integrations.attention.add_floater_biases`` does this for
+    existing models)::
 
         pos = posenc_fast.FloaterAttentionBias(dim=256, num_layers=4)
-        blocks = nn.ModuleList(Block(256, heads=8) for _ in range(4))
         bias = pos(x.shape[1])  # [4, 3, L, 256]
-        for n, block in enumerate(blocks):
-            x = block(x, bias[n])
+        for n, block in enumerate(blocks):  # x [B, L, 256]
+            qkv = block.qkv(x).unflatten(-1, (3, -1)) + bias[n].transpose(0, 1)
+            q, k, v = qkv.unbind(-2)  # each [B, L, 256] with block n's Q/K/V biases
+            x = x + block.proj(attend(q, k, v))  # heads split, SDPA, heads merged
     """
 
     def __init__(self, dim: int, num_layers: int, num_projections: int = 3, **floater_kwargs):

@@ -205,8 +205,6 @@ class Floater(nn.Module):
         if torch.compiler.is_compiling():
             out = self._compiled(mode, times)
         elif self.training and torch.is_grad_enabled():
-            # refresh_every = k: one training call in k integrates, the k - 1 calls after
-            # it get its values, detached.
             out = cache.reuse(self._cache, mode, times, self.refresh_every)
             if out is None:
                 inputs = self._inputs()
