@@ -19,9 +19,8 @@ from . import transformers_floater as hf
 
 
 class FloaterQKV(nn.Linear):
-    """A fused Q/K/V projection ``x [..., L, in] -> [..., L, 3 * dim]`` plus block
-    ``layer``'s FLOATER biases, laid out as [q | k | v] (timm's Attention splits the
-    output that way). Shares ``weight`` and ``bias`` with the nn.Linear it replaces."""
+    """A fused projection ``x [..., L, in] -> [..., L, 3 * dim]`` plus block ``layer``'s
+    biases as [q | k | v] (timm's split), sharing the replaced nn.Linear's parameters."""
 
     def __init__(
         self, linear: nn.Linear, source: FloaterAttentionBias, layer: int, share: bool = True

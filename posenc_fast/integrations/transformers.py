@@ -123,10 +123,8 @@ def _json_options(options: dict) -> dict:
 
 
 class FastLightGluePositionalEncoder(nn.Module):
-    """LightGlue's positional encoder on the fused ``lff_rotary`` op, with LightGlue's own
-    ``projector`` nn.Linear(2, head_dim / 2, bias=False) as wr (same state_dict keys). Same
-    outputs: ``((cos, sin),)`` each [..., N, head_dim] (+ the projected keypoints when
-    ``output_hidden_states``)."""
+    """LightGlue's positional encoder on the fused ``lff_rotary`` op, its ``projector``
+    nn.Linear(2, head_dim / 2, bias=False) as wr. Same outputs and state_dict keys."""
 
     def __init__(self, projector: nn.Linear, backend: str = "auto"):
         super().__init__()

@@ -46,9 +46,8 @@ def _projection_names(module: nn.Module) -> Optional[tuple[str, str, str]]:
 
 
 def supported_attention(module: nn.Module) -> Optional[tuple[str, str, str]]:
-    """The names of the q / k / v projections of a supported transformers self-attention
-    layer (:data:`SUPPORTED_ATTENTION`), else None. Raises if it already has FLOATER
-    biases."""
+    """The q / k / v projections' names of a :data:`SUPPORTED_ATTENTION` layer, else None
+    (a ValueError if it has FLOATER biases already)."""
     if not class_names(module) & set(SUPPORTED_ATTENTION):
         return None
     names = _projection_names(module)

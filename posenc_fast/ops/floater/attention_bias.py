@@ -92,9 +92,8 @@ class FloaterAttentionBias(nn.Module):
 
 
 class BlockBiases:
-    """Block ``layer``'s biases: ``biases(length)`` = ``module(length)[layer]``. Holds the
-    module unregistered (registered once, on the model). Made by
-    :meth:`FloaterAttentionBias.block`."""
+    """Block ``layer``'s biases: ``biases(length)`` = ``module(length)[layer]``; holds the
+    module unregistered (registered once, on the model)."""
 
     def __init__(self, module: FloaterAttentionBias, layer: int, share: bool = True):
         self.module, self.layer, self.share = module, layer, share

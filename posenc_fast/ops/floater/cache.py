@@ -152,9 +152,8 @@ def cached_states(
     backend: str,
     integrate: Integrate,
 ) -> tuple[Tensor, str]:
-    """(states at ``times``, detached; the name of the implementation that computed them),
-    from the cache when it covers the call, by extending it, or by a fresh integration
-    with the implementation ``backend`` chooses; what was integrated is stored."""
+    """(states at ``times`` detached, the implementation's name): from the cache, by
+    extending it, or integrated afresh (then stored)."""
     config_key = key(inputs, options, backend)
     entry = cache.entries.get(mode)
     onwards = None

@@ -115,9 +115,8 @@ def _head(t: Tensor, n: int, dim: int = 0) -> Tensor:
 
 
 def forward(p0, w1, b1, w2, b2, times, options: FloaterOptions, capture=None) -> Tensor:
-    """torch_impl.floater_forward, captured where :func:`capturable` (``capture`` None),
-    else the plain loop; ``capture`` False: the static-buffer path run eagerly (tests),
-    True: captured."""
+    """torch_impl.floater_forward, captured where :func:`capturable` (``capture`` None);
+    ``capture`` False: the static-buffer path run eagerly (tests), True: captured."""
     if capture is None:
         if not capturable(p0):
             return torch_impl.floater_forward(p0, w1, b1, w2, b2, times, options)

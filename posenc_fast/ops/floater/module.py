@@ -146,9 +146,8 @@ class Floater(nn.Module):
         return tuple(p.to(dtype) for p in (self.p0, self.w1, self.b1, self.w2, self.b2))
 
     def length_times(self, length: int) -> Tensor:
-        """t_i = i * delta_t, i = 0..length-1, in the dtype of the integration (the
-        parameters' dtype, float32 for half-precision ones), rounded once from float64, so
-        a prefix of a longer sequence is bitwise the shorter one."""
+        """t_i = i * delta_t, i < length, in the integration's dtype, rounded once from
+        float64 (a prefix of a longer sequence is bitwise the shorter one)."""
         t = torch.arange(length, dtype=torch.float64, device=self.p0.device) * self.delta_t
         return t.to(self._state_dtype())
 
@@ -192,10 +191,8 @@ class Floater(nn.Module):
         return out.to(self.p0.dtype)
 
     def forward(self, length: Optional[int] = None, times: Optional[Tensor] = None) -> Tensor:
-        """length: int >= 0 (times i * delta_t), or times: [L] -> [num_states, L, dim].
-
-        ``length`` may be symbolic (a dynamic dimension under torch.export or
-        torch.compile). The result has the parameters' dtype."""
+        """length: int >= 0 (times i * delta_t; may be symbolic under export / compile), or
+        times: [L] -> [num_states, L, dim] in the parameters' dtype."""
         length, times = self._check_call(length, times)
         if self.frozen:  # freeze(): the stored states, no integration
             return _frozen.positions(self._buffers[_frozen.BUFFER], length, self._cache)

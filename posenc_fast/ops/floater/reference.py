@@ -23,9 +23,8 @@ TENSORS = ("p0", "w1", "b1", "w2", "b2", "times")
 
 
 class FloaterOptions(NamedTuple):
-    """How the ODE is integrated: ``substeps`` equal steps of ``method`` per interval, with
-    the dynamics' ``activation``. One object on the Python side; the custom ops' schemas
-    take the three scalars (``*options``)."""
+    """How the ODE is integrated: ``substeps`` steps of ``method`` per interval, the dynamics'
+    ``activation`` (the ops' schemas take the three scalars, ``*options``)."""
 
     substeps: int = 5
     method: str = "rk4"

@@ -540,9 +540,8 @@ class LearnableFourierRotary(nn.Module):
         return lff_rotary(x, self.wr, backend=self.backend)
 
     def rotate(self, q: Tensor, k: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(q', k'): q and k [B, heads, N, head_dim] (or [B, N, heads, head_dim] with
-        layout "bnhd") rotated by the embedding of positions x [B, N, pos_dim] or
-        [N, pos_dim]."""
+        """(q', k'): q and k [B, heads, N, head_dim] (layout "bnhd": [B, N, heads, head_dim])
+        rotated by positions x [B, N, pos_dim] or [N, pos_dim]."""
         if q.shape[-1:] != (self.head_dim,):
             raise ValueError(f"q must have head_dim={self.head_dim} channels, got {list(q.shape)}")
         return apply_lff_rotary(q, k, x, self.wr, self.layout, self.backend)
