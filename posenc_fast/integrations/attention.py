@@ -1,9 +1,7 @@
-"""FLOATER Q/K/V biases (Liu et al. 2020, Eq. 12-13) in existing attention layers:
-``add_floater_biases(model)`` gives timm's Attention (any fused ``qkv`` layer with
-``num_heads``), torch's nn.MultiheadAttention and the transformers self-attention layers
-the biases of one shared FloaterAttentionBias, ``model.floater_bias``. Parameter names are
-kept, so pretrained checkpoints still load, and FLOATER starts near zero (the paper's warm
-start). How a training step shares one integration: docs/floater-training.md.
+"""FLOATER Q/K/V biases (Liu et al. 2020, Eq. 12-13) in existing attention layers (timm's
+Attention or any fused ``qkv`` with ``num_heads``, nn.MultiheadAttention, transformers):
+``add_floater_biases(model)``. Parameter names are kept (checkpoints load) and FLOATER
+starts near zero. Shared training integration: docs/floater-training.md.
 """
 
 from __future__ import annotations

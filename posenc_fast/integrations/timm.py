@@ -6,10 +6,7 @@
   DINOv3, MRoPE) and NaFlexViT rotate q and k with the fused op, without the table.
 """
 
-# use_lff / use_sine2d set ``model.pos_embed`` to None (timm's own code then skips the table),
-# add the encoding as ``model.pos_encoding`` and override ``model._pos_embed`` on the instance
-# (timm 1.0's contract: [B, H, W, C] or [B, H*W, C] in, [B, prefix + H*W, C] out). Prefix
-# tokens get no position encoding. Details: docs/integrations.md.
+# How both plug in (instance overrides; timm 1.0's contracts): docs/integrations.md.
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ class _GridEncoding(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        """x [B, H, W, C], or [B, H*W, C] with (H, W) = grid_size (the patch embedding's,
-        read at every call: ``model.set_input_size`` changes it) -> x + encoding."""
+        """x [B, H, W, C], or [B, H*W, C] with (H, W) = grid_size (read per call) -> x + pe."""
         if x.shape[-1] != self.dim:  # else a reshape of the encoding fails obscurely
             raise ValueError(
                 f"patch tokens must have embed_dim={self.dim} channels (the model's width), "
@@ -163,10 +159,7 @@ def use_sine2d(model: nn.Module, base: float = 10000.0) -> SineGridEncoding:
 
 
 # -- the fused rotary op in timm's Eva-family models -----------------------------------------
-# use_fast_rope overrides, on the instances, ``model.rope.get_embed`` (the patch tokens'
-# coordinates instead of timm's sin / cos table, augmented with timm's draws) and every
-# attention's ``forward`` (q and k rotated by ``posenc_fast.rotary`` with W made from timm's
-# buffers at each call). No parameter or buffer changes. Details: docs/integrations.md.
+# Overrides rope.get_embed (coordinates, not the table) and each attention's forward.
 
 # timm's rotary module class -> the family, and what is read of it
 _ROPE_FAMILIES = {

@@ -159,10 +159,8 @@ def use_fast_rotary(model: nn.Module, backend: str = "auto") -> FastLightGluePos
 
 
 # -- DINOv3 ViT: the fused rotary op ---------------------------------------------------------
-# (transformers 5.24's structure.) use_fast_rope overrides, on the instances, the position
-# embedding's forward (coordinates [N, 2] instead of the cos / sin table) and every
-# DINOv3ViTAttention's (q and k rotated by ``posenc_fast.rotary``, prefix passed through,
-# then transformers' own attention function).
+# (transformers 5.24.) Overrides the position embedding's forward (coordinates, not the
+# table) and each DINOv3ViTAttention's (the fused op, then transformers' attention).
 
 ROPE_EMBEDDING = "DINOv3ViTRopePositionEmbedding"
 ROPE_ATTENTION = "DINOv3ViTAttention"
@@ -232,11 +230,10 @@ class _Dinov3Attention:
 
 def use_fast_rope(model: nn.Module, backend: str = "auto") -> nn.Module:
     """Rotate q and k of every attention layer of a transformers DINOv3 ViT
-    (``DINOv3ViTModel``, ``DINOv3ViTBackbone``) with ``posenc_fast.rotary`` instead of the
-    cos / sin table, in place: the same outputs and gradients within float32 rounding,
-    training augmentations included; state_dict keys unchanged.
-    ``model.rope_embeddings(pixel_values)`` then returns the patch coordinates. Returns the
-    model."""
+    (``DINOv3ViTModel``, ``DINOv3ViTBackbone``) with ``posenc_fast.rotary``, in place: the
+    same outputs and gradients within float32 rounding, training augmentations included;
+    state_dict keys unchanged; ``model.rope_embeddings`` then returns coordinates. Returns
+    the model."""
     backend = _dispatch.validate_name(backend)
     embedding = _find(model, (ROPE_EMBEDDING,), "DINOv3 ViT rotary position embedding")
     attentions = [m for m in model.modules() if ROPE_ATTENTION in class_names(m)]

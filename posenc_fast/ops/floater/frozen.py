@@ -1,9 +1,8 @@
 """A frozen Floater's stored states (Floater.freeze): what ``forward(length=l)`` returns
 from them, without integrating."""
 
-# The buffer "frozen_states" [S, L, d] (registered only while frozen) is sliced by
-# forward(length=l <= L): an exported model holds a constant table (FLOATER Sec. 4.4). A
-# longer length raises rather than silently integrating in a deployed model.
+# The buffer "frozen_states" [S, L, d] (only while frozen), sliced by forward(length <= L):
+# a constant table when exported (Sec. 4.4). A longer length raises, never integrates.
 
 from __future__ import annotations
 

@@ -30,9 +30,8 @@ WARMUP_INTERVALS = 2
 
 
 class Graphed:
-    """``fn(*inputs) -> list of tensors (or None)`` on static copies of the first inputs
-    it was given, captured in a CUDA graph when ``capture``, else run eagerly on them.
-    ``warmup(*inputs)`` gives the (smaller) inputs of the warm-up run before a capture."""
+    """``fn(*inputs) -> [tensor or None]`` on static copies of its first inputs, captured in a
+    CUDA graph when ``capture`` (after a run on ``warmup(*inputs)``), else run eagerly."""
 
     def __init__(self, fn: Callable, inputs, capture: bool, warmup: Optional[Callable] = None):
         self.fn = fn

@@ -5,12 +5,9 @@ implementation runs a call: decided here only."""
 #     forward(p0, w1, b1, w2, b2, times, options) -> out [S, L, d]
 #     backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape=None)
 #         -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
-# (the reference only ``forward``: autograd differentiates it). ``options`` is a
-# :class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` and
-# ``cuda`` backends also have
+# (the reference only ``forward``); ``options``: a FloaterOptions. "cpp" and "cuda" also
 #     forward_taped(p0, w1, b1, w2, b2, times, options, intervals) -> (out, tape)
-# which keeps the stage values of the first ``intervals`` intervals for its backward
-# (``tape=``; tape.py); the other backends are never given a tape.
+# keeping the first ``intervals`` intervals' stage values for backward(tape=) (tape.py).
 #
 # The extension's ops ``posenc_fast::floater_integrate[_backward][_taped]`` are defined with
 # CPU kernels by posenc_fast._C; posenc_fast._C_cuda registers CUDA kernels ("cuda" needs

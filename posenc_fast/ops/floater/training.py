@@ -110,9 +110,8 @@ def block_biases(
 
 
 def _compiled_block(bias: FloaterAttentionBias, step: Slot, n: int, length: int) -> Tensor:
-    """A training forward under torch.compile: layer 0 leaves all blocks' biases in
-    ``step`` for the later layers (and a non-reentrant checkpoint's recomputation); the
-    eager key and the consumption hook cannot be traced."""
+    """Under torch.compile: layer 0 leaves all blocks' biases in ``step`` for the later
+    layers and checkpoint recomputation (the eager key and hook cannot be traced)."""
     fl = bias.floater
     if n == 0:
         biases = _all_blocks(fl(length), bias)

@@ -177,12 +177,10 @@ def table_autograd(x, freqs, pairs: str, out_dtype: torch.dtype) -> torch.Tensor
 
 # ------------------------------------------------------------------------ q and k
 #
-# With swap(t) the two channels of every pair exchanged, C = (c, c) and S = (-s, s) on
-# the pair's (first, second) channels:
+# swap(t): each pair's channels exchanged; C = (c, c), S = (-s, s) on a pair's channels:
 #     rotation  t' = t * C + swap(t) * S         (a c - b s, b c + a s)
 #     transpose g  -> g * C - swap(g) * S         (g_a c + g_b s, g_b c - g_a s)
-# three passes over each head's channels (a product, the swap, an addcmul), the C / S
-# tables built once per position for all heads.
+# three passes per head (product, swap, addcmul); C / S built once per position.
 
 
 def _swap(t: torch.Tensor, pairs: str) -> torch.Tensor:
