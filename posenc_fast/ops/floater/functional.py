@@ -179,8 +179,7 @@ def solve(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str) -> t
         if intervals:
             return fast_apply(FloaterTapedFunction)(*args, intervals)[0], impl.name
         return fast_apply(FloaterFunction)(*args), impl.name
-    # A tracer, a mode, a subclass or a running profiler: they see the ops (an ONNX
-    # export the plain-ATen composition).
+    # Tracers, modes, subclasses, a profiler: the ops (ONNX: the plain-ATen composition).
     if onnx_exporting():
         return FloaterFunction.onnx(*args[:-1]), impl.name
     if intervals:

@@ -295,8 +295,7 @@ class Floater(nn.Module):
         return cache.FloaterCacheInfo(results.hits, results.misses, lengths, self.frozen_length)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # A state_dict saved from a frozen module freezes this one: the buffer is created
-        # (shape from the checkpoint) so that the usual copy fills it.
+        # A frozen module's state_dict freezes this one: create the buffer the copy fills.
         stored = state_dict.get(prefix + _frozen.BUFFER)
         if isinstance(stored, Tensor):
             mine = self._buffers.get(_frozen.BUFFER)

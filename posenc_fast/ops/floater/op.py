@@ -264,8 +264,7 @@ def floater_cached(
         values, _ = _cache.cached_states(
             cache, mode, inputs, times, options, backend, _states_in_op
         )
-        # A copy: compiled code may write into an op's output buffer once it is dead, and
-        # the stored states must stay as they are.
+        # A copy: compiled code may reuse a dead output's buffer; the cache must not change.
         return values.clone()
 
 
@@ -279,8 +278,7 @@ def _backward_cached(ctx, grad):
     return (*FloaterFunction.backward(ctx, grad), None, None)  # none for cache_id, mode
 
 
-# The op reads its cache's state on the host (value comparisons), which a captured CUDA
-# graph would skip on replay: where torch has the tag, compiled code never graphs it.
+# Host reads of the cache's state, which a CUDA graph replay would skip: never graphed.
 _UNSAFE_IN_CUDA_GRAPHS = getattr(torch.Tag, "cudagraph_unsafe", None)
 
 FLOATER_CACHED = custom_op(
