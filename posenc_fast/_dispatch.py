@@ -1,11 +1,9 @@
 """The one dispatcher: which implementation runs a call, and why the others cannot.
 
-Two tables decide, each written once: ``BACKENDS`` (here: whether each backend can run in
-this process, and on which devices "auto" may pick it) and each op's registry
-(``ops/<op>/registry.py``: backend name -> :class:`Implementation` with its SUPPORT table).
-:func:`choose` walks ``AUTO_ORDER`` and returns the first implementation with no reasons
-against the call, or raises one :class:`BackendError` listing every backend's reasons;
-``POSENC_FAST_BACKEND=<name>`` replaces "auto" for every call.
+``BACKENDS`` (can each run in this process; where "auto" may pick it) and each op's
+registry (``ops/<op>/registry.py``: name -> :class:`Implementation` with its SUPPORT table).
+:func:`choose` returns the first of ``AUTO_ORDER`` with no reasons against the call, else
+a :class:`BackendError` listing them; ``POSENC_FAST_BACKEND`` replaces "auto".
 """
 
 from __future__ import annotations
@@ -64,9 +62,8 @@ ANYWHERE = OpSupport(devices=ANY, dtypes=FLOATS)  # the reference's and torch's,
 
 @dataclass
 class Implementation:
-    """One backend's implementation of one op: its SUPPORT table and its functions (each
-    op's registry says their signatures). ``backward`` None: autograd differentiates
-    ``forward`` itself (the float64 reference), so a call runs it without the custom op."""
+    """One backend's implementation of one op (signatures: the op's registry). ``backward``
+    None: autograd differentiates ``forward`` (the reference), run without the custom op."""
 
     name: str
     support: OpSupport
@@ -80,8 +77,7 @@ class Implementation:
 
 Registry = dict  # backend name -> Implementation (one per op)
 
-# op -> its registry, filled by the op packages' registry modules when they are imported
-# (posenc_fast's __init__ imports them all), so tools can ask "who implements op X".
+# op -> its registry, filled as the op packages' registry modules are imported.
 REGISTRIES: dict[str, Registry] = {}
 
 
@@ -102,22 +98,18 @@ def extension_ops(backend: str):
     return torch.ops.posenc_fast
 
 
-# ---------------------------------------------------------------------------------------
-# Backend availability: per backend, for every op
-# ---------------------------------------------------------------------------------------
+# -- backend availability: per backend, for every op ------------------------------------
 
 
 def device_capability() -> tuple[int, int]:
-    """Compute capability of the current CUDA device. The one place backends ask, so tests
-    can simulate a GPU older than the kernels support (tests/common/test_degradation.py)."""
+    """Compute capability of the current CUDA device (the one place: tests fake it)."""
     major, minor = torch.cuda.get_device_capability()
     return int(major), int(minor)
 
 
 def capability_reasons(minimum: tuple[int, int], why: str = "") -> list[str]:
     """Why the current CUDA device cannot run a backend that needs compute capability
-    ``minimum``: too old, or torch reports a device whose capability cannot be read (no
-    driver, a CPU build of torch, a process that faked torch.cuda.is_available)."""
+    ``minimum``: too old, or its capability cannot be read."""
     try:
         major, minor = device_capability()
     except Exception as exc:
@@ -142,8 +134,7 @@ def _triton_reasons() -> list[str]:
         return [reason] if reason else []
     if not torch.cuda.is_available():
         return ["no CUDA device and TRITON_INTERPRET is not set"]
-    # An environment reason (not an input-dependent one), so that "auto" warns once
-    # and `python -m posenc_fast info` shows it, instead of a silent fallback.
+    # An environment reason: "auto" warns once and `info` shows it (no silent fallback).
     reasons = capability_reasons((8, 0), " (bf16 tensor cores)")
     if reasons:
         return reasons
@@ -155,9 +146,8 @@ def _triton_reasons() -> list[str]:
     return [reason] if reason else []
 
 
-# The CUDA kernels compile in CI (tools/check_cuda_compile.sh) but have not yet run the
-# test matrix on a GPU. Until they have, they are used only when asked for explicitly:
-# POSENC_FAST_CUDA_UNVALIDATED=1 (e.g. the H200 validation run) lifts the gate.
+# The CUDA kernels run only when asked for (POSENC_FAST_CUDA_UNVALIDATED=1) until they have
+# passed the test matrix on a GPU.
 CUDA_VALIDATED = False
 CUDA_GATE_ENV = "POSENC_FAST_CUDA_UNVALIDATED"
 
@@ -187,11 +177,8 @@ class Backend:
     name: str
     summary: str
     environment_reasons: Callable[[], list[str]] = list
-    # Devices on which "auto" may pick this backend (None: every device it implements).
-    # The Triton interpreter runs on CPU tensors for verification, not for speed.
-    auto_devices: Optional[tuple[str, ...]] = None
-    # When "auto" skips this backend because it is unavailable here (not because of the
-    # inputs), warn once: the user probably expected it (e.g. a missing C++ extension).
+    auto_devices: Optional[tuple[str, ...]] = None  # where "auto" may pick it (None: all)
+    # Warn once when "auto" skips it as unavailable here (the user probably expected it).
     warn_when_unavailable: bool = False
     parts: tuple[str, ...] = ()  # the extension's modules it needs
 
@@ -207,8 +194,7 @@ BACKENDS: dict[str, Backend] = {
         "triton",
         "fused Triton kernels (CUDA; CPU tensors under TRITON_INTERPRET=1)",
         _triton_reasons,
-        auto_devices=("cuda",),
-        # On a CUDA machine, triton missing or a GPU too old means slow fallbacks: say so.
+        auto_devices=("cuda",),  # the interpreter on CPU tensors is for verification
         warn_when_unavailable=True,
     ),
     "cuda": Backend(
@@ -226,8 +212,7 @@ BACKENDS: dict[str, Backend] = {
         parts=("cpu",),
     ),
 }
-# Priority of "auto", fastest first. A backend only takes part in a choice for the ops and
-# devices its SUPPORT table declares, so one list serves every op.
+# Priority of "auto", fastest first; SUPPORT tables restrict it per op and device.
 AUTO_ORDER = ["cuda", "triton", "cpp", "torch"]
 ENV_VAR = "POSENC_FAST_BACKEND"
 
@@ -238,9 +223,7 @@ def _names() -> str:
     return ", ".join(map(repr, BACKENDS))
 
 
-# ---------------------------------------------------------------------------------------
-# Choosing
-# ---------------------------------------------------------------------------------------
+# -- choosing ------------------------------------------------------------------------------
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -382,11 +365,8 @@ def validate_name(backend) -> str:
 
 
 def available_backends(verbose: bool = False) -> dict[str, list[str]] | list[str]:
-    """Backends usable in this process.
-
-    Returns the list of usable names, or with ``verbose=True`` a dict mapping every
-    backend name to the reasons it is unavailable ([] when usable).
-    """
+    """Backends usable in this process: their names, or with ``verbose=True`` every
+    backend's name -> the reasons it is unavailable ([] when usable)."""
     info = {name: b.environment_reasons() for name, b in BACKENDS.items()}
     if verbose:
         return info

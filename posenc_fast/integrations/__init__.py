@@ -1,17 +1,12 @@
-"""Integrations with other libraries; each is imported on its own and only when used.
+"""Integrations with other libraries, each imported on its own when used:
 
-- :mod:`posenc_fast.integrations.timm`: learnable Fourier features or Sine-2D position
-  encodings for a timm VisionTransformer (``use_lff(model)``, ``use_sine2d(model)``); the
-  fused rotary op in timm's Eva-family models and NaFlexViT (``use_fast_rope(model)``).
-- :mod:`posenc_fast.integrations.attention`: FLOATER Q/K/V biases for timm's Attention,
-  torch's nn.MultiheadAttention and Hugging Face transformers' self-attention layers
-  (``add_floater_biases(model)``).
-- :mod:`posenc_fast.integrations.transformers`: Hugging Face transformers models (the
-  FLOATER layers, ``use_lff`` for ViT/DeiT, ``use_fast_rotary`` for LightGlue,
-  ``use_fast_rope`` for DINOv3 ViT, ``from_pretrained`` for models saved with them).
+- :mod:`.timm`: ``use_lff`` / ``use_sine2d`` (ViT patch grids), ``use_fast_rope`` (Eva
+  family, NaFlexViT).
+- :mod:`.attention`: ``add_floater_biases`` (timm Attention, nn.MultiheadAttention,
+  transformers self-attention).
+- :mod:`.transformers`: ``use_lff`` (ViT/DeiT), ``use_fast_rotary`` (LightGlue),
+  ``use_fast_rope`` (DINOv3 ViT), ``from_pretrained``.
 
-None imports the library it integrates with (except transformers.from_pretrained, which
-needs its loaders, and timm's unfused attention path after use_fast_rope, which uses timm's
-mask helpers of the model it runs): they work on the modules you pass, so importing
-posenc_fast (or these modules) never imports timm or transformers.
+They work on the modules passed and never import timm or transformers themselves (except
+transformers.from_pretrained and timm's unfused attention path after use_fast_rope).
 """

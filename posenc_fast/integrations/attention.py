@@ -1,9 +1,7 @@
-"""FLOATER Q/K/V biases (Liu et al. 2020, Eq. 12-13) in existing attention layers:
-``add_floater_biases(model)`` gives timm's Attention (any fused ``qkv`` layer with
-``num_heads``), torch's nn.MultiheadAttention and the transformers self-attention layers
-the biases of one shared FloaterAttentionBias, ``model.floater_bias``. Parameter names are
-kept, so pretrained checkpoints still load, and FLOATER starts near zero (the paper's warm
-start). How a training step shares one integration: docs/floater-training.md.
+"""FLOATER Q/K/V biases (Liu et al. 2020, Eq. 12-13) in existing attention layers (timm's
+Attention or any fused ``qkv`` with ``num_heads``, nn.MultiheadAttention, transformers):
+``add_floater_biases(model)``. Parameter names are kept (checkpoints load) and FLOATER
+starts near zero. Shared training integration: docs/floater-training.md.
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ from . import transformers_floater as hf
 
 
 class FloaterQKV(nn.Linear):
-    """A fused Q/K/V projection ``x [..., L, in] -> [..., L, 3 * dim]`` plus block
-    ``layer``'s FLOATER biases, laid out as [q | k | v] (timm's Attention splits the
-    output that way). Shares ``weight`` and ``bias`` with the nn.Linear it replaces."""
+    """A fused projection ``x [..., L, in] -> [..., L, 3 * dim]`` plus block ``layer``'s
+    biases as [q | k | v] (timm's split), sharing the replaced nn.Linear's parameters."""
 
     def __init__(
         self, linear: nn.Linear, source: FloaterAttentionBias, layer: int, share: bool = True
@@ -41,18 +38,15 @@ class FloaterQKV(nn.Linear):
 
 
 def _no_fast_path(module, args):
-    """A forward pre-hook that changes nothing. nn.TransformerEncoderLayer skips its
-    inference fast path (which reads self_attn's weights directly and would skip the
-    biases) when any submodule has a hook; this is its documented off switch."""
+    """A no-op pre-hook: nn.TransformerEncoderLayer's inference fast path (which would skip
+    the biases) is off when a submodule has a hook."""
     return None
 
 
 class FloaterMultiheadAttention(nn.MultiheadAttention):
-    """nn.MultiheadAttention with block ``layer``'s FLOATER biases added to its query, key
-    and value projections (query positions 0..L-1, key/value positions 0..S-1). Same
-    arguments, outputs and parameter names as nn.MultiheadAttention (masks, need_weights,
-    batch_first, kdim/vdim, unbatched inputs); add_bias_kv and add_zero_attn are not
-    supported. Build it with :meth:`from_module`."""
+    """nn.MultiheadAttention with block ``layer``'s FLOATER biases on its q / k / v
+    projections (positions 0..L-1 and 0..S-1). Same arguments, outputs and parameter names
+    (not add_bias_kv, add_zero_attn). Build it with :meth:`from_module`."""
 
     @classmethod
     def from_module(
@@ -171,8 +165,7 @@ def _merge_masks(attn_mask, key_padding_mask, B, heads, L, S, dtype) -> Optional
 
 def _attention_layers(model: nn.Module) -> list[tuple[nn.Module, Optional[str], nn.Module]]:
     """(parent, attribute name, module) of every layer to change, in module order; for a
-    transformers self-attention layer (separate q / k / v projections) the layer itself
-    with the projections' names: (layer, names, layer)."""
+    transformers self-attention layer (layer, projection names, layer)."""
     found = []
     inside = set()  # the projections of transformers layers already found
     for parent in model.modules():
@@ -233,19 +226,14 @@ def add_floater_biases(
     weights'. Returns the shared bias module, registered as ``model.floater_bias``.
 
     The paper's training options (Sec. 4.4): ``init_scale`` (w2's initialisation scale,
-    default 0.01: the biases start near zero), ``refresh_every=k`` (biases recomputed on
-    one training step in k, detached constants in between: no gradient reaches the
-    FLOATER parameters on those steps) and :func:`floater_param_groups` (a larger learning
-    rate for the FLOATER parameters). ``share_integration=False``: every block integrates
-    its own three states in training (the per-block path; only for reentrant
-    checkpointing of some blocks).
+    default 0.01), ``refresh_every=k`` (biases recomputed on one training step in k,
+    detached in between) and :func:`floater_param_groups` (a larger learning rate).
+    ``share_integration=False``: every block integrates its own states in training (for
+    reentrant checkpointing of some blocks).
 
-    Inside torch's nn.TransformerEncoder(Layer), the nested-tensor and inference fast
-    paths read the attention weights directly and would skip the biases: they are
-    switched off for the layers changed here. Hugging Face transformers models
-    (BERT, RoBERTa, XLM-R, DistilBERT, ViT, DeiT, ...): see
-    posenc_fast.integrations.transformers (positions from ``position_ids``, the options
-    recorded in ``model.config``).
+    nn.TransformerEncoder(Layer)'s fast paths, which would skip the biases, are switched
+    off for the changed layers. Hugging Face models (BERT, ViT, ...): positions from
+    ``position_ids``, options recorded in ``model.config`` (integrations.transformers).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -265,8 +253,7 @@ def add_floater_biases(
         )
     ref = _weight(*layers[0])
     floater_kwargs.setdefault("device", ref.device)
-    # The ODE state stays float32 in a half-precision model (its rounding would accumulate
-    # over the solver steps); the biases are cast to the projections' dtype when added.
+    # float32 ODE state in a half-precision model; biases cast to the projections' dtype.
     floater_kwargs.setdefault("dtype", ref.dtype if ref.dtype == torch.float64 else torch.float32)
     source = FloaterAttentionBias(dims.pop(), len(layers), **floater_kwargs)
     transformers_layers = False
@@ -296,11 +283,9 @@ def floater_param_groups(model: nn.Module, lr: float, flow_lr_scale: float) -> l
         groups = floater_param_groups(model, lr=1e-3, flow_lr_scale=10.0)
         opt = torch.optim.AdamW(groups, weight_decay=0.05)
 
-    Returns ``[{"params": [every other parameter], "lr": lr}, {"params": [the parameters of
-    every FLOATER module in model (p0, w1, b1, w2, b2 of each Floater)], "lr": lr *
-    flow_lr_scale}]``, each trainable (requires_grad) parameter exactly once, in module
-    order; a group without parameters is left out. Other options (weight_decay, betas)
-    are the optimizer's defaults for both groups; set them per group on the result.
+    Returns ``[{"params": [every other parameter], "lr": lr}, {"params": [every Floater's
+    parameters], "lr": lr * flow_lr_scale}]``: each trainable parameter once, in module
+    order; an empty group is left out. Other options are the optimizer's defaults.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")

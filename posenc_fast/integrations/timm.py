@@ -1,42 +1,12 @@
 """timm models with posenc_fast:
 
-- position encodings of a VisionTransformer's patch grid: the learned table becomes an
-  encoding of each patch's (row, col), so any grid size works::
-
-    posenc_fast.integrations.timm.use_lff(model, gamma=2.0)    # or use_sine2d(model)
-
-- the fused rotary op in timm's Eva-family models (EVA-02, RoPE-ViT axial and Mixed,
-  DINOv3, MRoPE) and NaFlexViT: every attention block rotates q and k in one pass from the
-  tokens' coordinates, without timm's sin / cos table::
-
-    posenc_fast.integrations.timm.use_fast_rope(model)
+- ``use_lff(model, gamma=2.0)`` / ``use_sine2d(model)``: a VisionTransformer's learned
+  table becomes an encoding of each patch's (row, col), so any grid size works;
+- ``use_fast_rope(model)``: timm's Eva-family models (EVA-02, RoPE-ViT axial and Mixed,
+  DINOv3, MRoPE) and NaFlexViT rotate q and k with the fused op, without the table.
 """
 
-#     model = timm.create_model("vit_small_patch16_224", dynamic_img_size=True)
-#     posenc_fast.integrations.timm.use_lff(model, gamma=2.0)    # or use_sine2d(model)
-#
-# The learned table ``model.pos_embed`` is replaced by an encoding of each patch's (row,
-# col) index (in patch units, so ``gamma`` is the kernel width in patches): any grid size
-# works, including sizes never seen in training (with ``dynamic_img_size=True``, or after
-# ``model.set_input_size``). timm keeps doing everything else: class and register tokens,
-# patch dropout, pos_drop, the blocks.
-#
-# How it plugs in (timm 1.0's ``VisionTransformer._pos_embed(x)`` contract: x is the patch
-# embedding's output, [B, H, W, C] with ``dynamic_img_size`` or [B, H*W, C] otherwise; the
-# result is [B, prefix + H*W, C] with the prefix tokens first):
-#
-# - ``model.pos_embed`` is set to None, so timm's own code (``_pos_embed``, ``init_weights``,
-#   ``set_input_size``) skips the table; the encoding is the submodule
-#   ``model.pos_encoding`` (its parameters are in ``state_dict`` under that name).
-# - ``model._pos_embed`` is overridden on this instance by a small callable that adds the
-#   encoding to the patch tokens, then calls the class's own ``_pos_embed`` (which
-#   concatenates the class/register tokens) and ``model.pos_drop``. No other state: the
-#   model deep-copies, pickles and compiles (``torch.compile(fullgraph=True)``) as before.
-#
-# Prefix tokens (class, register, distillation) get no position encoding, whatever
-# ``no_embed_class`` says: with ``no_embed_class=False`` timm adds a learned vector to each,
-# which is redundant with the learned tokens themselves. A checkpoint with a learned
-# ``pos_embed`` loads into the converted model with ``strict=False`` (the table is unused).
+# How both plug in (instance overrides; timm 1.0's contracts): docs/integrations.md.
 
 from __future__ import annotations
 
@@ -66,8 +36,7 @@ class _GridEncoding(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: Tensor, grid_size: tuple[int, int]) -> Tensor:
-        """x [B, H, W, C], or [B, H*W, C] with (H, W) = grid_size (the patch embedding's,
-        read at every call: ``model.set_input_size`` changes it) -> x + encoding."""
+        """x [B, H, W, C], or [B, H*W, C] with (H, W) = grid_size (read per call) -> x + pe."""
         if x.shape[-1] != self.dim:  # else a reshape of the encoding fails obscurely
             raise ValueError(
                 f"patch tokens must have embed_dim={self.dim} channels (the model's width), "
@@ -125,8 +94,7 @@ class SineGridEncoding(_GridEncoding):
 
 
 class _PosEmbed:
-    """Instance override of ``model._pos_embed``: encoding on the patch tokens, then the
-    class's own token handling, then pos_drop (as timm's learned-table path does)."""
+    """Instance override of ``model._pos_embed``: encoding, the class's own, pos_drop."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -191,30 +159,7 @@ def use_sine2d(model: nn.Module, base: float = 10000.0) -> SineGridEncoding:
 
 
 # -- the fused rotary op in timm's Eva-family models -----------------------------------------
-#
-#     model = timm.create_model("vit_small_patch16_rope_mixed_224")   # any Eva-family RoPE model
-#     posenc_fast.integrations.timm.use_fast_rope(model)
-#
-# timm (1.0.31, the structure followed here) computes a sin / cos table of every patch
-# token per forward (``Eva._pos_embed`` -> ``model.rope.get_embed()``), hands it to every
-# block, and each attention rotates its q and k with it (``apply_rot_embed_cat`` on the
-# patch tokens, then a concatenation with the prefix tokens). After ``use_fast_rope``:
-#
-# - ``model.rope.get_embed`` is overridden on the instance to return the patch tokens'
-#   coordinates instead of the table: [N, 2] ([depth, 1, N, 2], a view, for Mixed, whose
-#   blocks index the first axis), drawn as timm draws them (the same grid, and in training
-#   the same shift / jitter / rescale draws in the same RNG order). timm's own
-#   ``_pos_embed`` passes them on as it did the table, through token dropping's
-#   ``keep_indices`` too ([B, 1, n, 2] then).
-# - every block's attention ``forward`` is overridden on the instance by one that uses the
-#   module's own submodules and, instead of the table, ``posenc_fast.rotary`` on q and k
-#   with the coordinates and the rotary module's frequencies W (for Mixed the block's
-#   [heads, F/2, 2] view of ``rope.freqs``: the gradient reaches timm's parameter); prefix
-#   tokens pass through the op, no concatenation.
-#
-# No parameter or buffer is added or removed: state_dict keys are unchanged, a timm
-# checkpoint loads as it did. The frequencies W are made from timm's own buffers at every
-# call (a few tiny ops), so they follow ``.to()`` and ``set_input_size`` as timm's do.
+# Overrides rope.get_embed (coordinates, not the table) and each attention's forward.
 
 # timm's rotary module class -> the family, and what is read of it
 _ROPE_FAMILIES = {
@@ -251,12 +196,9 @@ def _missing(module: nn.Module, names) -> list[str]:
 
 
 def centered_grid(shape, offset=0.0, indexing="ij", normalize="separate", device=None) -> Tensor:
-    """``posenc_fast.rope.grid(shape, "centered", ...)``, also for symbolic sizes
-    (torch.export / ONNX with dynamic image sizes): rope.grid divides by ``float(size)``,
-    which fixes a symbolic size at its traced value; dividing by the size itself keeps it
-    symbolic. Then (i + 0.5 + offset) is computed as i + (0.5 + offset): the same numbers
-    for offset 0 (timm's and DINOv3's), within an ulp otherwise. Concrete sizes go to
-    rope.grid (timm's numbers bit for bit); so do "min" / "max" normalisations."""
+    """``posenc_fast.rope.grid(shape, "centered", ...)`` that keeps symbolic sizes symbolic
+    (rope.grid's ``float(size)`` would fix them at the traced value; export with dynamic
+    image sizes). Concrete sizes and "min" / "max" normalisations go to rope.grid."""
     if normalize != "separate" or not any(isinstance(s, torch.SymInt) for s in shape):
         return rope.grid(shape, "centered", offset=offset, indexing=indexing,
                          normalize=normalize, device=device)  # fmt: skip
@@ -267,11 +209,9 @@ def centered_grid(shape, offset=0.0, indexing="ij", normalize="separate", device
 
 
 class _RopeCoordinates:
-    """Instance override of the rotary module's ``get_embed(shape=None, dtype=None)``: the
-    patch tokens' coordinates in timm's grid (``posenc_fast.rope.grid``), augmented in
-    training as timm does (``posenc_fast.rope.augment``), [N, 2], float32. For Mixed a
-    [depth, 1, N, 2] view (the model indexes blocks on the first axis). ``dtype`` (the
-    table's) does not apply to coordinates."""
+    """Instance override of ``rope.get_embed(shape=None, dtype=None)``: the patch tokens'
+    coordinates [N, 2] float32 in timm's grid, augmented in training as timm does; for
+    Mixed a [depth, 1, N, 2] view. ``dtype`` (the table's) is ignored."""
 
     def __init__(self, rope: nn.Module, family: str):
         self.rope, self.family = rope, family
@@ -307,11 +247,9 @@ class _RopeCoordinates:
 
 
 class _NaFlexCoordinates:
-    """Instance override of NaFlexVit's ``_generate_rope_naflex(x, patch_coord)`` for
-    NaFlex batches (images of several grid sizes, padded): per sample the coordinates of
-    its grid's tokens in row-major order (``rope.get_embed``, one call per distinct size in
-    the order timm makes them: the same augmentation draws), zero for padding:
-    [B, 1, N - prefix, 2] (Mixed: [depth, B, 1, N - prefix, 2], a view)."""
+    """Instance override of NaFlexVit's ``_generate_rope_naflex(x, patch_coord)``: per
+    sample its grid's coordinates (one get_embed per distinct size, in timm's order, so the
+    same augmentation draws), zero for padding: [B, 1, N - prefix, 2] (Mixed: [depth, ...])."""
 
     def __init__(self, model: nn.Module, family: str):
         self.model, self.family = model, family
@@ -348,10 +286,9 @@ def _rope_frequencies(r: nn.Module, family: str, block: int) -> Tensor:
 
 
 class _RopeAttention:
-    """Instance override of a timm EvaAttention's / AttentionRope's ``forward(x, rope=None,
-    attn_mask=None, is_causal=False)`` (timm 1.0.31's structure), made of the module's own
-    submodules, with ``rope`` the coordinates ``_RopeCoordinates`` gave (as the model passes
-    them on) and q and k rotated by ``posenc_fast.rotary``."""
+    """Instance override of EvaAttention's / AttentionRope's ``forward(x, rope=None,
+    attn_mask=None, is_causal=False)`` (timm 1.0.31), ``rope`` being the coordinates of
+    ``_RopeCoordinates``; q and k rotated by ``posenc_fast.rotary``."""
 
     def __init__(self, attn: nn.Module, rope: nn.Module, family: str, block: int, backend: str):
         self.attn, self.rope, self.family, self.block = attn, rope, family, block
@@ -436,8 +373,7 @@ def _class_names(module) -> set[str]:
 
 
 def _rope_family(model: nn.Module) -> str:
-    """The family of a timm Eva / NaFlexVit model's rotary module, after the checks that
-    it is one use_fast_rope can convert (a TypeError or ValueError naming why not)."""
+    """The family of the model's rotary module; TypeError / ValueError if not convertible."""
     kinds = [name for name in _MODELS if name in _class_names(model)]
     if not isinstance(model, nn.Module) or not kinds:
         raise TypeError(
@@ -531,11 +467,9 @@ def use_fast_rope(model: nn.Module, backend: str = "auto") -> nn.Module:
             with one. Its attention modules must be timm's EvaAttention / AttentionRope.
         backend: the rotary op's backend ("auto", "torch", "triton", "cpp", "reference").
 
-    The model computes the same outputs and gradients (Mixed's ``rope.freqs`` included),
-    within float32 rounding (the angles are computed more accurately), in training (the
-    coordinate augmentations drawn as timm draws them) and evaluation, at any image size,
-    with token dropping; state_dict keys are unchanged. ``model.rope.get_embed`` then
-    returns the patch tokens' coordinates instead of the table. Returns the model.
+    Same outputs and gradients within float32 rounding, in training (timm's augmentation
+    draws) and evaluation, any image size, token dropping; state_dict keys unchanged.
+    ``model.rope.get_embed`` then returns coordinates, not the table. Returns the model.
     """
     family = _rope_family(model)
     backend = _dispatch.validate_name(backend)

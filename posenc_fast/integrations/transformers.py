@@ -1,9 +1,6 @@
-"""Hugging Face transformers models with posenc_fast encodings, one call each: FLOATER
-Q/K/V biases (add_floater_biases; the layers: transformers_floater.py), LFF of a ViT's
-patch grid (use_lff), LightGlue's fused rotary table (use_fast_rotary), DINOv3 ViT's
-attention on the fused rotary op (use_fast_rope), and from_pretrained for models saved
-with them. Nothing here imports transformers except
-from_pretrained; modules are recognised by their class names (docs/integrations.md).
+"""Hugging Face transformers models with posenc_fast encodings: add_floater_biases, use_lff,
+use_fast_rotary (LightGlue), use_fast_rope (DINOv3 ViT), and from_pretrained. Modules are
+recognised by class name; only from_pretrained imports transformers (docs/integrations.md).
 """
 
 from __future__ import annotations
@@ -44,9 +41,8 @@ SUPPORTED_EMBEDDINGS = ("ViTEmbeddings", "DeiTEmbeddings")
 
 
 class _Embed:
-    """Instance override of a ViT/DeiT embeddings module's forward: the patch embedding,
-    the mask token, the LFF encoding of the patch grid on the patch tokens, then the
-    prefix tokens (class, distillation: no position encoding) and dropout."""
+    """Instance override of ViT/DeiT embeddings' forward: patches, mask token, the LFF
+    encoding, then the prefix tokens (no position encoding) and dropout."""
 
     def __init__(self, embeddings: nn.Module):
         self.embeddings = embeddings
@@ -96,14 +92,13 @@ def use_lff(model: nn.Module, gamma: float = 2.0, **lff_kwargs) -> LFFGridEncodi
     """Give a Hugging Face ViT-family model (ViTModel, ViTForImageClassification,
     DeiTModel, ...) learnable-Fourier-feature position encodings of its patch grid.
 
-    The learned table ``embeddings.position_embeddings`` is set to None and the encoding
-    is ``embeddings.pos_encoding`` (an LFFGridEncoding, as for timm): each patch's (row,
-    col) index in patch units goes through :class:`~posenc_fast.LearnableFourierFeatures`
-    (``gamma``: the kernel width in patches; ``lff_kwargs``: fourier_dim=256,
-    hidden_dim=32 by default, ...). The class and distillation tokens get no position
-    encoding. Images of another size (multiples of the patch size) need
-    ``interpolate_pos_encoding=True``, as before; nothing is interpolated: the encoding of
-    the new grid is computed. Returns the encoding module."""
+    ``embeddings.position_embeddings`` becomes None; the encoding is
+    ``embeddings.pos_encoding`` (an LFFGridEncoding, as for timm) of each patch's (row,
+    col) index. ``gamma``: the kernel width in patches; ``lff_kwargs``: for
+    :class:`~posenc_fast.LearnableFourierFeatures` (fourier_dim=256, hidden_dim=32 by
+    default). Prefix tokens get no encoding. Other image sizes (multiples of the patch
+    size) need ``interpolate_pos_encoding=True``; the new grid's encoding is computed.
+    Returns the encoding module."""
     emb = _find(model, SUPPORTED_EMBEDDINGS, "ViT embeddings module")
     _checks.positive_float("gamma", gamma)
     table = emb.position_embeddings
@@ -128,11 +123,8 @@ def _json_options(options: dict) -> dict:
 
 
 class FastLightGluePositionalEncoder(nn.Module):
-    """LightGlue's positional encoder with its cos / sin table from posenc_fast's fused
-    ``lff_rotary`` op. ``projector`` is LightGlue's own nn.Linear(2, head_dim / 2,
-    bias=False) (its weight is the frequencies wr; the state_dict keys are unchanged).
-    Same outputs: ``((cos, sin),)`` each [..., N, head_dim], and the projected keypoints
-    as a second element when ``output_hidden_states``."""
+    """LightGlue's positional encoder on the fused ``lff_rotary`` op, its ``projector``
+    nn.Linear(2, head_dim / 2, bias=False) as wr. Same outputs and state_dict keys."""
 
     def __init__(self, projector: nn.Linear, backend: str = "auto"):
         super().__init__()
@@ -149,10 +141,8 @@ class FastLightGluePositionalEncoder(nn.Module):
 
 
 def use_fast_rotary(model: nn.Module, backend: str = "auto") -> FastLightGluePositionalEncoder:
-    """Replace the positional encoder of a ``LightGlueForKeypointMatching`` by
-    :class:`FastLightGluePositionalEncoder`, which computes the same cos / sin table in
-    one fused op with the projector's weights (outputs equal within float32 rounding; the
-    phases are reduced more accurately). Returns the new encoder."""
+    """Replace a ``LightGlueForKeypointMatching``'s positional encoder by
+    :class:`FastLightGluePositionalEncoder` (equal within float32 rounding). Returns it."""
     old = getattr(model, "positional_encoder", None)
     if old is None or "LightGluePositionalEncoder" not in class_names(old):
         raise TypeError(
@@ -169,16 +159,8 @@ def use_fast_rotary(model: nn.Module, backend: str = "auto") -> FastLightGluePos
 
 
 # -- DINOv3 ViT: the fused rotary op ---------------------------------------------------------
-#
-# transformers' DINOv3 ViT (transformers.models.dinov3_vit, the structure of transformers
-# 5.24 followed here): ``DINOv3ViTRopePositionEmbedding(pixel_values)`` computes a cos /
-# sin table of the patch centres' coordinates per forward (augmented in training), every
-# layer passes it to its ``DINOv3ViTAttention``, which rotates the patch tokens of q and k
-# (rotate-half pairs) and concatenates the prefix tokens (class, registers) back. After
-# use_fast_rope both modules' ``forward`` are overridden on the instance: the position
-# embedding returns the coordinates [N, 2] (drawn as transformers draws them), the
-# attention rotates q and k with ``posenc_fast.rotary`` (prefix tokens passed through) and
-# then runs transformers' own attention function (config._attn_implementation).
+# (transformers 5.24.) Overrides the position embedding's forward (coordinates, not the
+# table) and each DINOv3ViTAttention's (the fused op, then transformers' attention).
 
 ROPE_EMBEDDING = "DINOv3ViTRopePositionEmbedding"
 ROPE_ATTENTION = "DINOv3ViTAttention"
@@ -190,9 +172,8 @@ _CONFIG_ATTRIBUTES = ("patch_size", "num_register_tokens", "pos_embed_shift", "p
 
 
 class _Dinov3Coordinates:
-    """Instance override of ``DINOv3ViTRopePositionEmbedding.forward(pixel_values)``: the
-    patch centres' coordinates [H/p * W/p, 2] in [-1, 1], float32 (row, col), shifted,
-    jittered and rescaled in training as transformers draws them (config.pos_embed_*)."""
+    """Instance override of ``DINOv3ViTRopePositionEmbedding.forward(pixel_values)``: patch
+    centres [H/p * W/p, 2] in [-1, 1] float32, augmented in training as transformers does."""
 
     def __init__(self, embedding: nn.Module):
         self.embedding = embedding
@@ -211,10 +192,8 @@ class _Dinov3Coordinates:
 
 
 class _Dinov3Attention:
-    """Instance override of ``DINOv3ViTAttention.forward``: the projections, q and k
-    rotated by ``posenc_fast.rotary`` with the coordinates the position embedding gave
-    (``position_embeddings``) and W = 2 pi inv_freq on each axis, then transformers'
-    attention function and the output projection."""
+    """Instance override of ``DINOv3ViTAttention.forward``: q and k rotated by
+    ``posenc_fast.rotary`` (W = 2 pi inv_freq per axis), then transformers' attention."""
 
     def __init__(self, attention: nn.Module, embedding: nn.Module, backend: str):
         self.attention, self.embedding, self.backend = attention, embedding, backend
@@ -251,12 +230,10 @@ class _Dinov3Attention:
 
 def use_fast_rope(model: nn.Module, backend: str = "auto") -> nn.Module:
     """Rotate q and k of every attention layer of a transformers DINOv3 ViT
-    (``DINOv3ViTModel``, ``DINOv3ViTBackbone``) with ``posenc_fast.rotary`` (one fused
-    pass, class and register tokens passed through) instead of the cos / sin table, in
-    place. The same outputs and gradients within float32 rounding, in training (the
-    coordinate augmentations drawn as transformers draws them) and evaluation, at any
-    image size; state_dict keys unchanged. ``model.rope_embeddings(pixel_values)`` then
-    returns the patch coordinates. Returns the model."""
+    (``DINOv3ViTModel``, ``DINOv3ViTBackbone``) with ``posenc_fast.rotary``, in place: the
+    same outputs and gradients within float32 rounding, training augmentations included;
+    state_dict keys unchanged; ``model.rope_embeddings`` then returns coordinates. Returns
+    the model."""
     backend = _dispatch.validate_name(backend)
     embedding = _find(model, (ROPE_EMBEDDING,), "DINOv3 ViT rotary position embedding")
     attentions = [m for m in model.modules() if ROPE_ATTENTION in class_names(m)]
@@ -326,12 +303,9 @@ def apply_recorded(model: nn.Module, recorded: dict) -> None:
 def from_pretrained(model_class, pretrained_model_name_or_path=None, *, state_dict=None, **kwargs):
     """``model_class.from_pretrained`` for a model saved with posenc_fast encodings.
 
-    ``model_class.from_pretrained`` alone builds the model without them and drops their
-    weights (reported as unexpected keys). This builds the model from the config, applies
-    what ``config.posenc_fast`` records (use_lff, add_floater_biases with their options),
-    and loads every weight, the encodings' (frozen FLOATER states included) strictly.
-    The integrations are applied to the whole model, as they were when it was saved (a
-    model whose FLOATER biases were added to a submodule gets an error naming the keys).
+    Builds the model from the config, applies what ``config.posenc_fast`` records (to the
+    whole model, as when saved) and loads every weight strictly, the encodings' (frozen
+    FLOATER states) included; plain ``from_pretrained`` would drop them.
 
     Args:
         model_class: a transformers model class (``RobertaForSequenceClassification``,
@@ -383,9 +357,8 @@ def from_pretrained(model_class, pretrained_model_name_or_path=None, *, state_di
 
 
 def _removed_tables(model_class, config, plain: dict) -> dict[str, Tensor]:
-    """Zeros for the learned tables use_lff removed (not in the checkpoint), so that
-    transformers loads without reporting them as newly initialised; use_lff then drops
-    them again. Their shapes come from the model built on the meta device (no memory)."""
+    """Zeros for the tables use_lff removed, so transformers does not report them as newly
+    initialised (shapes from a meta-device build); use_lff drops them again."""
     with torch.device("meta"):
         build = getattr(model_class, "from_config", None)  # Auto classes
         probe = build(config) if build is not None else model_class(config)

@@ -13,8 +13,7 @@ from torch import Tensor, nn
 
 from ..ops.floater import BlockBiases, FloaterAttentionBias, Slot
 
-# Self-attention classes of transformers (5.x) whose three projections get FLOATER biases;
-# each is tested in tests/common/test_integrations_transformers.py.
+# transformers (5.x) self-attention classes that get FLOATER biases (each one tested).
 SUPPORTED_ATTENTION = (
     "BertSelfAttention",
     "RobertaSelfAttention",
@@ -47,9 +46,8 @@ def _projection_names(module: nn.Module) -> Optional[tuple[str, str, str]]:
 
 
 def supported_attention(module: nn.Module) -> Optional[tuple[str, str, str]]:
-    """The names of the q / k / v projections of a supported transformers self-attention
-    layer (:data:`SUPPORTED_ATTENTION`), else None. Raises if it already has FLOATER
-    biases."""
+    """The q / k / v projections' names of a :data:`SUPPORTED_ATTENTION` layer, else None
+    (a ValueError if it has FLOATER biases already)."""
     if not class_names(module) & set(SUPPORTED_ATTENTION):
         return None
     names = _projection_names(module)
@@ -121,11 +119,9 @@ class _ClearBiases:
 
 
 class FloaterProjection(nn.Linear):
-    """A query, key or value projection ``x [..., L, in] -> [..., L, out]`` plus the
-    FLOATER bias ``index`` (0: query, 1: key, 2: value) of block ``layer``. Shares
-    ``weight`` and ``bias`` with the nn.Linear it replaces; its attention layer's
-    pre-hook provides the biases (called on its own, it fetches them itself, for
-    positions 0..L-1)."""
+    """A q, k or v projection ``x [..., L, in] -> [..., L, out]`` plus block ``layer``'s
+    FLOATER bias ``index`` (0: q, 1: k, 2: v), sharing the replaced nn.Linear's parameters;
+    the layer's pre-hook provides the biases (alone, it fetches them for 0..L-1)."""
 
     def __init__(self, linear: nn.Linear, block: BlockBiases, slot: Slot, index: int):
         nn.Module.__init__(self)

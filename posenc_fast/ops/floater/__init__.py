@@ -1,12 +1,10 @@
 """FLOATER (Liu et al. 2020): position encodings as the solution of an ODE: ``floater``,
 ``Floater``, ``FloaterAttentionBias``.
 
-The path of a call: functional.py (``floater``; :func:`~.functional.solve` chooses the
-implementation, registry.py, and calls the custom ops, op.py) -> torch_impl.py /
-graphed.py or csrc/floater/. The modules: module.py (Floater, with its result cache,
-cache.py, and frozen states, frozen.py), attention_bias.py (FloaterAttentionBias) and
-training.py (one integration per training forward for all blocks). tape.py sizes the
-taped forward's tape; reference.py is the specification.
+A call: functional.py (:func:`~.functional.solve`: registry.py, the ops of op.py) ->
+torch_impl.py / graphed.py or csrc/floater/. Modules: module.py (with cache.py, frozen.py),
+attention_bias.py and training.py (one integration per training step for all blocks).
+tape.py sizes the tape; reference.py is the specification.
 """
 
 from .attention_bias import BlockBiases, FloaterAttentionBias

@@ -23,29 +23,17 @@ class FloaterAttentionBias(nn.Module):
     projection j (0: Q, 1: K, 2: V by convention) of block n. One :class:`Floater` with
     num_states = num_layers * num_projections holds the initial values; ``floater_kwargs``
     (hidden_dim, delta_t, substeps, method, activation, backend, refresh_every, init_scale,
-    device, dtype) go to it. The default initialisation (p0 = 0, h close to 0) starts the biases
-    near zero, so a pretrained Transformer can be warm-started with FLOATER switched off.
+    device, dtype) go to it. The biases start near zero (a pretrained model warm-starts).
 
-    Example::
-
-        class Block(nn.Module):
-            def __init__(self, dim, heads):
-                super().__init__()
-                self.heads = heads
-                self.qkv = nn.Linear(dim, 3 * dim)
-                self.proj = nn.Linear(dim, dim)
-
-            def forward(self, x, bias):  # x [B, L, dim], bias [3, L, dim]
-                q, k, v = (self.qkv(x).unflatten(-1, (3, -1)) + bias.transpose(0, 1)).unbind(-2)
-                q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in (q, k, v))
-                y = F.scaled_dot_product_attention(q, k, v)
-                return x + self.proj(y.transpose(1, 2).flatten(2))
+    Example (``posenc_fast.integrations.attention.add_floater_biases`` does this for
+    existing models)::
 
         pos = posenc_fast.FloaterAttentionBias(dim=256, num_layers=4)
-        blocks = nn.ModuleList(Block(256, heads=8) for _ in range(4))
         bias = pos(x.shape[1])  # [4, 3, L, 256]
-        for n, block in enumerate(blocks):
-            x = block(x, bias[n])
+        for n, block in enumerate(blocks):  # x [B, L, 256]
+            qkv = block.qkv(x).unflatten(-1, (3, -1)) + bias[n].transpose(0, 1)
+            q, k, v = qkv.unbind(-2)  # each [B, L, 256] with block n's Q/K/V biases
+            x = x + block.proj(attend(q, k, v))  # heads split, SDPA, heads merged
     """
 
     def __init__(self, dim: int, num_layers: int, num_projections: int = 3, **floater_kwargs):
@@ -70,16 +58,12 @@ class FloaterAttentionBias(nn.Module):
         return BlockBiases(self, layer, share)
 
     def block_biases(self, n: int, length: int, share: bool = True) -> Tensor:
-        """Block ``n``'s biases for positions 0..length-1: [num_projections, L, dim], equal
-        to ``self(length)[n]``. In a training step (train mode, gradients on) one
-        integration of all blocks' states per forward serves every block and its backward
-        (layer 0 makes it; ``share=False``: block n integrates its own states); otherwise
-        the module's cache or frozen states serve it (docs/floater-training.md)."""
+        """Block ``n``'s biases [num_projections, L, dim] = ``self(length)[n]``. A training
+        step shares one integration of all blocks (``share=False``: per block); otherwise
+        the cache or frozen states serve it (docs/floater-training.md)."""
         fl = self.floater
-        # Frozen: stored biases, never integrate. An ONNX export goes through forward too,
-        # which refuses an unfrozen module.
         if fl.frozen or onnx_export_running() or not (fl.training and torch.is_grad_enabled()):
-            # self(length)[n], the Floater called directly (a frame fewer to the kernel)
+            # the Floater called directly: a frame fewer to the kernel
             return fl(length).unflatten(0, (self.num_layers, self.num_projections))[n]
         return training.block_biases(self, self._step, n, length, share)
 
@@ -93,9 +77,8 @@ class FloaterAttentionBias(nn.Module):
         return self.floater.frozen
 
     def freeze(self, length: int) -> FloaterAttentionBias:
-        """Store the biases of positions 0..length-1 (Floater.freeze): a model given
-        biases by add_floater_biases (``model.floater_bias.freeze(L)``) then runs and
-        exports without integrating. Returns the module."""
+        """Store the biases of positions 0..length-1 (Floater.freeze): the model then runs
+        and exports without integrating. Returns the module."""
         self.floater.freeze(length)
         return self
 
@@ -109,10 +92,8 @@ class FloaterAttentionBias(nn.Module):
 
 
 class BlockBiases:
-    """Block ``layer``'s biases from a FloaterAttentionBias: ``biases(length)`` ->
-    [num_projections, L, dim], equal to ``module(length)[layer]``. Holds the module
-    without registering it as a submodule of every projection (it is registered once, on
-    the model: a state_dict lists it once). Made by :meth:`FloaterAttentionBias.block`."""
+    """Block ``layer``'s biases: ``biases(length)`` = ``module(length)[layer]``; holds the
+    module unregistered (registered once, on the model)."""
 
     def __init__(self, module: FloaterAttentionBias, layer: int, share: bool = True):
         self.module, self.layer, self.share = module, layer, share

@@ -1,20 +1,11 @@
-"""The result cache of a Floater module, shared by the eager module and the compiled op:
-a repeated eval call costs nothing, a longer one integrates only the new positions."""
+"""The result cache of a Floater module, one entry per call form ("length" / "times"): a
+repeated eval call costs nothing, a longer one integrates only the new positions, a change
+of parameter values or configuration recomputes. refresh_every keeps its refresh here too.
 
-# In eval mode (or under no_grad) a Floater keeps its last result per call form ("length"
-# or "times"). A repeated call is served from it, a longer ``length`` integrates only the new
-# positions from the last stored state, and any change of the parameters' values or of the
-# configuration recomputes. Eagerly, Floater.forward consults the cache directly. Under
-# torch.compile that bookkeeping (dict lookups, value comparisons, version counters) cannot
-# be traced, so the compiled graph calls the custom op ``posenc_fast::floater_cached``
-# (op.py) instead, which consults the same cache when it runs: the cache is found
-# through a process-wide registry by an integer id, the only handle a graph can carry.
-# ``refresh_every`` (training calls) keeps its last refresh here too.
-#
-# Everything here works on the integration's inputs ``(p0, w1, b1, w2, b2)`` in the dtype
-# the states are integrated in, and on the sample ``times``; an ``integrate(impl, inputs,
-# times, options) -> out`` callable does the work, with the implementation chosen here
-# (on a miss: once per call) or the one that made the stored states (an extension).
+Under torch.compile the bookkeeping cannot be traced: the op ``posenc_fast::floater_cached``
+(op.py) consults the same cache when it runs, found by an integer id (all a graph carries).
+Inputs are ``(p0, w1, b1, w2, b2)`` in the integration's dtype and ``times``.
+"""
 
 from __future__ import annotations
 
@@ -56,13 +47,9 @@ class Entry:
 
 
 class FloaterCacheInfo(NamedTuple):
-    """What :meth:`Floater.cache_info` returns (the analogue of functools.lru_cache's).
-
-    hits: calls answered without integrating (from the result cache, or from the states
-    stored by :meth:`Floater.freeze`); misses: calls that integrated (from scratch, or
-    onwards from shorter stored states); lengths: the number of positions held per call
-    form, e.g. {"length": 196} ("length": forward(length=...), "times": forward(times=...));
-    frozen: the length stored by freeze(), 0 when the module is not frozen."""
+    """What :meth:`Floater.cache_info` returns: hits (calls answered from the cache or
+    frozen states), misses (calls that integrated), lengths (positions held per call form,
+    e.g. {"length": 196}), frozen (the length freeze() stored, 0 if none)."""
 
     hits: int
     misses: int
@@ -77,15 +64,12 @@ class FloaterCache:
         self.id = next(_ids)
         self.entries: dict[str, Entry] = {}
         self.reused = 0  # refresh_every: calls served since the last refresh
-        # cached_states' statistics, for Floater.cache_info (like functools.lru_cache's)
-        self.hits = 0  # calls answered from stored states, no integration
-        self.misses = 0  # calls that integrated (from scratch, or extending stored states)
+        self.hits = 0  # Floater.cache_info's counts
+        self.misses = 0
         _registry[self.id] = self
 
     def __reduce__(self):
-        # Copies and pickles (deepcopy, torch.save of a module) start with an empty cache of
-        # their own: the stored states are derived data, and a shared id would make two
-        # modules serve each other's results.
+        # Copies and pickles start empty: a shared id would serve another module's results.
         return (FloaterCache, ())
 
     def clear(self) -> None:
@@ -108,10 +92,8 @@ def valid(entry: Optional[Entry], inputs: Sequence[Tensor], config_key: tuple) -
     """Whether ``entry`` still describes these inputs and this configuration."""
     if entry is None or not entry.intact() or entry.key != config_key:
         return False
-    # The values decide (the parameters are small: comparing them is cheap). Fused
-    # optimizers and .data writes change them without bumping _version, and FSDP2 gathers
-    # unchanged values into fresh storage on every forward (new data_ptr and _version), so
-    # neither pointers nor versions can.
+    # The values decide: fused optimizers and .data writes skip _version, and FSDP2 gathers
+    # unchanged values into fresh storage, so neither pointers nor versions can.
     return all(torch.equal(a, b) for a, b in zip(entry.inputs, inputs))
 
 
@@ -144,11 +126,9 @@ def store(
 
 
 def _onwards(entry: Entry, inputs: Sequence[Tensor], times: Tensor):
-    """(inputs, times) that integrate the positions of ``times`` (length form, longer
-    than the stored ones, which are a prefix) beyond ``entry``'s, onwards from its last
-    state. The ops integrate from time 0, so time is shifted by t0 = times[Lc-1], which h
-    sees only through its biases: h(t0 + s, p) uses b1 + t0 w1[d] and b2 + t0 w2[H] at
-    time s."""
+    """(inputs, times) integrating the positions beyond ``entry``'s from its last state.
+    The ops start at time 0, so time is shifted by t0 = times[Lc-1] through the biases:
+    b1 + t0 w1[d], b2 + t0 w2[H]."""
     p0, w1, b1, w2, b2 = inputs
     Lc = entry.out.shape[1]
     d, H = p0.shape[1], w1.shape[1]
@@ -172,9 +152,8 @@ def cached_states(
     backend: str,
     integrate: Integrate,
 ) -> tuple[Tensor, str]:
-    """(states at ``times``, detached; the name of the implementation that computed them),
-    from the cache when it covers the call, by extending it, or by a fresh integration
-    with the implementation ``backend`` chooses; what was integrated is stored."""
+    """(states at ``times`` detached, the implementation's name): from the cache, by
+    extending it, or integrated afresh (then stored)."""
     config_key = key(inputs, options, backend)
     entry = cache.entries.get(mode)
     onwards = None
@@ -228,9 +207,7 @@ def _outside_inference():
 
 
 def outside_inference_mode():
-    """A context that leaves inference mode, where it is on, for the cache's work:
-    tensors made in inference mode have no version counter, which the cache needs to
-    notice edits of what it handed out."""
+    """Leave inference mode for the cache's work: its tensors need version counters."""
     if torch.is_inference_mode_enabled():
         return _outside_inference()
     return contextlib.nullcontext()

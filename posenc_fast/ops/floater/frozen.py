@@ -1,14 +1,8 @@
 """A frozen Floater's stored states (Floater.freeze): what ``forward(length=l)`` returns
 from them, without integrating."""
 
-# freeze(L) integrates once and keeps p(t_0..t_{L-1}) as the buffer "frozen_states"
-# [S, L, d], which forward(length=l <= L) slices: no ODE is solved afterwards, so a
-# scripted or exported model holds a constant table (FLOATER Sec. 4.4: "store the
-# pre-calculated positional bias vectors in the checkpoints"), and state_dict carries
-# it. The parameters stay (unfreeze() returns to integrating, and they document where
-# the table came from) but are not used while frozen: a longer length raises, naming
-# both lengths, instead of silently integrating in a deployed model. The buffer is
-# registered only while frozen, so the state_dict of a module never frozen is as before.
+# The buffer "frozen_states" [S, L, d] (only while frozen), sliced by forward(length <= L):
+# a constant table when exported (Sec. 4.4). A longer length raises, never integrates.
 
 from __future__ import annotations
 
@@ -26,9 +20,8 @@ TIMES_REFUSED = (
 
 
 def positions(states: Tensor, length, cache: FloaterCache) -> Tensor:
-    """The first ``length`` positions of the stored ``states`` [S, stored, d].
-    ``length`` was checked by the module (a size >= 0, or a tensor while the
-    TorchScript-based ONNX exporter traces); here only against the stored length."""
+    """The first ``length`` positions of the stored ``states`` [S, stored, d] (``length``
+    already checked, here only against the stored length)."""
     if isinstance(length, Tensor) and torch.jit.is_tracing():
         # The TorchScript-based ONNX exporter traces sizes as tensors: a gather keeps
         # the length dynamic in the graph (a slice would bake in the traced value).

@@ -1,8 +1,5 @@
-"""FLOATER's functional API (``floater``, ``integrate``), its argument checks, and
-:func:`solve`, the one path from checked arguments to the custom ops: which
-implementation runs (registry.py), whether a training call keeps a tape (tape.py), and
-how a call that torch.compile or torch.export traces reaches the ops.
-"""
+"""FLOATER's functional API (``floater``, ``integrate``), its checks, and :func:`solve`,
+the one path from checked arguments to the custom ops (implementation, tape, tracing)."""
 
 from __future__ import annotations
 
@@ -19,17 +16,14 @@ from .reference import ACTIVATIONS, METHODS, FloaterOptions
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the ODE is integrated in for parameters of ``dtype``: theirs when float32
-    or float64, float32 for float16/bfloat16 (a half-precision state would accumulate its
-    rounding over hundreds of steps; autocast keeps float32 for such work too)."""
+    """The dtype the ODE is integrated in: float32 / float64 as given, float32 for half
+    precision (a half-precision state would accumulate rounding over hundreds of steps)."""
     return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def is_exporting() -> bool:
-    """Whether torch.export traces this call. Not torch.compiler.is_exporting(): dynamo
-    before torch 2.13 folds it to True in every torch.compile. The flag read here is set
-    by non-strict export (the default from torch 2.9); torch 2.5 has none, and a strict
-    export is traced like a compile (docs/compatibility.md)."""
+    """Whether (non-strict) torch.export traces this call; not torch.compiler.is_exporting(),
+    which older dynamo folds to True in every compile (docs/compatibility.md)."""
     return bool(getattr(torch.compiler, "_is_exporting_flag", False))
 
 
@@ -37,19 +31,17 @@ def is_exporting() -> bool:
 
 
 def check_times(times, dtype: torch.dtype, module_p0: Optional[Tensor] = None) -> Tensor:
-    """``times`` checked and converted to ``dtype``; ``module_p0``: a module's p0, whose
-    device ``times`` must be on (checked before the values are read: a meta tensor would
-    fail there with an error that names no argument)."""
+    """``times`` checked and converted to ``dtype``; on ``module_p0``'s device when given
+    (checked before the values are read)."""
     _checks.real_positions("times", times)
     if module_p0 is not None:
         _checks.same_device("the module (p0)", module_p0, times=times)
     if times.dim() != 1:
         raise ValueError(f"times must be a 1-D tensor [L], got shape {list(times.shape)}")
     times = times.to(dtype)
-    # The values are read back once per call: not under torch.compile (a graph break; a
-    # module's own times are valid by construction), nor on the meta device (no values).
+    # One read-back per call (none under torch.compile or on meta); a bad tensor is read
+    # again to name the problem.
     if times.numel() and not torch.compiler.is_compiling() and times.device.type != "meta":
-        # One read-back decides; only a bad tensor is read again, to name the problem.
         bad = (~torch.isfinite(times)).any() | (times < 0).any() | (times[1:] < times[:-1]).any()
         if bool(bad):
             if not bool(torch.isfinite(times).all()):
@@ -88,8 +80,7 @@ def _check_options(options: FloaterOptions) -> None:
 
 
 def check_dynamics(p0, w1, b1, w2, b2, options: FloaterOptions) -> None:
-    """What a module integrates: the parameters' shapes and device, the options (their
-    dtypes need no check: the module casts them to the dtype of the integration)."""
+    """A module's parameters' shapes and device, and the options (dtypes: the module casts)."""
     _check_p0_rank(p0)
     _check_shapes(p0, w1, b1, w2, b2)
     _checks.same_device("p0", p0, w1=w1, b1=b1, w2=w2, b2=b2)
@@ -126,8 +117,8 @@ def floater(
 ) -> Tensor:
     """Integrate dp/dt = h(t, p) from p(0) = p0 and return p at ``times``.
 
-    h(t, p) = act(p w1[:d] + t w1[d] + b1) w2[:H] + t w2[H] + b2: the time is concatenated
-    to the input of each layer, as in the paper's official code; h is shared by all states.
+    h(t, p) = act(p w1[:d] + t w1[d] + b1) w2[:H] + t w2[H] + b2 (the official code's: t
+    joins each layer's input), shared by all states.
 
     Args:
         p0: initial values [S, d] (one state per block / projection). float32 and float64
@@ -144,12 +135,10 @@ def floater(
 
     Returns:
         [S, L, d] in p0's dtype: out[:, j] = p(times[j]). Gradients (to p0, the weights and
-        times) are exact for the discretised solution (backpropagation through the solver
-        steps), with memory O(S*L*d); on the cpp and cuda backends a training call also
-        keeps the solver's stage values (up to POSENC_FAST_FLOATER_TAPE_MB, default 1024
-        MiB; see posenc_fast/ops/floater/tape.py), which makes its backward cheaper.
-        Autocast does not apply: the dtype follows p0 under torch.autocast too, and the
-        same holds for the modules.
+        times) are exact for the discretised solution, memory O(S*L*d); the cpp and cuda
+        backends also keep the stage values of a training call (up to
+        POSENC_FAST_FLOATER_TAPE_MB, default 1024 MiB; tape.py) for a cheaper backward.
+        Autocast does not apply (here and in the modules): the dtype follows p0.
     """
     options = FloaterOptions(substeps, method, activation)
     return integrate(p0, w1, b1, w2, b2, times, options, backend)[0].to(p0.dtype)
@@ -168,12 +157,10 @@ def integrate(
 
 
 def solve(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str) -> tuple[Tensor, str]:
-    """(states at ``times`` [S, L, d], the implementation's name) of checked arguments,
-    ``times`` in the dtype of the integration: every integration that may need a graph
-    (the functional API, the modules' training calls). The implementation is chosen here,
-    once; a training call on an implementation with a taped forward keeps a tape."""
-    # Half-precision weights: integrate in float32 (differentiable casts, so gradients
-    # reach the half-precision tensors).
+    """(states at ``times`` [S, L, d], the implementation's name) of checked arguments:
+    every integration that may need a graph. Chooses the implementation once; a training
+    call on one with a taped forward keeps a tape."""
+    # Half-precision weights: integrate in float32 (differentiable casts).
     p0, w1, b1, w2, b2 = (t.to(times.dtype) for t in (p0, w1, b1, w2, b2))
     if torch.compiler.is_compiling():
         return _traced(p0, w1, b1, w2, b2, times, options, backend)
@@ -192,8 +179,7 @@ def solve(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str) -> t
         if intervals:
             return fast_apply(FloaterTapedFunction)(*args, intervals)[0], impl.name
         return fast_apply(FloaterFunction)(*args), impl.name
-    # A tracer, a mode, a subclass or a running profiler: they see the ops (an ONNX
-    # export the plain-ATen composition).
+    # Tracers, modes, subclasses, a profiler: the ops (ONNX: the plain-ATen composition).
     if onnx_exporting():
         return FloaterFunction.onnx(*args[:-1]), impl.name
     if intervals:
@@ -202,12 +188,9 @@ def solve(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str) -> t
 
 
 def _traced(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str):
-    """:func:`solve` while torch.compile or torch.export traces: the reference (no op)
-    runs itself; otherwise the op gets the caller's request, chosen when it runs
-    (registry.in_op), except a training call that tapes, whose implementation is chosen
-    while dynamo traces (registry.traced_name, registry.within_limits), with its tape's
-    intervals from the sizes (symbolic ones too) and the budget as it is then. An exported
-    program keeps the plain op."""
+    """:func:`solve` while compile / export traces: the reference runs itself; the op gets
+    the caller's request (chosen when it runs, registry.in_op), except a taping training
+    call, chosen while dynamo traces (registry.traced_name). Export keeps the plain op."""
     named = registry.named(backend)
     if named is not None and named.backward is None:
         return named.forward(p0, w1, b1, w2, b2, times, options), named.name
@@ -230,7 +213,6 @@ def _traced(p0, w1, b1, w2, b2, times, options: FloaterOptions, backend: str):
 
 
 def without_op(backend: str) -> bool:
-    """Whether ``backend`` names an implementation that runs without the ops (the
-    reference: autograd differentiates it; nothing to cache or trace)."""
+    """Whether ``backend`` names the reference (runs without the ops; nothing to cache)."""
     impl = registry.named(backend)
     return impl is not None and impl.backward is None

@@ -1,29 +1,15 @@
 """The ``torch`` backend on CUDA, captured in CUDA graphs: one launch per call instead of
 thousands of small kernels; the same code runs eagerly elsewhere."""
 
-# The pure-PyTorch integrator (torch_impl.py) runs a few ops per Runge-Kutta stage,
-# thousands per call; on a GPU every op is a kernel launch (a few microseconds of host time
-# and latency), more than its arithmetic at these sizes. A CUDA graph records the whole call
-# once and replays it with one launch. This is the baseline users could write themselves
-# with torch.cuda.graphs, and the fallback wherever the CUDA integrator cannot run (no CUDA
-# part of the extension, its gate closed, sizes beyond it): "auto" picks it on CUDA then.
-#
-# How: per problem (device, dtype, sizes, options; for the backward also which gradients),
-# one :class:`Graphed` entry holds static input buffers, the captured call and its outputs.
-# A call copies its inputs into the buffers (device-to-device copies: no host sync),
-# replays the graph and returns clones of the outputs (the next call overwrites them).
-# The capture happens on the first call of a problem, after a warm-up on a side stream over
-# the first two intervals (cuBLAS handles, the tableaux' device constants, the allocator),
-# as torch.cuda.make_graphed_callables does without its full-size runs. Entries live in a
-# small LRU table (:data:`MAX_ENTRIES`); :func:`clear` frees them. Results are the eager
-# loop's, bitwise (the same kernels in the same order).
-#
-# Where nothing is captured and the same code runs eagerly on the static buffers: CPU
-# tensors (the tests check this path against float64 on CPU tensors, and on "meta"
-# tensors that it never reads a value on the host, which a capture would forbid), a stream
-# that is being captured already (torch.compile's mode="reduce-overhead", a user's graph),
-# and ``POSENC_FAST_FLOATER_CUDA_GRAPHS=0``. The registry's ``torch`` functions use the
-# plain loop off CUDA (:func:`forward` / :func:`backward` decide).
+# torch_impl.py's loop is thousands of tiny ops, each a kernel launch on a GPU; a graph
+# replays the whole call in one. The fallback where the CUDA integrator cannot run.
+# Per problem (device, dtype, sizes, options; for the backward which gradients) a
+# :class:`Graphed` entry holds static input buffers, the graph and its outputs: a call
+# copies inputs in (no host sync), replays, returns clones. Captured on a problem's first
+# call after a warm-up over two intervals on a side stream; entries in a small LRU
+# (:data:`MAX_ENTRIES`). Results equal the eager loop's bitwise (same kernels, same order).
+# Not captured: CPU tensors, a stream already capturing (reduce-overhead, a user's graph),
+# ``POSENC_FAST_FLOATER_CUDA_GRAPHS=0``.
 
 from __future__ import annotations
 
@@ -44,9 +30,8 @@ WARMUP_INTERVALS = 2
 
 
 class Graphed:
-    """``fn(*inputs) -> list of tensors (or None)`` on static copies of the first inputs
-    it was given, captured in a CUDA graph when ``capture``, else run eagerly on them.
-    ``warmup(*inputs)`` gives the (smaller) inputs of the warm-up run before a capture."""
+    """``fn(*inputs) -> [tensor or None]`` on static copies of its first inputs, captured in a
+    CUDA graph when ``capture`` (after a run on ``warmup(*inputs)``), else run eagerly."""
 
     def __init__(self, fn: Callable, inputs, capture: bool, warmup: Optional[Callable] = None):
         self.fn = fn
@@ -129,9 +114,8 @@ def _head(t: Tensor, n: int, dim: int = 0) -> Tensor:
 
 
 def forward(p0, w1, b1, w2, b2, times, options: FloaterOptions, capture=None) -> Tensor:
-    """torch_impl.floater_forward, captured where :func:`capturable` (``capture`` None),
-    else the plain loop; ``capture`` False: the static-buffer path run eagerly (tests),
-    True: captured."""
+    """torch_impl.floater_forward, captured where :func:`capturable` (``capture`` None);
+    ``capture`` False: the static-buffer path run eagerly (tests), True: captured."""
     if capture is None:
         if not capturable(p0):
             return torch_impl.floater_forward(p0, w1, b1, w2, b2, times, options)

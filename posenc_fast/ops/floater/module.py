@@ -19,9 +19,7 @@ from .op import FLOATER_CACHED, StoredStates, states_without_graph
 from .reference import ACTIVATIONS, METHODS, FloaterOptions
 from .registry import FLOATER
 
-# Scale of the default initialisation of the output layer (w2): small, so h starts close
-# to zero and a model starts as if it had no FLOATER term (the paper's warm start, Sec. 3.3
-# and 4.4), while every weight still receives a gradient.
+# w2's default initialisation scale: h starts near zero (the paper's warm start, Sec. 3.3).
 INIT_OUTPUT_SCALE = 1e-2
 
 
@@ -34,8 +32,7 @@ def _check_init_scale(init_scale) -> float:
     return float(init_scale)
 
 
-# An ONNX export of an unfrozen module refuses at once, naming the fix: neither unrolling
-# the solver into the graph nor freezing on the user's behalf (docs/deploying.md says why).
+# An ONNX export of an unfrozen module refuses, naming the fix (docs/deploying.md).
 _UNFROZEN_EXPORT = (
     "an ONNX export of an unfrozen Floater would unroll its ODE solver into the graph "
     "(minutes of tracing, a graph growing with length x substeps): call freeze(L) on it "
@@ -53,40 +50,29 @@ class Floater(nn.Module):
 
     - ``fl(length=L)``: p(t_i) at t_i = i * delta_t, i = 0..L-1, so out[:, 0] equals p0.
     - ``fl(times=t)``: t a 1-D non-decreasing tensor of times >= 0 -> [S, len(t), d].
-    - Every interval between consecutive sample times (and from 0 to the first) is
-      integrated with ``substeps`` equal steps of ``method``. Defaults follow the official
-      code: delta_t 0.01, five RK4 steps per interval, ReLU.
-    - Gradients are exact for the discretised solution (the discrete adjoint), memory
-      O(S*L*d).
-    - Cache: in eval mode or under no_grad the result is kept. A repeated call costs
-      nothing (a longer one extends the cached states from the last one instead of
-      starting over; there is no maximum length), and gradients still flow when enabled.
-      Any change to a parameter's values invalidates it (an in-place update, a replaced
-      tensor, ``.data`` writes, fused optimizers), caught by comparing against the values
-      the cache was computed with; parameters re-materialised with unchanged values (FSDP2
-      gathers them into fresh storage on every forward) keep it. :meth:`clear_cache` drops
-      it; copies (``copy.deepcopy``, pickling, ``torch.save`` of the module) start without
-      it. Under torch.compile the same cache serves compiled eval calls (through the op
-      posenc_fast::floater_cached, which returns a copy); torch.export does not cache.
-    - ``refresh_every=k`` (training mode): compute a differentiable result on one call in
-      k and return that result's values, detached, on the k - 1 calls in between (the
-      official code's trick to save time; the dynamics then receive gradients only on
-      refresh calls, so DistributedDataParallel needs find_unused_parameters=True).
-      Default 1: every training call recomputes, and every parameter receives a gradient
-      on every call (DDP's default settings work). Ignored under torch.compile.
-    - ONNX export: :meth:`freeze` first. Exporting an unfrozen module raises at once with
-      that fix rather than unrolling the solver into the graph (minutes of tracing) or
-      freezing on its own, which would change the model you passed and bake in the example
-      input's length instead of the longest one you deploy (docs/deploying.md). The
-      functional :func:`floater` still exports its solver, unrolled, for a static length.
+    - Each interval between sample times (and from 0 to the first): ``substeps`` equal
+      steps of ``method``. Defaults (the official code's): delta_t 0.01, 5 RK4 steps, ReLU.
+    - Gradients are exact for the discretised solution, memory O(S*L*d).
+    - Cache: in eval mode or under no_grad the result is kept; a repeated call costs
+      nothing, a longer one extends the cached states, and gradients still flow when
+      enabled. Any change of a parameter's values invalidates it (values are compared, so
+      ``.data`` writes and fused optimizers are caught, FSDP2's re-gathered unchanged
+      values are not a change). :meth:`clear_cache` drops it; copies and pickles start
+      without it. Compiled eval calls share it (op posenc_fast::floater_cached);
+      torch.export does not cache.
+    - ``refresh_every=k`` (training mode): one call in k computes a differentiable result,
+      the k - 1 calls after it return its values detached (the official code's trick); the
+      dynamics then get gradients only on refresh calls (DDP needs
+      find_unused_parameters=True). Default 1: every call recomputes. Ignored under
+      torch.compile.
+    - ONNX export: :meth:`freeze` first; exporting an unfrozen module raises with that fix
+      (docs/deploying.md). The functional :func:`floater` exports its solver unrolled.
     - Half-precision parameters (``model.to(torch.bfloat16)``): the ODE is integrated in
       float32 and the result returned in their dtype; gradients reach them.
-    - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 small
-      (U(+-init_scale / sqrt(H+1)), ``init_scale`` default 0.01), b2 = 0, so h is close to
-      0 and the output near zero: a model starts as if it had no FLOATER term (Sec. 3.3;
-      Sec. 4.4's "initialize the FLOATER with smaller weights"). ``init_scale=0`` starts
-      with w2 = 0 and the output exactly zero (w1 and b1 still get gradients once w2 moves
-      away from zero); with every parameter zero the output is exactly zero.
+    - Initialisation: p0 = 0, w1 and b1 as nn.Linear(d+1, H), w2 U(+-init_scale /
+      sqrt(H+1)) (``init_scale`` default 0.01), b2 = 0: the output starts near zero, as if
+      there were no FLOATER term (Sec. 3.3, 4.4). ``init_scale=0``: w2 = 0, output exactly
+      zero (w1 and b1 get gradients once w2 moves).
 
     Example::
 
@@ -160,9 +146,8 @@ class Floater(nn.Module):
         return tuple(p.to(dtype) for p in (self.p0, self.w1, self.b1, self.w2, self.b2))
 
     def length_times(self, length: int) -> Tensor:
-        """t_i = i * delta_t, i = 0..length-1, in the dtype of the integration (the
-        parameters' dtype, float32 for half-precision ones), rounded once from float64, so
-        a prefix of a longer sequence is bitwise the shorter one."""
+        """t_i = i * delta_t, i < length, in the integration's dtype, rounded once from
+        float64 (a prefix of a longer sequence is bitwise the shorter one)."""
         t = torch.arange(length, dtype=torch.float64, device=self.p0.device) * self.delta_t
         return t.to(self._state_dtype())
 
@@ -177,10 +162,8 @@ class Floater(nn.Module):
         check_dynamics(self.p0, self.w1, self.b1, self.w2, self.b2, self.options)
 
     def _check_call(self, length, times) -> tuple:
-        """forward's arguments, and the module when it integrates, checked once, before
-        anything runs: (length, times), ``times`` converted to the dtype of the
-        integration. Which error a bad call raises first is that of the call forms:
-        a frozen module refuses ``times``, an ONNX export an unfrozen module."""
+        """(length, times) checked before anything runs, ``times`` in the integration's
+        dtype; a frozen module refuses ``times``, an ONNX export an unfrozen module."""
         if (length is None) == (times is None):
             raise ValueError("pass exactly one of length or times")
         if self.frozen:  # freeze(): the stored states serve it, no integration
@@ -199,10 +182,8 @@ class Floater(nn.Module):
         return length, times
 
     def integrate_states(self, length: int, states: Optional[slice] = None) -> Tensor:
-        """The states (those of ``states`` only, when given) at positions 0..length-1 as a
-        training call computes them, integrated now: no cache, no refresh bookkeeping.
-        [S, L, dim] in the parameters' dtype; ``length`` is trusted (a size already
-        checked), as the attention integrations pass it."""
+        """The states (``states`` only, when given) at positions 0..length-1 [S, L, dim],
+        integrated now as a training call does (no cache); ``length`` already checked."""
         self._check_dynamics()
         p0 = self.p0 if states is None else self.p0[states]
         t = self.length_times(length)
@@ -210,10 +191,8 @@ class Floater(nn.Module):
         return out.to(self.p0.dtype)
 
     def forward(self, length: Optional[int] = None, times: Optional[Tensor] = None) -> Tensor:
-        """length: int >= 0 (times i * delta_t), or times: [L] -> [num_states, L, dim].
-
-        ``length`` may be symbolic (a dynamic dimension under torch.export or
-        torch.compile). The result has the parameters' dtype."""
+        """length: int >= 0 (times i * delta_t; may be symbolic under export / compile), or
+        times: [L] -> [num_states, L, dim] in the parameters' dtype."""
         length, times = self._check_call(length, times)
         if self.frozen:  # freeze(): the stored states, no integration
             return _frozen.positions(self._buffers[_frozen.BUFFER], length, self._cache)
@@ -223,8 +202,6 @@ class Floater(nn.Module):
         if torch.compiler.is_compiling():
             out = self._compiled(mode, times)
         elif self.training and torch.is_grad_enabled():
-            # refresh_every = k: one training call in k integrates, the k - 1 calls after
-            # it get its values, detached.
             out = cache.reuse(self._cache, mode, times, self.refresh_every)
             if out is None:
                 inputs = self._inputs()
@@ -254,12 +231,9 @@ class Floater(nn.Module):
         return StoredStates.apply(values, *inputs, times, self.options, name)
 
     def _compiled(self, mode: str, times: Tensor) -> Tensor:
-        """Under torch.compile the cache's bookkeeping runs inside the opaque op
-        posenc_fast::floater_cached, so a compiled graph stays whole and its eval calls
-        are served from the same cache as eager ones. Not cached there: training steps
-        (refresh_every included: whether a call refreshes decides whether its result has a
-        graph, which one compiled graph cannot vary), torch.export (an exported program
-        must be a pure function of its inputs) and the reference backend (no op)."""
+        """Under torch.compile: the cache's bookkeeping inside the opaque op floater_cached.
+        Not cached: training steps (refresh_every would vary the graph), torch.export (a
+        pure function of its inputs) and the reference backend (no op)."""
         inputs = self._inputs()
         training_step = self.training and torch.is_grad_enabled()
         if training_step or is_exporting() or without_op(self.backend):
@@ -292,12 +266,11 @@ class Floater(nn.Module):
         return 0 if states is None else int(states.shape[1])
 
     def freeze(self, length: int) -> Floater:
-        """Integrate once for positions 0..length-1 (times i * delta_t) and serve
-        ``forward(length=l)``, l <= length, from the stored states from now on (also in
-        training mode: the dynamics then receive no gradient). The states are the buffer
-        ``frozen_states`` [num_states, length, dim] in the parameters' dtype, saved in
-        state_dict; loading such a state_dict freezes a fresh module. Call it again after
-        changing the parameters; :meth:`unfreeze` integrates again. Returns the module."""
+        """Integrate once for positions 0..length-1 and serve ``forward(length=l <=
+        length)`` from the buffer ``frozen_states`` [num_states, length, dim] from now on
+        (also in training: no gradient then). Saved in state_dict (loading it freezes a
+        fresh module). Call again after changing the parameters; :meth:`unfreeze` undoes
+        it. Returns the module."""
         length = _checks.size("length", length, minimum=1)
         if isinstance(length, torch.SymInt):
             raise TypeError("length must be a concrete int: freeze() runs eagerly, not traced")
@@ -313,19 +286,16 @@ class Floater(nn.Module):
         return self
 
     def cache_info(self) -> cache.FloaterCacheInfo:
-        """(hits, misses, lengths, frozen): how often forward was served without integrating
-        (hits) or integrated (misses), the positions the result cache holds per call form
-        and the frozen length; like functools.lru_cache's cache_info(). Counted in eval
-        mode or under no_grad (where the cache applies) and for frozen calls, eagerly and
-        under torch.compile (frozen calls there are traced: not counted); training steps
-        integrate and are not counted. :meth:`clear_cache` resets the counts."""
+        """(hits, misses, lengths, frozen), like functools.lru_cache's cache_info(): calls
+        served without integrating, calls that integrated, positions cached per call form,
+        the frozen length. Counted where the cache applies (eval / no_grad) and for eager
+        frozen calls; not for training steps. :meth:`clear_cache` resets the counts."""
         results = self._cache
         lengths = {mode: int(e.out.shape[1]) for mode, e in results.entries.items()}
         return cache.FloaterCacheInfo(results.hits, results.misses, lengths, self.frozen_length)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # A state_dict saved from a frozen module freezes this one: the buffer is created
-        # (shape from the checkpoint) so that the usual copy fills it.
+        # A frozen module's state_dict freezes this one: create the buffer the copy fills.
         stored = state_dict.get(prefix + _frozen.BUFFER)
         if isinstance(stored, Tensor):
             mine = self._buffers.get(_frozen.BUFFER)

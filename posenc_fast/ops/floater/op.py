@@ -7,11 +7,10 @@
     posenc_fast::floater_backward(grad, out, ..., backend, needs, tape?)
         -> [dp0, dw1, db1, dw2, db2, dtimes]   (empty tensors where needs[i] is False)
 
-Every schema holds the six tensors of reference.TENSORS and FloaterOptions' three fields;
-Python passes one FloaterOptions. ``backend`` names the implementation the API chose, or
-is the caller's request in a traced call (registry.in_op). The backward is the discrete
-adjoint, recomputing from the states at the sample times (and reading the tape of the
-taped form, tape.py); a double backward differentiates the reference's solver loop.
+Schemas: reference.TENSORS and FloaterOptions' fields. ``backend``: the API's choice, or
+the caller's request in a traced call (registry.in_op). The backward is the discrete
+adjoint (reading the taped form's tape, tape.py); a double backward differentiates the
+reference's loop.
 """
 
 from __future__ import annotations
@@ -32,9 +31,7 @@ _SCHEMA_TYPES = {int: "SymInt", str: "str"}
 
 
 def _schema(returns: str, before: str = "", after: str = "") -> str:
-    """An op's schema: ``before``, the ten arguments every FLOATER op takes (the tensors
-    reference.TENSORS, the fields of FloaterOptions, the backend's name), ``after``.
-    Written out, not inferred: one definition for every op."""
+    """An op's schema: ``before``, the ten arguments every FLOATER op takes, ``after``."""
     call = [f"Tensor {name}" for name in reference.TENSORS]
     call += [f"{_SCHEMA_TYPES[type(v)]} {n}" for n, v in FloaterOptions._field_defaults.items()]
     call.append("str backend")
@@ -79,8 +76,7 @@ FLOATER_BACKWARD = custom_op(
 
 def gradients(grad, out, inputs, options: FloaterOptions, backend: str, needs, tape=None) -> list:
     """(dp0, dw1, db1, dw2, db2, dtimes) of ``out`` = floater(*inputs, options), None where
-    ``needs`` is False (``tape``: what floater_taped kept): the backward of every
-    Function and op here, and of the module's cached states."""
+    not needed: the backward of every Function and op here."""
     if not any(needs):
         return [None] * 6
     if torch.is_grad_enabled():
@@ -139,9 +135,8 @@ class FloaterFunction(torch.autograd.Function):
 
     @staticmethod
     def onnx(p0, w1, b1, w2, b2, times, substeps, method, activation):
-        """What an ONNX export traces: the reference's solver loop, unrolled in the state
-        dtype (ONNX has no ODE solver: the length is static in the graph, which grows with
-        length x substeps; deployed modules freeze() their states instead)."""
+        """What an ONNX export traces: the reference's loop unrolled in the state dtype (a
+        static length; deployed modules freeze() instead)."""
         args = (p0, w1, b1, w2, b2, times, substeps, method, activation)
         return reference.floater(*args, compute_dtype=p0.dtype)
 
@@ -223,9 +218,8 @@ FLOATER_TAPED = custom_op(
 
 
 def states_without_graph(impl, inputs, times: Tensor, options: FloaterOptions) -> Tensor:
-    """The states at ``times`` without a graph (the result cache's integration, under
-    no_grad): the implementation itself on plain tensors in plain eager mode, else the op,
-    which tracers, modes and a running profiler must see."""
+    """The states at ``times`` without a graph (the result cache's integration): the
+    implementation itself in plain eager mode, else the op (for tracers, modes, profiler)."""
     if impl.backward is None:  # the reference: no op
         return impl.forward(*inputs, times, options)
     if direct_call_ok(*inputs, times):
@@ -235,9 +229,8 @@ def states_without_graph(impl, inputs, times: Tensor, options: FloaterOptions) -
 
 
 class StoredStates(torch.autograd.Function):
-    """States computed earlier (the module's result cache, ``out``) with the backward of
-    the integration attached: a repeated call costs nothing, yet gradients reach the
-    parameters, and every returned tensor has a graph of its own."""
+    """Cached states ``out`` with the integration's backward attached (each returned tensor
+    has a graph of its own)."""
 
     @staticmethod
     def forward(ctx, out, p0, w1, b1, w2, b2, times, options, backend):
@@ -271,8 +264,7 @@ def floater_cached(
         values, _ = _cache.cached_states(
             cache, mode, inputs, times, options, backend, _states_in_op
         )
-        # A copy: compiled code may write into an op's output buffer once it is dead, and
-        # the stored states must stay as they are.
+        # A copy: compiled code may reuse a dead output's buffer; the cache must not change.
         return values.clone()
 
 
@@ -286,8 +278,7 @@ def _backward_cached(ctx, grad):
     return (*FloaterFunction.backward(ctx, grad), None, None)  # none for cache_id, mode
 
 
-# The op reads its cache's state on the host (value comparisons), which a captured CUDA
-# graph would skip on replay: where torch has the tag, compiled code never graphs it.
+# Host reads of the cache's state, which a CUDA graph replay would skip: never graphed.
 _UNSAFE_IN_CUDA_GRAPHS = getattr(torch.Tag, "cudagraph_unsafe", None)
 
 FLOATER_CACHED = custom_op(

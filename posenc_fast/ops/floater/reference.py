@@ -23,9 +23,8 @@ TENSORS = ("p0", "w1", "b1", "w2", "b2", "times")
 
 
 class FloaterOptions(NamedTuple):
-    """How the ODE is integrated: ``substeps`` equal steps of ``method`` per interval, with
-    the dynamics' ``activation``. One object on the Python side; the custom ops' schemas
-    take the three scalars (``*options``)."""
+    """How the ODE is integrated: ``substeps`` steps of ``method`` per interval, the dynamics'
+    ``activation`` (the ops' schemas take the three scalars, ``*options``)."""
 
     substeps: int = 5
     method: str = "rk4"
@@ -122,9 +121,8 @@ def floater(
     if states:
         out = torch.stack(states, dim=1)
     else:
-        # L = 0: an empty result that still depends on every input, so that backward gives
-        # them zero gradients (as the other backends do) instead of failing on a tensor
-        # without a graph.
+        # L = 0: an empty result still depending on every input (zero gradients, as the
+        # other backends give, not a tensor without a graph).
         anchor = sum(t.sum() for t in (w1, b1, w2, b2, T)) * 0.0
         out = y.new_empty((y.shape[0], 0, y.shape[1])) + y[:, None, :0].sum() + anchor
     return out if out_dtype is None else out.to(out_dtype)

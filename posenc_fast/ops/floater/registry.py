@@ -5,18 +5,13 @@ implementation runs a call: decided here only."""
 #     forward(p0, w1, b1, w2, b2, times, options) -> out [S, L, d]
 #     backward(grad, out, p0, w1, b1, w2, b2, times, options, needs, tape=None)
 #         -> [dp0, dw1, db1, dw2, db2, dtimes], None where not needed: the discrete adjoint
-# (the reference only ``forward``: autograd differentiates it). ``options`` is a
-# :class:`~.reference.FloaterOptions` (substeps, method, activation). The ``cpp`` and
-# ``cuda`` backends also have
+# (the reference only ``forward``); ``options``: a FloaterOptions. "cpp" and "cuda" also
 #     forward_taped(p0, w1, b1, w2, b2, times, options, intervals) -> (out, tape)
-# which keeps the stage values of the first ``intervals`` intervals for its backward
-# (``tape=``; tape.py); the other backends are never given a tape.
+# keeping the first ``intervals`` intervals' stage values for backward(tape=) (tape.py).
 #
-# The extension's integrator is ``posenc_fast::floater_integrate`` /
-# ``floater_integrate_backward`` (and their taped forms): defined with their CPU kernels by
-# posenc_fast._C ("cpp" needs only that module), with CUDA kernels registered by
-# posenc_fast._C_cuda ("cuda" needs both). The ``torch`` backend's functions capture the
-# loop in CUDA graphs on CUDA tensors (graphed.py) and run it plainly elsewhere.
+# The extension's ops ``posenc_fast::floater_integrate[_backward][_taped]`` are defined with
+# CPU kernels by posenc_fast._C; posenc_fast._C_cuda registers CUDA kernels ("cuda" needs
+# both). The ``torch`` backend uses CUDA graphs on CUDA tensors (graphed.py).
 
 from __future__ import annotations
 
@@ -32,9 +27,7 @@ from .reference import ACTIVATIONS, METHODS, FloaterOptions
 
 _STATE_DTYPES = (torch.float32, torch.float64)
 _ANY_DEVICE = OpSupport(devices=ANY, dtypes=_STATE_DTYPES)
-# The CUDA kernels hold the dynamics in the shared memory of the blocks of a team (a
-# thread-block cluster or a cooperative grid) and stream the rows beyond it from L2; d and
-# H up to this limit.
+# The CUDA kernels' limit on d and H (dynamics in a team's shared memory, the rest from L2).
 CUDA_MAX_DIM = 4096
 
 
@@ -97,13 +90,10 @@ FLOATER = register(
 
 
 # -- which implementation runs a call: decided here, and only here ---------------------
-# An eager call chooses once, in the API (:func:`implementation`), and hands the op the
-# chosen name. A call that torch.compile traces cannot choose while dynamo traces (the
-# dispatcher may load the C++ extension under a lock): it hands the op the caller's
-# request, which :func:`in_op` resolves when the op runs, on real tensors; an exported
-# program so chooses where it runs. Whether a compiled training call tapes is decided while
-# tracing by :func:`traced_name` (dynamo runs it for real and keeps its answer) and
-# :func:`within_limits`.
+# Eager: chosen once in the API, the op gets the name. Traced: dynamo cannot choose (the
+# dispatcher may load the extension under a lock), so the op gets the request and
+# :func:`in_op` resolves it when it runs; whether a compiled training call tapes is decided
+# while tracing by :func:`traced_name` (a constant to dynamo) and :func:`within_limits`.
 
 
 def problem_of(device: str, dtype: torch.dtype, sizes, options: FloaterOptions) -> Problem:
@@ -121,9 +111,8 @@ def problem_of(device: str, dtype: torch.dtype, sizes, options: FloaterOptions) 
 
 
 def choose(backend: str, device: str, dtype: torch.dtype, options: FloaterOptions, sizes=None):
-    """The implementation that runs a FLOATER call with ``backend`` ("auto" or a name;
-    "auto" becomes POSENC_FAST_BACKEND when set) on ``device`` and ``dtype``; the
-    dispatcher's BackendError explains a refusal."""
+    """The implementation that runs a FLOATER call with ``backend`` on device and dtype
+    (BackendError explains a refusal)."""
     return _dispatch.choose(FLOATER, problem_of(device, dtype, sizes, options), backend)
 
 
@@ -134,9 +123,8 @@ def implementation(backend: str, p0, w1, times, options: FloaterOptions) -> Impl
 
 
 def in_op(backend: str, p0, w1, times, options: FloaterOptions) -> Implementation:
-    """The implementation an op's body runs: the one ``backend`` names (an eager call
-    passes the name its API chose), or for "auto" (a call torch.compile traced) the one
-    :func:`implementation` chooses now."""
+    """The implementation an op's body runs: the one ``backend`` names, or for "auto" (a
+    traced call) the one :func:`implementation` chooses now."""
     if backend == "auto":
         return implementation(backend, p0, w1, times, options)
     return FLOATER[backend]
@@ -153,8 +141,8 @@ def traced_name(backend, device, dtype, substeps, method, activation) -> str:
 
 
 def within_limits(impl: Implementation, p0, w1) -> bool:
-    """Whether ``impl``'s size limits (dim and hidden_dim: the others have none) admit
-    p0 [S, d] and w1 [d+1, H]; symbolic sizes under torch.compile become a guard."""
+    """Whether ``impl``'s dim / hidden_dim limits admit p0 [S, d], w1 [d+1, H] (a guard
+    for symbolic sizes)."""
     limits, dim, hidden = impl.support.max_sizes, p0.shape[1], w1.shape[1]
     return dim <= limits.get("dim", dim) and hidden <= limits.get("hidden_dim", hidden)
 

@@ -1,30 +1,15 @@
 """The taped forward of the ``cpp`` and ``cuda`` backends: the solver's stage values kept
 for the backward, so that it need not integrate again; what it keeps, and how much."""
 
-# A training forward (gradients needed for p0 or the dynamics) on the ``cpp`` or ``cuda``
-# backend keeps every stage's input Y_i [S, d] and pre-activation Z_i [S, H] of every
-# sub-step of its first intervals, a "tape" of
-#
-#     intervals x substeps x stages x S x (d + H) elements in the state dtype,
-#
-# and its backward (the discrete adjoint) reads them instead of integrating each of those
-# intervals again: on the CPU a third of its multiply-adds, bitwise the same gradients; on
-# CUDA the backward then runs the adjoint chain alone over the taped intervals (half its
-# products), and makes the weight gradients as a few large GEMMs over the tape
-# (csrc/floater/floater_cuda.cu). The tape lives until the backward has run (it is saved
-# for it like any activation); on CUDA it is device memory from torch's caching allocator.
-#
-# Under torch.compile the decision is made while dynamo traces (functional._traced): a
-# training call tapes as in eager mode, its intervals computed from the sizes (symbolic
-# ones too) with the budget as it is then, which stays in the compiled code.
-#
-# A backward that needs the gradient of the times recomputes every interval (the tape does
-# not hold the slopes that gradient reads), so no tape is made for such calls.
-#
-# Its size: as many leading intervals as fit in ``POSENC_FAST_FLOATER_TAPE_MB`` mebibytes
-# (default 1024; 0 turns the tape off); the sizes at the benchmarks' shapes are in
-# docs/floater-training.md. On the CPU its memory is one spare block that the C++ runtime
-# keeps for the next tape (csrc/cpu/spare.h): :func:`release_memory` frees it.
+# The tape: each stage's input Y_i [S, d] and pre-activation Z_i [S, H] of every substep of
+# the first intervals (intervals x substeps x stages x S x (d + H) elements, state dtype),
+# saved like an activation until the backward, which reads it instead of integrating those
+# intervals again (bitwise the same gradients; on CUDA the weight gradients become GEMMs
+# over it, csrc/floater/floater_cuda.cu). Not made when the times need a gradient (the
+# tape lacks the slopes it reads). Under torch.compile decided while dynamo traces
+# (functional._traced). Size: the leading intervals that fit in POSENC_FAST_FLOATER_TAPE_MB
+# (default 1024, 0: off; docs/floater-training.md). On the CPU one spare block is kept for
+# the next tape (csrc/cpu/spare.h): :func:`release_memory` frees it.
 
 from __future__ import annotations
 

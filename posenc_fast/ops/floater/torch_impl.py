@@ -2,28 +2,15 @@
 arranged to keep the number of PyTorch ops per solver stage small."""
 
 # Shapes: p0 [S, d], w1 [d+1, H], b1 [H], w2 [H+1, d], b2 [d], times [L] -> out [S, L, d].
-# The semantics (intervals, substeps, Runge-Kutta tableaux) are those of the reference,
-# reference.py; read it first.
-#
-# The loop runs thousands of tiny dependent steps, so its cost is the number of PyTorch ops
-# per stage (each a few microseconds of dispatch on the CPU, a launch on the GPU). How the
-# work is arranged to keep that number small, and why:
-# - The time enters each layer only through a bias: layer 1 sees t * w1[d] + b1, layer 2
-#   t * w2[H] + b2. Every stage time of every step is known before integrating, so these
-#   biases are computed for a block of intervals in one batched op, and a stage is just
-#   addmm -> activation -> addmm on the [S, d] states of all S states at once.
-# - Step sizes stay on the device, as rows of hstep * tableau coefficients: nothing is read
-#   back to the host, so the loop never synchronises and can run ahead of a GPU.
-# - The s stage derivatives of a step sit in one [s, S*d] buffer, so a stage input
-#   y + h sum_m a_im k_m and the step y + h sum_i b_i k_i are each one addmm of a
-#   coefficient row [1, s] with that buffer, whatever the number of terms.
-# - All stage storage is preallocated and written with out=; views are listed once per call.
-# - Backward (the discrete adjoint): the forward kept only the states at the sample times
-#   (``out``, O(S*L*d) memory). Going backwards over the intervals, each interval's
-#   substeps are recomputed from its starting state into buffers of K*s stages, the stages
-#   are walked in reverse, and the weight gradients of the whole interval are accumulated
-#   with one matmul per weight. The order of every sum is fixed, so repeated runs are
-#   bitwise identical.
+# Semantics: reference.py. The cost is the number of ops per solver stage, so:
+# - the time enters only through biases (t w1[d] + b1, t w2[H] + b2), precomputed for a
+#   block of intervals; a stage is addmm -> activation -> addmm on all S states at once;
+# - step sizes stay on the device (no host sync); a stage input and a step are each one
+#   addmm of a tableau row [1, s] with the [s, S*d] stage derivatives;
+# - storage is preallocated and written with out=, views listed once per call.
+# Backward (discrete adjoint): each interval's substeps are recomputed from its stored
+# starting state, the stages walked in reverse, weight gradients accumulated with one
+# matmul per weight per interval. Every sum has a fixed order: bitwise reproducible.
 
 from __future__ import annotations
 
@@ -155,9 +142,8 @@ def _block(times: Tensor, block: range, K: int, tab: Tableau, w1t, b1, w2t, b2) 
 
 
 class _Buffers:
-    """Storage of one interval's K steps of s stages: stage inputs Y [S, d], pre-activations
-    Z [S, H] and stage derivatives Kd [S, d]. The views the loop needs are made once (an
-    indexing op per stage would cost as much as the arithmetic)."""
+    """One interval's K x s stages: inputs Y [S, d], pre-activations Z [S, H], derivatives
+    Kd [S, d], with the loop's views made once (indexing per stage costs as much as math)."""
 
     def __init__(self, K: int, s: int, S: int, d: int, H: int, like: Tensor):
         self.K, self.s = K, s

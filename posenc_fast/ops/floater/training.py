@@ -25,10 +25,8 @@ class _Shared:
 
 
 class Slot:
-    """A holder (``value``) that copies and pickles leave empty: what it holds is derived
-    data (a tensor with an autograd graph, which could not be deep-copied). A plain
-    attribute of a module, so torch.compile traces reads and writes of it. The bias module
-    keeps its training forward's shared result in one (:class:`_Shared`)."""
+    """A holder (``value``, here a :class:`_Shared`) that copies and pickles leave empty (a
+    tensor with a graph cannot be deep-copied); a plain attribute, so torch.compile traces it."""
 
     def __init__(self):
         self.value = None
@@ -82,10 +80,8 @@ def block_biases(
     bias: FloaterAttentionBias, step: Slot, n: int, length: int, share: bool
 ) -> Tensor:
     """Block n's biases [P, L, dim] in a training step: from the step's one integration
-    of all blocks when it is still valid (layer 0 makes it; kept in ``step``), else
-    integrated for the block alone (``share=False`` always). The Floater is called
-    directly (its forward, or integrate_states without the refresh bookkeeping), not
-    through the bias module's forward: one frame fewer to the kernel."""
+    of all blocks (made by layer 0, kept in ``step``) while valid, else integrated for the
+    block alone (always with ``share=False``)."""
     fl = bias.floater
     if not share:
         return fl.integrate_states(length, _one_block(bias, n))
@@ -114,12 +110,8 @@ def block_biases(
 
 
 def _compiled_block(bias: FloaterAttentionBias, step: Slot, n: int, length: int) -> Tensor:
-    """A training forward traced by torch.compile: layer 0 integrates all blocks' states
-    and leaves the result in ``step``, where the later layers of the same forward find it
-    (within one graph, the traced tensor itself; across graph breaks, a graph input). The
-    eager key (pointers, version counters) and the consumption hook cannot be traced:
-    here a result serves the layers that follow layer 0 in its forward, and the blocks a
-    non-reentrant checkpoint recomputes in its backward."""
+    """Under torch.compile: layer 0 leaves all blocks' biases in ``step`` for the later
+    layers and checkpoint recomputation (the eager key and hook cannot be traced)."""
     fl = bias.floater
     if n == 0:
         biases = _all_blocks(fl(length), bias)

@@ -4,9 +4,8 @@
 ``LearnableFourierRotary``.
 
     api.py          the public functions and modules (checks, dispatch)
-    op.py           the custom ops posenc_fast::rotary / rotary_table and their backward
-                    ops, with autograd
-    registry.py     backend name -> SUPPORT table + implementation, for both ops
+    op.py           the custom ops rotary / rotary_table (+ backward), with autograd
+    registry.py     backend name -> SUPPORT table + implementation
     reference.py    the float64 specification
     torch_impl.py   the pure-PyTorch implementation
     frequencies.py  W and positions of the families: axial, mixed, dinov3, nd, grid, augment

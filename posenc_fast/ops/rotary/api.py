@@ -1,15 +1,9 @@
-"""Rotary embeddings for grids: ``rotary``, ``rotary_table`` and the module ``Rotary``, and
-the LightGlue members ``apply_lff_rotary``, ``lff_rotary`` and ``LearnableFourierRotary``.
+"""Rotary embeddings: ``rotary``, ``rotary_table``, ``Rotary``, and the LightGlue members
+``apply_lff_rotary``, ``lff_rotary``, ``LearnableFourierRotary``.
 
-Channel pair i of q and k is rotated by the angle x . W_i, x a token's M coordinates and W
-a frequency matrix (reference.py states it all). The families differ only in W and x,
-which the builders of frequencies.py (``posenc_fast.rope``) make: axial (EVA-02, FLUX),
-RoPE-Mixed, DINOv3; LightGlue learns one dense W.
-
-Path of a call: ``rotary`` (checks) -> the dispatcher picks an implementation from the
-registry (registry.py) -> the custom op ``posenc_fast::rotary`` (op.py) -> the
-implementation (torch_impl.py; the compiled kernels) -> backward
-``posenc_fast::rotary_backward``, recomputing the cos / sin from x.
+Channel pair i of q and k is rotated by the angle x . W_i (reference.py); the families
+differ only in W and x (frequencies.py, ``posenc_fast.rope``). A call: checks -> registry
+-> custom op ``posenc_fast::rotary`` (op.py); the backward recomputes cos / sin from x.
 """
 
 from __future__ import annotations
@@ -46,8 +40,7 @@ def _kind(freqs: Tensor) -> str:
 
 
 # ------------------------------------------------------------------------ checks
-# The common case costs a few attribute reads (_fast_ok); when it fails, the detailed
-# check names the argument that is wrong.
+# _fast_ok: a few attribute reads; only when it fails does _explain name the bad argument.
 
 
 def _fast_ok(q, k, x, freqs, pairs, layout, prefix, per_head_ok: bool) -> bool:
@@ -257,11 +250,9 @@ class Rotary(nn.Module):
     (:func:`rotary`), ``m.table(x)`` gives the cos / sin table (:func:`rotary_table`).
 
     - ``freqs`` [F/2, pos_dim] shared by the heads, or [heads, F/2, pos_dim] one per head:
-      a Parameter, or a buffer with ``learnable=False``. By default axial frequencies
-      (``posenc_fast.rope.axial(rotary_dim, pos_dim, in_pixels=False)``: F/2 = pos_dim *
-      (rotary_dim // (2 pos_dim)), for integer grid coordinates), the same for every head;
-      ``frequencies=`` (or :meth:`from_frequencies`) takes any family's
-      (``posenc_fast.rope``: axial, mixed, dinov3, nd).
+      a Parameter, or a buffer with ``learnable=False``. Default: axial frequencies for
+      integer grid coordinates (``posenc_fast.rope.axial(rotary_dim, pos_dim,
+      in_pixels=False)``); ``frequencies=`` (or :meth:`from_frequencies`) takes any.
     - ``rotary_dim`` (default head_dim): channels rotated; the others pass through.
     - ``pairs``, ``layout``, ``prefix``: as for :func:`rotary`.
     """
@@ -390,8 +381,7 @@ class Rotary(nn.Module):
 
 
 # ------------------------------------------------------------------------ LightGlue
-# The LightGlue members: interleaved pairs, shared frequencies wr [F/2, M], no prefix,
-# the table with a broadcast heads axis. The same custom ops as the general op.
+# Interleaved pairs, shared wr [F/2, M], no prefix; the same custom ops as rotary.
 
 
 def lff_rotary(x: Tensor, wr: Tensor, backend: str = "auto") -> Tensor:
@@ -403,15 +393,12 @@ def lff_rotary(x: Tensor, wr: Tensor, backend: str = "auto") -> Tensor:
         backend: "auto", "reference", "torch", "triton" or "cpp".
 
     Returns:
-        [2, ..., 1, N, F]: ``[0]`` the cosines, ``[1]`` the sines of x wr^T, each
-        frequency on two neighbouring channels (2i and 2i+1), not scaled, with a
-        broadcast heads axis before N -- what LightGlue's
-        ``LearnableFourierPositionalEncoding`` returns, to rotate q and k of layout
-        [B, heads, N, F] as ``q * t[0] + rotate_half(q) * t[1]``. The dtype is wr's (the
-        autocast dtype under autocast for float32 wr); phases are always computed in
-        float32 or better and reduced accurately (docs/precision.md).
-        :func:`apply_lff_rotary` does the rotation in one pass without the table.
-        ``rotary_table(x, wr).unsqueeze(-3)``.
+        [2, ..., 1, N, F] (``rotary_table(x, wr).unsqueeze(-3)``): ``[0]`` the cosines,
+        ``[1]`` the sines of x wr^T, each frequency on channels 2i and 2i+1, with a
+        broadcast heads axis -- what LightGlue's ``LearnableFourierPositionalEncoding``
+        returns. The dtype is wr's (the autocast dtype under autocast for float32 wr);
+        phases in float32 or better, reduced accurately (docs/precision.md).
+        :func:`apply_lff_rotary` rotates in one pass without the table.
     """
     x, problem = _table_problem("lff_rotary", x, wr, "interleaved", "wr", per_head_ok=False)
     impl = _dispatch.choose(LIGHTGLUE_TABLE, problem, backend)
@@ -427,17 +414,13 @@ def apply_lff_rotary(
     backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """q and k rotated by the learnable Fourier rotary embedding of positions x, fused:
-    ``rotary(q, k, x, wr, "interleaved", layout, 0, backend)``.
-
-    Equal to ``t * c + rotate_half(t) * s`` with ``c, s = lff_rotary(x, wr)`` (LightGlue's
-    ``apply_cached_rotary_emb``), for t = q and t = k, without the table: the cos / sin
-    of a position are computed once for all heads of q and k, and the backward recomputes
-    them from x.
+    ``rotary(q, k, x, wr, "interleaved", layout, 0, backend)``, equal to LightGlue's
+    ``apply_cached_rotary_emb`` with ``lff_rotary(x, wr)``, without the table.
 
     Args:
-        q, k: queries and keys, [B, heads, N, head_dim] (``layout="bhnd"``, LightGlue's)
-            or [B, N, heads, head_dim] (``layout="bnhd"``); any strides; float16, bfloat16,
-            float32 or float64, the same dtype. k may have fewer heads than q.
+        q, k: [B, heads, N, head_dim] (``layout="bhnd"``, LightGlue's) or [B, N, heads,
+            head_dim] (``"bnhd"``); any strides; float16, bfloat16, float32 or float64,
+            one dtype. k may have fewer heads than q.
         x: positions [B, N, M], or [N, M] shared by the batch (floating or integer).
         wr: frequencies [F/2, M] with F <= head_dim. Channels 2i and 2i+1 are rotated by
             the angle x . wr[i]; channels F..head_dim-1 are returned unchanged.
@@ -514,11 +497,9 @@ class LearnableFourierRotary(nn.Module):
         layout: str = "bhnd",
         backend: str = "auto",
     ) -> LearnableFourierRotary:
-        """LightGlue's ``LearnableFourierPositionalEncoding`` as this module, the one call
-        for LightGlue users: ``m(x)`` returns exactly the [2, B, 1, N, F] cos / sin table
-        its forward returns (what LightGlue's attention consumes), ``m.rotate(q, k, x)``
-        applies it in one fused pass. (``convert.from_state_dict(sd, "lightglue")`` gives
-        the Fourier *features* module instead, [cos || sin] / sqrt(F).)
+        """LightGlue's ``LearnableFourierPositionalEncoding`` as this module: ``m(x)``
+        returns its [2, B, 1, N, F] table, ``m.rotate(q, k, x)`` applies it fused.
+        (``convert.from_state_dict(sd, "lightglue")`` gives the Fourier *features* module.)
 
         Args:
             state_dict: the encoder's state_dict (``Wr.weight`` [F/2, M]) or a whole
@@ -559,9 +540,8 @@ class LearnableFourierRotary(nn.Module):
         return lff_rotary(x, self.wr, backend=self.backend)
 
     def rotate(self, q: Tensor, k: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(q', k'): q and k [B, heads, N, head_dim] (or [B, N, heads, head_dim] with
-        layout "bnhd") rotated by the embedding of positions x [B, N, pos_dim] or
-        [N, pos_dim]."""
+        """(q', k'): q and k [B, heads, N, head_dim] (layout "bnhd": [B, N, heads, head_dim])
+        rotated by positions x [B, N, pos_dim] or [N, pos_dim]."""
         if q.shape[-1:] != (self.head_dim,):
             raise ValueError(f"q must have head_dim={self.head_dim} channels, got {list(q.shape)}")
         return apply_lff_rotary(q, k, x, self.wr, self.layout, self.backend)

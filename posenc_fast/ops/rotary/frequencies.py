@@ -9,10 +9,8 @@ Every family rotates channel pair i by x . W_i (reference.py); each differs only
     dinov3(head_dim)         DINOv3 / timm RotaryEmbeddingDinoV3: 2 pi / period per axis
     nd(axes_dim)             FLUX's EmbedND: per-axis bands, axis after axis
 
-and the coordinates: ``grid`` (timm's ``_build_grid``: index, pixel or centered grids)
-and ``augment`` (its training-time shift / jitter / rescale). Each reproduces its
-family's numbers (tests/rotary/test_frequencies.py checks them against timm 1.0.31 and
-FLUX's formula): the same float32 operations, so the same bits for W and x.
+and the coordinates ``grid`` (timm's ``_build_grid``) and ``augment`` (its training-time
+shift / jitter / rescale), each bit for bit its family's (tests/rotary/test_frequencies.py).
 """
 
 from __future__ import annotations
@@ -151,15 +149,11 @@ def axial(
     *,
     device=None,
 ) -> torch.Tensor:
-    """Axial frequencies (EVA-02, timm ``RotaryEmbeddingCat`` / ``build_rotary_pos_embed``):
-    W [ndim * nb, ndim] float32 with nb = head_dim // (2 ndim) bands per axis (timm's
-    head_dim // 4 for 2-D), axis-major, each frequency on one axis.
-
-    ``in_pixels``: timm's pixel bands (pi times linear or log2-spaced values up to
-    max_res / 2; pair with ``grid(shape, "pixel")``), else 1 / temperature^(j / nb) (pair
-    with ``grid(shape)``, indices). Use with pairs="interleaved" (timm's default; its
-    ``rotate_half=True`` is pairs="half").
-    """
+    """Axial frequencies (EVA-02, timm ``RotaryEmbeddingCat``): W [ndim * nb, ndim] float32,
+    nb = head_dim // (2 ndim) bands per axis, axis-major, each frequency on one axis.
+    ``in_pixels``: timm's pixel bands (pi x linear or log2-spaced values up to max_res / 2;
+    with ``grid(shape, "pixel")``), else 1 / temperature^(j / nb) (with ``grid(shape)``).
+    pairs="interleaved" (timm's ``rotate_half=True`` is pairs="half")."""
     _checks.positive_int("head_dim", head_dim)
     _checks.positive_int("ndim", ndim)
     nb = head_dim // (2 * ndim)
@@ -189,12 +183,10 @@ def mixed(
     device=None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """RoPE-Mixed's initial frequencies (rope-vit, timm ``init_random_2d_freqs``):
-    [depth, heads, head_dim / 2, 2], for block d the per-head W = ``w[d]``. Magnitudes
-    1 / temperature^(4j / head_dim), each at a random angle per block and head (and at the
-    angle + pi/2), drawn as timm draws them (the same generator state gives the same
-    values). Learnable: hold it as a Parameter; pairs="interleaved"; positions
-    ``grid(shape, indexing="xy")`` (timm's default for Mixed)."""
+    """RoPE-Mixed's initial frequencies (timm ``init_random_2d_freqs``): [depth, heads,
+    head_dim / 2, 2], block d's per-head W = ``w[d]``: magnitudes 1 / temperature^(4j /
+    head_dim) at a random angle per block and head (and + pi/2), drawn as timm draws them.
+    Learnable (a Parameter); pairs="interleaved"; positions ``grid(shape, indexing="xy")``."""
     _checks.positive_int("head_dim", head_dim)
     _checks.positive_int("depth", depth)
     _checks.positive_int("heads", heads)

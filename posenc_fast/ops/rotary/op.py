@@ -7,11 +7,10 @@
     posenc_fast::rotary_table_backward(grad, x, freqs, pairs, backend, need_x, need_freqs)
         -> (dx, dfreqs)
 
-``backend`` names the implementation (registry.RUN_ROTARY / RUN_TABLE). Gradients that are
-not needed come back as empty tensors. The backward ops save only the inputs (the cos /
-sin are recomputed); a double backward differentiates the torch implementation's
-recomputation. Flags are separate bools and results tuples: the schemas torch 2.5's
-custom_op accepts.
+``backend`` names the implementation (registry.RUN_ROTARY / RUN_TABLE); unneeded
+gradients come back empty. Only the inputs are saved (cos / sin recomputed); a double
+backward differentiates torch_impl's graph form. Separate bool flags and tuple results:
+what torch 2.5's custom_op accepts.
 """
 
 from __future__ import annotations

@@ -9,12 +9,9 @@
     forward(x, freqs, pairs, out_dtype) -> [2, *x.shape[:-1], F] (shared freqs) or
         [2, *x.shape[:-2], H, N, F] (per head): cos, then sin
     backward(grad, x, freqs, pairs, need_x, need_freqs) -> (dx, dfreqs), None where not needed
-(the reference only ``forward``: autograd differentiates it). A call's Problem carries
-sizes pos_dim (M), rotary_dim (F), prefix (rotary only) and options pairs ("interleaved" |
-"half") and freqs ("shared" | "per_head"), which SUPPORT tables may restrict.
-
-The LightGlue members (``apply_lff_rotary``, ``lff_rotary``: interleaved pairs, shared
-frequencies, no prefix) have registries of their own, holding the same implementations.
+(the reference only ``forward``). Problem sizes: pos_dim, rotary_dim, prefix; options:
+pairs, freqs ("shared" | "per_head"). The LightGlue members have registries of their own
+holding the same implementations.
 """
 
 from __future__ import annotations
@@ -32,10 +29,8 @@ from . import reference, torch_impl
 
 
 def _compiled(devices: tuple, max_sizes: dict) -> OpSupport:
-    """q / k / table in float32 or half precision, positions and frequencies converted to
-    float32 on load (float64 ones would lose their precision in the float32 phases: the
-    torch backend takes those); every pair layout, shared or per-head frequencies, any
-    prefix."""
+    """float32 / half q, k, table, x and freqs (float64 x or freqs go to the torch backend:
+    the kernels' float32 phases would lose their precision)."""
     return OpSupport(
         devices=devices,
         dtypes=HALF_AND_SINGLE,
@@ -70,8 +65,7 @@ def _cpp_rotary_table_backward(grad, x, freqs, pairs: str, need_x: bool, need_fr
     return (dx if need_x else None), (dfreqs if need_freqs else None)
 
 
-# The Triton launchers (triton_kernels/rotary.py), imported on first use (triton is
-# optional and slow to import).
+# The Triton launchers (triton_kernels/rotary.py), imported on first use.
 
 
 def _triton_rotary(q, k, x, freqs, pairs: str, layout: str, prefix: int):

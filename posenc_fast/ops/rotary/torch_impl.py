@@ -7,12 +7,10 @@ Shapes (see reference.py for the formulas), Hf = 1 for shared frequencies:
     cos, sin of the angles: [Bx, Hf, n, F/2] per chunk of n positions
     table: [2, *x.shape[:-1], F] (shared) or [2, *x.shape[:-2], H, N, F], cos then sin
 
-Phases are reduced in float64 before a float32 trig (float64 for float64 q), as for LFF
-(ops/_torch_math.py): within 1e-6 of float64 math at any |phase|. Rotations run in
-float32 for half-precision q / k, rounded once. Positions are processed in chunks, and the
-cos / sin of a position are computed once for every head and batch row that uses them.
-The backward saves only the inputs and recomputes the cos / sin; the frequency gradient is
-accumulated chunk after chunk in a fixed order (bitwise reproducible).
+Phases are reduced in float64 before a float32 trig (float64 for float64 q; within 1e-6
+of float64 math, ops/_torch_math.py); rotations in float32 for half-precision q / k,
+rounded once. Chunks of positions; cos / sin computed once per position for all heads.
+The backward recomputes cos / sin; dfreqs accumulates in a fixed order (reproducible).
 """
 
 from __future__ import annotations
@@ -162,8 +160,8 @@ def _cos_sin_graph(x: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype):
 
 
 def _spread_graph(t: torch.Tensor, pairs: str) -> torch.Tensor:
-    """_spread without repeat_interleave, whose export holds a Tile (and loses its rank in
-    the TorchScript-based exporter): Unsqueeze, Concat and a Reshape."""
+    """_spread without repeat_interleave (a Tile in ONNX, rank lost by the TorchScript
+    exporter)."""
     if pairs == "interleaved":
         return torch.stack([t, t], dim=-1).flatten(-2)
     return torch.cat([t, t], dim=-1)
@@ -179,17 +177,15 @@ def table_autograd(x, freqs, pairs: str, out_dtype: torch.dtype) -> torch.Tensor
 
 # ------------------------------------------------------------------------ q and k
 #
-# With swap(t) the two channels of every pair exchanged, C = (c, c) and S = (-s, s) on
-# the pair's (first, second) channels:
+# swap(t): each pair's channels exchanged; C = (c, c), S = (-s, s) on a pair's channels:
 #     rotation  t' = t * C + swap(t) * S         (a c - b s, b c + a s)
 #     transpose g  -> g * C - swap(g) * S         (g_a c + g_b s, g_b c - g_a s)
-# three passes over each head's channels (a product, the swap, an addcmul), the C / S
-# tables built once per position for all heads.
+# three passes per head (product, swap, addcmul); C / S built once per position.
 
 
 def _swap(t: torch.Tensor, pairs: str) -> torch.Tensor:
-    """The two channels of every pair exchanged: [..., F] -> [..., F] (a copy; the stack
-    of two strided halves is ~10x faster on the CPU than a flip of a size-2 axis)."""
+    """The two channels of every pair exchanged: [..., F] -> [..., F] (a copy; stacking
+    two strided halves beats a flip of a size-2 axis on the CPU)."""
     if pairs == "interleaved":
         return torch.stack([t[..., 1::2], t[..., 0::2]], dim=-1).flatten(-2)
     half = t.shape[-1] // 2
@@ -197,9 +193,8 @@ def _swap(t: torch.Tensor, pairs: str) -> torch.Tensor:
 
 
 def _dense(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """t in ``dtype`` with unit channel stride: LightGlue's q and k are slices of a fused
-    qkv tensor (channel stride 3), on which every elementwise op is ~2x slower; one
-    copy first pays for itself over the three passes that follow."""
+    """t in ``dtype`` with unit channel stride (q, k sliced from a fused qkv have stride 3;
+    one copy pays for itself over the three passes that follow)."""
     t = t.to(dtype)
     return t if t.stride(-1) == 1 else t.contiguous()
 
@@ -214,9 +209,8 @@ def _rotation_tables(cos, sin, pairs: str, spread=_spread):
 
 
 def _bytes_per_position(q, k, Hf: int, F2: int) -> int:
-    """Temporaries per position of one chunk: float64 turns and the C / S tables per head
-    of the frequencies, and per head of q and k a few float32 [F] tensors (converted
-    input, swap, products)."""
+    """Temporaries per position of a chunk: float64 turns and C / S per frequency head, a
+    few float32 [F] tensors per head of q and k."""
     heads = q.shape[0] * q.shape[1] + k.shape[0] * k.shape[1]
     return F2 * (Hf * (8 + 4 * 8) + heads * 4 * 2 * 4) + 64
 
