@@ -635,9 +635,11 @@ def dinov3_step(model, x, seed=1):
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_dinov3_fast_rope_equals_the_original(attn):
-    """Outputs within float32 rounding (1e-5 of the largest magnitude), gradients as close
-    as the original's own float32 ones are to float64, in training (augmented coordinates,
-    the same draws) and evaluation, at other and non-square sizes."""
+    """Outputs within float32 rounding (1e-5 of the largest magnitude), gradients tensor by
+    tensor within three times the original's own float32 distance to float64 plus 2e-5
+    (test_timm_rope's bar: which float32 model lands closer varies; a wrong gradient is
+    off by far more), in training (augmented coordinates, the same draws) and evaluation,
+    at other and non-square sizes."""
     ref = dinov3(attn=attn)
     keys = list(ref.state_dict())
     fast = pf_hf.use_fast_rope(copy.deepcopy(ref))
@@ -653,12 +655,11 @@ def test_dinov3_fast_rope_equals_the_original(attn):
             for got, want in ((hb, ha), (pb, pa)):
                 scale = want.abs().max().item()
                 torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale)
-            errors = {
-                n: [((g[n] - g64[n]).abs().max() / g64[n].abs().max()).item() for g in (gb, ga)]
-                for n in g64
-            }
-            ours, theirs = (max(e[i] for e in errors.values()) for i in (0, 1))
-            assert ours <= 2 * theirs + 1e-6, errors
+            assert gb.keys() == ga.keys() == g64.keys()
+            for n, want in g64.items():
+                scale = want.abs().max()
+                ours, theirs = (((g[n] - want).abs().max() / scale).item() for g in (gb, ga))
+                assert ours <= 3 * theirs + 2e-5, (n, ours, theirs)
     plain = copy.deepcopy(ref).eval()
     with torch.no_grad():  # the rotation matters here: without it the outputs differ
         plain.rope_embeddings.inv_freq.zero_()
