@@ -41,18 +41,12 @@ struct WorkQueue {
 // barrier and at the region's end, and a call takes several times its single-thread time.
 // A region marks the machine contended when one of two signs exceeds kLateNs and a share
 // of the region's duration:
-// - waits at barriers (teams that advance in lockstep, FLOATER's), over half of it. A team
+// - waits at barriers (teams that advance in lockstep, FLOATER's), over half of it: a team
 //   of two whose slower member runs at a fraction s of full speed takes W / (2 s) for work
-//   W, the other waiting a fraction 1 - s of it; one thread takes W: the team is the
-//   faster while the waits stay under half (more threads only lower that bar). A quarter
-//   (the bound until 2026-11-27) sent the FLOATER integrator at S = 36, d = 384 to one
-//   thread most of the time on the quiet 2-core VM, whose vCPUs stall now and then: with
-//   teams forced, 12% of its regions waited over a quarter, 0.3% over half (forward 1.28 s
-//   against 0.81 s with teams throughout).
-// - threads reaching its end apart (work-queue regions, LFF's), over a quarter of it. The
-//   late thread held at most one item while it waited for its slice, so the spread is time
-//   added to what one thread would have taken: with the half bound here too, an LFF forward
-//   beside a busy core took 16.0 ms against 7.7 ms on one thread (N = 4096, 2026-11-27).
+//   W and waits 1 - s of it, so the team is the faster while the waits stay under half.
+// - threads reaching its end apart (work-queue regions, LFF's), over a quarter of it: the
+//   late thread held at most one item, so the spread is time added to one thread's time.
+// Why these bounds: benchmarks/NOTES.md, "FLOATER integrator on the CPU", 3.
 // Calls then run on one thread (the same bits) for kSoloNs, after which a call tries the
 // team again. always_team() turns this off (module.cpp: set_development_options; the
 // tests of thread-count independence must really run teams, on a CI machine that may be

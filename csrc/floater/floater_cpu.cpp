@@ -16,15 +16,11 @@
 //   one chunk holds every state and a team of threads (one parallel region for the whole
 //   integration, barriers between the regions) splits every region over its output
 //   columns, so that each core reads only its share of the weights.
-// - Weight panels (large dynamics). Each member's columns of a weight matrix are copied
-//   into panels of kPanelCols columns stored one after another. Why: a member's columns of
-//   a row-major matrix are short pieces at a long stride (at d = H = 512 on two cores:
-//   1 KiB of every 2 KiB row), which map onto only part of the L2's sets (there: the sets
-//   with address bit 10 clear, half of them), so a 1 MiB share thrashes a 2 MiB L2 and
-//   streams from L3 (measured: 101 GFLOP/s against 180 with the same bytes contiguous).
-//   The panels are visited forwards and backwards on alternate stages ("snake"): when the
-//   weights exceed the L2 (one core at d = 512: 2.1 MB against 2 MiB), the panels used
-//   last are used first again and still sit in L2 (measured: 91 -> 150 GFLOP/s).
+// - Weight panels (large dynamics): each member's columns of a weight matrix are copied
+//   into contiguous panels of kPanelCols columns (strided column pieces of a row-major
+//   matrix map onto only part of the L2's sets and thrash it), visited forwards and
+//   backwards on alternate stages ("snake") so that the panels used last, still in L2,
+//   are used first again. Measurements: benchmarks/NOTES.md (floater_cpu.cpp).
 // - Determinism. Every output element is computed by the same sequence of operations
 //   whatever the thread count: an element of a product is the same sum whichever member
 //   and panel compute its column, weight-gradient rows are owned by exactly one thread,
@@ -115,8 +111,7 @@ struct Tape {
 // loops on its own columns, and barrier() separates a region from the next one that reads
 // what the other members wrote. What the team buys is a fixed assignment of columns to
 // threads for the whole integration, so that each core's packed panels stay in its own L2
-// (a work queue promises no such mapping). Synchronisation is cheap either way on two
-// cores: ~0.3 us a barrier, ~1 us a fork/join, against ~25 us a region at d = 512.
+// (a work queue promises no such mapping).
 struct Team {
   int rank = 0, size = 1;
   void barrier() const {
@@ -162,9 +157,8 @@ void copy_rows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t row
     std::memcpy(dst + r * ld_dst + c.c0, src + r * ld_src + c.c0, sizeof(T) * (c.c1 - c.c0));
 }
 
-// Panel width of packed weights: 64 columns (a multiple of every instruction set's column
-// block; 128 KiB panels at K = 512 in float32, ~16 of them over both layers of a core at
-// d = 512 on one core: fine enough for the snake to keep most of them in L2).
+// Panel width of packed weights: a multiple of every instruction set's column block, fine
+// enough for the snake to keep most panels in L2.
 constexpr int64_t kPanelCols = 64;
 
 // A weight matrix [K, N] as the region kernels read it: the matrix itself (packed ==
@@ -323,24 +317,14 @@ class Integrator {
 
   T interval_start(int64_t j) const { return j == 0 ? T(0) : times_[j - 1]; }
 
-  // A team integrates in a sequence of parallel regions of a few intervals each, and
-  // decides its size again before each one. Why: the contention fallback (cpu/parallel.h)
-  // judges a region when it ends, and one region around a whole integration (seconds) ran
-  // to its end with a member starved by another process on its core, waiting for it at
-  // every barrier (measured: a backward at S = 36, d = 384, L = 197 took 75 s on two
-  // threads beside other processes, 10 s on one). Regions of ~kRegionMacs multiply-adds
-  // (milliseconds) lose at most one region to contention before the calls run on one
-  // thread. The regions change no number: every member owns fixed columns for a given team
-  // size, and the packed panels are laid out by column, repacked only when the size
-  // changes.
-  //
-  // Back-off: a team region judged contended costs many times its work (every barrier
-  // waits for a time slice of the busy core), and the runtime's fallback tries a team again
-  // after 250 ms: measured beside a process pinned to the other core, a backward at the
-  // sizes above still took 57 s (2 threads) against 23 s on one thread. So each team region
-  // judged contended in a row (over all calls: contended_streak) doubles the number of
-  // regions that then run on one thread, up to 2^kMaxStreak, before a team is tried again;
-  // a team region that runs uncontended resets the streak.
+  // A team integrates in a sequence of parallel regions of ~kRegionMacs multiply-adds
+  // (a few intervals) each and decides its size again before each one: the contention
+  // fallback (cpu/parallel.h) judges a region when it ends, so one region around a whole
+  // integration could run to its end with a member starved at every barrier. No number
+  // changes: members own fixed columns for a given team size; panels are repacked only when
+  // the size changes. Back-off: each team region judged contended in a row (over all calls:
+  // contended_streak) doubles the regions then run on one thread, up to 2^kMaxStreak; an
+  // uncontended team region resets the streak. Measurements: benchmarks/NOTES.md.
   static constexpr double kRegionMacs = 5.0e7;
   static constexpr int kMaxStreak = 6;
   static std::atomic<int>& contended_streak() {
