@@ -6,16 +6,14 @@
 // Design
 // - States advance in lockstep, a "chunk" of R states at a time (R padded to an even count
 //   with copies of the chunk's first state, whose incoming gradient is zero, so the
-//   padding contributes exact zeros). Each stage is two regions:
-//     layer 1: Z = Y @ w1[:d] + (b1 + tau w1[d]), A = act(Z)          (over columns of H)
-//     layer 2: K = A @ w2[:H] + (b2 + tau w2[H]), then the RK combination (over columns of d)
-//   Register tiles of up to 12 states x 2 vectors read each weight row once per tile.
-// - Parallelism (the CPU runtime's parallel region, cpu/parallel.h, with its contention
-//   fallback). Small dynamics (weights within a core's L2): chunks of up to 8 states run
-//   in parallel, handed out to the threads in order, each chunk serially. Large dynamics:
-//   one chunk holds every state and a team of threads (one parallel region for the whole
-//   integration, barriers between the regions) splits every region over its output
-//   columns, so that each core reads only its share of the weights.
+//   padding contributes exact zeros). Each stage is two regions (layer 1 over columns of H,
+//   layer 2 and the RK combination over columns of d), whose kernels, per instruction set,
+//   are in floater_kernels.h.
+// - Parallelism (cpu/parallel.h, with its contention fallback). Small dynamics (weights
+//   within a core's L2): chunks of up to 8 states run in parallel, each chunk serially.
+//   Large dynamics: one chunk holds every state and a team of threads (parallel regions of
+//   a few intervals each, barriers between the stage regions) splits every region over its
+//   output columns, so that each core reads only its share of the weights.
 // - Weight panels (large dynamics): each member's columns of a weight matrix are copied
 //   into contiguous panels of kPanelCols columns (strided column pieces of a row-major
 //   matrix map onto only part of the L2's sets and thrash it), visited forwards and
@@ -31,7 +29,6 @@
 //   code as the forward (bitwise the same trajectory), keeping every stage value, then the
 //   steps are differentiated in reverse, stage by stage (reverse order); the weight
 //   gradients of the whole interval are then one product per weight.
-// - Kernels: floater_kernels.h (per instruction set, the runtime's choice at each call).
 #include "floater_cpu.h"
 
 #include <ATen/Parallel.h>

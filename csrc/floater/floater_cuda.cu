@@ -46,10 +46,8 @@
 // - Determinism: every sum runs in an order fixed by the shapes and the plan (block_gemm's
 //   split and the partials' block order); no float atomics: results are bitwise
 //   reproducible for a fixed plan on one GPU.
-// - Testing without a GPU: tools/cuda_emulation compiles this file as host C++ with one
-//   std::thread per CUDA thread and checks the exchange buffers' accesses against the
-//   barriers (tests/floater/test_extension_cuda_emulation.py), through the hooks of
-//   floater_cuda_hooks.h and its own versions of the CUDA headers.
+// - Testing without a GPU: tools/cuda_emulation runs this file on the CPU with a race
+//   checker, through the hooks of floater_cuda_hooks.h.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 

@@ -24,10 +24,7 @@
 //   count, and on every instruction set (cpu/per_isa.h).
 // - One OpenMP region per call, items (or blocks) handed out by a shared counter
 //   (cpu/parallel.h); float32 arithmetic for float32 / bfloat16 / float16 storage.
-//
-// Count per token (triton_kernels/rotary.py derives it): q and k read and written once,
-// 2 (Hq + Hk) D es bytes; G F2 (33 + 12 M) float32 operations for the angles (here once per
-// token for all batch rows when x is shared by them) + 6 F2 (Hq + Hk) for the rotations.
+//   Bytes and operations per token: triton_kernels/rotary.py.
 #include "rotary/rotary_cpu.h"
 
 #include <algorithm>
@@ -41,8 +38,8 @@ namespace {
 
 using namespace ::posenc_fast::cpu;
 
-// Positions per work item: 16 KB of one head's float32 q rows at head_dim 64 ("bhnd"),
-// long enough for the hardware prefetcher; the scratch is then ~40 KB at F = 64.
+// Positions per work item: runs of one head's q rows ("bhnd") long enough for the hardware
+// prefetcher, with a scratch that stays in L1/L2.
 constexpr int64_t kRun = 64;
 
 // A [B, H, N, D] view: element (b, h, n, c) at p + b sb + h sh + n sn + c sd (elements).
