@@ -84,11 +84,9 @@ PF_INLINE T vsum(V v) {
   return s;
 }
 
-// ---------------------------------------------------------------------------------
-// float32 transcendental functions, vectorised (glibc's scalar tanhf / erff cost more
+// --- float32 transcendental functions, vectorised (glibc's scalar tanhf / erff cost more
 // than the two small matvecs of a stage at d = 64). Coefficients: tools/fit_float_math.py;
 // max error about 2 ulp (tanh), 1.5e-7 absolute (erf). NaN propagates.
-// ---------------------------------------------------------------------------------
 template <int B>
 struct F32Math {
   using V = typename VecT<float, B>::type;

@@ -56,9 +56,7 @@ using namespace ::posenc_fast::cpu;
 // Memory the backward may use to keep an interval's stage values (see backward_chunk).
 std::atomic<int64_t> g_keep_budget{int64_t{64} << 20};
 
-// ------------------------------------------------------------------------------------
-// Drivers
-// ------------------------------------------------------------------------------------
+// --- Drivers -----------------------------------------------------------------------------
 
 // How states are grouped into chunks: a function of the shapes only (determinism).
 struct Plan {
@@ -812,9 +810,7 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
 
 }  // namespace
 
-// ------------------------------------------------------------------------------------
-// Entry points (floater_cpu.h)
-// ------------------------------------------------------------------------------------
+// --- Entry points (floater_cpu.h) --------------------------------------------------------
 
 namespace {
 

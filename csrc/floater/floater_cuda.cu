@@ -73,9 +73,7 @@ constexpr int kMaxCluster = 16;  // the non-portable cluster size of sm_90
 __host__ __device__ inline int odd_at_least(int n) { return n % 2 == 0 ? n + 1 : n; }
 __host__ __device__ inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
-// ------------------------------------------------------------------------------------
-// Sizes shared by host (planning) and device
-// ------------------------------------------------------------------------------------
+// --- Sizes shared by host (planning) and device ------------------------------------------
 struct Dims {
   int d, H, C, Sg, stages;
   int nh_max, nd_max;  // largest slices
@@ -151,9 +149,7 @@ __host__ __device__ inline long grid_team_elems(const Dims& D, bool adj) {
   return static_cast<long>(D.C) * D.C * D.Sg * (D.nh_max + D.nd_max);
 }
 
-// ------------------------------------------------------------------------------------
-// Kernel parameters and per-block views
-// ------------------------------------------------------------------------------------
+// --- Kernel parameters and per-block views -----------------------------------------------
 template <typename T>
 struct Params {
   const T *w1, *b1, *w2, *b2, *times;
@@ -237,9 +233,7 @@ __device__ __forceinline__ int owner_of(int c, int n, int C) {
 }
 __device__ __forceinline__ int slice_start(int r, int n, int C) { return static_cast<int>(static_cast<long>(n) * r / C); }
 
-// ------------------------------------------------------------------------------------
-// Forward kernel: intervals [j0, j1) from p.start, writing out and the tape
-// ------------------------------------------------------------------------------------
+// --- Forward kernel: intervals [j0, j1) from p.start, writing out and the tape -----------
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p) {
   FLOATER_CUDA_DYNAMIC_SMEM(smem_raw);
@@ -353,8 +347,7 @@ __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p
   }
 }
 
-// ------------------------------------------------------------------------------------
-// Adjoint kernel: intervals [j0, j1) in reverse, from the chunk's tape
+// --- Adjoint kernel: intervals [j0, j1) in reverse, from the chunk's tape ----------------
 //
 // Per step (u_i = dLoss/dk_i, gK_i = h u_i in the code), stages in reverse:
 //   gK_i = h b_i lam + sum_{m > i} h a_mi gy_m      (final when stage i is reached)
@@ -363,7 +356,6 @@ __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p
 //   gy_i = gz_i w1[:d]^T           (T1: reduce-scatter over the H-slices)
 //   lam += gy_i; gK_m += h a_im gy_i for m < i
 // writing gz_i and gK_i (the layers' output gradients: GradSink's G) for every stage.
-// ------------------------------------------------------------------------------------
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_adj_kernel(const Params<T> p) {
   FLOATER_CUDA_DYNAMIC_SMEM(smem_raw);
@@ -530,9 +522,7 @@ __global__ void dtimes_reduce(const T* __restrict__ end, const T* __restrict__ s
   }
 }
 
-// ------------------------------------------------------------------------------------
-// Host side: kernels, launches
-// ------------------------------------------------------------------------------------
+// --- Host side: kernels, launches --------------------------------------------------------
 template <typename T>
 using KernelFn = void (*)(const Params<T>);
 
@@ -639,9 +629,7 @@ size_t kernel_workspace_bytes(const Problem& pr, int mode, int C, int Sg, int G)
   return static_cast<size_t>(G) * grid_team_elems(dims_for(pr, C, Sg), pr.backward) * pr.dtype_size + 256;
 }
 
-// ------------------------------------------------------------------------------------
-// Host side: the planner
-// ------------------------------------------------------------------------------------
+// --- Host side: the planner --------------------------------------------------------------
 struct DeviceInfo {
   int sms, cc_major;
   size_t smem_optin;
@@ -875,9 +863,7 @@ cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, double residen
   return cudaSuccess;
 }
 
-// ------------------------------------------------------------------------------------
-// Host side: forward and backward
-// ------------------------------------------------------------------------------------
+// --- Host side: forward and backward -----------------------------------------------------
 namespace {
 
 constexpr size_t kChunkBytes = size_t{64} << 20;  // the backward's chunk buffers, at most

@@ -90,9 +90,7 @@ struct Bwd {
   int nk;
 };
 
-// ------------------------------------------------------------------------------------
-// Micro-kernels (always_inline: compiled inside each instruction-set wrapper below)
-// ------------------------------------------------------------------------------------
+// --- Micro-kernels (always_inline: compiled inside each instruction-set wrapper below)
 
 // Row tiles: the accumulators of RT states x 2 vectors stay in registers, so each weight
 // row is read once per RT states: RT = 12 with AVX-512's 32 registers, 6 with 16.
@@ -310,9 +308,7 @@ PF_INLINE void combine(T* dst, const T* base, const T* const* ks, const T* coef,
   }
 }
 
-// ------------------------------------------------------------------------------------
-// Region kernels
-// ------------------------------------------------------------------------------------
+// --- Region kernels ----------------------------------------------------------------------
 
 template <typename T, int B>
 constexpr int64_t col_block() {
