@@ -1,9 +1,8 @@
 // The Python module posenc_fast._C_cuda, the CUDA part of the extension: importing it
 // registers the CUDA kernels of the posenc_fast::floater_integrate* ops (static
 // registrations in floater/floater_cuda_ops.cpp). The ops themselves are defined by the CPU
-// part, posenc_fast._C, which the loader imports first. A separate module so that a CUDA
-// build that fails (toolkit missing or of another version than torch's, compile or link
-// errors) leaves the CPU part built and usable.
+// part, posenc_fast._C, which the loader imports first. A separate module so that a failed
+// CUDA build leaves the CPU part built and usable.
 #include <torch/extension.h>
 #include <torch/version.h>
 

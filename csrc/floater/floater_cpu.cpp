@@ -84,13 +84,10 @@ struct Chunk {
   int64_t r0 = 0, rows = 0, R = 0;  // first state, real states, padded rows
 };
 
-// The forward's stage values kept for the backward (floater_cpu.h: the taped forward):
-// Y_i and Z_i of every sub-step and stage of the first `intervals` intervals, the states'
-// rows in order (no padding rows: a padding row is a copy of its chunk's first state, so
-// its stage values are that state's, bitwise),
-//   Y: [intervals][substeps][stages][S][d], then Z: [intervals][substeps][stages][S][H].
-// With it the backward skips the forward pass it would otherwise make over each of those
-// intervals (a third of its multiply-adds), and is bitwise the same.
+// The taped forward's stage values (floater_cpu.h): Y_i and Z_i of every sub-step and stage
+// of the first `intervals` intervals, no padding rows (a padding row's values are its
+// chunk's first state's), Y: [intervals][substeps][stages][S][d], then Z: [...][S][H]. The
+// backward then skips its forward pass over those intervals, bitwise the same.
 template <typename T>
 struct Tape {
   T* data = nullptr;  // nullptr: no tape
@@ -101,12 +98,10 @@ struct Tape {
   bool has(int64_t j) const { return data != nullptr && j < intervals; }
 };
 
-// The threads that integrate one chunk together. A team of more than one thread is one
-// parallel region (cpu/parallel.h) around the whole integration: every member runs the same
-// loops on its own columns, and barrier() separates a region from the next one that reads
-// what the other members wrote. What the team buys is a fixed assignment of columns to
-// threads for the whole integration, so that each core's packed panels stay in its own L2
-// (a work queue promises no such mapping).
+// The threads that integrate one chunk together, in a parallel region (cpu/parallel.h):
+// every member runs the same loops on its own columns; barrier() separates a region from
+// the next one that reads what the others wrote. The fixed assignment of columns to threads
+// keeps each core's packed panels in its own L2 (a work queue promises no such mapping).
 struct Team {
   int rank = 0, size = 1;
   void barrier() const {

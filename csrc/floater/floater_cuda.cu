@@ -30,22 +30,17 @@
 //   Z_i [S, H] (the CPU tape's layout) for its first intervals, each block storing its own
 //   slices (global stores that no one waits for).
 // - Backward, per chunk of intervals, last first (backward()): intervals beyond the tape
-//   are integrated again from their starting state onto a chunk tape (the forward kernel,
-//   the forward's plan: bitwise the forward's values); then the adjoint kernel walks the
-//   chunk's stages in reverse with the tape's Z_i, two transposed products per stage as
-//   reduce-scatters (each block's partial sums over its own slice pushed to the owner of
+//   are integrated again onto a chunk tape (the forward's kernel and plan: bitwise its
+//   values); the adjoint kernel walks the chunk's stages in reverse, two transposed
+//   products per stage as reduce-scatters (each block's partial sums pushed to the owner of
 //   each output slice, which adds the C partials in block order), writing dLoss/dz_i and
-//   dLoss/dk_i for every stage. The weight gradients are then GEMMs over the chunk
-//   (GradSink: cuBLAS through ATen): X^T G with X the tape's Y (layer 1) or act(Z)
-//   (layer 2). No recomputation of taped intervals, no per-stage weight accumulation.
-// - The gradient of the times needs the slopes k_i: such a backward re-tapes every chunk
-//   with the slopes (as the CPU backward does) and accumulates dLoss/dh per block.
+//   dLoss/dk_i; the weight gradients are then GEMMs over the chunk (GradSink): X^T G with X
+//   the tape's Y (layer 1) or act(Z) (layer 2). A gradient of the times needs the slopes
+//   k_i: it re-tapes every chunk with them and accumulates dLoss/dh per block.
 // - plan() picks the layout from the shapes and the device's properties with a cost model
-//   (stage_cost; its constants are estimates until a GPU measures them); set_forced_plan
-//   forces one (floater_cuda_ops.cpp).
-// - Determinism: every sum runs in an order fixed by the shapes and the plan (block_gemm's
-//   split and the partials' block order); no float atomics: results are bitwise
-//   reproducible for a fixed plan on one GPU.
+//   (stage_cost); set_forced_plan forces one.
+// - Determinism: every sum runs in an order fixed by the shapes and the plan; no float
+//   atomics: results are bitwise reproducible for a fixed plan on one GPU.
 // - Testing without a GPU: tools/cuda_emulation runs this file on the CPU with a race
 //   checker, through the hooks of floater_cuda_hooks.h.
 #include <cooperative_groups.h>

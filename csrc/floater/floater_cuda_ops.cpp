@@ -52,11 +52,8 @@ Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backwa
   return cp;
 }
 
-// The forced layout (set_forced_plan: "mode,C,Sg[,resident[,staged]]", mode: solo,
-// cluster or grid; resident: the fraction of the weight rows held in shared memory,
-// default 1), used instead of the automatic choice for the forward and the adjoint alike:
-// for testing every layout on one GPU and for experiments. A layout that does not fit
-// fails at launch with CUDA's error.
+// The forced layout (set_forced_plan, floater_cuda.h; csrc/README.md lists its fields),
+// used for the forward and the adjoint alike; one that does not fit fails at launch.
 std::mutex forced_lock;
 std::string forced_spec;
 

@@ -12,8 +12,7 @@
 //   posenc_fast::floater_integrate_backward_taped(..., needs, tape) -> the same gradients
 //       bitwise, without integrating the taped intervals again
 //
-// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
-// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
+// Each op in turn: schema, CPU kernel, Meta kernel (shapes only), registration (cpu/ops.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

@@ -16,8 +16,7 @@
 // k's and the gradients' dtypes and devices (no shapes: no ATen call on fake tensors), so a
 // call that mixes CPU and Meta tensors, which dispatches to Meta, is refused too.
 //
-// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
-// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
+// Each op in turn: schema, CPU kernel, Meta kernel (shapes only), registration (cpu/ops.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
