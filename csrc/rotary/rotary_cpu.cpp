@@ -1,13 +1,8 @@
 // Rotary embeddings on grids on the CPU: the cos / sin table and the fused application to
 // q and k, forward and backward (the Triton kernels: triton_kernels/rotary.py).
 //
-// Shapes: x [Bx, N', M] positions of tokens prefix..N-1 (Bx = B, or 1 when shared by the
-// batch; a table's rows are [Bx, N, M]), W [G, F2, M] (G = 1: shared by the heads; else one
-// group per head) with any strides; q [B, Hq, N, D], k [B, Hk, N, D] heads-first views with
-// any strides (LightGlue's q is a slice of a fused qkv tensor, channel stride 3), group g
-// rotating heads g Hq/G .. (g + 1) Hq/G - 1 of q (of k alike); outputs and dq / dk
-// [B, H, N, D] views with unit channel stride; the table [2, Bx, G, N, F], F = 2 F2 <= D.
-// Pairs: channels (2k, 2k + 1) or, "half", (k, k + F2).
+// Shapes: rotary_cpu.h (W: its freqs [G, F2, M]; q may be a slice of a fused qkv tensor,
+// channel stride 3, as LightGlue's); the table [2, Bx, G, N, F], F = 2 F2 <= D.
 //
 // Design
 // - Work items are runs of kRun positions of one batch row of x (rotary_kernels.h): per

@@ -13,8 +13,9 @@ namespace rotary {
 // The fused application's inputs: x3 [Bx, N', M] positions of tokens prefix..N-1 (Bx = 1:
 // shared by the batch); freqs [G, F2, M] with any strides (G = 1: shared by the heads, a
 // view of [F2, M]; else one group per head); q [B, Hq, N, D], k [B, Hk, N, D] heads-first
-// views with any strides, one dtype (Hq and Hk multiples of G); half: pairs (i, i + F2)
-// instead of (2i, 2i + 1); the first `prefix` tokens are copied.
+// views with any strides, one dtype (Hq and Hk multiples of G; group g rotates heads
+// g Hq/G .. (g + 1) Hq/G - 1); half: pairs (i, i + F2) instead of (2i, 2i + 1); the first
+// `prefix` tokens are copied.
 struct Apply {
   at::Tensor x3, freqs, q, k;
   bool half;
