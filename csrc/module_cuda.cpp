@@ -27,8 +27,7 @@ pybind11::dict build_info() {
 
 // The settings tests and tools make (csrc/README.md, "Settings for tests and tools"): each
 // keyword given (not None) replaces its setting; returns the settings as they were.
-//   floater_plan: the FLOATER integrator's layout forced on every call,
-//                 "mode,C,Sg[,resident[,staged]]" ("" for the automatic choice)
+//   floater_plan: the layout forced on every call, "mode,C,Sg[,resident[,staged]]" or ""
 pybind11::dict set_development_options(const pybind11::object& floater_plan) {
   pybind11::dict before;
   before["floater_plan"] = floater_plan.is_none() ? floater::cuda::forced_plan_spec()

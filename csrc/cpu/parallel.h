@@ -36,9 +36,8 @@ struct WorkQueue {
   const int64_t n;
 };
 
-// Contention fallback. When another process keeps a core busy, a team thread on that core
-// runs in the scheduler's time slices (milliseconds): the others wait for it at every
-// barrier and at the region's end, and a call takes several times its single-thread time.
+// Contention fallback. A team thread on a core busy with another process runs in the
+// scheduler's time slices: the others wait for it at every barrier and at the region's end.
 // A region marks the machine contended when one of two signs exceeds kLateNs and a share
 // of the region's duration:
 // - waits at barriers (teams that advance in lockstep, FLOATER's), over half of it: a team
@@ -47,10 +46,8 @@ struct WorkQueue {
 // - threads reaching its end apart (work-queue regions, LFF's), over a quarter of it: the
 //   late thread held at most one item, so the spread is time added to one thread's time.
 // Why these bounds: benchmarks/NOTES.md, "FLOATER integrator on the CPU", 3.
-// Calls then run on one thread (the same bits) for kSoloNs, after which a call tries the
-// team again. always_team() turns this off (module.cpp: set_development_options; the
-// tests of thread-count independence must really run teams, on a CI machine that may be
-// busy).
+// Calls then run on one thread (the same bits) for kSoloNs, then try the team again.
+// always_team() turns this off (for tests of thread-count independence on a busy machine).
 constexpr int64_t kLateNs = 1'000'000;
 constexpr int64_t kSoloNs = 250'000'000;
 

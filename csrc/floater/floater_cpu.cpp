@@ -19,16 +19,14 @@
 //   matrix map onto only part of the L2's sets and thrash it), visited forwards and
 //   backwards on alternate stages ("snake") so that the panels used last, still in L2,
 //   are used first again. Measurements: benchmarks/NOTES.md (floater_cpu.cpp).
-// - Determinism. Every output element is computed by the same sequence of operations
-//   whatever the thread count: an element of a product is the same sum whichever member
-//   and panel compute its column, weight-gradient rows are owned by exactly one thread,
-//   chunks depend on the shapes only, and per-chunk weight-gradient partials are added in
-//   chunk order. No atomics.
+// - Determinism: every output element is the same sequence of operations whatever the
+//   thread count (a product's element is the same sum whichever member and panel compute
+//   it, weight-gradient rows have one owner, chunks depend on the shapes only, per-chunk
+//   partials are added in chunk order; no atomics).
 // - Backward: the discrete adjoint. Intervals are walked backwards; each interval's
-//   sub-steps are recomputed from its stored starting state (out[:, j-1] or p0) by the same
-//   code as the forward (bitwise the same trajectory), keeping every stage value, then the
-//   steps are differentiated in reverse, stage by stage (reverse order); the weight
-//   gradients of the whole interval are then one product per weight.
+//   sub-steps are recomputed from its stored starting state (out[:, j-1] or p0) by the
+//   forward's code (bitwise its trajectory) or read from the tape, then differentiated in
+//   reverse, stage by stage; the interval's weight gradients are one product per weight.
 #include "floater_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -421,10 +419,9 @@ class Integrator {
                       T* dtimes, const Chunk& ch, int threads, LayerCopies<T>* cp, const Tape<T>& tape) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R, S_ = tab_.stages;
     const int64_t Rd = R * d, RH = R * H;
-    // The stage values of every sub-step of an interval (and their adjoints) are kept when
-    // they fit in a budget: one forward pass per interval, and the weight gradients of the
-    // whole interval in one pass over the weight-gradient rows. Otherwise only the
-    // sub-steps' starting states are kept, each step is recomputed once more before it is
+    // Within the budget, the stage values (and adjoints) of every sub-step of an interval are
+    // kept: one forward pass per interval, weight gradients in one pass per interval. Else
+    // only the sub-steps' starting states: each step is recomputed before it is
     // differentiated, and the weight gradients are added step by step.
     const int64_t per_step = S_ * (3 * Rd + 3 * RH + 2 * R);
     const bool keep_all = n_ * per_step * static_cast<int64_t>(sizeof(T)) <= g_keep_budget.load();
@@ -680,11 +677,10 @@ inline Chunk chunk_of(const Plan& plan, int64_t S, int64_t c) {
   return ch;
 }
 
-// The four products' weights. Team plans: packed panels of every matrix (filled by the
-// members themselves, so each core's panels start in its own cache), sized here, outside
-// the parallel region. Otherwise: the matrices themselves and, for the backward,
-// transposed copies, so that the transposed products are row updates (mm_nn) like the
-// forward's: w2T [d, H] = w2[:H]^T, w1T [H, d] = w1[:d]^T.
+// The four products' weights. Team plans: packed panels (sized here, outside the parallel
+// region; filled by the members, so each core's panels start in its own cache). Otherwise
+// the matrices and, for the backward, transposed copies w2T [d, H] = w2[:H]^T,
+// w1T [H, d] = w1[:d]^T, so that every product is a row update (mm_nn).
 template <typename T>
 Layers<T> make_layers(const Dyn<T>& dyn, bool team, LayerCopies<T>& cp, bool backward) {
   const int64_t d = dyn.d, H = dyn.H;
@@ -718,9 +714,8 @@ Layers<T> make_layers(const Dyn<T>& dyn, bool team, LayerCopies<T>& cp, bool bac
   return lay;
 }
 
-// Threads for the chunks of a plan without a team (a chunk's cost: its multiply-adds,
-// two products per stage for every state, step and interval). Their region obeys the
-// contention fallback without judging by its end (few chunks, of unequal sizes).
+// Threads for the chunks of a plan without a team (cost: a chunk's multiply-adds). Their
+// region obeys the contention fallback without judging by its end (few, unequal chunks).
 inline int chunk_threads(const Plan& plan, int64_t L, int64_t d, int64_t H, const Options& opt) {
   const double stages = tableau(opt.method).stages;
   return team_threads(plan.nchunks, 2.0 * plan.chunk * L * opt.substeps * stages * d * H);

@@ -43,10 +43,9 @@ struct Plan {
 // Returns cudaSuccess and fills plan, or an error (e.g. sizes beyond what fits).
 cudaError_t plan(const Problem& pr, int device, Plan* plan);
 
-// A plan for a given layout (mode, blocks per team C, states per team Sg, the fraction of
-// each weight slice's rows held in shared memory, vectors staged in shared memory (grid)),
-// without asking the device whether it fits: for tests, the CPU emulation
-// (tools/cuda_emulation) and forced layouts on a GPU (set_forced_plan).
+// A plan for a given layout (mode, C, Sg, the fraction of each weight slice's rows held in
+// shared memory, stage_x) without asking the device whether it fits: for tests, the CPU
+// emulation (tools/cuda_emulation) and forced layouts (set_forced_plan).
 cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, double resident, Plan* plan,
                       bool stage_x = true);
 

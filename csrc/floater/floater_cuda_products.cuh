@@ -1,7 +1,6 @@
-// Block-level arithmetic of the CUDA FLOATER kernels (floater_cuda.cu): the activations,
-// the small products every stage is made of, a deterministic block sum and asynchronous
-// copies into shared memory. Everything here depends on the shapes only, never on timing,
-// so the kernels' results are bitwise reproducible for a fixed plan.
+// Block-level arithmetic of the CUDA FLOATER kernels (floater_cuda.cu): activations, the
+// small products of every stage, a deterministic block sum, asynchronous copies into shared
+// memory. All of it depends on the shapes only: bitwise reproducible for a fixed plan.
 #pragma once
 
 #include <cuda_pipeline.h>
@@ -14,8 +13,7 @@ namespace posenc_fast {
 namespace floater {
 namespace cuda {
 
-// Threads per block (a multiple of 32; FLOATER_CUDA_THREADS, floater_cuda_hooks.h). The
-// CPU emulation builds with fewer to spawn fewer host threads; nothing else depends on it.
+// Threads per block (a multiple of 32; FLOATER_CUDA_THREADS: the CPU emulation uses fewer).
 constexpr int kThreads = FLOATER_CUDA_THREADS;
 constexpr int kMaxRows = 4;                    // states per thread item in block_gemm
 constexpr int kRedElems = kMaxRows * kThreads;  // K-split scratch of block_gemm

@@ -71,8 +71,7 @@ struct Fwd {
 };
 
 // Backward through one stage of a chunk: given gk = dLoss/dK, produce gz and gy, then
-// lam += gy and gks[j] += coef[j] * gy. (The weight gradients are accumulated later, for
-// many stages at once: Flush.)
+// lam += gy and gks[j] += coef[j] * gy (weight gradients: later, many stages at once, Flush).
 template <typename T>
 struct Bwd {
   Dyn<T> dyn;

@@ -17,11 +17,10 @@
 //   phase gradient and dx = gphase wr; weight gradients are products over the tile's rows
 //   ([h | 1]^T dY gives dw2 and db2, [feats | 1]^T ga gives dw1 and db1, x^T gphase gives
 //   dwr^T) accumulated into the partial sums of the tile's block.
-// - Determinism: blocks are runs of rows fixed by R alone (never by the thread count);
-//   a block's tiles add into its partial in row order, and the partials are added in block
-//   order at the end (cpu/parallel.h: run_blocks). Every element of every output is one
-//   fixed chain of float32 operations: the same bits for any thread count, run after run,
-//   and on every instruction set (cpu/per_isa.h: explicit FMAs, no compiler contraction).
+// - Determinism: blocks are runs of rows fixed by R alone; a block's tiles add into its
+//   partial in row order, partials are added in block order (cpu/parallel.h: run_blocks).
+//   Every output element is one fixed chain of float32 operations: the same bits for any
+//   thread count and instruction set (cpu/per_isa.h: explicit FMAs, no contraction).
 // - Parallelism: one OpenMP region per call (cpu/parallel.h); threads take tiles (forward)
 //   or blocks (backward) from a shared counter.
 #include "lff/lff_cpu.h"

@@ -13,10 +13,9 @@
 //   exists in memory. A batch row's first item also copies its prefix tokens.
 // - Backward: the same runs recompute cos / sin, write dq / dk, and sum the phase gradient
 //   over the group's heads (and batch rows) in the scratch; dx = sum_g dphase_g W[g] per
-//   position, dW[g]^T = x^T dphase_g accumulated per block of items. Blocks are fixed by the
-//   item count alone (at most 16), a block's items add in item order, blocks are summed in
-//   block order after a barrier (cpu/parallel.h: run_blocks): the same bits for any thread
-//   count, and on every instruction set (cpu/per_isa.h).
+//   position, dW[g]^T = x^T dphase_g per block of items (at most 16, fixed by the item
+//   count, summed in block order: cpu/parallel.h's run_blocks): the same bits for any
+//   thread count and instruction set (cpu/per_isa.h).
 // - One OpenMP region per call, items (or blocks) handed out by a shared counter
 //   (cpu/parallel.h); float32 arithmetic for float32 / bfloat16 / float16 storage.
 //   Bytes and operations per token: triton_kernels/rotary.py.

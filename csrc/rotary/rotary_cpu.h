@@ -1,8 +1,7 @@
 // CPU entry points of the rotary kernels (rotary_cpu.cpp): q and k rotated by the angles
-// x . W, and the cos / sin table. Arguments are checked by the op layer (rotary_ops.cpp),
-// outputs allocated there. Computation is float32 (phases with the error-free reduction of
-// triton_kernels/_phase.py); storage may be float32, bfloat16 or float16. Deterministic:
-// the same bits for any thread count.
+// x . W, and the cos / sin table; checked and allocated by rotary_ops.cpp. float32
+// arithmetic (triton_kernels/_phase.py's phase math) on float32, bfloat16 or float16
+// storage; the same bits for any thread count.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -14,8 +14,8 @@
 //   table:    cos and sin each on both channels of a pair of the [2, Bx, G, N, F] table;
 //             backward dphase = (gs_a + gs_b) cos - (gc_a + gc_b) sin
 //
-// Pairs are channels (2k, 2k+1) ("interleaved") or (k, k + F2) ("half"). The item of a
-// batch row's first run also copies the row's prefix tokens (the gradient, backward).
+// Pairs are channels (2k, 2k+1) ("interleaved") or (k, k + F2) ("half"). A batch row's first
+// item also copies its prefix tokens (their gradient, backward).
 // Every product is rounded where triton_kernels/rotary.py rounds it (no contraction, see
 // cpu/per_isa.h): forward outputs, tables and dq / dk equal the Triton interpreter's bitwise.
 

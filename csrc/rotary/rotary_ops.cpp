@@ -58,9 +58,8 @@ void check_x(const char* op, const at::Tensor& x, bool per_head) {
 }
 
 // The table's shape: [2, *x.shape[:-1], F] (shared), [2, *x.shape[:-2], H, N, F] (per head).
-// (Element by element: GCC 12 at -O3 reports the range insert of x.sizes() into a
-// one-element vector as a memmove out of bounds, a false positive that the aarch64 compile
-// check, -Werror, would fail on.)
+// (Element by element: GCC 12 -O3 reports the range insert of x.sizes() as a memmove out
+// of bounds, a false positive that the aarch64 compile check, -Werror, would fail on.)
 std::vector<int64_t> table_shape(const at::Tensor& x, const at::Tensor& freqs) {
   const bool per_head = freqs.dim() == 3;
   std::vector<int64_t> shape;
