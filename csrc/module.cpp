@@ -1,12 +1,8 @@
 // The Python module posenc_fast._C, the CPU part of the extension: importing it defines the
-// low-level ops of every op folder and registers their CPU and Meta kernels (static
-// registrations in floater/floater_ops.cpp, lff/lff_ops.cpp, encodings/encodings_ops.cpp,
-// rotary/rotary_ops.cpp). The CUDA kernels are a separate module,
-// posenc_fast._C_cuda (module_cuda.cpp), built and loaded on its own, so that a failed CUDA
-// build never costs the CPU part. The pybind11 functions here describe the build and give
-// tests the CPU runtime's instruction-set override (cpu/isa.h), its contention fallback
-// (cpu/parallel.h: judge_regions_contended, set_development_options) and FLOATER's backward
-// budget, and release the spare block of the FLOATER tapes (cpu/spare.h).
+// low-level ops and registers their CPU and Meta kernels (static registrations in each
+// <op>/<op>_ops.cpp); the CUDA kernels are posenc_fast._C_cuda (module_cuda.cpp). The
+// pybind11 functions describe the build, give tests the runtime's settings (cpu/isa.h,
+// cpu/parallel.h, FLOATER's backward budget) and release the tapes' spare block (cpu/spare.h).
 #include <torch/extension.h>
 #include <torch/version.h>
 

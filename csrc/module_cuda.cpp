@@ -1,9 +1,8 @@
 // The Python module posenc_fast._C_cuda, the CUDA part of the extension: importing it
 // registers the CUDA kernels of the posenc_fast::floater_integrate* ops (static
 // registrations in floater/floater_cuda_ops.cpp). The ops themselves are defined by the CPU
-// part, posenc_fast._C, which the loader imports first. A separate module so that a CUDA
-// build that fails (toolkit missing or of another version than torch's, compile or link
-// errors) leaves the CPU part built and usable.
+// part, posenc_fast._C, which the loader imports first. A separate module so that a failed
+// CUDA build leaves the CPU part built and usable.
 #include <torch/extension.h>
 #include <torch/version.h>
 
@@ -28,8 +27,7 @@ pybind11::dict build_info() {
 
 // The settings tests and tools make (csrc/README.md, "Settings for tests and tools"): each
 // keyword given (not None) replaces its setting; returns the settings as they were.
-//   floater_plan: the FLOATER integrator's layout forced on every call,
-//                 "mode,C,Sg[,resident[,staged]]" ("" for the automatic choice)
+//   floater_plan: the layout forced on every call, "mode,C,Sg[,resident[,staged]]" or ""
 pybind11::dict set_development_options(const pybind11::object& floater_plan) {
   pybind11::dict before;
   before["floater_plan"] = floater_plan.is_none() ? floater::cuda::forced_plan_spec()

@@ -1,9 +1,8 @@
 // The instruction set every C++ CPU kernel runs with (FLOATER, LFF, encodings, rotary): the
 // best the CPU supports, lowered by POSENC_FAST_CPU_ISA=avx2|generic (read once) or by a
 // process-wide override (set_isa, for tests: every path on one machine; "auto" clears it).
-// Levels: 0 generic (the compiler's baseline x86-64 or the host's), 1 avx2 (with FMA and
-// F16C), 2 avx512 (F, VL, DQ, BW). Kernels pick their per-set code with isa_level() at each
-// call, so an override takes effect at the next call.
+// Levels: 0 generic (the baseline x86-64 or the host's), 1 avx2 (+ FMA, F16C), 2 avx512
+// (F, VL, DQ, BW), read with isa_level() at each call: an override acts at the next call.
 #pragma once
 
 #include <c10/util/Exception.h>

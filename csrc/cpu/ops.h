@@ -1,8 +1,7 @@
 // What the op layers (<op>/<op>_ops.cpp) share: the registration of an op's CPU and Meta
-// kernels, and the argument checks and results of the float32 ops (lff, encodings,
-// rotary). The Python layer validates first with friendlier messages; these checks keep
-// direct calls of the low-level ops from reading out of bounds.
-// TORCH_CHECK_VALUE -> ValueError, TORCH_CHECK_TYPE -> TypeError in Python.
+// kernels, and the argument checks and results of the float32 ops (lff, encodings, rotary).
+// The Python layer validates first with friendlier messages; these checks keep direct calls
+// from reading out of bounds (TORCH_CHECK_VALUE -> ValueError, _TYPE -> TypeError).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,9 +16,8 @@ namespace posenc_fast {
 namespace cpu {
 
 // Defines the op of `schema` ("name(args) -> result") in the posenc_fast library and
-// registers its CPU kernel and its Meta kernel (shapes only, for torch.compile and opcheck).
-// Called from TORCH_LIBRARY_FRAGMENT blocks: the op folders and the Python custom ops each
-// define some of the namespace's ops.
+// registers its CPU and Meta (shapes only) kernels. Called from TORCH_LIBRARY_FRAGMENT
+// blocks: the op folders and the Python custom ops each define some of the namespace's ops.
 template <typename Cpu, typename Meta>
 void define(torch::Library& m, const char* schema, Cpu* cpu, Meta* meta) {
   m.def(schema);

@@ -36,27 +36,18 @@ struct WorkQueue {
   const int64_t n;
 };
 
-// Contention fallback. When another process keeps a core busy, a team thread on that core
-// runs in the scheduler's time slices (milliseconds): the others wait for it at every
-// barrier and at the region's end, and a call takes several times its single-thread time.
+// Contention fallback. A team thread on a core busy with another process runs in the
+// scheduler's time slices: the others wait for it at every barrier and at the region's end.
 // A region marks the machine contended when one of two signs exceeds kLateNs and a share
 // of the region's duration:
-// - waits at barriers (teams that advance in lockstep, FLOATER's), over half of it. A team
+// - waits at barriers (teams that advance in lockstep, FLOATER's), over half of it: a team
 //   of two whose slower member runs at a fraction s of full speed takes W / (2 s) for work
-//   W, the other waiting a fraction 1 - s of it; one thread takes W: the team is the
-//   faster while the waits stay under half (more threads only lower that bar). A quarter
-//   (the bound until 2026-11-27) sent the FLOATER integrator at S = 36, d = 384 to one
-//   thread most of the time on the quiet 2-core VM, whose vCPUs stall now and then: with
-//   teams forced, 12% of its regions waited over a quarter, 0.3% over half (forward 1.28 s
-//   against 0.81 s with teams throughout).
-// - threads reaching its end apart (work-queue regions, LFF's), over a quarter of it. The
-//   late thread held at most one item while it waited for its slice, so the spread is time
-//   added to what one thread would have taken: with the half bound here too, an LFF forward
-//   beside a busy core took 16.0 ms against 7.7 ms on one thread (N = 4096, 2026-11-27).
-// Calls then run on one thread (the same bits) for kSoloNs, after which a call tries the
-// team again. always_team() turns this off (module.cpp: set_development_options; the
-// tests of thread-count independence must really run teams, on a CI machine that may be
-// busy).
+//   W and waits 1 - s of it, so the team is the faster while the waits stay under half.
+// - threads reaching its end apart (work-queue regions, LFF's), over a quarter of it: the
+//   late thread held at most one item, so the spread is time added to one thread's time.
+// Why these bounds: benchmarks/NOTES.md, "FLOATER integrator on the CPU", 3.
+// Calls then run on one thread (the same bits) for kSoloNs, then try the team again.
+// always_team() turns this off (for tests of thread-count independence on a busy machine).
 constexpr int64_t kLateNs = 1'000'000;
 constexpr int64_t kSoloNs = 250'000'000;
 

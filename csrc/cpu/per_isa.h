@@ -6,13 +6,11 @@
 // Used by the LFF, encoding and rotary drivers; FLOATER's kernels are compiled per set by
 // target attributes instead (floater_kernels.h: they keep the build's contraction, below).
 //
-// Floating-point contraction is off inside these regions (the build's -ffp-contract=fast
-// stays on for the FLOATER kernels): every fused multiply-add here is an explicit vfma().
-// Why: a compiler-chosen contraction depends on the target (the baseline x86 target has no
-// FMA instruction), so the instruction sets would round differently, and the error-free
-// phase reduction needs its products rounded exactly where the Triton kernels round them
-// (triton_kernels/_phase.py, launched with enable_fp_fusion=False). With explicit vfma()s
-// every instruction set computes bitwise the same numbers (tests/lff/test_cpp_fourier.py).
+// Floating-point contraction is off inside these regions (FLOATER keeps the build's
+// -ffp-contract=fast): every fused multiply-add is an explicit vfma(). Why: contraction
+// depends on the target, and the error-free phase reduction needs its products rounded
+// where the Triton kernels round them (triton_kernels/_phase.py, enable_fp_fusion=False);
+// so every instruction set computes bitwise the same numbers (tests/lff/test_cpp_fourier.py).
 //
 // Included once by each driver .cpp that defines PF_ISA_KERNELS (no include guard), inside
 // the driver's namespace, after the driver's types: the kernel headers (and cpu/simd.h,

@@ -1,10 +1,9 @@
 // The phase math of triton_kernels/_phase.py, for one instruction set (compiled per set
 // after cpu/simd.h; no include guard, no system headers), operation for operation:
 // frequencies in turns as a float32 pair hi + lo, the phase as an unevaluated sum, the
-// reduction to a quarter turn and the same polynomials. Contraction is off (cpu/per_isa.h),
-// so every product is rounded where Triton rounds it. Used by the LFF features, the
-// encodings and the rotary kernels; position_sincos: the cos / sin of one position's
-// phases (LFF features and rotary kernels), from prepare_turns' tables.
+// reduction to a quarter turn and the same polynomials; contraction off (cpu/per_isa.h),
+// so every product is rounded where Triton rounds it. position_sincos: the cos / sin of one
+// position's phases (LFF features, rotary), from prepare_turns' tables.
 
 // 1/(2 pi) = kInv2PiHi + kInv2PiLo, each float32
 constexpr float kInv2PiHi = 0.15915493667125702f;

@@ -1,8 +1,7 @@
 // The CPU runtime in one include, for the drivers of the per-instruction-set kernels (LFF,
 // encodings, rotary): instruction-set selection (isa.h), portable vectors and float32 math
 // (vec.h), storage dtypes and buffers (tensors.h), the parallel region (parallel.h), and
-// every system header that the kernels compiled by per_isa.h use (they include none
-// themselves: they are compiled inside namespaces).
+// every system header the per_isa.h kernels use (compiled inside namespaces, they include none).
 #pragma once
 
 // GCC 12 reports its own AVX-512 intrinsic headers' deliberately undefined temporaries

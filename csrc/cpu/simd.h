@@ -2,19 +2,12 @@
 // instruction set: compiled once per set inside a namespace that defines kBytes (see
 // cpu/per_isa.h; no include guard, no system headers). Float lanes are W = kBytes / 4.
 //
-// - vfma: one rounding (an FMA instruction, or the C library's exact fmaf on the baseline
-//   x86 target, which lacks one): the same bits on every instruction set.
-// - vfloor: IEEE floor.
-// - loads / stores with a lane count (row tails), float32 <-> bfloat16 / float16
-//   conversions rounding to nearest even (what Triton's round_to does), streaming stores,
-//   and with_dt (one switch on a storage dtype outside the loops).
-// - Channel pairs (interleave / deinterleave), scalar loads of any storage dtype, and the
-//   reductions whose order does not depend on the vector width: 16 virtual lanes, and the
-//   ordered sum of per-block partial sums (sum_partials, cpu/parallel.h's run_blocks).
-// On aarch64 (one build: NEON is part of the baseline, there is nothing to dispatch) the
-// generic set is 16 bytes = one NEON register, with NEON's FMLA (vfma), FRINTM (vfloor) and
-// FCVTL / FCVTN (float16); the rest is GNU vector code, which GCC maps to NEON directly.
-// The phase math of the Triton kernels is cpu/phase.h, on top of this.
+// vfma (one rounding: an FMA instruction, or the exact fmaf on the baseline x86 target),
+// vfloor, loads / stores with a lane count, float32 <-> bfloat16 / float16 rounding to
+// nearest even (as Triton's round_to), streaming stores, with_dt, channel pairs, scalar
+// loads of any storage dtype, and the reductions whose order does not depend on the vector
+// width (16 virtual lanes, sum_partials). On aarch64 the generic set is one 16-byte NEON
+// register (FMLA, FRINTM, FCVTL / FCVTN; GNU vectors for the rest).
 
 using ::posenc_fast::cpu::DT;
 using ::posenc_fast::cpu::PartialSum;

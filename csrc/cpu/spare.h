@@ -1,8 +1,8 @@
 // One spare block of memory for a large buffer that every training step allocates and
-// frees again (the FLOATER tape: ~0.4 GiB made by each forward, freed by its backward).
-// Why: an allocation that large comes fresh from the kernel (mmap) and pays a page fault
-// per 4 KiB page when first written (measured on the 2-core VM: 0.33 s to first write
-// 436 MB, 0.04 s to write it again), which cost the taped forward more than the tape saves.
+// frees again (the FLOATER tape, made by each forward, freed by its backward). Why: an
+// allocation that large comes fresh from mmap and pays a page fault per 4 KiB page when
+// first written, which cost the taped forward more than the tape saves (benchmarks/NOTES.md,
+// "FLOATER integrator on the CPU", 2).
 // A buffer made here keeps its memory when freed, as the spare; the next request that the
 // spare can hold takes it (no page faults), a larger one frees it first. At most one block
 // is kept (the largest freed since); release_spare() returns it to the system.

@@ -28,12 +28,10 @@ inline DT dt_of(at::ScalarType t) {
 constexpr int64_t kPad = 16;
 inline int64_t round_up(int64_t n, int64_t m = kPad) { return (n + m - 1) / m * m; }
 
-// A new tensor for a kernel's output. One of 32 MiB or more is a fresh mapping of its own
-// (glibc serves such sizes with mmap, and torch's CPU allocator does not cache them), whose
-// every 4 KiB page faults on first touch: ~45 ms for 50 MB on a 2-core VM, several times the
-// kernel's work. Advising it as a transparent-huge-page candidate before the first touch
-// (a hint; ignored where THP is off, the default "madvise" mode honours it) makes those
-// faults 2 MiB each. The memory is still torch's allocation, accounted and freed as usual.
+// A new tensor for a kernel's output. One of 32 MiB or more is a fresh mmap (torch's CPU
+// allocator does not cache it) whose 4 KiB pages fault on first touch, costing more than the
+// kernel's work (benchmarks/NOTES.md, "C++ LFF and encoding kernels", 2): it is advised as a
+// transparent-huge-page candidate before the first touch (a hint; ignored where THP is off).
 inline at::Tensor new_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
   at::Tensor t = at::empty(sizes, options);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)

@@ -46,8 +46,7 @@ PF_INLINE void vstore(void* p, V v) {
 template <typename V, typename T>
 PF_INLINE V vsplat(T x) {
   // Through the integer bits: 0 + bits is an exact identity, so the compiler emits a bare
-  // broadcast. (GCC 12 turns the float forms into a scalar add + broadcast, V{} + x, since
-  // 0 + -0.0 is +0.0, or into one masked broadcast per lane, {x, x, ...} and x - V{}.)
+  // broadcast (GCC 12 compiles V{} + x and {x, x, ...} into worse code: 0 + -0.0 is +0.0).
   using U = typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type;
   typedef U VU __attribute__((vector_size(sizeof(V))));
   U bits;
@@ -59,9 +58,8 @@ PF_INLINE V vsplat(T x) {
 }
 // Load/store of n <= lanes elements (zero-filled), for row tails that must go through the
 // same vector code as the rest of the row. A full vector (n == lanes) takes a plain vector
-// load/store: a memcpy of a run-time length is a call into libc (GCC 12 does not inline
-// it), which cost ~40% of a layer at d = H = 512 where every vector of the RK combination
-// went through here.
+// load/store: a memcpy of a run-time length is a call into libc (GCC 12 does not inline it),
+// too slow for the RK combination, whose every vector goes through here.
 template <typename V, typename T>
 PF_INLINE V vload_n(const T* p, int n) {
   if (n == static_cast<int>(sizeof(V) / sizeof(T))) return vload<V>(p);
@@ -86,11 +84,9 @@ PF_INLINE T vsum(V v) {
   return s;
 }
 
-// ---------------------------------------------------------------------------------
-// float32 transcendental functions, vectorised (glibc's scalar tanhf / erff cost more
+// --- float32 transcendental functions, vectorised (glibc's scalar tanhf / erff cost more
 // than the two small matvecs of a stage at d = 64). Coefficients: tools/fit_float_math.py;
 // max error about 2 ulp (tanh), 1.5e-7 absolute (erf). NaN propagates.
-// ---------------------------------------------------------------------------------
 template <int B>
 struct F32Math {
   using V = typename VecT<float, B>::type;

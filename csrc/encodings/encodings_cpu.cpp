@@ -9,11 +9,9 @@
 // float64 from the same formulas as triton_kernels/encodings.py and split into float32
 // pairs; encodings_kernels.h computes each position's row once (phases with the error-free
 // reduction, one sincos per frequency) into a row buffer in L1 and writes it to its B
-// output rows (adding x's rows): a broadcast position is encoded once, not once per row,
-// and x and the output stream through memory once. One parallel region per call; threads
-// take runs of positions from a shared counter (cpu/parallel.h). The gradient sums over
-// frequencies in 16 virtual lanes (cpu/simd.h): the same bits on every instruction set and
-// thread count.
+// output rows (adding x's rows): a broadcast position is encoded once, and x and the output
+// stream through memory once. Threads take runs of positions (cpu/parallel.h). The gradient
+// sums over frequencies in 16 virtual lanes: the same bits on every ISA and thread count.
 #include "encodings/encodings_cpu.h"
 
 #include <algorithm>

@@ -1,7 +1,6 @@
-// CPU entry points of the sinusoidal and DFT encoding kernels (encodings_cpu.cpp).
-// Arguments are checked by the op layer (encodings_ops.cpp); these functions allocate and
-// return their outputs. Computation is float32 (phases with the error-free reduction of
-// triton_kernels/_phase.py); x and the outputs may be float32, bfloat16 or float16.
+// CPU entry points of the sinusoidal and DFT encoding kernels (encodings_cpu.cpp), checked
+// by encodings_ops.cpp; they allocate their outputs. float32 arithmetic (the phase math of
+// triton_kernels/_phase.py) on float32, bfloat16 or float16 storage.
 #pragma once
 
 #include <ATen/ATen.h>

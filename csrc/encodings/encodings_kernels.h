@@ -94,9 +94,8 @@ PF_INLINE void encode_row(const EncCall& c, float hi, float lo, float* row) {
 }
 
 // Positions [l0, l1) (at most kRunPositions): each encoded once into the thread's buffer
-// rows [l1 - l0, ldrow], then written to the rows b * L + l (b < B) of the output, added to
-// x's rows when x is given: batch by batch, so that x and the output stream through
-// memory as two contiguous runs at a time.
+// rows [l1 - l0, ldrow], then written to the rows b * L + l (b < B) of the output (+ x's
+// rows) batch by batch: x and the output stream as two contiguous runs at a time.
 void forward_positions(const EncCall& c, int64_t l0, int64_t l1, float* buf) {
   const int64_t dim = c.dim, ldrow = c.ldrow;
   for (int64_t l = l0; l < l1; ++l) {

@@ -8,8 +8,7 @@
 //   encoding_kernel_backward(grad [*positions.shape, dim], positions, dim, kind, base)
 //       -> d positions (float32 for integer positions)
 //
-// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
-// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
+// Each op in turn: schema, CPU kernel, Meta kernel (shapes only), registration (cpu/ops.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

@@ -1,7 +1,5 @@
 // Argument checks and inputs of the posenc_fast::floater_integrate* ops, shared by the CPU
-// and CUDA registrations. The Python op layer validates first with friendlier messages; these
-// checks keep direct calls of the low-level ops from reading out of bounds.
-// TORCH_CHECK_VALUE -> ValueError, TORCH_CHECK_TYPE -> TypeError in Python.
+// and CUDA registrations (what they guard, and the Python errors they raise: cpu/ops.h).
 #pragma once
 
 #include <ATen/ATen.h>

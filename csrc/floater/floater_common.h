@@ -2,7 +2,7 @@
 // (floater_cuda.cu) kernels. No torch headers here, so nvcc compiles the kernels
 // without them.
 //
-// The problem (contract of the "floater" backends, see posenc_fast/backends/extension_backends.py):
+// The problem (the contract of the backends in posenc_fast/ops/floater/registry.py):
 //   p0    [S, d]     initial states
 //   w1    [d+1, H]   z = p @ w1[:d] + t * w1[d] + b1
 //   b1    [H]        a = act(z)

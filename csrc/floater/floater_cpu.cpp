@@ -6,36 +6,27 @@
 // Design
 // - States advance in lockstep, a "chunk" of R states at a time (R padded to an even count
 //   with copies of the chunk's first state, whose incoming gradient is zero, so the
-//   padding contributes exact zeros). Each stage is two regions:
-//     layer 1: Z = Y @ w1[:d] + (b1 + tau w1[d]), A = act(Z)          (over columns of H)
-//     layer 2: K = A @ w2[:H] + (b2 + tau w2[H]), then the RK combination (over columns of d)
-//   Register tiles of up to 12 states x 2 vectors read each weight row once per tile.
-// - Parallelism (the CPU runtime's parallel region, cpu/parallel.h, with its contention
-//   fallback). Small dynamics (weights within a core's L2): chunks of up to 8 states run
-//   in parallel, handed out to the threads in order, each chunk serially. Large dynamics:
-//   one chunk holds every state and a team of threads (one parallel region for the whole
-//   integration, barriers between the regions) splits every region over its output
-//   columns, so that each core reads only its share of the weights.
-// - Weight panels (large dynamics). Each member's columns of a weight matrix are copied
-//   into panels of kPanelCols columns stored one after another. Why: a member's columns of
-//   a row-major matrix are short pieces at a long stride (at d = H = 512 on two cores:
-//   1 KiB of every 2 KiB row), which map onto only part of the L2's sets (there: the sets
-//   with address bit 10 clear, half of them), so a 1 MiB share thrashes a 2 MiB L2 and
-//   streams from L3 (measured: 101 GFLOP/s against 180 with the same bytes contiguous).
-//   The panels are visited forwards and backwards on alternate stages ("snake"): when the
-//   weights exceed the L2 (one core at d = 512: 2.1 MB against 2 MiB), the panels used
-//   last are used first again and still sit in L2 (measured: 91 -> 150 GFLOP/s).
-// - Determinism. Every output element is computed by the same sequence of operations
-//   whatever the thread count: an element of a product is the same sum whichever member
-//   and panel compute its column, weight-gradient rows are owned by exactly one thread,
-//   chunks depend on the shapes only, and per-chunk weight-gradient partials are added in
-//   chunk order. No atomics.
+//   padding contributes exact zeros). Each stage is two regions (layer 1 over columns of H,
+//   layer 2 and the RK combination over columns of d), whose kernels, per instruction set,
+//   are in floater_kernels.h.
+// - Parallelism (cpu/parallel.h, with its contention fallback). Small dynamics (weights
+//   within a core's L2): chunks of up to 8 states run in parallel, each chunk serially.
+//   Large dynamics: one chunk holds every state and a team of threads (parallel regions of
+//   a few intervals each, barriers between the stage regions) splits every region over its
+//   output columns, so that each core reads only its share of the weights.
+// - Weight panels (large dynamics): each member's columns of a weight matrix are copied
+//   into contiguous panels of kPanelCols columns (strided column pieces of a row-major
+//   matrix map onto only part of the L2's sets and thrash it), visited forwards and
+//   backwards on alternate stages ("snake") so that the panels used last, still in L2,
+//   are used first again. Measurements: benchmarks/NOTES.md (floater_cpu.cpp).
+// - Determinism: every output element is the same sequence of operations whatever the
+//   thread count (a product's element is the same sum whichever member and panel compute
+//   it, weight-gradient rows have one owner, chunks depend on the shapes only, per-chunk
+//   partials are added in chunk order; no atomics).
 // - Backward: the discrete adjoint. Intervals are walked backwards; each interval's
-//   sub-steps are recomputed from its stored starting state (out[:, j-1] or p0) by the same
-//   code as the forward (bitwise the same trajectory), keeping every stage value, then the
-//   steps are differentiated in reverse, stage by stage (reverse order); the weight
-//   gradients of the whole interval are then one product per weight.
-// - Kernels: floater_kernels.h (per instruction set, the runtime's choice at each call).
+//   sub-steps are recomputed from its stored starting state (out[:, j-1] or p0) by the
+//   forward's code (bitwise its trajectory) or read from the tape, then differentiated in
+//   reverse, stage by stage; the interval's weight gradients are one product per weight.
 #include "floater_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -63,9 +54,7 @@ using namespace ::posenc_fast::cpu;
 // Memory the backward may use to keep an interval's stage values (see backward_chunk).
 std::atomic<int64_t> g_keep_budget{int64_t{64} << 20};
 
-// ------------------------------------------------------------------------------------
-// Drivers
-// ------------------------------------------------------------------------------------
+// --- Drivers -----------------------------------------------------------------------------
 
 // How states are grouped into chunks: a function of the shapes only (determinism).
 struct Plan {
@@ -93,13 +82,10 @@ struct Chunk {
   int64_t r0 = 0, rows = 0, R = 0;  // first state, real states, padded rows
 };
 
-// The forward's stage values kept for the backward (floater_cpu.h: the taped forward):
-// Y_i and Z_i of every sub-step and stage of the first `intervals` intervals, the states'
-// rows in order (no padding rows: a padding row is a copy of its chunk's first state, so
-// its stage values are that state's, bitwise),
-//   Y: [intervals][substeps][stages][S][d], then Z: [intervals][substeps][stages][S][H].
-// With it the backward skips the forward pass it would otherwise make over each of those
-// intervals (a third of its multiply-adds), and is bitwise the same.
+// The taped forward's stage values (floater_cpu.h): Y_i and Z_i of every sub-step and stage
+// of the first `intervals` intervals, no padding rows (a padding row's values are its
+// chunk's first state's), Y: [intervals][substeps][stages][S][d], then Z: [...][S][H]. The
+// backward then skips its forward pass over those intervals, bitwise the same.
 template <typename T>
 struct Tape {
   T* data = nullptr;  // nullptr: no tape
@@ -110,13 +96,10 @@ struct Tape {
   bool has(int64_t j) const { return data != nullptr && j < intervals; }
 };
 
-// The threads that integrate one chunk together. A team of more than one thread is one
-// parallel region (cpu/parallel.h) around the whole integration: every member runs the same
-// loops on its own columns, and barrier() separates a region from the next one that reads
-// what the other members wrote. What the team buys is a fixed assignment of columns to
-// threads for the whole integration, so that each core's packed panels stay in its own L2
-// (a work queue promises no such mapping). Synchronisation is cheap either way on two
-// cores: ~0.3 us a barrier, ~1 us a fork/join, against ~25 us a region at d = 512.
+// The threads that integrate one chunk together, in a parallel region (cpu/parallel.h):
+// every member runs the same loops on its own columns; barrier() separates a region from
+// the next one that reads what the others wrote. The fixed assignment of columns to threads
+// keeps each core's packed panels in its own L2 (a work queue promises no such mapping).
 struct Team {
   int rank = 0, size = 1;
   void barrier() const {
@@ -162,9 +145,8 @@ void copy_rows(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t row
     std::memcpy(dst + r * ld_dst + c.c0, src + r * ld_src + c.c0, sizeof(T) * (c.c1 - c.c0));
 }
 
-// Panel width of packed weights: 64 columns (a multiple of every instruction set's column
-// block; 128 KiB panels at K = 512 in float32, ~16 of them over both layers of a core at
-// d = 512 on one core: fine enough for the snake to keep most of them in L2).
+// Panel width of packed weights: a multiple of every instruction set's column block, fine
+// enough for the snake to keep most panels in L2.
 constexpr int64_t kPanelCols = 64;
 
 // A weight matrix [K, N] as the region kernels read it: the matrix itself (packed ==
@@ -323,24 +305,14 @@ class Integrator {
 
   T interval_start(int64_t j) const { return j == 0 ? T(0) : times_[j - 1]; }
 
-  // A team integrates in a sequence of parallel regions of a few intervals each, and
-  // decides its size again before each one. Why: the contention fallback (cpu/parallel.h)
-  // judges a region when it ends, and one region around a whole integration (seconds) ran
-  // to its end with a member starved by another process on its core, waiting for it at
-  // every barrier (measured: a backward at S = 36, d = 384, L = 197 took 75 s on two
-  // threads beside other processes, 10 s on one). Regions of ~kRegionMacs multiply-adds
-  // (milliseconds) lose at most one region to contention before the calls run on one
-  // thread. The regions change no number: every member owns fixed columns for a given team
-  // size, and the packed panels are laid out by column, repacked only when the size
-  // changes.
-  //
-  // Back-off: a team region judged contended costs many times its work (every barrier
-  // waits for a time slice of the busy core), and the runtime's fallback tries a team again
-  // after 250 ms: measured beside a process pinned to the other core, a backward at the
-  // sizes above still took 57 s (2 threads) against 23 s on one thread. So each team region
-  // judged contended in a row (over all calls: contended_streak) doubles the number of
-  // regions that then run on one thread, up to 2^kMaxStreak, before a team is tried again;
-  // a team region that runs uncontended resets the streak.
+  // A team integrates in a sequence of parallel regions of ~kRegionMacs multiply-adds
+  // (a few intervals) each and decides its size again before each one: the contention
+  // fallback (cpu/parallel.h) judges a region when it ends, so one region around a whole
+  // integration could run to its end with a member starved at every barrier. No number
+  // changes: members own fixed columns for a given team size; panels are repacked only when
+  // the size changes. Back-off: each team region judged contended in a row (over all calls:
+  // contended_streak) doubles the regions then run on one thread, up to 2^kMaxStreak; an
+  // uncontended team region resets the streak. Measurements: benchmarks/NOTES.md.
   static constexpr double kRegionMacs = 5.0e7;
   static constexpr int kMaxStreak = 6;
   static std::atomic<int>& contended_streak() {
@@ -447,10 +419,9 @@ class Integrator {
                       T* dtimes, const Chunk& ch, int threads, LayerCopies<T>* cp, const Tape<T>& tape) const {
     const int64_t d = dyn_.d, H = dyn_.H, R = ch.R, S_ = tab_.stages;
     const int64_t Rd = R * d, RH = R * H;
-    // The stage values of every sub-step of an interval (and their adjoints) are kept when
-    // they fit in a budget: one forward pass per interval, and the weight gradients of the
-    // whole interval in one pass over the weight-gradient rows. Otherwise only the
-    // sub-steps' starting states are kept, each step is recomputed once more before it is
+    // Within the budget, the stage values (and adjoints) of every sub-step of an interval are
+    // kept: one forward pass per interval, weight gradients in one pass per interval. Else
+    // only the sub-steps' starting states: each step is recomputed before it is
     // differentiated, and the weight gradients are added step by step.
     const int64_t per_step = S_ * (3 * Rd + 3 * RH + 2 * R);
     const bool keep_all = n_ * per_step * static_cast<int64_t>(sizeof(T)) <= g_keep_budget.load();
@@ -706,11 +677,10 @@ inline Chunk chunk_of(const Plan& plan, int64_t S, int64_t c) {
   return ch;
 }
 
-// The four products' weights. Team plans: packed panels of every matrix (filled by the
-// members themselves, so each core's panels start in its own cache), sized here, outside
-// the parallel region. Otherwise: the matrices themselves and, for the backward,
-// transposed copies, so that the transposed products are row updates (mm_nn) like the
-// forward's: w2T [d, H] = w2[:H]^T, w1T [H, d] = w1[:d]^T.
+// The four products' weights. Team plans: packed panels (sized here, outside the parallel
+// region; filled by the members, so each core's panels start in its own cache). Otherwise
+// the matrices and, for the backward, transposed copies w2T [d, H] = w2[:H]^T,
+// w1T [H, d] = w1[:d]^T, so that every product is a row update (mm_nn).
 template <typename T>
 Layers<T> make_layers(const Dyn<T>& dyn, bool team, LayerCopies<T>& cp, bool backward) {
   const int64_t d = dyn.d, H = dyn.H;
@@ -744,9 +714,8 @@ Layers<T> make_layers(const Dyn<T>& dyn, bool team, LayerCopies<T>& cp, bool bac
   return lay;
 }
 
-// Threads for the chunks of a plan without a team (a chunk's cost: its multiply-adds,
-// two products per stage for every state, step and interval). Their region obeys the
-// contention fallback without judging by its end (few chunks, of unequal sizes).
+// Threads for the chunks of a plan without a team (cost: a chunk's multiply-adds). Their
+// region obeys the contention fallback without judging by its end (few, unequal chunks).
 inline int chunk_threads(const Plan& plan, int64_t L, int64_t d, int64_t H, const Options& opt) {
   const double stages = tableau(opt.method).stages;
   return team_threads(plan.nchunks, 2.0 * plan.chunk * L * opt.substeps * stages * d * H);
@@ -831,9 +800,7 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
 
 }  // namespace
 
-// ------------------------------------------------------------------------------------
-// Entry points (floater_cpu.h)
-// ------------------------------------------------------------------------------------
+// --- Entry points (floater_cpu.h) --------------------------------------------------------
 
 namespace {
 

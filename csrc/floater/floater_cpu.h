@@ -1,8 +1,7 @@
 // CPU entry points of the FLOATER integrator (floater_cpu.cpp). Arguments are checked and
 // made contiguous by the op layer (floater_ops.cpp); outputs are allocated there:
 // out [S, L, d]; dp0, dw1, db1, dw2, db2, dtimes zero-filled, or undefined tensors when
-// that gradient is not needed. The instruction set and the parallel region are the CPU
-// runtime's (csrc/cpu/).
+// that gradient is not needed.
 #pragma once
 
 #include <ATen/ATen.h>

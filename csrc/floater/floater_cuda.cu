@@ -30,26 +30,19 @@
 //   Z_i [S, H] (the CPU tape's layout) for its first intervals, each block storing its own
 //   slices (global stores that no one waits for).
 // - Backward, per chunk of intervals, last first (backward()): intervals beyond the tape
-//   are integrated again from their starting state onto a chunk tape (the forward kernel,
-//   the forward's plan: bitwise the forward's values); then the adjoint kernel walks the
-//   chunk's stages in reverse with the tape's Z_i, two transposed products per stage as
-//   reduce-scatters (each block's partial sums over its own slice pushed to the owner of
+//   are integrated again onto a chunk tape (the forward's kernel and plan: bitwise its
+//   values); the adjoint kernel walks the chunk's stages in reverse, two transposed
+//   products per stage as reduce-scatters (each block's partial sums pushed to the owner of
 //   each output slice, which adds the C partials in block order), writing dLoss/dz_i and
-//   dLoss/dk_i for every stage. The weight gradients are then GEMMs over the chunk
-//   (GradSink: cuBLAS through ATen): X^T G with X the tape's Y (layer 1) or act(Z)
-//   (layer 2). No recomputation of taped intervals, no per-stage weight accumulation.
-// - The gradient of the times needs the slopes k_i: such a backward re-tapes every chunk
-//   with the slopes (as the CPU backward does) and accumulates dLoss/dh per block.
+//   dLoss/dk_i; the weight gradients are then GEMMs over the chunk (GradSink): X^T G with X
+//   the tape's Y (layer 1) or act(Z) (layer 2). A gradient of the times needs the slopes
+//   k_i: it re-tapes every chunk with them and accumulates dLoss/dh per block.
 // - plan() picks the layout from the shapes and the device's properties with a cost model
-//   (stage_cost; its constants are estimates until a GPU measures them); set_forced_plan
-//   forces one (floater_cuda_ops.cpp).
-// - Determinism: every sum runs in an order fixed by the shapes and the plan (block_gemm's
-//   split and the partials' block order); no float atomics: results are bitwise
-//   reproducible for a fixed plan on one GPU.
-// - Testing without a GPU: tools/cuda_emulation compiles this file as host C++ with one
-//   std::thread per CUDA thread and checks the exchange buffers' accesses against the
-//   barriers (tests/floater/test_extension_cuda_emulation.py), through the hooks of
-//   floater_cuda_hooks.h and its own versions of the CUDA headers.
+//   (stage_cost); set_forced_plan forces one.
+// - Determinism: every sum runs in an order fixed by the shapes and the plan; no float
+//   atomics: results are bitwise reproducible for a fixed plan on one GPU.
+// - Testing without a GPU: tools/cuda_emulation runs this file on the CPU with a race
+//   checker, through the hooks of floater_cuda_hooks.h.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -75,9 +68,7 @@ constexpr int kMaxCluster = 16;  // the non-portable cluster size of sm_90
 __host__ __device__ inline int odd_at_least(int n) { return n % 2 == 0 ? n + 1 : n; }
 __host__ __device__ inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
-// ------------------------------------------------------------------------------------
-// Sizes shared by host (planning) and device
-// ------------------------------------------------------------------------------------
+// --- Sizes shared by host (planning) and device ------------------------------------------
 struct Dims {
   int d, H, C, Sg, stages;
   int nh_max, nd_max;  // largest slices
@@ -153,9 +144,7 @@ __host__ __device__ inline long grid_team_elems(const Dims& D, bool adj) {
   return static_cast<long>(D.C) * D.C * D.Sg * (D.nh_max + D.nd_max);
 }
 
-// ------------------------------------------------------------------------------------
-// Kernel parameters and per-block views
-// ------------------------------------------------------------------------------------
+// --- Kernel parameters and per-block views -----------------------------------------------
 template <typename T>
 struct Params {
   const T *w1, *b1, *w2, *b2, *times;
@@ -239,9 +228,7 @@ __device__ __forceinline__ int owner_of(int c, int n, int C) {
 }
 __device__ __forceinline__ int slice_start(int r, int n, int C) { return static_cast<int>(static_cast<long>(n) * r / C); }
 
-// ------------------------------------------------------------------------------------
-// Forward kernel: intervals [j0, j1) from p.start, writing out and the tape
-// ------------------------------------------------------------------------------------
+// --- Forward kernel: intervals [j0, j1) from p.start, writing out and the tape -----------
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p) {
   FLOATER_CUDA_DYNAMIC_SMEM(smem_raw);
@@ -355,8 +342,7 @@ __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p
   }
 }
 
-// ------------------------------------------------------------------------------------
-// Adjoint kernel: intervals [j0, j1) in reverse, from the chunk's tape
+// --- Adjoint kernel: intervals [j0, j1) in reverse, from the chunk's tape ----------------
 //
 // Per step (u_i = dLoss/dk_i, gK_i = h u_i in the code), stages in reverse:
 //   gK_i = h b_i lam + sum_{m > i} h a_mi gy_m      (final when stage i is reached)
@@ -365,7 +351,6 @@ __global__ void __launch_bounds__(kThreads) floater_fwd_kernel(const Params<T> p
 //   gy_i = gz_i w1[:d]^T           (T1: reduce-scatter over the H-slices)
 //   lam += gy_i; gK_m += h a_im gy_i for m < i
 // writing gz_i and gK_i (the layers' output gradients: GradSink's G) for every stage.
-// ------------------------------------------------------------------------------------
 template <typename T, class Team>
 __global__ void __launch_bounds__(kThreads) floater_adj_kernel(const Params<T> p) {
   FLOATER_CUDA_DYNAMIC_SMEM(smem_raw);
@@ -532,9 +517,7 @@ __global__ void dtimes_reduce(const T* __restrict__ end, const T* __restrict__ s
   }
 }
 
-// ------------------------------------------------------------------------------------
-// Host side: kernels, launches
-// ------------------------------------------------------------------------------------
+// --- Host side: kernels, launches --------------------------------------------------------
 template <typename T>
 using KernelFn = void (*)(const Params<T>);
 
@@ -641,9 +624,7 @@ size_t kernel_workspace_bytes(const Problem& pr, int mode, int C, int Sg, int G)
   return static_cast<size_t>(G) * grid_team_elems(dims_for(pr, C, Sg), pr.backward) * pr.dtype_size + 256;
 }
 
-// ------------------------------------------------------------------------------------
-// Host side: the planner
-// ------------------------------------------------------------------------------------
+// --- Host side: the planner --------------------------------------------------------------
 struct DeviceInfo {
   int sms, cc_major;
   size_t smem_optin;
@@ -877,9 +858,7 @@ cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, double residen
   return cudaSuccess;
 }
 
-// ------------------------------------------------------------------------------------
-// Host side: forward and backward
-// ------------------------------------------------------------------------------------
+// --- Host side: forward and backward -----------------------------------------------------
 namespace {
 
 constexpr size_t kChunkBytes = size_t{64} << 20;  // the backward's chunk buffers, at most

@@ -43,10 +43,9 @@ struct Plan {
 // Returns cudaSuccess and fills plan, or an error (e.g. sizes beyond what fits).
 cudaError_t plan(const Problem& pr, int device, Plan* plan);
 
-// A plan for a given layout (mode, blocks per team C, states per team Sg, the fraction of
-// each weight slice's rows held in shared memory, vectors staged in shared memory (grid)),
-// without asking the device whether it fits: for tests, the CPU emulation
-// (tools/cuda_emulation) and forced layouts on a GPU (set_forced_plan).
+// A plan for a given layout (mode, C, Sg, the fraction of each weight slice's rows held in
+// shared memory, stage_x) without asking the device whether it fits: for tests, the CPU
+// emulation (tools/cuda_emulation) and forced layouts (set_forced_plan).
 cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, double resident, Plan* plan,
                       bool stage_x = true);
 
@@ -78,21 +77,17 @@ cudaError_t forward(const Problem& pr, const Plan& plan, const Pointers& ptr, Ta
 // gradients G at the layer's output (layer 1: dLoss/dz [rows][H]; layer 2: dLoss/dk
 // [rows][d]), rows = stages x S (stage-major), taus [stages] the stage times. The layer's
 // weight gradient gets dw[:K] += X^T G and its time row dw[K] += taus^T (G summed over the
-// S states of each stage), its bias db += G summed over rows: a few large GEMMs (cuBLAS,
-// deterministic) instead of per-stage accumulation. floater_cuda_ops.cpp implements it
-// with ATen on the current stream; the CPU emulation with loops.
+// S states of each stage), its bias db += G summed over rows: a few large GEMMs
+// (floater_cuda_ops.cpp: ATen on the current stream; the CPU emulation: loops).
 struct GradSink {
   virtual ~GradSink() = default;
   virtual cudaError_t layer(int layer, const void* X, const void* G, const void* taus, int64_t stages,
                             int64_t K, int64_t N) = 0;
 };
 
-// The backward: the discrete adjoint, chunk by chunk of intervals from the last: intervals
-// beyond the tape are integrated again from their starting state (out_saved) onto a chunk
-// tape first; then the adjoint chain runs over the chunk (plan aplan) and the sink makes
-// the chunk's weight gradients. fplan: the forward's plan (the re-taping runs it, so the
-// stage values are bitwise the forward's). A gradient of the times ignores the tape (it
-// needs the stage slopes, which the forward does not keep) and re-tapes every chunk.
+// The backward (the discrete adjoint by chunks of intervals: floater_cuda.cu's header).
+// fplan: the forward's plan, which re-tapes intervals beyond the tape (bitwise the forward's
+// stage values); aplan: the adjoint chain's. A gradient of the times re-tapes every chunk.
 size_t backward_workspace_bytes(const Problem& pr, const Plan& fplan, const Plan& aplan, TapeRef tape);
 cudaError_t backward(const Problem& pr, const Plan& fplan, const Plan& aplan, const Pointers& ptr, TapeRef tape,
                      GradSink& sink, cudaStream_t stream);

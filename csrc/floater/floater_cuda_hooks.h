@@ -6,20 +6,13 @@
 // declare (cuda_runtime.h, cooperative_groups.h, cuda_pipeline.h). Each defaults to the
 // GPU build's behaviour; none changes the kernels' arithmetic. csrc/README.md, "Hooks".
 //
-//   FLOATER_CUDA_THREADS                  threads per block (256; a multiple of 32)
-//   FLOATER_CUDA_DYNAMIC_SMEM(name)       declares the block's dynamic shared memory as
-//                                         `name`, an unsigned char array or pointer
-//   FLOATER_CUDA_ACCESS(p, bytes, write)  runs before every access to a team's exchange
-//                                         buffers (xload, xstore, load_vec, stores into
-//                                         other blocks' shared memory): nothing
-//   FLOATER_CUDA_EXCHANGE_BUFFER(p, bytes)
-//                                         runs before a persistent launch of a grid team
-//                                         with its exchange buffers in global memory:
-//                                         nothing
-//   FLOATER_CUDA_NO_INLINE_PTX            defined: stores into another block's shared
-//                                         memory go through cooperative groups'
-//                                         map_shared_rank (an address FLOATER_CUDA_ACCESS
-//                                         can see) instead of inline PTX
+//   FLOATER_CUDA_THREADS                    threads per block (256; a multiple of 32)
+//   FLOATER_CUDA_DYNAMIC_SMEM(name)         declares the block's dynamic shared memory `name`
+//   FLOATER_CUDA_ACCESS(p, bytes, write)    before every access to a team's exchange buffers
+//                                           (xload, xstore, load_vec, remote stores): nothing
+//   FLOATER_CUDA_EXCHANGE_BUFFER(p, bytes)  before a grid team's persistent launch: nothing
+//   FLOATER_CUDA_NO_INLINE_PTX              defined: stores into another block's shared
+//                                           memory through map_shared_rank, not inline PTX
 #pragma once
 
 #ifndef FLOATER_CUDA_THREADS

@@ -1,9 +1,6 @@
-// CUDA implementations of posenc_fast::floater_integrate / floater_integrate_taped /
-// floater_integrate_backward / floater_integrate_backward_taped: checks, allocation
-// through torch's caching allocator, device guard and the current stream, and the
-// backward's weight-gradient GEMMs (AtenSink: cuBLAS through ATen, on the same stream);
-// the kernels are in floater_cuda.cu (see there for the design). Part of the CUDA module
-// posenc_fast._C_cuda (module_cuda.cpp); the ops are defined by posenc_fast._C.
+// CUDA implementations of the posenc_fast::floater_integrate* ops (defined by _C; this is
+// part of _C_cuda, module_cuda.cpp): checks, allocation, device guard and current stream,
+// and the backward's weight-gradient GEMMs (AtenSink); the kernels: floater_cuda.cu.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -52,11 +49,8 @@ Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backwa
   return cp;
 }
 
-// The forced layout (set_forced_plan: "mode,C,Sg[,resident[,staged]]", mode: solo,
-// cluster or grid; resident: the fraction of the weight rows held in shared memory,
-// default 1), used instead of the automatic choice for the forward and the adjoint alike:
-// for testing every layout on one GPU and for experiments. A layout that does not fit
-// fails at launch with CUDA's error.
+// The forced layout (set_forced_plan, floater_cuda.h; csrc/README.md lists its fields),
+// used for the forward and the adjoint alike; one that does not fit fails at launch.
 std::mutex forced_lock;
 std::string forced_spec;
 

@@ -1,7 +1,6 @@
-// Block-level arithmetic of the CUDA FLOATER kernels (floater_cuda.cu): the activations,
-// the small products every stage is made of, a deterministic block sum and asynchronous
-// copies into shared memory. Everything here depends on the shapes only, never on timing,
-// so the kernels' results are bitwise reproducible for a fixed plan.
+// Block-level arithmetic of the CUDA FLOATER kernels (floater_cuda.cu): activations, the
+// small products of every stage, a deterministic block sum, asynchronous copies into shared
+// memory. All of it depends on the shapes only: bitwise reproducible for a fixed plan.
 #pragma once
 
 #include <cuda_pipeline.h>
@@ -14,16 +13,13 @@ namespace posenc_fast {
 namespace floater {
 namespace cuda {
 
-// Threads per block (a multiple of 32; FLOATER_CUDA_THREADS, floater_cuda_hooks.h). The
-// CPU emulation builds with fewer to spawn fewer host threads; nothing else depends on it.
+// Threads per block (a multiple of 32; FLOATER_CUDA_THREADS: the CPU emulation uses fewer).
 constexpr int kThreads = FLOATER_CUDA_THREADS;
 constexpr int kMaxRows = 4;                    // states per thread item in block_gemm
 constexpr int kRedElems = kMaxRows * kThreads;  // K-split scratch of block_gemm
 constexpr int kMaxSplit = 32;                  // K-split parts, at most
 
-// ------------------------------------------------------------------------------------
-// Activations (accurate libdevice functions: no fast-math intrinsics)
-// ------------------------------------------------------------------------------------
+// --- Activations (accurate libdevice functions: no fast-math intrinsics) -----------------
 __device__ __forceinline__ float dev_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double dev_tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float dev_cdf(float z) { return 0.5f * erfcf(-z * 0.70710678118654752f); }
@@ -60,13 +56,11 @@ __device__ __forceinline__ T act_bwd(int act, T z, T a, T ga) {
   }
 }
 
-// ------------------------------------------------------------------------------------
-// Weight sources. A block holds slices of the two layers: layer 1's columns hs (all d+1
+// --- Weight sources. A block holds slices of the two layers: layer 1's columns hs (all d+1
 // rows), layer 2's columns ds (all H+1 rows). The first `kr` rows of a slice are resident
 // in shared memory (row stride lds, odd: column and row walks are both free of bank
 // conflicts), the others are read from global memory (L2) where the shared memory of the
 // team cannot hold them all.
-// ------------------------------------------------------------------------------------
 template <typename T>
 struct Slice {
   const T* s;  // resident rows: element (r, c) at s[r * lds + c]
@@ -158,15 +152,13 @@ __device__ __forceinline__ void dot_rows(T (&acc)[RT], const T* (&rows)[RT], con
   }
 }
 
-// ------------------------------------------------------------------------------------
-// block_gemm: v(m, n) = sum_{k<K} X[m*ldx + k] * W(k, n), m < M, n < N; then epi(m, n, v).
+// --- block_gemm: v(m, n) = sum_{k<K} X[m*ldx + k] * W(k, n), m < M, n < N; then epi(m, n, v).
 // X: shared memory (or, XG, an exchange buffer in global memory read through L2), rows
 // 16-byte aligned (ldx a multiple of kVec). W: a weight source (Cols or Rows).
 // Threads own items of RT states x 1 column; when the items are too few to occupy the
 // block, the reduction is split into P contiguous parts (bounds on multiples of kVec) whose
 // sums are added in part order. Every thread's sum runs in the order of k. Ends with a
 // __syncthreads (red and X may be reused).
-// ------------------------------------------------------------------------------------
 template <typename T, int RT, bool XG, class W, typename Epi>
 __device__ void block_gemm_rt(int M, int N, int K, const T* X, int ldx, const W& w, T* red, Epi&& epi) {
   const int MG = (M + RT - 1) / RT;

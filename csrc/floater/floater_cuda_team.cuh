@@ -15,8 +15,7 @@
 // are fire-and-forget stores. The cluster barrier is split (arrive, then wait), so that
 // work which touches no exchange buffer (stores to the tape, prefetches) can sit between.
 //
-// Every exchange access runs the hook FLOATER_CUDA_ACCESS first (floater_cuda_hooks.h:
-// nothing on a GPU; tools/cuda_emulation's race checker).
+// Every exchange access runs the hook FLOATER_CUDA_ACCESS first (floater_cuda_hooks.h).
 #pragma once
 
 #include <cooperative_groups.h>

@@ -11,10 +11,8 @@
 // gradients of many stages at once. Register tiles of up to 12 states x 2 vectors read each
 // weight row once per tile.
 // Instruction sets: the region kernels are compiled three times (AVX-512, AVX2+FMA,
-// baseline) through target attributes, with the build's contraction (products may be
-// fused: the sets agree within rounding, not bitwise as the LFF kernels do), and the
-// runtime's choice picks one at each call (cpu/isa.h: POSENC_FAST_CPU_ISA=avx2|generic
-// lowers it, e.g. to test every path): kernels<T>().
+// baseline) through target attributes, with the build's contraction (the sets agree within
+// rounding, not bitwise as the LFF kernels do); kernels<T>() picks cpu/isa.h's choice.
 #pragma once
 
 #include <algorithm>
@@ -73,8 +71,7 @@ struct Fwd {
 };
 
 // Backward through one stage of a chunk: given gk = dLoss/dK, produce gz and gy, then
-// lam += gy and gks[j] += coef[j] * gy. (The weight gradients are accumulated later, for
-// many stages at once: Flush.)
+// lam += gy and gks[j] += coef[j] * gy (weight gradients: later, many stages at once, Flush).
 template <typename T>
 struct Bwd {
   Dyn<T> dyn;
@@ -92,14 +89,10 @@ struct Bwd {
   int nk;
 };
 
-// ------------------------------------------------------------------------------------
-// Micro-kernels (always_inline: compiled inside each instruction-set wrapper below)
-// ------------------------------------------------------------------------------------
+// --- Micro-kernels (always_inline: compiled inside each instruction-set wrapper below)
 
-// Row tiles: the accumulators of RT states x 2 vectors stay in registers. AVX-512 has 32
-// vector registers, room for RT = 12 (24 accumulators): the weights, which stream from L2
-// or L3 when d and H are large, are then read once per 12 states instead of once per 6.
-// The narrower instruction sets (16 registers) use RT = 6, then 4 and 2 for the rest.
+// Row tiles: the accumulators of RT states x 2 vectors stay in registers, so each weight
+// row is read once per RT states: RT = 12 with AVX-512's 32 registers, 6 with 16.
 template <typename T, int B>
 constexpr int max_row_tile() {
   return B >= 64 ? 12 : 6;
@@ -157,15 +150,11 @@ PF_INLINE void mm_nn_tile(const T* xr, int64_t ldx, int64_t K, const T* w, int64
   }
 }
 
-// The same over any R rows, in tiles of 12, 8 (AVX-512), 6, 4, 2, then 1 rows. Tiles of 6
-// (12 accumulators, 2 weight vectors and a broadcast: 15 of the 16 AVX2 registers) read the
-// weights once per 6 states, not 4: at S = 36, d = H = 384 on one Zen 3 core the forward
-// took 1.23-1.30 s against 1.42-1.55 s with one tile of 6 and then tiles of 4, the taped
-// backward 3.40-3.54 s against 3.67-3.85 s (medians of 4 calls, 3 alternating runs each).
-// Long reductions are cut into blocks of kKBlock (128) rows of w, partial sums parked in
-// out (L1): w is then read in contiguous row blocks, which the hardware prefetchers
-// stream, instead of one 2 x 64-byte piece per row (a 2 KiB stride at d = 512). The sum
-// of each element keeps its order, so the result is bitwise the same.
+// The same over any R rows, in tiles of 12, 8 (AVX-512), 6, 4, 2, then 1 rows (6: 15 of
+// the 16 AVX2 registers; benchmarks/NOTES.md, "FLOATER integrator on the CPU", 6).
+// Long reductions are cut into blocks of kKBlock rows of w, partial sums parked in out
+// (L1), so that w is read in contiguous row blocks the prefetchers stream. Each element's
+// sum keeps its order: bitwise the same result.
 constexpr int64_t kKBlock = 128;
 
 template <typename T, int B, bool ACC>
@@ -318,9 +307,7 @@ PF_INLINE void combine(T* dst, const T* base, const T* const* ks, const T* coef,
   }
 }
 
-// ------------------------------------------------------------------------------------
-// Region kernels
-// ------------------------------------------------------------------------------------
+// --- Region kernels ----------------------------------------------------------------------
 
 template <typename T, int B>
 constexpr int64_t col_block() {

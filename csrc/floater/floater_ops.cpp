@@ -1,6 +1,6 @@
 // Registration of the low-level FLOATER integrator ops in the posenc_fast namespace, and
 // their CPU implementations. The autograd-carrying op is the Python custom op
-// posenc_fast::floater (posenc_fast/ops/floater.py); its "cpp" and "cuda" backends call:
+// posenc_fast::floater (posenc_fast/ops/floater/op.py); its "cpp" and "cuda" backends call:
 //
 //   posenc_fast::floater_integrate(p0 [S,d], w1 [d+1,H], b1 [H], w2 [H+1,d], b2 [d],
 //                                  times [L], substeps, method, activation) -> out [S,L,d]
@@ -12,8 +12,7 @@
 //   posenc_fast::floater_integrate_backward_taped(..., needs, tape) -> the same gradients
 //       bitwise, without integrating the taped intervals again
 //
-// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
-// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
+// Each op in turn: schema, CPU kernel, Meta kernel (shapes only), registration (cpu/ops.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

@@ -7,27 +7,22 @@
 // - Per tile of up to kTileRows rows (lff_kernels.h): positions -> phases (float32,
 //   error-free reduction) -> cos | sin / sqrt(F) -> a = b1 + feats w1 -> h = act(a) ->
 //   y = b2 + h w2, stored once in the output dtype. Features, hidden layer and activation
-//   stay in the thread's scratch (~50 KB at F = 256, H = 32): memory traffic is x in and y
-//   out. All arithmetic is float32 (bfloat16 / float16 are storage types only).
-// - The products are register-blocked micro-kernels of our own (gemm.h) rather than BLAS
-//   calls per tile: ATen's CPU BLAS entry point (at::native::cpublas::gemm) is not exported
-//   by libtorch_cpu, and a per-tile library call at these shapes ([48, 256] x [256, 32],
-//   [48, 32] x [32, 768]) costs its packing and dispatch every time (see csrc/README.md for
-//   the measured rates); our kernels also fix the summation order (determinism below).
+//   stay in the thread's scratch: memory traffic is x in and y out. All arithmetic is
+//   float32 (bfloat16 / float16 are storage types only).
+// - The products are register-blocked micro-kernels of our own (lff_gemm.h), not BLAS per
+//   tile: a library call pays packing and dispatch at every tile (benchmarks/NOTES.md, "C++
+//   LFF and encoding kernels", 1), and ours fix the summation order (determinism below).
 // - Backward: the tile recomputes features, a and h from x, reads dY once (as float32
 //   rows), and computes gh = dY w2^T, ga = gh act'(a), gr = ga w1^T (dLoss/dfeats), the
 //   phase gradient and dx = gphase wr; weight gradients are products over the tile's rows
 //   ([h | 1]^T dY gives dw2 and db2, [feats | 1]^T ga gives dw1 and db1, x^T gphase gives
 //   dwr^T) accumulated into the partial sums of the tile's block.
-// - Determinism: blocks are runs of rows fixed by R alone (never by the thread count);
-//   a block's tiles add into its partial in row order, and the partials are added in block
-//   order at the end (cpu/parallel.h: run_blocks). Every element of every output is one
-//   fixed chain of float32 operations: the same bits for any thread count, run after run,
-//   and on every instruction set (cpu/per_isa.h: explicit FMAs, no compiler contraction).
-// - Parallelism: one OpenMP region per call (cpu/parallel.h). Threads take tiles (forward)
-//   or blocks (backward) from a shared counter, so a thread whose core is busy with another
-//   process takes fewer; the backward's partials are then summed by all threads after a
-//   barrier.
+// - Determinism: blocks are runs of rows fixed by R alone; a block's tiles add into its
+//   partial in row order, partials are added in block order (cpu/parallel.h: run_blocks).
+//   Every output element is one fixed chain of float32 operations: the same bits for any
+//   thread count and instruction set (cpu/per_isa.h: explicit FMAs, no contraction).
+// - Parallelism: one OpenMP region per call (cpu/parallel.h); threads take tiles (forward)
+//   or blocks (backward) from a shared counter.
 #include "lff/lff_cpu.h"
 
 #include <algorithm>
@@ -44,7 +39,7 @@ using namespace ::posenc_fast::cpu;
 using Act = Activation;
 
 // Rows per tile: a multiple of every register tile's row count (12, 6, 4, 2); the scratch of
-// a tile stays within a core's L2 next to the weights (~0.7 MB in all at F=256, H=32, D=768).
+// a tile stays within a core's L2 next to the weights.
 constexpr int64_t kTileRows = 48;
 
 struct LffDims {

@@ -26,9 +26,8 @@ struct Gemm {
   bool stream = false;  // whole vectors of C by streaming stores (C aligned: simd.h's put)
 };
 
-// Rows per register tile for CV vectors of columns: ~24 accumulators where there are 32
-// vector registers (AVX-512), ~12 where there are 16 (the others also hold CV B vectors and
-// a broadcast).
+// Rows per register tile for CV vectors of columns: ~24 accumulators with 32 vector
+// registers (AVX-512), ~12 with 16 (the rest hold CV B vectors and a broadcast).
 template <int CV>
 constexpr int row_tile() {
   return kRegs >= 32 ? (CV >= 4 ? 6 : 12) : (CV >= 4 ? 2 : (CV == 2 ? 6 : 8));

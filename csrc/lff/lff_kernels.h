@@ -96,8 +96,7 @@ void forward_tile(const LffCall& c, int64_t r0, int64_t nr, const LffScratch& s)
   }
   hidden(c, s, nr);
   // y = b2 + h w2, a few rows at a time across all columns: each output row is written
-  // from start to end (contiguous, prefetcher-friendly stores) while w2 (H x D) is read
-  // from L2, instead of one column block of every row at a time.
+  // from start to end (contiguous stores) while w2 (H x D) streams from L2.
   constexpr int64_t kRows = row_tile<4>() > 4 ? row_tile<4>() : 6;
   with_dt(c.io.odt, [&](auto tag) {
     for (int64_t i = 0; i < nr; i += kRows) {

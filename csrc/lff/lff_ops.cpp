@@ -7,8 +7,7 @@
 //   lff_kernel_backward(grad, x, wr, w1?, b1?, w2?, b2?, activation, needs[6])
 //       -> [dx, dwr, dw1, db1, dw2, db2]   (empty tensors where needs[i] is false)
 //
-// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
-// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
+// Each op in turn: schema, CPU kernel, Meta kernel (shapes only), registration (cpu/ops.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

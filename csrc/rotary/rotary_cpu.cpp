@@ -1,13 +1,8 @@
 // Rotary embeddings on grids on the CPU: the cos / sin table and the fused application to
 // q and k, forward and backward (the Triton kernels: triton_kernels/rotary.py).
 //
-// Shapes: x [Bx, N', M] positions of tokens prefix..N-1 (Bx = B, or 1 when shared by the
-// batch; a table's rows are [Bx, N, M]), W [G, F2, M] (G = 1: shared by the heads; else one
-// group per head) with any strides; q [B, Hq, N, D], k [B, Hk, N, D] heads-first views with
-// any strides (LightGlue's q is a slice of a fused qkv tensor, channel stride 3), group g
-// rotating heads g Hq/G .. (g + 1) Hq/G - 1 of q (of k alike); outputs and dq / dk
-// [B, H, N, D] views with unit channel stride; the table [2, Bx, G, N, F], F = 2 F2 <= D.
-// Pairs: channels (2k, 2k + 1) or, "half", (k, k + F2).
+// Shapes: rotary_cpu.h (W: its freqs [G, F2, M]; q may be a slice of a fused qkv tensor,
+// channel stride 3, as LightGlue's); the table [2, Bx, G, N, F], F = 2 F2 <= D.
 //
 // Design
 // - Work items are runs of kRun positions of one batch row of x (rotary_kernels.h): per
@@ -18,16 +13,12 @@
 //   exists in memory. A batch row's first item also copies its prefix tokens.
 // - Backward: the same runs recompute cos / sin, write dq / dk, and sum the phase gradient
 //   over the group's heads (and batch rows) in the scratch; dx = sum_g dphase_g W[g] per
-//   position, dW[g]^T = x^T dphase_g accumulated per block of items. Blocks are fixed by the
-//   item count alone (at most 16), a block's items add in item order, blocks are summed in
-//   block order after a barrier (cpu/parallel.h: run_blocks): the same bits for any thread
-//   count, and on every instruction set (cpu/per_isa.h).
+//   position, dW[g]^T = x^T dphase_g per block of items (at most 16, fixed by the item
+//   count, summed in block order: cpu/parallel.h's run_blocks): the same bits for any
+//   thread count and instruction set (cpu/per_isa.h).
 // - One OpenMP region per call, items (or blocks) handed out by a shared counter
 //   (cpu/parallel.h); float32 arithmetic for float32 / bfloat16 / float16 storage.
-//
-// Count per token (triton_kernels/rotary.py derives it): q and k read and written once,
-// 2 (Hq + Hk) D es bytes; G F2 (33 + 12 M) float32 operations for the angles (here once per
-// token for all batch rows when x is shared by them) + 6 F2 (Hq + Hk) for the rotations.
+//   Bytes and operations per token: triton_kernels/rotary.py.
 #include "rotary/rotary_cpu.h"
 
 #include <algorithm>
@@ -41,8 +32,8 @@ namespace {
 
 using namespace ::posenc_fast::cpu;
 
-// Positions per work item: 16 KB of one head's float32 q rows at head_dim 64 ("bhnd"),
-// long enough for the hardware prefetcher; the scratch is then ~40 KB at F = 64.
+// Positions per work item: runs of one head's q rows ("bhnd") long enough for the hardware
+// prefetcher, with a scratch that stays in L1/L2.
 constexpr int64_t kRun = 64;
 
 // A [B, H, N, D] view: element (b, h, n, c) at p + b sb + h sh + n sn + c sd (elements).

@@ -1,8 +1,7 @@
 // CPU entry points of the rotary kernels (rotary_cpu.cpp): q and k rotated by the angles
-// x . W, and the cos / sin table. Arguments are checked by the op layer (rotary_ops.cpp),
-// outputs allocated there. Computation is float32 (phases with the error-free reduction of
-// triton_kernels/_phase.py); storage may be float32, bfloat16 or float16. Deterministic:
-// the same bits for any thread count.
+// x . W, and the cos / sin table; checked and allocated by rotary_ops.cpp. float32
+// arithmetic (triton_kernels/_phase.py's phase math) on float32, bfloat16 or float16
+// storage; the same bits for any thread count.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,8 +12,9 @@ namespace rotary {
 // The fused application's inputs: x3 [Bx, N', M] positions of tokens prefix..N-1 (Bx = 1:
 // shared by the batch); freqs [G, F2, M] with any strides (G = 1: shared by the heads, a
 // view of [F2, M]; else one group per head); q [B, Hq, N, D], k [B, Hk, N, D] heads-first
-// views with any strides, one dtype (Hq and Hk multiples of G); half: pairs (i, i + F2)
-// instead of (2i, 2i + 1); the first `prefix` tokens are copied.
+// views with any strides, one dtype (Hq and Hk multiples of G; group g rotates heads
+// g Hq/G .. (g + 1) Hq/G - 1); half: pairs (i, i + F2) instead of (2i, 2i + 1); the first
+// `prefix` tokens are copied.
 struct Apply {
   at::Tensor x3, freqs, q, k;
   bool half;

@@ -14,8 +14,8 @@
 //   table:    cos and sin each on both channels of a pair of the [2, Bx, G, N, F] table;
 //             backward dphase = (gs_a + gs_b) cos - (gc_a + gc_b) sin
 //
-// Pairs are channels (2k, 2k+1) ("interleaved") or (k, k + F2) ("half"). The item of a
-// batch row's first run also copies the row's prefix tokens (the gradient, backward).
+// Pairs are channels (2k, 2k+1) ("interleaved") or (k, k + F2) ("half"). A batch row's first
+// item also copies its prefix tokens (their gradient, backward).
 // Every product is rounded where triton_kernels/rotary.py rounds it (no contraction, see
 // cpu/per_isa.h): forward outputs, tables and dq / dk equal the Triton interpreter's bitwise.
 
@@ -32,7 +32,7 @@ PF_INLINE void* row_of(T4& t, int64_t b, int64_t h, int64_t n, int64_t es) {
 
 // n <= W channels c0.. of a row with channel stride sd, as float32 (tail lanes zero):
 // LightGlue's q and k are slices of a fused qkv tensor (sd = 3), gathered lane by lane
-// (the AVX-512 / AVX2 gather instructions measured 2-3x slower here, Zen 4).
+// (the gather instructions were slower: benchmarks/NOTES.md, C++ rotary kernels).
 template <DT dt>
 PF_INLINE V load_channels(const void* row, int64_t sd, int64_t c0, int n) {
   if (sd == 1) return load_as<dt>(row, c0, n);
@@ -101,7 +101,7 @@ PF_INLINE void copy_tail(const void* src, int64_t sd, void* dst, int64_t F, int6
 // heads inside positions when a position's heads are nearer each other than a head's
 // positions ("bnhd", LightGlue's fused qkv), else positions inside heads ("bhnd"). Either
 // way the rows stream through memory in long runs (the hardware prefetcher stops at page
-// boundaries: a run of 16 positions of one head, 4 KB, would start cold every time).
+// boundaries).
 template <typename F>
 PF_INLINE void for_rows(const T4& t, int64_t h0, int64_t h1, int64_t n0, int64_t n1, const F& fn) {
   if (t.sh < t.sn) {

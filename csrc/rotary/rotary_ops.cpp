@@ -16,8 +16,7 @@
 // k's and the gradients' dtypes and devices (no shapes: no ATen call on fake tensors), so a
 // call that mixes CPU and Meta tensors, which dispatches to Meta, is refused too.
 //
-// Each op in turn: its schema, its CPU kernel, its Meta kernel (shapes only, so that
-// torch.compile and opcheck can trace it) and their registration (cpu/ops.h: define).
+// Each op in turn: schema, CPU kernel, Meta kernel (shapes only), registration (cpu/ops.h).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -59,9 +58,8 @@ void check_x(const char* op, const at::Tensor& x, bool per_head) {
 }
 
 // The table's shape: [2, *x.shape[:-1], F] (shared), [2, *x.shape[:-2], H, N, F] (per head).
-// (Element by element: GCC 12 at -O3 reports the range insert of x.sizes() into a
-// one-element vector as a memmove out of bounds, a false positive that the aarch64 compile
-// check, -Werror, would fail on.)
+// (Element by element: GCC 12 -O3 reports the range insert of x.sizes() as a memmove out
+// of bounds, a false positive that the aarch64 compile check, -Werror, would fail on.)
 std::vector<int64_t> table_shape(const at::Tensor& x, const at::Tensor& freqs) {
   const bool per_head = freqs.dim() == 3;
   std::vector<int64_t> shape;
