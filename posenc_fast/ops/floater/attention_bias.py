@@ -65,7 +65,9 @@ class FloaterAttentionBias(nn.Module):
         if fl.frozen or onnx_export_running() or not (fl.training and torch.is_grad_enabled()):
             # the Floater called directly: a frame fewer to the kernel
             return fl(length).unflatten(0, (self.num_layers, self.num_projections))[n]
-        return training.block_biases(self, self._step, n, length, share)
+        return training.block_biases(
+            self.floater, self.num_layers, self.num_projections, self._step, n, length, share
+        )
 
     def extra_repr(self) -> str:
         return f"num_layers={self.num_layers}, num_projections={self.num_projections}"

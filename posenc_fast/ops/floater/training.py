@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from .attention_bias import FloaterAttentionBias
+from .module import Floater
 
 
 @dataclass(eq=False)
@@ -38,10 +37,9 @@ class Slot:
         return (type(self), ())
 
 
-def _key(bias: FloaterAttentionBias, length: int) -> tuple:
+def _key(fl: Floater, length: int) -> tuple:
     """What a shared result describes: the length, the options and the parameter tensors
     at their version counters (an in-place optimizer step bumps them)."""
-    fl = bias.floater
     params = (fl.p0, fl.w1, fl.b1, fl.w2, fl.b2)
     versions = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
     return (length, fl.options, fl.backend, fl.refresh_every, versions)
@@ -65,59 +63,52 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _one_block(bias: FloaterAttentionBias, n: int) -> slice:
+def _one_block(P: int, n: int) -> slice:
     """Block n's rows among the Floater's states."""
-    P = bias.num_projections
     return slice(n * P, (n + 1) * P)
 
 
-def _all_blocks(states: Tensor, bias: FloaterAttentionBias) -> Tensor:
-    """[N * P, L, dim] states -> [N, P, L, dim] biases, as the bias module's forward."""
-    return states.unflatten(0, (bias.num_layers, bias.num_projections))
-
-
 def block_biases(
-    bias: FloaterAttentionBias, step: Slot, n: int, length: int, share: bool
+    fl: Floater, layers: int, P: int, step: Slot, n: int, length: int, share: bool
 ) -> Tensor:
-    """Block n's biases [P, L, dim] in a training step: from the step's one integration
-    of all blocks (made by layer 0, kept in ``step``) while valid, else integrated for the
-    block alone (always with ``share=False``)."""
-    fl = bias.floater
+    """Block n's biases [P, L, dim] in a training step of the ``layers`` blocks that ``fl``
+    serves, P projections each: from the step's one integration of all blocks (made by
+    layer 0, kept in ``step``) while valid, else integrated for the block alone (always
+    with ``share=False``)."""
     if not share:
-        return fl.integrate_states(length, _one_block(bias, n))
+        return fl.integrate_states(length, _one_block(P, n))
     if torch.compiler.is_compiling():
-        return _compiled_block(bias, step, n, length)
+        return _compiled_block(fl, layers, P, step, n, length)
     entry = step.value
-    valid = entry is not None and entry.key == _key(bias, length)
+    valid = entry is not None and entry.key == _key(fl, length)
     if _in_backward():  # activation checkpointing recomputes; nothing new is shared here
         if not valid:  # reentrant: the forward ran under no_grad
-            return fl.integrate_states(length, _one_block(bias, n))
+            return fl.integrate_states(length, _one_block(P, n))
         if n == 0 and entry.biases.requires_grad:
             # Non-reentrant checkpointing wants the forward's operations again: layer 0
             # integrated all states (values only fill the forward's saved tensors).
-            return _all_blocks(fl.integrate_states(length), bias)[n]
+            return fl.integrate_states(length).unflatten(0, (layers, P))[n]
         return entry.biases[n]
     if valid and n != 0:
         return entry.biases[n]
     if n != 0 and fl.refresh_every == 1:  # layer 0 did not run first
-        return fl.integrate_states(length, _one_block(bias, n))
-    biases = _all_blocks(fl(length), bias)  # all blocks: one integration (or a refresh's)
-    entry = _Shared(biases, _key(bias, length))
+        return fl.integrate_states(length, _one_block(P, n))
+    biases = fl(length).unflatten(0, (layers, P))  # all blocks: one integration (or a refresh's)
+    entry = _Shared(biases, _key(fl, length))
     step.value = entry
     if biases.requires_grad:
         biases.register_hook(_drop_when_consumed(step, entry))
     return biases[n]
 
 
-def _compiled_block(bias: FloaterAttentionBias, step: Slot, n: int, length: int) -> Tensor:
+def _compiled_block(fl: Floater, layers: int, P: int, step: Slot, n: int, length: int) -> Tensor:
     """Under torch.compile: layer 0 leaves all blocks' biases in ``step`` for the later
     layers and checkpoint recomputation (the eager key and hook cannot be traced)."""
-    fl = bias.floater
     if n == 0:
-        biases = _all_blocks(fl(length), bias)
+        biases = fl(length).unflatten(0, (layers, P))
         step.value = _Shared(biases, None)
         return biases[0]
     entry = step.value  # (its key is never read here: a guard on it would recompile each step)
     if entry is None or entry.biases.shape[2] != length:
-        return fl.integrate_states(length, _one_block(bias, n))
+        return fl.integrate_states(length, _one_block(P, n))
     return entry.biases[n]
