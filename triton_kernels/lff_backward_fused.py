@@ -21,10 +21,9 @@ from .lff_forward import hidden_preactivation
 _WORKSPACE_BYTES = 256 * 2**20
 
 
-# Launch options of the GPU configurations, whose block sizes gpu_candidates (below the
-# kernel) chooses: 8 warps, one stage (two stages would need 252 registers at H=32, see
-# there). Like the block sizes, fixed: they are part of what was compiled and checked for
-# each architecture (compile_report).
+# Launch options of the GPU configurations (block sizes: gpu_candidates): 8 warps, one
+# stage (two would need 252 registers at H=32). Fixed, like the block sizes: part of what
+# compile_report checked for each architecture.
 OPTIONS = {"num_warps": 8, "num_stages": 1}
 
 
@@ -46,33 +45,17 @@ OPTIONS = {"num_warps": 8, "num_stages": 1}
 #         dx    += gphase @ wr_k ;  dwr partial[k] += gphase^T @ x
 #     store dx
 #
-# Determinism without atomics: a fixed number P of programs (independent of timing) each
-# owns one row of a float32 workspace [P, |weights|] and walks the row tiles t = pid,
-# pid + P, ... in order, adding its contributions to its own row (read-modify-write by one
-# program only, with a barrier between tiles so every thread sees the previous tile's
-# writes; the first tile, which every program has as P <= tiles, writes every column of
-# the row once and reads nothing, so the workspace needs no zeroing). sum_partials_kernel
-# sums the P rows in the fixed order p = 0, 1, ..., P-1: same inputs and same P give
-# bitwise-identical gradients. The configuration is a fixed rule (no autotuning: a
-# timing-dependent choice would change the summation order). Only what ``needs`` asks for
-# is computed: the constexpr flags remove the dY @ w2^T pass, the second feature pass and
-# each partial sum when not needed.
+# Determinism without atomics: a fixed number P of programs each owns one row of a float32
+# workspace [P, |weights|] and walks the row tiles t = pid, pid + P, ... in order, adding
+# to its own row (a barrier between tiles; the first tile, which every program has as
+# P <= tiles, writes every column once, so the workspace needs no zeroing).
+# sum_partials_kernel sums the P rows in the fixed order p = 0, ..., P-1. The configuration
+# is a fixed rule (no autotuning: it sets the summation order). The constexpr flags skip
+# whatever ``needs`` does not ask for.
 #
 # Large weights (one program's partials above lff_backward._SPLIT_K_BYTES) take the
 # split-K path (lff_backward_split_k.py), whose first pass is this kernel with H_SPLIT
-# (the hidden columns split among programs) and STORE_H / STORE_GA (h and ga stored for
-# its matrix products over the rows).
-#
-# Counts (canonical case, bf16): dY 1.61 GB read once + x 8 MB + dx 8 MB from HBM. The
-# workspace (P * 132 kB, P = 2 x 132 SMs: ~35 MB, L2-resident on a 50 MB L2) is
-# read-modified-written once per tile: dw2 + dw1 partials = (32*768 + 256*32) * 8 B =
-# 262 kB per 128-row tile against 197 kB of dY, about 1.3x the dY traffic, served by L2:
-# the first suspect if the backward falls short of its floor; more rows per
-# read-modify-write would need registers that BLOCK_R=128 (234 of 255) does not have.
-# Tensor-core work: 2*F*H (recompute) + 4*H*Dg (dY w2^T, h^T dY) + 4*F*H (dw1, gr) FLOPs
-# per row ~ 0.15 MFLOP -> ~0.16 TFLOP for 2^20 rows, ~0.2 ms at ~790 TFLOP/s; sincos: two
-# feature passes, 2 * F/2 per row. Floor: the dY read, ~0.38 ms at 4.3 TB/s. All of these
-# are predicted from the counts; benchmarks/NOTES.md has what the GPU measured.
+# and STORE_H / STORE_GA. Byte and FLOP counts: benchmarks/NOTES.md, "Kernel notes".
 @triton.jit
 def _lff_bwd_kernel(
     X,
@@ -156,11 +139,9 @@ def _lff_bwd_kernel(
     ms = tl.arange(0, BLOCK_M)
     db1_acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for tile in range(pid, n_tiles, nprog):
-        # This tile's read-modify-writes of the workspace row must see the previous
-        # tile's, which other threads of this program may have made.
+        # Barrier: this tile's read-modify-writes of the workspace row must see the
+        # previous tile's. The first tile (tile = pid) stores 0 + value instead.
         tl.debug_barrier()
-        # The first tile (tile = pid) stores its contributions: 0 + value, exactly what
-        # adding to a zeroed row gives. Each column is written once per tile.
         accumulate = (tile >= nprog) | (ws_fresh == 0)
         rows = tl.cast(tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < n_rows
@@ -297,15 +278,10 @@ def gpu_candidates(meta: dict) -> list[dict]:
     """Block sizes for the GPU, preferred first (launched with OPTIONS). ``meta``: the
     kernel's constexprs (COMPUTE, BLOCK_H). A fixed rule: the block sizes set the
     summation order."""
-    # Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU) and reading registers /
-    # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 234
-    # registers without spilling at H=32; H=128 and H=256 spill ~340 B / ~810 B with the
-    # rows shrunk to 64 / 32 (the [rows, H] tiles a, gh, ga all live through the tile).
-    # float32 uses FMA matmuls ("ieee"), which need far more registers: 32 rows.
-    # num_stages=1: with 2 stages the H=32 tile above needs 252 registers (and spilled
-    # 32 B before the workspace's first-tile stores, which cut 18 registers).
-    # Second choice, where _configs refuses the first (Triton 3.1 cannot compile 64 rows
-    # with 8 warps for sm_90): 32 rows, which use Ampere's mma.sync, no warpgroups.
+    # Block sizes chosen by compiling for sm_90 (registers / spills: benchmarks/NOTES.md,
+    # "Kernel notes"): the [rows, H] tiles a, gh, ga all live through the tile, so rows
+    # shrink as H grows; float32 FMA matmuls ("ieee") need far more registers. Second
+    # choice, where _configs refuses the first: 32 rows (Ampere's mma.sync, no warpgroups).
     block_h = meta["BLOCK_H"]
     if meta["COMPUTE"] == tl.float32:
         block_r = 32 if block_h <= 64 else 16
