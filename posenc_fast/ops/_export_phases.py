@@ -1,12 +1,10 @@
 """Phases of an exported graph in float32 only: the kernels' error-free reduction in ATen.
 
 While an ONNX exporter traces a model, every custom op runs its plain-ATen composition
-(ops/_custom_ops.py). Those compositions used to reduce phases as the torch backend does, in
-float64 (exact products, an exact ``frac``), which put float64 tensors into the graph:
-TensorRT and other float32-only runtimes cannot run them. By default the compositions
-now compute phases the way the Triton and C++ kernels do (triton_kernels/_phase.py,
-csrc/cpu/phase.h: the same constants, the same steps), written with ops that every ONNX
-opset since 11 has (Mul, Add, Sub, Round, Abs, Cos, Sin):
+(ops/_custom_ops.py). A float64 reduction (the torch backend's) would put float64 tensors
+into the graph, which TensorRT and other float32-only runtimes cannot run, so by default the
+compositions compute phases the way the Triton and C++ kernels do (triton_kernels/_phase.py,
+csrc/cpu/phase.h: the same constants and steps), with ops every ONNX opset since 11 has:
 
 1. Frequencies in *turns* (w / 2pi) as an unevaluated float32 pair ``hi + lo``: a
    product by 1/(2pi) = INV_2PI_HI + INV_2PI_LO whose rounding error is recovered
@@ -25,11 +23,8 @@ unfused evaluation round the same sum once) and never subtracts from a bare prod
 Dekker's partial products are exact, so fusing them changes nothing. A runtime that
 reassociates sums (a fast-math mode) would undo the error terms and is not supported.
 
-Accuracy against float64 math on the same float32 inputs, measured in onnxruntime
-(tests/common/test_onnx.py and the README's "Deploying"): the float64 graph's bound
-(1e-6, tolerances.PHASE_ATOL) for |phase| <= 1e5 rad.
-
-``onnx_phases(torch.float64)`` brings back the float64 reduction for one export.
+Accuracy: the float64 graph's bound (tolerances.PHASE_ATOL) for |phase| <= 1e5 rad
+(tests/common/test_onnx.py). ``onnx_phases(torch.float64)`` selects the float64 reduction.
 """
 
 from __future__ import annotations
