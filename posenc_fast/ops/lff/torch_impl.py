@@ -28,10 +28,9 @@ from . import activations
 # float64 weights); half-precision outputs are computed in float32 and rounded once at the
 # end, on every device. Matmuls follow torch.backends.cuda.matmul.allow_tf32 (off by
 # default), so fp32 means fp32; the float32 phases themselves are never a matmul.
-# Speed: few, large ATen ops per chunk. cos and sin stay two contiguous [n, F/2] blocks (an
-# out= into half of a [n, F] buffer is ~1.5x slower on the CPU, and torch.cat costs a copy),
-# so the MLP's first layer is two GEMMs (cos rows and sin rows of w1); the 1/sqrt(F) scale
-# rides in the GEMMs' alpha; the last GEMM writes into the output.
+# Speed: few, large ATen ops per chunk. cos and sin stay two contiguous [n, F/2] blocks
+# (no out= into half of a [n, F] buffer, no torch.cat copy), so the MLP's first layer is two
+# GEMMs (cos rows and sin rows of w1); the 1/sqrt(F) scale rides in the GEMMs' alpha.
 
 # Below this many phases per call the float64 path costs less than deciding (a few small
 # ops and a host sync): take it without looking.
@@ -243,9 +242,8 @@ def lff_backward(
     gradients are accumulated chunk after chunk in float32 (float64 for float64 weights):
     a fixed order, so repeated runs are bitwise identical. GEMMs are oriented for the CPU's
     BLAS, which is slow on products with very few output columns: dwr is accumulated as
-    x^T gphase [M, F/2] (10x faster than gphase^T x [F/2, M] at M = 2), dx as
-    wr^T gphase^T [M, n], dw1 as ga^T [cos | sin] [H, F]; db2 rides in dw2's GEMM as the
-    product with a column of ones (no separate pass over the [n, D] gradient).
+    x^T gphase [M, F/2], dx as wr^T gphase^T [M, n], dw1 as ga^T [cos | sin] [H, F]; db2
+    rides in dw2's GEMM as the product with a column of ones.
     """
     need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = needs
     mlp = w1 is not None
