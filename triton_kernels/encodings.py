@@ -34,11 +34,8 @@ from ._round import round_to
 # Per program (BLOCK_R rows of positions) and chunk of BLOCK_K frequencies: phases with the
 # error-free reduction of _phase.py, cos and sin once per frequency, and the two columns
 # written (interleaved for sinusoidal: one contiguous store via tl.join). The fused add
-# reads x at the same columns, adds in float32 and rounds once to x's dtype.
-#
-# Bytes (dim = 768, 2^20 rows, bf16): 1.6 GB written (+1.6 GB read for the add); one
-# sincos per two output elements (~60 float32 instructions), ~2.4e10 instructions in all
-# -> ~0.1-0.2 ms of issue against a ~0.38 ms (0.75 ms with the add) memory floor.
+# reads x at the same columns, adds in float32 and rounds once to x's dtype. Memory-bound
+# (counts: benchmarks/NOTES.md, "Kernel notes").
 
 # Rows of the float32 table TAB [6, K]: frequency (turns per unit, hi and lo), amplitude
 # of cos and sin, and d(amp * cos)/dp, d(amp * sin)/dp factors (2 pi nu amp).
@@ -328,9 +325,8 @@ def _block_bias(kind: str, dim: int, base: float, block: float, device) -> torch
     return bias.to(torch.float32).to(device)
 
 
-# GPU autotuning set of the forward, (BLOCK_R, BLOCK_K, num_warps): each compiles for
-# sm_90 to <= 97 registers without spilling (144 with the add). The forward's results do
-# not depend on the configuration (every element is computed on its own).
+# GPU autotuning set of the forward, (BLOCK_R, BLOCK_K, num_warps): none spills on sm_90.
+# The forward's results do not depend on the configuration (every element on its own).
 _FWD_CONFIGS = [(64, 32, 8), (32, 32, 4), (128, 16, 8), (16, 64, 4), (32, 64, 8)]
 
 _encoding_fwd_tuned = autotuned(
