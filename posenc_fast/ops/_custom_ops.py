@@ -71,8 +71,8 @@ def run(function, op, impl: Implementation, *args):
 
     - the reference (no backward): its forward, which autograd differentiates;
     - plain tensors in plain eager mode: the autograd.Function ``function`` when a
-      gradient is wanted, else the implementation itself (the custom op's dispatch costs
-      ~100 µs per training step);
+      gradient is wanted, else the implementation itself (skipping the custom op's
+      dispatch);
     - while an ONNX exporter traces: ``function.onnx``, the plain-ATen composition;
     - everywhere else (torch.compile, export, fake tensors, subclasses, modes, vmap, a
       running profiler): the custom op, which those must see.
@@ -129,9 +129,9 @@ _APPLY: dict = {}
 
 
 def fast_apply(function):
-    """``function.apply`` without autograd.Function's Python wrapper (~2 µs), whose work
-    :func:`plain_eager_grad` has done: no functorch transform, no wrapped tensor, and no
-    setup_context to bind arguments for."""
+    """``function.apply`` without autograd.Function's Python wrapper, whose work
+    :func:`plain_eager_grad` has done (no functorch transform, no wrapped tensor, no
+    setup_context)."""
     apply = _APPLY.get(function)
     if apply is None:
         apply = _APPLY[function] = super(torch.autograd.Function, function).apply
@@ -139,9 +139,7 @@ def fast_apply(function):
 
 
 # -- autocast --------------------------------------------------------------------------
-# Kernels run with autocast off: the public functions read the autocast state and pass
-# the output dtype explicitly; otherwise autocast would still change the precision of
-# the torch calls an implementation makes.
+# Kernels run with autocast off: the public functions pass the output dtype explicitly.
 
 
 def autocast_disabled(device_type: str):
