@@ -72,12 +72,9 @@ TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
 PHASE_ATOL = 1e-6
 
 # ONNX graphs exported with float32 phases (the default: ops/_export_phases.py), run in a
-# runtime, vs float64 math on the same float32 inputs: cos / sin outputs (rotary tables,
-# LFF features, sinusoidal and DFT encodings) within ONNX_PHASE_ATOL for |phase| up to
-# ONNX_MAX_PHASE, and integer positions below 2**24. Measured (benchmarks/onnx_accuracy.py,
-# torch 2.13, 2026-11-28): at most 1.3e-7 in onnxruntime 1.32 and 9.5e-8 in OpenVINO
-# 2026.4 up to |phase| 1e6. The float64 form (onnx_phases(torch.float64)) meets it in
-# onnxruntime; OpenVINO runs float64 arithmetic in float32 and misses it (8e-5 at 1e3).
+# runtime, vs float64 math on the same float32 inputs: cos / sin outputs within
+# ONNX_PHASE_ATOL for |phase| up to ONNX_MAX_PHASE and integer positions below 2**24
+# (measured figures: benchmarks/NOTES.md, "Kernel notes").
 ONNX_PHASE_ATOL = 1e-6
 ONNX_MAX_PHASE = 1e6
 
