@@ -19,17 +19,14 @@ import triton.language as tl
 #    huge phases), evaluates cos and sin of ``2 pi f`` for |f| <= 1/8 turn by
 #    polynomials, then rotates by the quarter turns.
 #
-# Error budget against float64 math on the same float32 inputs, |phase| <= 1e5 rad: the
-# reduced argument is rounded once (<= 2^-27 turn ~ 5e-8 rad), the polynomials add about
-# one ulp (~1.2e-7): ~2e-7 in all (the tests check < 1e-6). The polynomials are written
-# out with ``tl.fma`` instead of ``tl.cos``/``tl.sin`` so that the arithmetic is identical
-# in Triton's interpreter (which CI runs) and on the GPU, and so no fast-math ``sin.approx``
-# can slip in.
+# Error budget against float64 math on the same float32 inputs, |phase| <= 1e5 rad: one
+# rounding of the reduced argument (~5e-8 rad) plus ~1 ulp from the polynomials: ~2e-7
+# (the tests check < 1e-6). Polynomials with ``tl.fma`` rather than ``tl.cos``/``tl.sin``:
+# identical arithmetic in Triton's interpreter (CI) and on the GPU, no fast-math sin.approx.
 #
-# Kernels that use these helpers must be launched with ``enable_fp_fusion=False``: if the
-# compiler contracted ``x * hi`` into a later addition, the exact error terms computed
-# next to it would no longer match and the phase would lose ~1 ulp of its *unreduced*
-# value (~1e-3 rad at 1e4 rad). The explicit ``tl.fma`` calls are unaffected.
+# Kernels using these helpers must be launched with ``enable_fp_fusion=False``: a compiler
+# contracting ``x * hi`` into a later addition would break the exact error terms (~1 ulp of
+# the *unreduced* phase lost). The explicit ``tl.fma`` calls are unaffected.
 
 # 1/(2 pi) = _INV_2PI_HI + _INV_2PI_LO, each float32 (the sum carries ~2^-48 relative error).
 _INV_2PI_HI = tl.constexpr(0.15915493667125702)

@@ -111,14 +111,11 @@ def _lff_bwd_kernel(
     # DX [R, M] contiguous; WS [P, stride_ws] float32 uninitialised, this program's row
     # holds its partial sums of dwr [F2, M] | dw1 [2*F2, H] | dw2 [H, DG] | db1 [H] |
     # db2 [DG] at the given offsets. Grid: (P,), programs walk tiles pid, pid + P, ...
-    # ws_fresh = 0: the row already holds partial sums (an earlier chunk's launch of the
-    # split-K path), which every tile adds to. STORE_H / STORE_GA (split-K path): h and
-    # ga rounded to the compute dtype are stored to HB / GAB [R, H] contiguous, for
-    # _lff_bwd_wgrad_kernel to form dw2 and dw1 from. H_SPLIT (split-K path, without
-    # NEED_X / NEED_WR, which need every hidden column): grid (H blocks, P), program
-    # (j, p) handles hidden columns j * BLOCK_H + [0, BLOCK_H) of the tiles of p, which
-    # its db1 partials (disjoint columns of row p) and stores need alone; db2 is added
-    # by the j = 0 programs only.
+    # ws_fresh = 0: the row already holds partial sums (an earlier chunk's), added to.
+    # Split-K path: STORE_H / STORE_GA store h and ga (rounded to the compute dtype) to
+    # HB / GAB [R, H] contiguous; H_SPLIT (without NEED_X / NEED_WR): grid (H blocks, P),
+    # program (j, p) handles hidden columns j * BLOCK_H + [0, BLOCK_H) of the tiles of p;
+    # db2 is added by the j = 0 programs only.
     if H_SPLIT:
         pid = tl.program_id(1)
         nprog = tl.num_programs(1)
@@ -128,8 +125,7 @@ def _lff_bwd_kernel(
         nprog = tl.num_programs(0)
         hs = tl.arange(0, BLOCK_H)
     ws = WS + pid.to(tl.int64) * stride_ws
-    # What the flags imply: ga (the gradient at the pre-activation) feeds db1, dw1 and
-    # the phase gradient; the phase gradient feeds dx and dwr.
+    # ga feeds db1, dw1 and the phase gradient; the phase gradient feeds dx and dwr.
     NEED_PHASE: tl.constexpr = NEED_X or NEED_WR
     NEED_GA: tl.constexpr = MLP and (NEED_B1 or (NEED_W1 or (NEED_PHASE or STORE_GA)))
     NEED_H: tl.constexpr = MLP and (NEED_W2 or (NEED_GA or STORE_H))

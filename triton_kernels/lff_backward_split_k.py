@@ -70,10 +70,8 @@ def _lff_bwd_phase_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    # Split-K path, the chain rule below the hidden layer: gr = ga @ w1^T (the cos and
-    # sin halves), d loss / d phase, then dx and the dwr partials -- the fused kernel's
-    # second feature pass, from the stored ga (GAB [R, H] contiguous, compute dtype,
-    # the same rounded values the fused kernel multiplies) instead of registers.
+    # The fused kernel's second feature pass (gr = ga @ w1^T, d loss / d phase, dx, dwr
+    # partials), reading ga from GAB [R, H] contiguous (the same rounded values).
     # X [R, M] any strides, WR [F2, M], W1 [2*F2, H] contiguous; DX [R, M] contiguous;
     # WS [P, stride_ws] float32: this program's dwr partials (ws_fresh as the fused
     # kernel's). Grid: (P,), programs walk tiles pid, pid + P, ...; H in BLOCK_H chunks.

@@ -16,12 +16,10 @@ csrc/cpu/phase.h: the same constants and steps), with ops every ONNX opset since
    |f| <= 1/8 turn), the runtime's Cos / Sin of 2pi f (|2pi f| <= pi/4, where every
    runtime's float32 sine is accurate), rotated back by the quarter turns.
 
-Rounding-order safety: every error-free step is written so that a runtime that contracts
-a product and a sum into an fma (a compiler's default on GPUs) computes the same values:
-the Veltkamp split forms 4097 a as ``a * 4096 + a`` (4096 a is exact, so a fused and an
-unfused evaluation round the same sum once) and never subtracts from a bare product;
-Dekker's partial products are exact, so fusing them changes nothing. A runtime that
-reassociates sums (a fast-math mode) would undo the error terms and is not supported.
+Rounding-order safety: a runtime that contracts a product and a sum into an fma computes
+the same values (the Veltkamp split forms 4097 a as ``a * 4096 + a``, 4096 a being exact,
+and never subtracts from a bare product; Dekker's partial products are exact). A runtime
+that reassociates sums (fast-math) would undo the error terms and is not supported.
 
 Accuracy: the float64 graph's bound (tolerances.PHASE_ATOL) for |phase| <= 1e5 rad
 (tests/common/test_onnx.py). ``onnx_phases(torch.float64)`` selects the float64 reduction.
