@@ -25,12 +25,10 @@ _GELU_TANH_3C = tl.constexpr(3.0 * 0.044715)
 def mma(a, b, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """acc + a @ b with float32 accumulation.
 
-    PRECISION: "ieee" (float32 operands, exact float32 products) or "tf32" (only when the
-    user enabled torch.backends.cuda.matmul.allow_tf32); bf16 / fp16 operands run on the
-    tensor cores natively either way. Under TRITON_INTERPRET the interpreter would
-    multiply the raw bits of bfloat16 operands, so operands are widened to float32 first
-    (exact: every bf16 / fp16 value is a float32 value), which keeps their rounding to
-    the compute dtype -- the part that matters numerically -- in place.
+    PRECISION: "ieee" (float32 operands, exact float32 products) or "tf32" (only when
+    torch allows TF32); bf16 / fp16 operands run on the tensor cores either way. The
+    interpreter would multiply the raw bits of bfloat16 operands, so there they are
+    widened to float32 first (exact, keeping their rounding to the compute dtype).
     """
     if INTERPRET:
         a = a.to(tl.float32)

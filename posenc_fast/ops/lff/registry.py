@@ -48,11 +48,9 @@ LFF = register(
     Implementation(
         "torch", ANYWHERE, forward=torch_impl.lff_forward, backward=torch_impl.lff_backward
     ),
-    # Two plans (plan.py chooses per shape): fused features -> w1 -> act -> w2 in one
-    # pass, one recomputing backward pass with deterministic weight-gradient sums; or the
-    # products on cuBLAS with Triton kernels for the rest ("gemm", compute-bound shapes).
-    # The fused kernels' [rows, H] tiles live in registers: the size limits; float64 goes
-    # to the torch backend.
+    # Two plans (plan.py chooses per shape): "fused" (one pass each way) or "gemm" (the
+    # products on cuBLAS). The fused kernels' [rows, H] tiles live in registers: the size
+    # limits; float64 goes to the torch backend.
     Implementation(
         "triton",
         OpSupport(
