@@ -91,8 +91,7 @@ def mismatch(
     ``scale`` replaces |ref| in the relative term by one number. For ``kind == "grad"`` it
     defaults to the largest |ref| over the finite entries of ``ref`` (0 if there are none),
     so an inf in the reference cannot widen the bound to inf.
-    NaNs must sit at the same places in both.
-    """
+    NaNs must sit at the same places in both."""
     t = tol(dtype, kind)
     if out.shape != ref.shape:
         return f"shape {list(out.shape)} != reference {list(ref.shape)}"

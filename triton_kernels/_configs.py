@@ -139,8 +139,7 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
     hidden layer's conversion between them, plus 20 % and 1 kB: fitted to what Triton 3.1
     and 3.9 allocate for tools/triton_compile_report.py's configurations, which checks it
     against the compiler on every architecture (conservative for float32). On ``arch`` >= 90,
-    where the warpgroups split the columns, the hidden layer's conversion counts twice.
-    """
+    where the warpgroups split the columns, the hidden layer's conversion counts twice."""
     br, bk = meta.get("BLOCK_R", 1), meta.get("BLOCK_K", 1)
     bh, bd = meta.get("BLOCK_H", 1), meta.get("BLOCK_D", 1)
     stages = max(1, num_stages)

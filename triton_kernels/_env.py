@@ -3,8 +3,7 @@
 The kernel layer states its own requirements here (the Triton interpreter's minimum
 version, how TRITON_INTERPRET is read); posenc_fast's dispatcher asks this module whether
 the "triton" backend can run. Nothing here imports triton at module level, so the
-dispatcher can ask on a machine where triton is missing or slow to import.
-"""
+dispatcher can ask on a machine where triton is missing or slow to import."""
 
 from __future__ import annotations
 

@@ -87,8 +87,7 @@ def sincos_turns(hi, lo):
     The reduction is exact up to the one rounding of f for any hi (|lo| <= ulp(hi)); the
     accuracy of hi + lo itself is the caller's (phase_term: ~2^-48 relative, i.e.
     ~3.5e-15 * |phase| rad: negligible at 1e5, 4e-7 at 1e8, 4e-5 at 1e10). NaN / inf
-    inputs give NaN, like cos / sin.
-    """
+    inputs give NaN, like cos / sin."""
     q = tl.floor(hi * 4.0 + 0.5)  # nearest quarter turn; hi * 4 is exact
     f = (hi - q * 0.25) + lo  # hi - q/4 is exact, so this is the only rounding
     # When |hi| >= 2^22 turns, lo itself can exceed 1/8 turn: take out its quarter turns

@@ -2,8 +2,7 @@
 
 On the GPU ``x.to(tl.bfloat16)`` rounds to nearest even; Triton's interpreter (CI)
 truncates and flushes subnormals, so there the rounding to bfloat16 is done here, on the
-bits. float16 conversions are correctly rounded in both places.
-"""
+bits. float16 conversions are correctly rounded in both places."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Sinusoidal and DFT encodings, and their fused add: one pass each (``encoding_fwd``,
-``encoding_add_fwd``, ``encoding_bwd``).
-"""
+``encoding_add_fwd``, ``encoding_bwd``)."""
 
 from __future__ import annotations
 
@@ -47,8 +46,7 @@ def _positions(P, rows, rmask, stride_p, period, POS_INT: tl.constexpr, WRAP: tl
     """Positions of the rows as (hi, lo) float32 with hi + lo exact.
 
     WRAP: positions [L] broadcast over leading dimensions, row r reads P[r % period].
-    Integer positions are split so that values beyond 2^24 stay exact (up to ~2^48).
-    """
+    Integer positions are split so that values beyond 2^24 stay exact (up to ~2^48)."""
     idx = rows % period if WRAP else rows
     if POS_INT:
         p = tl.load(P + idx * stride_p, mask=rmask, other=0).to(tl.int64)

@@ -25,8 +25,7 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     """Gradients (dx, dwr, dw1, db1, dw2, db2) of lff_fwd; None where needs[i] is False.
 
     grad [..., G * width] in the forward's output dtype (the MLP compute dtype); x is
-    floating, as in lff_fwd. Returned gradients have the dtypes of their inputs.
-    """
+    floating, as in lff_fwd. Returned gradients have the dtypes of their inputs."""
     mlp = w1 is not None
     need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = (bool(n) for n in needs)
     if not mlp:

@@ -68,8 +68,7 @@ def hidden_preactivation(
     SPLIT (relu with a bf16 / fp16 MLP): the features also contribute their rounding
     error, as a second compute-dtype term (hi + lo, ~2^-16 relative): with features rounded
     to bf16 alone (2^-9), relu's derivative, which jumps at a = 0, would flip for
-    pre-activations that float32 math puts on the other side of 0.
-    """
+    pre-activations that float32 math puts on the other side of 0."""
     acc = tl.zeros([x_rows.shape[0], hmask.shape[0]], dtype=tl.float32)
     for k0 in range(0, n_freq, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -253,8 +252,7 @@ def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> t
 
     out_dtype is also the MLP's compute dtype: bf16 / fp16 run the matmuls on tensor cores
     with float32 accumulation; float32 runs them in IEEE float32 (TF32 only if enabled in
-    torch.backends.cuda.matmul). Weights of another dtype (autocast) are converted on load.
-    """
+    torch.backends.cuda.matmul). Weights of another dtype (autocast) are converted on load."""
     G, M = x.shape[-2], x.shape[-1]
     rows = x.reshape(-1, M)
     R = rows.shape[0]

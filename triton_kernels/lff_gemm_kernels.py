@@ -1,6 +1,5 @@
 """The elementwise Triton kernels of the LFF "gemm" plan (lff_gemm.py): everything between
-the cuBLAS products that is not a product.
-"""
+the cuBLAS products that is not a product."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ Each op is an ``autograd.Function`` whose ``forward`` is also the body of a
 dispatch would cost more than a small call's work), and the custom op everywhere else, so
 torch.compile, export and the tracers see one opaque op. ONNX exporters cannot translate
 a custom op: while one traces, :func:`run` calls the Function's ``onnx`` composition
-instead (plain out-of-place ATen ops, with double backward: docs/deploying.md).
-"""
+instead (plain out-of-place ATen ops, with double backward: docs/deploying.md)."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ def run(function, op, impl: Implementation, *args):
     - while an ONNX exporter traces: ``function.onnx``, the plain-ATen composition;
     - everywhere else (torch.compile, export, fake tensors, subclasses, modes, vmap, a
       running profiler): the custom op, which those must see.
-    Kernels run with autocast off: the public functions pass the output dtype.
-    """
+    Kernels run with autocast off: the public functions pass the output dtype."""
     if impl.backward is None:
         return impl.forward(*args)
     grad = plain_eager_grad(args)

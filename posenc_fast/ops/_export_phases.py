@@ -22,8 +22,7 @@ and never subtracts from a bare product; Dekker's partial products are exact). A
 that reassociates sums (fast-math) would undo the error terms and is not supported.
 
 Accuracy: the float64 graph's bound (tolerances.PHASE_ATOL) for |phase| <= 1e5 rad
-(tests/common/test_onnx.py). ``onnx_phases(torch.float64)`` selects the float64 reduction.
-"""
+(tests/common/test_onnx.py). ``onnx_phases(torch.float64)`` selects the float64 reduction."""
 
 from __future__ import annotations
 

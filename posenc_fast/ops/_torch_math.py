@@ -59,8 +59,7 @@ def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     ``turns`` is float64, so for float32 results the reduction is error-free for any
     |phase| up to ~1e12 (frac of a float64 is exact) and the only errors left are the
     final rounding of the angle to float32 (<= 2.4e-7 rad) and the float32 sine itself
-    (docs/precision.md). torch.frac: one pass, faster than torch.round on float64.
-    """
+    (docs/precision.md). torch.frac: one pass, faster than torch.round on float64."""
     if onnx_exporting():
         # The TorchScript-based ONNX exporter has no aten::frac; x - floor(x), in [0, 1),
         # is just as exact in float64 and the same angle modulo 2 pi (ops/_custom_ops.py).
@@ -129,8 +128,7 @@ def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     """(rows @ freq^T) / (2 pi) in float64: [R, M] x [K, M] -> [R, K].
 
     The product of two float32 numbers is exact in float64, so for M = 1 this is exact
-    and for small M it carries only float64 rounding (~1e-16 relative).
-    """
+    and for small M it carries only float64 rounding (~1e-16 relative)."""
     freq = freq.to(torch.float64)
     return rows.to(torch.float64) @ (freq / exact_scalar(TWO_PI, freq)).T
 

@@ -7,8 +7,7 @@
     registry.py    backend name -> SUPPORT table + implementation
     reference.py   the float64 specification
     torch_impl.py  the pure-PyTorch implementation
-Kernels: triton_kernels/encodings.py; csrc/encodings/.
-"""
+Kernels: triton_kernels/encodings.py; csrc/encodings/."""
 
 from .api import *  # noqa: F403  (the public names: api.__all__)
 from .api import __all__  # noqa: F401

@@ -5,8 +5,7 @@ the formulas: reference.py). Phases are reduced in float64 before a float32 (or 
 trig, as for LFF, and written straight into their output columns (no scatter, no concat).
 ``encoding_add`` with the positions 0..L-1 (the modules' default) keeps the table in a
 small cache (TABLE_CACHE_BYTES, oldest out first): the add is then one pass, like a module
-holding its table in a buffer.
-"""
+holding its table in a buffer."""
 
 from __future__ import annotations
 

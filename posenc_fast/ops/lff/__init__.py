@@ -7,8 +7,7 @@
     torch_impl.py  the pure-PyTorch implementation
     activations.py the MLP's activations, one table (formula, ATen op, nn.Module)
     checkpoint.py  the public LFF modules' checkpoints, read and written
-Kernels: triton_kernels/lff_forward.py, lff_backward.py; csrc/lff/.
-"""
+Kernels: triton_kernels/lff_forward.py, lff_backward.py; csrc/lff/."""
 
 from .api import INIT_OUTPUT_STD, LearnableFourierFeatures, activation_moments, lff
 

@@ -3,8 +3,7 @@
 Path of a call: ``lff`` (checks, dtype policy) -> the dispatcher picks an implementation
 from the registry (registry.py) -> the custom op ``posenc_fast::lff`` (op.py) -> the
 implementation's kernel (torch_impl.py, triton_kernels/lff_forward.py, csrc/lff/) ->
-backward: ``posenc_fast::lff_backward``, recomputing from x.
-"""
+backward: ``posenc_fast::lff_backward``, recomputing from x."""
 
 from __future__ import annotations
 
@@ -322,8 +321,7 @@ class LearnableFourierFeatures(nn.Module):
 
         mu and sigma^2 are the empirical (population) mean and variance of wr. Add
         ``alpha * m.kl_regularizer()`` to the loss (Eq. 10; the paper uses alpha = 1).
-        Without kl=True the target is the fixed initial variance gamma^-2.
-        """
+        Without kl=True the target is the fixed initial variance gamma^-2."""
         w = self.wr.flatten()
         mu = w.mean()
         var = w.var(unbiased=False)

@@ -5,8 +5,7 @@ Every implementation has
         x [..., G, M] -> [..., G * Dg] (the features [..., G * F] without w1..b2)
     backward(grad, x, wr, w1, b1, w2, b2, activation, needs) -> [dx, dwr, dw1, db1, dw2, db2]
         None where not needed (or the weight is absent)
-(the reference only ``forward``: autograd differentiates it).
-"""
+(the reference only ``forward``: autograd differentiates it)."""
 
 from __future__ import annotations
 

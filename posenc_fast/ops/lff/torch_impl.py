@@ -1,7 +1,6 @@
 """Learnable Fourier features in pure PyTorch, the CPU and GPU fallback: rows processed in
 chunks so that the [N, F] features and [N, H] hidden layer exist for one chunk only; the
-backward saves the inputs alone and recomputes chunk by chunk.
-"""
+backward saves the inputs alone and recomputes chunk by chunk."""
 
 from __future__ import annotations
 
@@ -243,8 +242,7 @@ def lff_backward(
     a fixed order, so repeated runs are bitwise identical. GEMMs are oriented for the CPU's
     BLAS, which is slow on products with very few output columns: dwr is accumulated as
     x^T gphase [M, F/2], dx as wr^T gphase^T [M, n], dw1 as ga^T [cos | sin] [H, F]; db2
-    rides in dw2's GEMM as the product with a column of ones.
-    """
+    rides in dw2's GEMM as the product with a column of ones."""
     need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = needs
     mlp = w1 is not None
     out: list[Optional[torch.Tensor]] = [None] * 6
