@@ -39,11 +39,10 @@ def _half_precision(dtype: torch.dtype, lff_and_floater: Tol, grad: Tol) -> dict
 # - "floater": ODE solutions after hundreds of solver steps (error accumulates along them).
 # - "grad": gradients, compared relative to the largest finite gradient entry of the
 #   reference (``mismatch`` does this unless it is given another ``scale``).
-# - "rotary": q and k rotated by the cos / sin of a phase (apply_lff_rotary), compared
-#   relative to the largest |entry| of the reference (pass it as ``scale``: a rotation
-#   keeps the norm of each channel pair, so an output near 0 carries the error of the
-#   larger inputs). float32: the cos / sin error of "encoding" (<= 1e-6) times |q|, plus
-#   two products and a sum; half precision: the output's own rounding (one ulp).
+# - "rotary": q and k rotated by the cos / sin of a phase, compared relative to the largest
+#   |entry| of the reference (pass it as ``scale``: an output near 0 carries the error of
+#   the larger inputs). float32: "encoding"'s error times |q| plus two products and a sum;
+#   half precision: the output's own rounding.
 TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
     torch.float64: {
         # the float64 reference itself rounds p * freq: ~1e-16 * |phase|, 1e-11 at 1e5

@@ -22,13 +22,9 @@ from ._phase import accumulate_phase, phase_term, sincos_turns
 from ._round import round_to
 
 # Both encodings are sums of sinusoids of the position, described by a *spectrum*
-# (``_spectrum``, from posenc_fast/ops/encodings/reference.py's formulas): per frequency k its
-# rate in turns per unit position (float64 on the host, split into a float32 pair
-# hi + lo), and the output column and amplitude of its cosine and sine:
-#
-#     sinusoidal: nu_i = base^(-2i/dim) / (2 pi); sin -> column 2i, cos -> column 2i + 1
-#     dft:        nu_k = k / dim, k = 0..dim/2; cos -> column k (k <= K) or dim-1 (k = dim/2),
-#                 sin -> column K + k (1 <= k <= K), amplitudes of Eq. 17-20
+# (``_spectrum``, from posenc_fast/ops/encodings/reference.py's formulas): per frequency its
+# rate in turns per unit position (float64 on the host, split into a float32 pair hi + lo),
+# and the output column and amplitude of its cosine and sine.
 #
 # Per program (BLOCK_R rows of positions) and chunk of BLOCK_K frequencies: phases with the
 # error-free reduction of _phase.py, cos and sin once per frequency, and the two columns

@@ -314,10 +314,8 @@ def programs(rows: int, blocks: dict, total: int, device) -> int:
 
 def run(args, ws, offsets, r0, r1, fresh, hb, gab, flags, blocks=None, options=None):
     """Launch _lff_bwd_kernel on rows [r0, r1) with ws.shape[0] programs; ``fresh``: the
-    workspace rows are uninitialised (written by each program's first tile), else added
-    to. hb / gab: where to store h / ga of these rows (STORE_H / STORE_GA), or None.
-    blocks / options: instead of args' (with BLOCK_H: H_SPLIT, one program per block of
-    BLOCK_H hidden columns and workspace row)."""
+    workspace rows are uninitialised, else added to. hb / gab: where to store h / ga, or
+    None. blocks / options: instead of args' (with BLOCK_H: the H_SPLIT grid)."""
     rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, blocks0, options0 = args
     kw = {**meta, **(blocks or blocks0), **(options if blocks else options0)}
     h_blocks = triton.cdiv(H, kw["BLOCK_H"]) if blocks and "BLOCK_H" in blocks else 0

@@ -34,14 +34,11 @@ from ._round import load_as, round_to
 #         dw2 += h^T @ dY                        _lff_bwd_wgrad_kernel, FEATURES=False
 #         dw1 += [cos || sin]^T @ ga / sqrt(F)   (features recomputed), FEATURES=True
 #
-# _lff_bwd_wgrad_kernel is a split-K matmul: a program owns one output block and one
-# contiguous range of the chunk's rows (S ranges, S ~ 2 * SMs / blocks), accumulates over it
-# in float32 registers, and touches its workspace row once per chunk (stored on the first
-# chunk, added on the others); sum_partials_kernel adds the S rows in a fixed order.
-# Determinism: block sizes, C and S are fixed functions of the shapes, the dtype and the
-# SM count (C not of ``needs``); rows, ranges and chunks are summed in a fixed order; no
-# atomics. The operands are the fused kernel's (the same rounded h, ga, dY and features),
-# so both paths agree to float32 summation order. Memory is bounded independently of N.
+# _lff_bwd_wgrad_kernel is a split-K matmul: a program owns one output block and one of S
+# contiguous row ranges of the chunk, accumulates in float32 registers and touches its
+# workspace row once per chunk. Deterministic: block sizes, C and S are fixed functions of
+# the shapes, dtype and SM count (C not of ``needs``), all sums in fixed order, no atomics.
+# The operands are the fused kernel's, so both paths agree to float32 summation order.
 @triton.jit
 def _lff_bwd_phase_kernel(
     X,
@@ -228,9 +225,8 @@ _WGRAD_CONFIGS = {
 
 
 def wgrad_config(meta: dict, features: bool) -> tuple[dict, dict]:
-    """(block sizes, launch options) of _lff_bwd_wgrad_kernel on the GPU for the kernel
-    constexprs ``meta`` (COMPUTE, PRECISION); a fixed rule, no autotuning (the block
-    sizes set the summation order)."""
+    """(block sizes, launch options) of _lff_bwd_wgrad_kernel on the GPU for ``meta``;
+    fixed, no autotuning (the block sizes set the summation order)."""
     br, bi, bj, warps, stages = _WGRAD_CONFIGS[(_kind(meta), features)]
     if features:  # J runs over H: no wider than the hidden layer
         bj = min(bj, meta["BLOCK_H"])

@@ -2,12 +2,10 @@
 dispatch, the ONNX switch to its plain-ATen composition, autocast, and double backward.
 
 Each op is an ``autograd.Function`` whose ``forward`` is also the body of a
-``posenc_fast::`` torch.library custom op (with a fake kernel and the same autograd):
-:func:`run` calls the Function directly for plain tensors in plain eager mode (the op's
-dispatch would cost more than a small call's work), and the custom op everywhere else, so
-torch.compile, export and the tracers see one opaque op. ONNX exporters cannot translate
-a custom op: while one traces, :func:`run` calls the Function's ``onnx`` composition
-instead (plain out-of-place ATen ops, with double backward: docs/deploying.md)."""
+``posenc_fast::`` custom op: :func:`run` calls the Function directly for plain tensors in
+plain eager mode (skipping the op's dispatch), the custom op everywhere else (torch.compile
+and export see one opaque op), and while an ONNX exporter traces, the Function's ``onnx``
+composition (plain ATen ops, with double backward: docs/deploying.md)."""
 
 from __future__ import annotations
 

@@ -6,15 +6,14 @@ into the graph, which TensorRT and other float32-only runtimes cannot run, so by
 compositions compute phases the way the Triton and C++ kernels do (triton_kernels/_phase.py,
 csrc/cpu/phase.h: the same constants and steps), with ops every ONNX opset since 11 has:
 
-1. Frequencies in *turns* (w / 2pi) as an unevaluated float32 pair ``hi + lo``: a
-   product by 1/(2pi) = INV_2PI_HI + INV_2PI_LO whose rounding error is recovered
-   exactly (``turns_of``; constant frequencies are split on the host instead).
-2. Each product ``x * hi`` as ``p + e`` with ``e`` its exact rounding error (Dekker's
-   two-product on Veltkamp splits: the kernels use an fma, which ONNX lacks), ``x * lo``
-   added to ``e``; the ``p`` of several coordinates summed with Knuth's two-sum.
-3. The nearest quarter turn removed exactly from ``hi``, ``lo`` added (one rounding:
-   |f| <= 1/8 turn), the runtime's Cos / Sin of 2pi f (|2pi f| <= pi/4, where every
-   runtime's float32 sine is accurate), rotated back by the quarter turns.
+1. Frequencies in *turns* (w / 2pi) as an unevaluated float32 pair ``hi + lo``
+   (``turns_of``; constant frequencies are split on the host).
+2. Each ``x * hi`` as ``p + e``, ``e`` its exact rounding error (Dekker's two-product on
+   Veltkamp splits: ONNX has no fma), ``x * lo`` added to ``e``; the ``p`` summed with
+   Knuth's two-sum.
+3. The nearest quarter turn removed exactly from ``hi``, ``lo`` added (one rounding), the
+   runtime's Cos / Sin of 2pi f (|2pi f| <= pi/4, where every runtime's float32 sine is
+   accurate), rotated back by the quarter turns.
 
 Rounding-order safety: a runtime that contracts a product and a sum into an fma computes
 the same values (the Veltkamp split forms 4097 a as ``a * 4096 + a``, 4096 a being exact,

@@ -1,11 +1,9 @@
 """Fixed encodings: sinusoidal (Vaswani et al.; FLOATER Eq. 7) and DFT (Idé et al.).
 
-Path of a call: public function (checks) -> the dispatcher picks an implementation from
-the registry (registry.py) -> the custom op ``posenc_fast::encoding`` / ``encoding_add`` /
-``encoding_nd_add`` (op.py) -> the implementation's kernel (torch_impl.py,
-triton_kernels/encodings.py, csrc/encodings/). The modules ``SinusoidalPE``, ``DFTPE`` and
-``SinusoidalNdPE`` add the encoding to their input in the same pass: the input is read
-once and the sum written once."""
+Path of a call: public function (checks) -> the registry's implementation (registry.py)
+-> the custom op ``posenc_fast::encoding`` / ``encoding_add`` / ``encoding_nd_add`` (op.py)
+-> its kernel. The modules add the encoding to their input in one pass (x read once, the
+sum written once)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Learnable Fourier features (Li et al. 2021): functional ``lff`` and the nn.Module.
 
-Path of a call: ``lff`` (checks, dtype policy) -> the dispatcher picks an implementation
-from the registry (registry.py) -> the custom op ``posenc_fast::lff`` (op.py) -> the
-implementation's kernel (torch_impl.py, triton_kernels/lff_forward.py, csrc/lff/) ->
-backward: ``posenc_fast::lff_backward``, recomputing from x."""
+Path of a call: ``lff`` (checks, dtype policy) -> the registry's implementation
+(registry.py) -> the custom op ``posenc_fast::lff`` (op.py) -> its kernel; the backward
+(``posenc_fast::lff_backward``) recomputes from x."""
 
 from __future__ import annotations
 
