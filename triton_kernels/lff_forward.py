@@ -59,12 +59,11 @@ def hidden_preactivation(
     SPLIT: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """features @ w1 for the rows x_rows (as cos_sin_tile's): [BR, BH] float32, without
-    the bias (BR, BH: the sizes of x_rows and hmask).
+    """features @ w1 for the rows x_rows (as cos_sin_tile's): [BR, BH] float32, no bias.
 
-    w1_cols [1, BH]: W1 + hs[None, :], the hidden columns hs of W1 [F, H] contiguous (mask
-    hmask [BH]); W1's rows 0..F/2-1 multiply the cosines, F/2..F-1 the sines. The
-    features are scaled by 1/sqrt(F) in float32 and rounded once to the compute dtype.
+    w1_cols [1, BH]: W1 + hs[None, :] of W1 [F, H] contiguous (mask hmask [BH]); rows
+    0..F/2-1 multiply the cosines, F/2..F-1 the sines. The features are scaled by
+    1/sqrt(F) in float32 and rounded once to the compute dtype.
     SPLIT (relu with a bf16 / fp16 MLP): the features also contribute their rounding
     error, as a second compute-dtype term (hi + lo, ~2^-16 relative): with features rounded
     to bf16 alone (2^-9), relu's derivative, which jumps at a = 0, would flip for

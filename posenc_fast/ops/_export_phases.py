@@ -170,12 +170,9 @@ def sum_turns(p: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def sincos_turns(hi: Tensor, lo: Tensor) -> tuple[Tensor, Tensor]:
-    """cos and sin of 2pi (hi + lo) in float32, as triton_kernels/_phase.py's sincos_turns:
-    the nearest quarter turn removed from hi exactly, lo added (the one rounding: f within
-    1/8 turn, up to |lo|), the runtime's Cos / Sin of 2pi f (|2pi f| <= pi/4, where every
-    runtime's float32 sine is accurate; the kernels evaluate polynomials instead), then
-    rotated by the r quarter turns removed, with cos / sin of r pi/2 (exactly -1, 0 or 1)
-    computed arithmetically: no comparisons or Where in the graph."""
+    """cos and sin of 2pi (hi + lo) in float32, as triton_kernels/_phase.py's sincos_turns
+    (step 3 of the module docstring); the rotation by r quarter turns uses cos / sin of
+    r pi/2 computed arithmetically: no comparisons or Where in the graph."""
     d = hi - torch.round(hi)  # exact, in [-1/2, 1/2] (ONNX Round: half to even)
     r = torch.round(d * 4.0)  # quarter turns, in {-2, ..., 2}; d * 4 is exact
     f = (d - r * 0.25) + lo  # d - r/4 is exact, so this is the only rounding

@@ -56,10 +56,9 @@ def feature_dtype(dtype: torch.dtype) -> torch.dtype:
 def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """2*pi * frac(turns) in ``dtype``: the angle reduced to (-2pi, 2pi).
 
-    ``turns`` is float64, so for float32 results the reduction is error-free for any
-    |phase| up to ~1e12 (frac of a float64 is exact) and the only errors left are the
-    final rounding of the angle to float32 (<= 2.4e-7 rad) and the float32 sine itself
-    (docs/precision.md). torch.frac: one pass, faster than torch.round on float64."""
+    ``turns`` is float64, so for float32 results the reduction is error-free for |phase|
+    up to ~1e12; the errors left are the angle's rounding to float32 (<= 2.4e-7 rad) and
+    the float32 sine itself (docs/precision.md)."""
     if onnx_exporting():
         # The TorchScript-based ONNX exporter has no aten::frac; x - floor(x), in [0, 1),
         # is just as exact in float64 and the same angle modulo 2 pi (ops/_custom_ops.py).
@@ -142,10 +141,9 @@ _MAX_DEVICE_CONSTANTS = 256
 def device_constant(
     key: Hashable, make: Callable[[torch.device], torch.Tensor], device
 ) -> torch.Tensor:
-    """``make(device)``, a constant tensor on ``device``, made once per (key, device) and
-    then kept in a table: copying a host tensor to a GPU waits for the copy, which would
-    otherwise happen on every call. The result is shared, so callers must never modify it in
-    place. It is made outside inference mode, so that autograd may save it later."""
+    """``make(device)`` made once per (key, device) and kept (a host-to-GPU copy waits).
+    Shared: callers must never modify it in place. Made outside inference mode, so that
+    autograd may save it later."""
     device = torch.device(device)
     full_key = (key, device)
     t = _DEVICE_CONSTANTS.get(full_key)

@@ -24,9 +24,8 @@ from . import activations
 # Precision: phases in float32 when a cheap per-call bound proves them accurate enough
 # (float32_phases_suffice), else in float64 reduced exactly before a float32 trig; either way
 # every cos/sin is within 1e-6 of float64 math. Features and MLP in float32 (float64 for
-# float64 weights); half-precision outputs are computed in float32 and rounded once at the
-# end, on every device. Matmuls follow torch.backends.cuda.matmul.allow_tf32 (off by
-# default), so fp32 means fp32; the float32 phases themselves are never a matmul.
+# float64 weights), half-precision outputs rounded once at the end. Matmuls follow torch's
+# TF32 setting; the float32 phases themselves are never a matmul.
 # Speed: few, large ATen ops per chunk. cos and sin stay two contiguous [n, F/2] blocks
 # (no out= into half of a [n, F] buffer, no torch.cat copy), so the MLP's first layer is two
 # GEMMs (cos rows and sin rows of w1); the 1/sqrt(F) scale rides in the GEMMs' alpha.
@@ -37,9 +36,8 @@ _CHECK_FLOAT32_FROM = 32768
 
 
 def _mlp_dtype(out_dtype: torch.dtype) -> torch.dtype:
-    """The torch backend runs the MLP in float32 for half-precision outputs on every device
-    and rounds once at the end: the fallback favours accuracy and identical numbers on CPU
-    and GPU (a bf16 pre-activation would flip relu's gradient for near-zero entries)."""
+    """float32 for half-precision outputs, rounded once at the end: accuracy and identical
+    numbers on CPU and GPU (a bf16 pre-activation would flip relu's gradient near 0)."""
     if out_dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     return out_dtype
