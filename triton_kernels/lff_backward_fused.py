@@ -27,9 +27,8 @@ _WORKSPACE_BYTES = 256 * 2**20
 OPTIONS = {"num_warps": 8, "num_stages": 1}
 
 
-# Nothing but x and the weights is saved by the forward; this kernel recomputes the
-# features and the hidden layer from them, reads dY once, and produces dx [R, M] written
-# per row (rows are independent) and dwr, dw1, db1, dw2, db2, sums over all rows reduced
+# The forward saves only x and the weights; this kernel recomputes features and hidden
+# layer, reads dY once, writes dx [R, M] per row and reduces dwr, dw1, db1, dw2, db2
 # deterministically. Per tile of BLOCK_R rows (r = [cos || sin] / sqrt(F), a = r w1 + b1,
 # h = act(a)):
 #

@@ -22,9 +22,8 @@ from ._launch import (
 from ._mlp import activation, mma
 from ._round import load_as, round_to
 
-# Every group of every position is one *row* of M coordinates (R = N * G rows); the MLP is
-# shared by the groups, so the group-major output [..., G * Dg] is exactly the row-major
-# [R, Dg] matrix and groups need no special handling.
+# Every group of every position is one *row* of M coordinates (R = N * G rows): the
+# group-major output [..., G * Dg] is exactly the row-major [R, Dg] matrix.
 #
 # Per program (BLOCK_R rows), everything between x and y stays on chip:
 #
@@ -35,10 +34,8 @@ from ._round import load_as, round_to
 #     for each chunk of BLOCK_D output columns:
 #         y = h @ w2[:, chunk] + b2  -> stored once in the output dtype
 #
-# Memory traffic is x (M * 4 bytes per row) in and y (Dg * itemsize per row) out; the
-# [R, F] features and the [R, H] hidden layer never exist in memory. The weights (at most
-# ~1.5 MB) are re-read by every program from L2. Memory-bound (the output write) unless
-# H(F + Dg)/Dg is large; counts: benchmarks/NOTES.md, "Kernel notes".
+# Memory traffic: x in, y out; features and hidden layer never exist in memory, the weights
+# are re-read from L2. Memory-bound unless H(F + Dg)/Dg is large (benchmarks/NOTES.md).
 
 
 @triton.jit
