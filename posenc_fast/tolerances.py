@@ -31,11 +31,10 @@ def _half_precision(dtype: torch.dtype, lff_and_floater: Tol, grad: Tol) -> dict
 
 
 # The kinds of output:
-# - "encoding": outputs that are sines and cosines of a phase (sinusoidal, DFT, LFF
-#   features without MLP). docs/precision.md: within 1e-6 of float64 math for |phase| <= 1e5 in
-#   float32; within about one ulp (+1e-6) in bfloat16 / float16.
-# - "lff": LFF with its MLP. float32: accumulation of two small matmuls. Half precision:
-#   features and hidden layer are rounded to the dtype before the tensor-core matmuls.
+# - "encoding": sines and cosines of a phase (sinusoidal, DFT, LFF features): within 1e-6
+#   of float64 math for |phase| <= 1e5 in float32, about one ulp in bf16 / fp16.
+# - "lff": LFF with its MLP (half precision: features and hidden layer rounded to the dtype
+#   before the tensor-core matmuls).
 # - "floater": ODE solutions after hundreds of solver steps (error accumulates along them).
 # - "grad": gradients, compared relative to the largest finite gradient entry of the
 #   reference (``mismatch`` does this unless it is given another ``scale``).

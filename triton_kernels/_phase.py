@@ -9,15 +9,13 @@ import triton.language as tl
 # A phase ``x . w`` of 1e4 radians already carries ~5e-4 rad of rounding error in float32
 # (docs/precision.md), so phases are never formed as one rounded float32 number. Instead:
 #
-# 1. Frequencies are kept in *turns* (w / 2pi) as an unevaluated sum ``hi + lo`` of two
-#    float32 numbers (``turns_hi_lo``: a two-product against 1/(2pi) split the same way).
-# 2. ``x * hi`` is split exactly into ``p + e`` (two-product through ``tl.fma``), ``x * lo``
-#    is added to ``e``; over the M coordinates the ``p`` parts are summed with two-sum so
-#    nothing is lost (``phase_turns_*``).
-# 3. ``sincos_turns`` removes the nearest quarter turn from ``hi`` (exact: ``hi - q/4`` is a
-#    float32 number), adds ``lo`` (and removes its quarter turns, which only exist for
-#    huge phases), evaluates cos and sin of ``2 pi f`` for |f| <= 1/8 turn by
-#    polynomials, then rotates by the quarter turns.
+# 1. Frequencies in *turns* (w / 2pi) as an unevaluated float32 pair ``hi + lo``
+#    (``turns_hi_lo``).
+# 2. ``x * hi`` split exactly into ``p + e`` (two-product through ``tl.fma``), ``x * lo``
+#    added to ``e``; the ``p`` of the M coordinates summed with two-sum (``accumulate_phase``).
+# 3. ``sincos_turns`` removes the nearest quarter turn from ``hi`` (exactly), adds ``lo``
+#    (and its quarter turns, for huge phases), evaluates cos and sin of ``2 pi f`` for
+#    |f| <= 1/8 turn by polynomials, then rotates by the quarter turns.
 #
 # Error budget against float64 math on the same float32 inputs, |phase| <= 1e5 rad: one
 # rounding of the reduced argument (~5e-8 rad) plus ~1 ulp from the polynomials: ~2e-7

@@ -126,11 +126,9 @@ def parse(
     prefix: str = "",
     backend: str = "auto",
 ) -> tuple[tuple, dict, dict[str, Tensor]]:
-    """What ``LearnableFourierFeatures.from_state_dict`` builds from a public module's
-    checkpoint: the module's positional and keyword arguments and its weights (by
-    parameter name, in posenc_fast's layout), after every check (the arguments:
-    :func:`posenc_fast.convert.from_state_dict`). Kept apart from the module so that neither
-    imports the other."""
+    """(args, kwargs, weights by parameter name in posenc_fast's layout) for
+    ``LearnableFourierFeatures`` from a public module's checkpoint, after every check
+    (the arguments: :func:`posenc_fast.convert.from_state_dict`)."""
     _checks.choice("source", source, SOURCES)
     _checks.positive_int("groups", groups)
     if source == "tpe":
