@@ -133,13 +133,11 @@ def target_reason(arch: int, triton_version: Optional[tuple[int, int]] = None) -
 def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, arch: int = 0) -> int:
     """An upper bound, in bytes, of the shared memory a configuration allocates.
 
-    Triton keeps in shared memory the tl.dot operands it loads (``num_stages`` deep when
-    pipelined) and scratch for layout conversions of float32 tiles. A buffer lives through
-    its loop, so the bound is the largest of the first matmul's loop, the second's, and the
-    hidden layer's conversion between them, plus 20 % and 1 kB: fitted to what Triton 3.1
-    and 3.9 allocate for tools/triton_compile_report.py's configurations, which checks it
-    against the compiler on every architecture (conservative for float32). On ``arch`` >= 90,
-    where the warpgroups split the columns, the hidden layer's conversion counts twice."""
+    Triton keeps the tl.dot operands it loads (``num_stages`` deep when pipelined) and
+    scratch for float32 layout conversions; a buffer lives through its loop, so the bound is
+    the largest of the two matmul loops and the hidden layer's conversion, plus 20 % and
+    1 kB. Fitted to Triton 3.1 / 3.9 and checked by tools/triton_compile_report.py. On
+    ``arch`` >= 90, where the warpgroups split the columns, the conversion counts twice."""
     br, bk = meta.get("BLOCK_R", 1), meta.get("BLOCK_K", 1)
     bh, bd = meta.get("BLOCK_H", 1), meta.get("BLOCK_D", 1)
     stages = max(1, num_stages)

@@ -145,18 +145,15 @@ def _lff_bwd_wgrad_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
-    # Split-K weight gradient, one [BLOCK_I, BLOCK_J] block of it over one contiguous range
-    # of rows per program, accumulated in registers; the partial goes to the workspace row
-    # of its split once (stored if ws_fresh, else added: the previous chunk's sum).
-    #   FEATURES = False: dw2 [H, DG] = h^T @ dY. A = h [R, H] (compute dtype), B = dY
-    #     [R, DG] with row stride stride_b; I runs over H, J over DG.
+    # One [BLOCK_I, BLOCK_J] block of a weight gradient over one contiguous range of rows,
+    # accumulated in registers, then stored (ws_fresh) or added to its split's workspace row.
+    #   FEATURES = False: dw2 [H, DG] = h^T @ dY; A = h [R, H], B = dY [R, DG] (row stride
+    #     stride_b); I runs over H, J over DG.
     #   FEATURES = True: dw1 [2*F2, H] = r^T @ ga, r = [cos || sin](x wr^T) / sqrt(F)
-    #     recomputed from X [R, M] (any strides) and WR [F2, M]; B = ga [R, H] (compute
-    #     dtype, stride_b); I runs over the F2 frequencies (cos and sin rows of dw1), J
-    #     over H. A is unused.
-    # WS [S, stride_ws] float32, this gradient's columns. Grid: (I blocks * J blocks, S);
-    # split s owns rows [s * rows_per_split, (s + 1) * rows_per_split) (a multiple of
-    # BLOCK_R), walked in order: a fixed summation order, no atomics.
+    #     recomputed from X [R, M] (any strides) and WR [F2, M]; B = ga [R, H]; I runs over
+    #     the F2 frequencies (cos and sin rows), J over H; A unused.
+    # A, B in the compute dtype. WS [S, stride_ws] float32. Grid: (I blocks * J blocks, S);
+    # split s owns rows [s, s + 1) * rows_per_split (a multiple of BLOCK_R), walked in order.
     blk = tl.program_id(0)
     split = tl.program_id(1)
     n_i = n_freq if FEATURES else hidden
