@@ -39,10 +39,8 @@ _NU_HI, _NU_LO, _COS_AMP, _SIN_AMP, _DCOS, _DSIN = (tl.constexpr(i) for i in ran
 
 @triton.jit
 def _positions(P, rows, rmask, stride_p, period, POS_INT: tl.constexpr, WRAP: tl.constexpr):
-    """Positions of the rows as (hi, lo) float32 with hi + lo exact.
-
-    WRAP: positions [L] broadcast over leading dimensions, row r reads P[r % period].
-    Integer positions are split so that values beyond 2^24 stay exact (up to ~2^48)."""
+    """Positions of the rows as (hi, lo) float32, hi + lo exact (integers up to ~2^48).
+    WRAP: positions [L] broadcast over leading dimensions, row r reads P[r % period]."""
     idx = rows % period if WRAP else rows
     if POS_INT:
         p = tl.load(P + idx * stride_p, mask=rmask, other=0).to(tl.int64)

@@ -235,12 +235,10 @@ def lff_backward(
 ) -> list[Optional[torch.Tensor]]:
     """Gradients (dx, dwr, dw1, db1, dw2, db2); None where ``needs`` is False.
 
-    Recomputes features and hidden layer per chunk from x and the weights. Weight
-    gradients are accumulated chunk after chunk in float32 (float64 for float64 weights):
-    a fixed order, so repeated runs are bitwise identical. GEMMs are oriented for the CPU's
-    BLAS, which is slow on products with very few output columns: dwr is accumulated as
-    x^T gphase [M, F/2], dx as wr^T gphase^T [M, n], dw1 as ga^T [cos | sin] [H, F]; db2
-    rides in dw2's GEMM as the product with a column of ones."""
+    Recomputes features and hidden layer per chunk; weight gradients summed chunk after
+    chunk in float32 (float64 for float64 weights), a fixed order: bitwise reproducible.
+    GEMMs avoid few output columns (slow in CPU BLAS): dwr as x^T gphase [M, F/2], dx as
+    wr^T gphase^T [M, n], dw1 as ga^T [cos | sin] [H, F]; db2 rides in dw2's GEMM."""
     need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = needs
     mlp = w1 is not None
     out: list[Optional[torch.Tensor]] = [None] * 6
