@@ -185,8 +185,7 @@ def encoding_nd_add_graph(x, coords, kind: str, base: float) -> torch.Tensor:
     return encoding_add_graph(x_axes, coords, kind, base, None).flatten(-2)
 
 
-# Tables of the positions 0..L-1, the modules' default: x + table(arange(L)) is then one
-# add, as in a module that keeps its table in a buffer. Oldest out first, bytes bounded.
+# Tables of the positions 0..L-1 (the modules' default): x + table is one add. Oldest out first.
 _TABLES: OrderedDict = OrderedDict()
 TABLE_CACHE_BYTES = 64 * 2**20
 
