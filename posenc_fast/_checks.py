@@ -2,8 +2,7 @@
 
 Every check raises with the argument's name and what was expected, so a bad call fails
 at the API boundary with a readable message instead of deep inside a kernel.
-TypeError: not a tensor, or a dtype of the wrong kind. ValueError: shapes, sizes, values.
-"""
+TypeError: not a tensor, or a dtype of the wrong kind. ValueError: shapes, sizes, values."""
 
 from __future__ import annotations
 

@@ -31,19 +31,17 @@ def _half_precision(dtype: torch.dtype, lff_and_floater: Tol, grad: Tol) -> dict
 
 
 # The kinds of output:
-# - "encoding": outputs that are sines and cosines of a phase (sinusoidal, DFT, LFF
-#   features without MLP). docs/precision.md: within 1e-6 of float64 math for |phase| <= 1e5 in
-#   float32; within about one ulp (+1e-6) in bfloat16 / float16.
-# - "lff": LFF with its MLP. float32: accumulation of two small matmuls. Half precision:
-#   features and hidden layer are rounded to the dtype before the tensor-core matmuls.
+# - "encoding": sines and cosines of a phase (sinusoidal, DFT, LFF features): within 1e-6
+#   of float64 math for |phase| <= 1e5 in float32, about one ulp in bf16 / fp16.
+# - "lff": LFF with its MLP (half precision: features and hidden layer rounded to the dtype
+#   before the tensor-core matmuls).
 # - "floater": ODE solutions after hundreds of solver steps (error accumulates along them).
 # - "grad": gradients, compared relative to the largest finite gradient entry of the
 #   reference (``mismatch`` does this unless it is given another ``scale``).
-# - "rotary": q and k rotated by the cos / sin of a phase (apply_lff_rotary), compared
-#   relative to the largest |entry| of the reference (pass it as ``scale``: a rotation
-#   keeps the norm of each channel pair, so an output near 0 carries the error of the
-#   larger inputs). float32: the cos / sin error of "encoding" (<= 1e-6) times |q|, plus
-#   two products and a sum; half precision: the output's own rounding (one ulp).
+# - "rotary": q and k rotated by the cos / sin of a phase, compared relative to the largest
+#   |entry| of the reference (pass it as ``scale``: an output near 0 carries the error of
+#   the larger inputs). float32: "encoding"'s error times |q| plus two products and a sum;
+#   half precision: the output's own rounding.
 TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
     torch.float64: {
         # the float64 reference itself rounds p * freq: ~1e-16 * |phase|, 1e-11 at 1e5
@@ -72,12 +70,9 @@ TOLERANCES: dict[torch.dtype, dict[str, Tol]] = {
 PHASE_ATOL = 1e-6
 
 # ONNX graphs exported with float32 phases (the default: ops/_export_phases.py), run in a
-# runtime, vs float64 math on the same float32 inputs: cos / sin outputs (rotary tables,
-# LFF features, sinusoidal and DFT encodings) within ONNX_PHASE_ATOL for |phase| up to
-# ONNX_MAX_PHASE, and integer positions below 2**24. Measured (benchmarks/onnx_accuracy.py,
-# torch 2.13, 2026-11-28): at most 1.3e-7 in onnxruntime 1.32 and 9.5e-8 in OpenVINO
-# 2026.4 up to |phase| 1e6. The float64 form (onnx_phases(torch.float64)) meets it in
-# onnxruntime; OpenVINO runs float64 arithmetic in float32 and misses it (8e-5 at 1e3).
+# runtime, vs float64 math on the same float32 inputs: cos / sin outputs within
+# ONNX_PHASE_ATOL for |phase| up to ONNX_MAX_PHASE and integer positions below 2**24
+# (measured figures: benchmarks/NOTES.md, "Kernel notes").
 ONNX_PHASE_ATOL = 1e-6
 ONNX_MAX_PHASE = 1e6
 
@@ -94,8 +89,7 @@ def mismatch(
     ``scale`` replaces |ref| in the relative term by one number. For ``kind == "grad"`` it
     defaults to the largest |ref| over the finite entries of ``ref`` (0 if there are none),
     so an inf in the reference cannot widen the bound to inf.
-    NaNs must sit at the same places in both.
-    """
+    NaNs must sit at the same places in both."""
     t = tol(dtype, kind)
     if out.shape != ref.shape:
         return f"shape {list(out.shape)} != reference {list(ref.shape)}"

@@ -16,22 +16,12 @@ import triton.language as tl
 from ._env import parse_version
 
 # A configuration (its constexprs ``meta``, num_warps, num_stages) is refused, with a
-# reason, when
-#
-# 1. the installed Triton is known to *abort the process* compiling it for that
-#    architecture (an assertion inside Triton's C++ compiler: nothing in Python can catch
-#    it, so it must never be tried). Each such defect below names the Triton versions
-#    and architectures it was seen on, and what it looks like;
-# 2. its shared memory does not fit the target: ``shared_bound`` is an upper bound of what
-#    the configuration allocates (the compile report checks it against the compiler's
-#    own figure on every architecture), ``shared_limit`` the target's per-block maximum.
-#
-# A configuration that raises while compiling on the GPU (a Python exception, which can be
-# caught) is dropped from the autotuner's choice there and remembered (``guard_autotuner``,
-# ``dropped``), with one warning; the others still run.
-#
-# Everything here is a pure function of the Triton version and the compute capability
-# (``arch`` = 10 * major + minor), so it is tested on a machine without a GPU.
+# reason, when (1) the installed Triton is known to *abort the process* compiling it for
+# that architecture (an assertion in Triton's C++ compiler, which Python cannot catch: see
+# DEFECTS), or (2) ``shared_bound`` exceeds the target's ``shared_limit``. A configuration
+# that merely raises while compiling is dropped from the autotuner's choice with one warning
+# (``guard_autotuner``). The rules are pure functions of the Triton version and ``arch``
+# (10 * major + minor), so they are tested without a GPU.
 
 # Architectures the compile report covers: A100, A10/A40/RTX 30, L4/L40/RTX 40, H100/H200,
 # B200, RTX 50.
@@ -143,21 +133,11 @@ def target_reason(arch: int, triton_version: Optional[tuple[int, int]] = None) -
 def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, arch: int = 0) -> int:
     """An upper bound, in bytes, of the shared memory a configuration allocates.
 
-    Triton keeps in shared memory the operands of tl.dot that it loads (``num_stages``
-    deep when the loop is software-pipelined) and scratch space for layout conversions
-    (float32 tiles: the cos / sin features into the first matmul's operand layout, the
-    outputs of a matmul into the store's layout). A buffer lives through its loop, so the
-    bound is the largest of: the first matmul's loop, the second matmul's loop, and the
-    hidden layer's conversion between them (beside the second loop's first weights),
-    plus 20 % and 1 kB. Fitted as an upper bound of what Triton 3.1 and 3.9 allocate for
-    the configurations of tools/triton_compile_report.py on sm_80 and sm_90 (bf16 and float32,
-    H = 32..256); conservative for float32 (the 64-row, 128-column float32 forward is not
-    offered on the 99 kB GPUs although it needs ~58 kB). The report checks the bound
-    against the compiler on every architecture it compiles for, and fails where the
-    compiler needs more. On Hopper and newer (``arch`` >= 90), where the warpgroups split
-    the columns, the hidden layer's conversion counts twice: Triton 3.3.1 allocates
-    91904 B for the 64-row, 8-warp bf16 forward with H = 128 (bound without it: 79667 B).
-    """
+    Triton keeps the tl.dot operands it loads (``num_stages`` deep when pipelined) and
+    scratch for float32 layout conversions; a buffer lives through its loop, so the bound is
+    the largest of the two matmul loops and the hidden layer's conversion, plus 20 % and
+    1 kB. Fitted to Triton 3.1 / 3.9 and checked by tools/triton_compile_report.py. On
+    ``arch`` >= 90, where the warpgroups split the columns, the conversion counts twice."""
     br, bk = meta.get("BLOCK_R", 1), meta.get("BLOCK_K", 1)
     bh, bd = meta.get("BLOCK_H", 1), meta.get("BLOCK_D", 1)
     stages = max(1, num_stages)
@@ -165,8 +145,7 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
         e = 4 if meta.get("COMPUTE") == tl.float32 else 2  # operand bytes
         first = e * stages * 2 * bk * bh + 4 * br * bk  # w1 chunks; cos/sin conversion
         # With 64-frequency blocks Triton 3.9 keeps each pipelined w1 chunk twice and the
-        # wr chunk per stage, beside the features in the operand layout: 74752 B for the
-        # 128-row, 3-stage bf16 forward at H=32 on sm_90 (the line above: 57344 B).
+        # wr chunk per stage, beside the features in the operand layout.
         if bk >= 64:
             first = max(first, stages * (4 * e * bk * bh + 4 * meta.get("M", 4) * bk) + 3 * br * bk)
         second = e * stages * bh * bd + 4 * br * bd + e * br * bh  # w2; y conversion; h
@@ -200,7 +179,6 @@ def shared_bound(kernel: str, meta: Mapping, num_warps: int, num_stages: int, ar
         need = 4 * br * meta.get("BLOCK_H", 1)
     elif kernel.startswith("rotary"):  # float32 tiles converted between layouts: cos and
         # sin [BLOCK_N, BLOCK_K] to the channel pairs' layout, a pair tile [BLOCK_N, 2 BLOCK_K]
-        # (Triton 3.1 converts float32 q, k pairs too: 8 KB at 16 x 32)
         need = 4 * 4 * meta.get("BLOCK_N", 1) * bk
     else:  # no matmul: conversions of one [BLOCK_R, BLOCK_K or BLOCK_D] float32 tile
         need = 4 * br * max(bk, bd)

@@ -3,8 +3,7 @@
 The kernel layer states its own requirements here (the Triton interpreter's minimum
 version, how TRITON_INTERPRET is read); posenc_fast's dispatcher asks this module whether
 the "triton" backend can run. Nothing here imports triton at module level, so the
-dispatcher can ask on a machine where triton is missing or slow to import.
-"""
+dispatcher can ask on a machine where triton is missing or slow to import."""
 
 from __future__ import annotations
 
@@ -21,9 +20,7 @@ def interpreter_enabled() -> bool:
 
 def autotune_enabled() -> bool:
     """False when POSENC_FAST_TRITON_AUTOTUNE=0: each autotuned launcher then offers only
-    its first allowed configuration, so a new shape compiles one kernel instead of every
-    configuration (a correctness run on a fresh GPU machine, e.g. the GPU proof's verify and
-    tests stages, spends its minutes checking, not compiling). Read at every new shape."""
+    its first allowed configuration (one compile per new shape). Read at every new shape."""
     return os.environ.get("POSENC_FAST_TRITON_AUTOTUNE", "1") != "0"
 
 
@@ -33,11 +30,9 @@ def parse_version(text: str) -> tuple[int, int]:
     return major, minor
 
 
-# The first Triton whose interpreter runs these kernels faithfully: before 3.9 it computes
-# tl.fma(a, b, c) as a * b + c, rounded twice, which destroys the exact error terms of the
-# phase reduction (_phase.py: errors up to ~0.7 instead of ~1e-7); before 3.7 it also
-# raises "only 0-dimensional arrays can be converted to Python scalars" on loops over
-# runtime sizes with numpy >= 2.4.
+# The first Triton whose interpreter runs these kernels faithfully: before 3.9 it rounds
+# tl.fma twice, which destroys the phase reduction's exact error terms (_phase.py); before
+# 3.7 it also fails on loops over runtime sizes with numpy >= 2.4.
 INTERPRETER_MIN_TRITON = (3, 9)
 
 

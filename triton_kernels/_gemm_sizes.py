@@ -6,10 +6,8 @@ anywhere."""
 from __future__ import annotations
 
 # Buffers of one call (features, a / h, gh / ga, gr for one chunk of rows) stay below this:
-# the chunk's row count follows (at least MIN_CHUNK rows). 512 MB: F=768, H=256, Dg=1024
-# in bf16 keeps ~4.1 kB per row in the backward -> 128k rows per chunk (8 chunks for 2^20
-# rows): products large enough for cuBLAS to fill an H100 / H200, few launches, and a
-# sixth of the 3.2 GB torch.compile's backward allocates there (eager: 9.7 GB).
+# the chunk's row count follows (at least MIN_CHUNK rows); products stay large enough for
+# cuBLAS to fill a large GPU (benchmarks/NOTES.md, "Kernel notes").
 BUFFER_BYTES = 512 * 2**20
 MIN_CHUNK = 256
 

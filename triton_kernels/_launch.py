@@ -28,12 +28,9 @@ def tl_dtype(dtype: torch.dtype):
 
 
 def tf32_allowed() -> bool:
-    """Whether torch's settings let float32 matmuls use TF32, read as cuBLAS (torch.mm)
-    reads them: ``torch.backends.cuda.matmul.fp32_precision`` ("tf32" / "ieee"; torch >=
-    2.9, also set by ``torch.set_float32_matmul_precision`` and ``allow_tf32``), else
-    ``torch.backends.cuda.matmul.allow_tf32`` (older torch, or "none": not set that way).
-    The new attribute is asked first: torch 2.9+ raises on reading ``allow_tf32`` once the
-    new API has set the precision."""
+    """Whether torch's settings let float32 matmuls use TF32, as cuBLAS reads them:
+    ``matmul.fp32_precision`` ("tf32" / "ieee") first (torch 2.9+ raises on reading
+    ``allow_tf32`` once that is set), else ``matmul.allow_tf32``."""
     matmul = torch.backends.cuda.matmul
     precision = getattr(matmul, "fp32_precision", None)
     if precision in ("tf32", "ieee"):
@@ -169,12 +166,10 @@ class _Autotuned:
 
 
 def autotuned(kernel, name: str, configs: list, key: list, select=None) -> _Autotuned:
-    """``kernel`` autotuned over ``configs`` on the GPU, offering only what _configs allows
-    on the device of the call (its Triton-version defects and shared memory limit), after
-    ``select(configs, meta)``, the kernel's own choice for the call's constexprs; and
-    guarded, so that a configuration whose compilation raises is dropped, not fatal.
-    ``name`` is the kernel's name in _configs' rules. With POSENC_FAST_TRITON_AUTOTUNE=0
-    (``_env.autotune_enabled``) only the first allowed configuration is offered."""
+    """``kernel`` autotuned over ``configs`` on the GPU: only what _configs allows on the
+    call's device (``name``: the kernel's name there) and ``select(configs, meta)`` keeps;
+    a configuration whose compilation raises is dropped, not fatal. With
+    POSENC_FAST_TRITON_AUTOTUNE=0 only the first allowed configuration is offered."""
 
     def early_prune(candidates, named_args, **kwargs):
         meta = {**named_args, **kwargs}

@@ -1,8 +1,7 @@
 """Matmul and activation helpers of the fused LFF MLP (forward and backward kernels).
 
 Activations are evaluated in float32 on the float32 accumulators, whatever the MLP's
-compute dtype; only their results are rounded to it before the next tensor-core matmul.
-"""
+compute dtype; only their results are rounded to it before the next tensor-core matmul."""
 
 from __future__ import annotations
 
@@ -25,13 +24,10 @@ _GELU_TANH_3C = tl.constexpr(3.0 * 0.044715)
 def mma(a, b, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """acc + a @ b with float32 accumulation.
 
-    PRECISION: "ieee" (float32 operands, exact float32 products) or "tf32" (only when the
-    user enabled torch.backends.cuda.matmul.allow_tf32); bf16 / fp16 operands run on the
-    tensor cores natively either way. Under TRITON_INTERPRET the interpreter would
-    multiply the raw bits of bfloat16 operands, so operands are widened to float32 first
-    (exact: every bf16 / fp16 value is a float32 value), which keeps their rounding to
-    the compute dtype -- the part that matters numerically -- in place.
-    """
+    PRECISION: "ieee" (float32 operands, exact float32 products) or "tf32" (only when
+    torch allows TF32); bf16 / fp16 operands run on the tensor cores either way. The
+    interpreter would multiply the raw bits of bfloat16 operands, so there they are
+    widened to float32 first (exact, keeping their rounding to the compute dtype)."""
     if INTERPRET:
         a = a.to(tl.float32)
         b = b.to(tl.float32)

@@ -9,35 +9,29 @@ import triton.language as tl
 # A phase ``x . w`` of 1e4 radians already carries ~5e-4 rad of rounding error in float32
 # (docs/precision.md), so phases are never formed as one rounded float32 number. Instead:
 #
-# 1. Frequencies are kept in *turns* (w / 2pi) as an unevaluated sum ``hi + lo`` of two
-#    float32 numbers (``turns_hi_lo``: a two-product against 1/(2pi) split the same way).
-# 2. ``x * hi`` is split exactly into ``p + e`` (two-product through ``tl.fma``), ``x * lo``
-#    is added to ``e``; over the M coordinates the ``p`` parts are summed with two-sum so
-#    nothing is lost (``phase_turns_*``).
-# 3. ``sincos_turns`` removes the nearest quarter turn from ``hi`` (exact: ``hi - q/4`` is a
-#    float32 number), adds ``lo`` (and removes its quarter turns, which only exist for
-#    huge phases), evaluates cos and sin of ``2 pi f`` for |f| <= 1/8 turn by
-#    polynomials, then rotates by the quarter turns.
+# 1. Frequencies in *turns* (w / 2pi) as an unevaluated float32 pair ``hi + lo``
+#    (``turns_hi_lo``).
+# 2. ``x * hi`` split exactly into ``p + e`` (two-product through ``tl.fma``), ``x * lo``
+#    added to ``e``; the ``p`` of the M coordinates summed with two-sum (``accumulate_phase``).
+# 3. ``sincos_turns`` removes the nearest quarter turn from ``hi`` (exactly), adds ``lo``
+#    (and its quarter turns, for huge phases), evaluates cos and sin of ``2 pi f`` for
+#    |f| <= 1/8 turn by polynomials, then rotates by the quarter turns.
 #
-# Error budget against float64 math on the same float32 inputs, |phase| <= 1e5 rad: the
-# reduced argument is rounded once (<= 2^-27 turn ~ 5e-8 rad), the polynomials add about
-# one ulp (~1.2e-7): ~2e-7 in all (the tests check < 1e-6). The polynomials are written
-# out with ``tl.fma`` instead of ``tl.cos``/``tl.sin`` so that the arithmetic is identical
-# in Triton's interpreter (which CI runs) and on the GPU, and so no fast-math ``sin.approx``
-# can slip in.
+# Error budget against float64 math on the same float32 inputs, |phase| <= 1e5 rad: one
+# rounding of the reduced argument (~5e-8 rad) plus ~1 ulp from the polynomials: ~2e-7
+# (the tests check < 1e-6). Polynomials with ``tl.fma`` rather than ``tl.cos``/``tl.sin``:
+# identical arithmetic in Triton's interpreter (CI) and on the GPU, no fast-math sin.approx.
 #
-# Kernels that use these helpers must be launched with ``enable_fp_fusion=False``: if the
-# compiler contracted ``x * hi`` into a later addition, the exact error terms computed
-# next to it would no longer match and the phase would lose ~1 ulp of its *unreduced*
-# value (~1e-3 rad at 1e4 rad). The explicit ``tl.fma`` calls are unaffected.
+# Kernels using these helpers must be launched with ``enable_fp_fusion=False``: a compiler
+# contracting ``x * hi`` into a later addition would break the exact error terms (~1 ulp of
+# the *unreduced* phase lost). The explicit ``tl.fma`` calls are unaffected.
 
 # 1/(2 pi) = _INV_2PI_HI + _INV_2PI_LO, each float32 (the sum carries ~2^-48 relative error).
 _INV_2PI_HI = tl.constexpr(0.15915493667125702)
 _INV_2PI_LO = tl.constexpr(6.4206382432985265e-09)
 
-# Taylor coefficients of sin(2 pi f) / f and cos(2 pi f) in powers of f^2, rounded to
-# float32. On |f| <= 1/8 the first omitted terms are < 2e-9 (sin) and < 2e-10 (cos), far
-# below float32's ulp; evaluation by Horner with fma adds about one ulp.
+# Taylor coefficients of sin(2 pi f) / f and cos(2 pi f) in f^2, rounded to float32; on
+# |f| <= 1/8 the omitted terms are < 2e-9, far below float32's ulp.
 _S1 = tl.constexpr(6.2831854820251465)
 _S3 = tl.constexpr(-41.34170150756836)
 _S5 = tl.constexpr(81.6052474975586)
@@ -90,8 +84,7 @@ def sincos_turns(hi, lo):
     The reduction is exact up to the one rounding of f for any hi (|lo| <= ulp(hi)); the
     accuracy of hi + lo itself is the caller's (phase_term: ~2^-48 relative, i.e.
     ~3.5e-15 * |phase| rad: negligible at 1e5, 4e-7 at 1e8, 4e-5 at 1e10). NaN / inf
-    inputs give NaN, like cos / sin.
-    """
+    inputs give NaN, like cos / sin."""
     q = tl.floor(hi * 4.0 + 0.5)  # nearest quarter turn; hi * 4 is exact
     f = (hi - q * 0.25) + lo  # hi - q/4 is exact, so this is the only rounding
     # When |hi| >= 2^22 turns, lo itself can exceed 1/8 turn: take out its quarter turns

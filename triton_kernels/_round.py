@@ -1,11 +1,8 @@
 """Rounding float32 to the storage / compute dtype, identically on the GPU and in CI.
 
-On the GPU ``x.to(tl.bfloat16)`` rounds to nearest even. Triton's interpreter (which CI
-runs) truncates instead, which would make CI check numbers the GPU never produces; so
-under the interpreter the rounding to bfloat16 is done here, on the bits (which also
-keeps the subnormals the interpreter's conversion flushes). float16 conversions are
-correctly rounded in both places.
-"""
+On the GPU ``x.to(tl.bfloat16)`` rounds to nearest even; Triton's interpreter (CI)
+truncates and flushes subnormals, so there the rounding to bfloat16 is done here, on the
+bits. float16 conversions are correctly rounded in both places."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Sinusoidal and DFT encodings, and their fused add: one pass each (``encoding_fwd``,
-``encoding_add_fwd``, ``encoding_bwd``).
-"""
+``encoding_add_fwd``, ``encoding_bwd``)."""
 
 from __future__ import annotations
 
@@ -23,22 +22,15 @@ from ._phase import accumulate_phase, phase_term, sincos_turns
 from ._round import round_to
 
 # Both encodings are sums of sinusoids of the position, described by a *spectrum*
-# (``_spectrum``, from posenc_fast/ops/encodings/reference.py's formulas): per frequency k its
-# rate in turns per unit position (float64 on the host, split into a float32 pair
-# hi + lo), and the output column and amplitude of its cosine and sine:
-#
-#     sinusoidal: nu_i = base^(-2i/dim) / (2 pi); sin -> column 2i, cos -> column 2i + 1
-#     dft:        nu_k = k / dim, k = 0..dim/2; cos -> column k (k <= K) or dim-1 (k = dim/2),
-#                 sin -> column K + k (1 <= k <= K), amplitudes of Eq. 17-20
+# (``_spectrum``, from posenc_fast/ops/encodings/reference.py's formulas): per frequency its
+# rate in turns per unit position (float64 on the host, split into a float32 pair hi + lo),
+# and the output column and amplitude of its cosine and sine.
 #
 # Per program (BLOCK_R rows of positions) and chunk of BLOCK_K frequencies: phases with the
 # error-free reduction of _phase.py, cos and sin once per frequency, and the two columns
 # written (interleaved for sinusoidal: one contiguous store via tl.join). The fused add
-# reads x at the same columns, adds in float32 and rounds once to x's dtype.
-#
-# Bytes (dim = 768, 2^20 rows, bf16): 1.6 GB written (+1.6 GB read for the add); one
-# sincos per two output elements (~60 float32 instructions), ~2.4e10 instructions in all
-# -> ~0.1-0.2 ms of issue against a ~0.38 ms (0.75 ms with the add) memory floor.
+# reads x at the same columns, adds in float32 and rounds once to x's dtype. Memory-bound
+# (counts: benchmarks/NOTES.md, "Kernel notes").
 
 # Rows of the float32 table TAB [6, K]: frequency (turns per unit, hi and lo), amplitude
 # of cos and sin, and d(amp * cos)/dp, d(amp * sin)/dp factors (2 pi nu amp).
@@ -47,11 +39,8 @@ _NU_HI, _NU_LO, _COS_AMP, _SIN_AMP, _DCOS, _DSIN = (tl.constexpr(i) for i in ran
 
 @triton.jit
 def _positions(P, rows, rmask, stride_p, period, POS_INT: tl.constexpr, WRAP: tl.constexpr):
-    """Positions of the rows as (hi, lo) float32 with hi + lo exact.
-
-    WRAP: positions [L] broadcast over leading dimensions, row r reads P[r % period].
-    Integer positions are split so that values beyond 2^24 stay exact (up to ~2^48).
-    """
+    """Positions of the rows as (hi, lo) float32, hi + lo exact (integers up to ~2^48).
+    WRAP: positions [L] broadcast over leading dimensions, row r reads P[r % period]."""
     idx = rows % period if WRAP else rows
     if POS_INT:
         p = tl.load(P + idx * stride_p, mask=rmask, other=0).to(tl.int64)
@@ -328,9 +317,8 @@ def _block_bias(kind: str, dim: int, base: float, block: float, device) -> torch
     return bias.to(torch.float32).to(device)
 
 
-# GPU autotuning set of the forward, (BLOCK_R, BLOCK_K, num_warps): each compiles for
-# sm_90 to <= 97 registers without spilling (144 with the add). The forward's results do
-# not depend on the configuration (every element is computed on its own).
+# GPU autotuning set of the forward, (BLOCK_R, BLOCK_K, num_warps): none spills on sm_90.
+# The forward's results do not depend on the configuration (every element on its own).
 _FWD_CONFIGS = [(64, 32, 8), (32, 32, 4), (128, 16, 8), (16, 64, 4), (32, 64, 8)]
 
 _encoding_fwd_tuned = autotuned(

@@ -16,10 +16,8 @@ from ._launch import INTERPRET, device_guard, dot_precision, pow2, rows_view, tl
 from .lff_forward import split_features
 
 # The split-K path takes over when the fused kernel's per-program partial sums (4 bytes
-# per needed weight-gradient element) exceed this: beyond it the workspace rows no longer
-# stay in L2 and their read-modify-write per row tile dominates (F=768, H=256, Dg=1024:
-# 1.8 MB per program, ~118 GB of traffic for 2^20 rows). The canonical H=32 case (135 kB)
-# stays on the fused kernel.
+# per needed weight-gradient element) exceed this: beyond it the workspace rows leave L2
+# and their read-modify-write per row tile dominates. The canonical H=32 case stays fused.
 _SPLIT_K_BYTES = 256 * 1024
 
 
@@ -27,8 +25,7 @@ def lff_bwd(grad, x, wr, w1, b1, w2, b2, activation: str, needs) -> list:
     """Gradients (dx, dwr, dw1, db1, dw2, db2) of lff_fwd; None where needs[i] is False.
 
     grad [..., G * width] in the forward's output dtype (the MLP compute dtype); x is
-    floating, as in lff_fwd. Returned gradients have the dtypes of their inputs.
-    """
+    floating, as in lff_fwd. Returned gradients have the dtypes of their inputs."""
     mlp = w1 is not None
     need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = (bool(n) for n in needs)
     if not mlp:

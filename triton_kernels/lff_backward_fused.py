@@ -21,16 +21,14 @@ from .lff_forward import hidden_preactivation
 _WORKSPACE_BYTES = 256 * 2**20
 
 
-# Launch options of the GPU configurations, whose block sizes gpu_candidates (below the
-# kernel) chooses: 8 warps, one stage (two stages would need 252 registers at H=32, see
-# there). Like the block sizes, fixed: they are part of what was compiled and checked for
-# each architecture (compile_report).
+# Launch options of the GPU configurations (block sizes: gpu_candidates): 8 warps, one
+# stage (two would need 252 registers at H=32). Fixed, like the block sizes: part of what
+# compile_report checked for each architecture.
 OPTIONS = {"num_warps": 8, "num_stages": 1}
 
 
-# Nothing but x and the weights is saved by the forward; this kernel recomputes the
-# features and the hidden layer from them, reads dY once, and produces dx [R, M] written
-# per row (rows are independent) and dwr, dw1, db1, dw2, db2, sums over all rows reduced
+# The forward saves only x and the weights; this kernel recomputes features and hidden
+# layer, reads dY once, writes dx [R, M] per row and reduces dwr, dw1, db1, dw2, db2
 # deterministically. Per tile of BLOCK_R rows (r = [cos || sin] / sqrt(F), a = r w1 + b1,
 # h = act(a)):
 #
@@ -46,33 +44,17 @@ OPTIONS = {"num_warps": 8, "num_stages": 1}
 #         dx    += gphase @ wr_k ;  dwr partial[k] += gphase^T @ x
 #     store dx
 #
-# Determinism without atomics: a fixed number P of programs (independent of timing) each
-# owns one row of a float32 workspace [P, |weights|] and walks the row tiles t = pid,
-# pid + P, ... in order, adding its contributions to its own row (read-modify-write by one
-# program only, with a barrier between tiles so every thread sees the previous tile's
-# writes; the first tile, which every program has as P <= tiles, writes every column of
-# the row once and reads nothing, so the workspace needs no zeroing). sum_partials_kernel
-# sums the P rows in the fixed order p = 0, 1, ..., P-1: same inputs and same P give
-# bitwise-identical gradients. The configuration is a fixed rule (no autotuning: a
-# timing-dependent choice would change the summation order). Only what ``needs`` asks for
-# is computed: the constexpr flags remove the dY @ w2^T pass, the second feature pass and
-# each partial sum when not needed.
+# Determinism without atomics: a fixed number P of programs each owns one row of a float32
+# workspace [P, |weights|] and walks the row tiles t = pid, pid + P, ... in order, adding
+# to its own row (a barrier between tiles; the first tile, which every program has as
+# P <= tiles, writes every column once, so the workspace needs no zeroing).
+# sum_partials_kernel sums the P rows in the fixed order p = 0, ..., P-1. The configuration
+# is a fixed rule (no autotuning: it sets the summation order). The constexpr flags skip
+# whatever ``needs`` does not ask for.
 #
 # Large weights (one program's partials above lff_backward._SPLIT_K_BYTES) take the
 # split-K path (lff_backward_split_k.py), whose first pass is this kernel with H_SPLIT
-# (the hidden columns split among programs) and STORE_H / STORE_GA (h and ga stored for
-# its matrix products over the rows).
-#
-# Counts (canonical case, bf16): dY 1.61 GB read once + x 8 MB + dx 8 MB from HBM. The
-# workspace (P * 132 kB, P = 2 x 132 SMs: ~35 MB, L2-resident on a 50 MB L2) is
-# read-modified-written once per tile: dw2 + dw1 partials = (32*768 + 256*32) * 8 B =
-# 262 kB per 128-row tile against 197 kB of dY, about 1.3x the dY traffic, served by L2:
-# the first suspect if the backward falls short of its floor; more rows per
-# read-modify-write would need registers that BLOCK_R=128 (234 of 255) does not have.
-# Tensor-core work: 2*F*H (recompute) + 4*H*Dg (dY w2^T, h^T dY) + 4*F*H (dw1, gr) FLOPs
-# per row ~ 0.15 MFLOP -> ~0.16 TFLOP for 2^20 rows, ~0.2 ms at ~790 TFLOP/s; sincos: two
-# feature passes, 2 * F/2 per row. Floor: the dY read, ~0.38 ms at 4.3 TB/s. All of these
-# are predicted from the counts; benchmarks/NOTES.md has what the GPU measured.
+# and STORE_H / STORE_GA. Byte and FLOP counts: benchmarks/NOTES.md, "Kernel notes".
 @triton.jit
 def _lff_bwd_kernel(
     X,
@@ -128,14 +110,11 @@ def _lff_bwd_kernel(
     # DX [R, M] contiguous; WS [P, stride_ws] float32 uninitialised, this program's row
     # holds its partial sums of dwr [F2, M] | dw1 [2*F2, H] | dw2 [H, DG] | db1 [H] |
     # db2 [DG] at the given offsets. Grid: (P,), programs walk tiles pid, pid + P, ...
-    # ws_fresh = 0: the row already holds partial sums (an earlier chunk's launch of the
-    # split-K path), which every tile adds to. STORE_H / STORE_GA (split-K path): h and
-    # ga rounded to the compute dtype are stored to HB / GAB [R, H] contiguous, for
-    # _lff_bwd_wgrad_kernel to form dw2 and dw1 from. H_SPLIT (split-K path, without
-    # NEED_X / NEED_WR, which need every hidden column): grid (H blocks, P), program
-    # (j, p) handles hidden columns j * BLOCK_H + [0, BLOCK_H) of the tiles of p, which
-    # its db1 partials (disjoint columns of row p) and stores need alone; db2 is added
-    # by the j = 0 programs only.
+    # ws_fresh = 0: the row already holds partial sums (an earlier chunk's), added to.
+    # Split-K path: STORE_H / STORE_GA store h and ga (rounded to the compute dtype) to
+    # HB / GAB [R, H] contiguous; H_SPLIT (without NEED_X / NEED_WR): grid (H blocks, P),
+    # program (j, p) handles hidden columns j * BLOCK_H + [0, BLOCK_H) of the tiles of p;
+    # db2 is added by the j = 0 programs only.
     if H_SPLIT:
         pid = tl.program_id(1)
         nprog = tl.num_programs(1)
@@ -145,8 +124,7 @@ def _lff_bwd_kernel(
         nprog = tl.num_programs(0)
         hs = tl.arange(0, BLOCK_H)
     ws = WS + pid.to(tl.int64) * stride_ws
-    # What the flags imply: ga (the gradient at the pre-activation) feeds db1, dw1 and
-    # the phase gradient; the phase gradient feeds dx and dwr.
+    # ga feeds db1, dw1 and the phase gradient; the phase gradient feeds dx and dwr.
     NEED_PHASE: tl.constexpr = NEED_X or NEED_WR
     NEED_GA: tl.constexpr = MLP and (NEED_B1 or (NEED_W1 or (NEED_PHASE or STORE_GA)))
     NEED_H: tl.constexpr = MLP and (NEED_W2 or (NEED_GA or STORE_H))
@@ -156,11 +134,9 @@ def _lff_bwd_kernel(
     ms = tl.arange(0, BLOCK_M)
     db1_acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for tile in range(pid, n_tiles, nprog):
-        # This tile's read-modify-writes of the workspace row must see the previous
-        # tile's, which other threads of this program may have made.
+        # Barrier: this tile's read-modify-writes of the workspace row must see the
+        # previous tile's. The first tile (tile = pid) stores 0 + value instead.
         tl.debug_barrier()
-        # The first tile (tile = pid) stores its contributions: 0 + value, exactly what
-        # adding to a zeroed row gives. Each column is written once per tile.
         accumulate = (tile >= nprog) | (ws_fresh == 0)
         rows = tl.cast(tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < n_rows
@@ -297,15 +273,10 @@ def gpu_candidates(meta: dict) -> list[dict]:
     """Block sizes for the GPU, preferred first (launched with OPTIONS). ``meta``: the
     kernel's constexprs (COMPUTE, BLOCK_H). A fixed rule: the block sizes set the
     summation order."""
-    # Chosen by compiling for sm_90 (triton 3.9's ptxas, no GPU) and reading registers /
-    # spills; timing on the H200 is pending. bf16/fp16, M=2..4: (128, 16, 32) uses 234
-    # registers without spilling at H=32; H=128 and H=256 spill ~340 B / ~810 B with the
-    # rows shrunk to 64 / 32 (the [rows, H] tiles a, gh, ga all live through the tile).
-    # float32 uses FMA matmuls ("ieee"), which need far more registers: 32 rows.
-    # num_stages=1: with 2 stages the H=32 tile above needs 252 registers (and spilled
-    # 32 B before the workspace's first-tile stores, which cut 18 registers).
-    # Second choice, where _configs refuses the first (Triton 3.1 cannot compile 64 rows
-    # with 8 warps for sm_90): 32 rows, which use Ampere's mma.sync, no warpgroups.
+    # Block sizes chosen by compiling for sm_90 (registers / spills: benchmarks/NOTES.md,
+    # "Kernel notes"): the [rows, H] tiles a, gh, ga all live through the tile, so rows
+    # shrink as H grows; float32 FMA matmuls ("ieee") need far more registers. Second
+    # choice, where _configs refuses the first: 32 rows (Ampere's mma.sync, no warpgroups).
     block_h = meta["BLOCK_H"]
     if meta["COMPUTE"] == tl.float32:
         block_r = 32 if block_h <= 64 else 16
@@ -342,10 +313,8 @@ def programs(rows: int, blocks: dict, total: int, device) -> int:
 
 def run(args, ws, offsets, r0, r1, fresh, hb, gab, flags, blocks=None, options=None):
     """Launch _lff_bwd_kernel on rows [r0, r1) with ws.shape[0] programs; ``fresh``: the
-    workspace rows are uninitialised (written by each program's first tile), else added
-    to. hb / gab: where to store h / ga of these rows (STORE_H / STORE_GA), or None.
-    blocks / options: instead of args' (with BLOCK_H: H_SPLIT, one program per block of
-    BLOCK_H hidden columns and workspace row)."""
+    workspace rows are uninitialised, else added to. hb / gab: where to store h / ga, or
+    None. blocks / options: instead of args' (with BLOCK_H: the H_SPLIT grid)."""
     rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, blocks0, options0 = args
     kw = {**meta, **(blocks or blocks0), **(options if blocks else options0)}
     h_blocks = triton.cdiv(H, kw["BLOCK_H"]) if blocks and "BLOCK_H" in blocks else 0

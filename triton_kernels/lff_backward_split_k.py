@@ -19,60 +19,26 @@ from ._mlp import mma
 from ._round import load_as, round_to
 
 
-# Why a second path: the fused kernel's cost has a term tiles x |weights| that the
-# canonical case keeps in L2 but large weights do not: at F=768, H=256, Dg=1024 a
-# program's partials are 1.8 MB, so P ~ 142 and 32-row tiles read-modify-write
-# 2^15 x 2 x 1.8 MB ~ 118 GB, mostly from HBM (measured on the H200, 2026-11-27: bf16
-# 150 ms, fp32 746 ms, against 6.7 / 42 ms for torch.compile). When the partials of one
-# program exceed lff_backward._SPLIT_K_BYTES (256 kB), the backward runs as four kernels
-# per chunk of rows, the weight gradients as matrix products over the rows.
+# Why a second path: the fused kernel read-modify-writes each program's partials once per
+# row tile, which large weights push out of L2 (benchmarks/NOTES.md, "Triton LFF backward
+# with large weights"). When one program's partials exceed lff_backward._SPLIT_K_BYTES,
+# the backward runs as four kernels per chunk of rows:
 #
-# How:
-#
-#     for each chunk of C rows (C: h and ga of the chunk fit _BUFFER_BYTES, 128 MB):
-#         first pass: _lff_bwd_kernel with H_SPLIT, one program per (block of 128 hidden
-#             columns, row-tile walker): a, h, gh = dY w2^T and ga for its columns only
-#             (half the registers: 64-row tiles), db1 / db2 partials (a few kB per
-#             program, as in the fused kernel); h and ga, rounded to the compute dtype
-#             exactly as the fused kernel uses them, stored to two [C, H] buffers
-#         phase: _lff_bwd_phase_kernel, 128-row tiles: gr = ga w1^T (cos and sin halves),
+#     for each chunk of C rows (C: h and ga of the chunk fit _BUFFER_BYTES):
+#         first pass: _lff_bwd_kernel with H_SPLIT, one program per (block of hidden
+#             columns, row-tile walker): a, h, gh = dY w2^T and ga for its columns only,
+#             db1 / db2 partials; h and ga, rounded to the compute dtype exactly as the
+#             fused kernel uses them, stored to two [C, H] buffers
+#         phase: _lff_bwd_phase_kernel: gr = ga w1^T (cos and sin halves),
 #             d loss / d phase, dx, dwr partials (the fused kernel's second feature pass)
 #         dw2 += h^T @ dY                        _lff_bwd_wgrad_kernel, FEATURES=False
 #         dw1 += [cos || sin]^T @ ga / sqrt(F)   (features recomputed), FEATURES=True
 #
-# _lff_bwd_wgrad_kernel is a split-K matmul: a program owns one output block (128 x 64 of
-# dw2; 32 frequencies x up to 256 hidden of dw1, cos and sin rows) and one contiguous range
-# of the chunk's rows (S ranges, S ~ 2 * SMs / blocks), accumulates over it in float32
-# registers, and touches its workspace row once per chunk (stored on the first chunk,
-# added on the others). sum_partials_kernel adds the S rows in the fixed order, as before.
-# Determinism: block sizes, C and S are fixed functions of the shapes, the dtype and the
-# SM count (C not of ``needs``); rows are summed in a fixed order within a range, ranges
-# and chunks in a fixed order; no atomics. The operands are the fused kernel's (the same
-# rounded h, ga, dY and features), so both paths agree to float32 summation order.
-# Memory: the two buffers (128 MB) + S x |dw1| and S x |dw2| float32 (~27 MB bf16, ~14 MB
-# float32 here) + the small partials: ~160 MB, bounded independently of N (eager: 9 GB).
-#
-# Counts for the compute case (2^20 rows, M=2, F=768, H=256, Dg=1024), bf16, per row:
-#     first pass: HBM dY 2048 B (the second hidden block's read mostly from L2: both
-#         blocks of a tile run side by side) + h, ga 1024 B stored -> 3.2 GB, 0.75 ms at
-#         4275 GB/s; 2FH + 2HDg = 0.92 MFLOP (wgmma, 64 rows); 2 x F/2 sincos (once per
-#         hidden block); from L2 each weight once per 64 rows (~14 kB per row, as the
-#         forward; the fused kernel: three weight reads per 32 rows, ~41 kB)
-#     phase: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP; F/2 sincos; w1 once per 128 rows
-#     dw2: dY 2048 B + h 512 B -> 2.7 GB, 0.63 ms; 2HDg = 0.52 MFLOP (wgmma)
-#     dw1: ga 512 B -> 0.13 ms; 2FH = 0.39 MFLOP (mma.sync: 32-row blocks); F/2 sincos
-#     workspaces: 8 chunks x 2 x 27 MB ~ 0.4 GB; the walkers' small partials in L2.
-#     In all ~7 GB of HBM traffic (1.6 ms), 2.23 MFLOP per row -> 2.34 TFLOP (3.4 ms at
-#     687 TFLOP/s), 4 x F/2 sincos per row (~1.6e9, ~60 FP32 instructions each: ~3 ms of
-#     FP32 issue, partly overlapping the tensor cores).
-# PREDICTION (not measured when written), bf16 on the H200: ~5-8 ms from the
-# counts. Calibrated instead by the forward, measured at 8.69 ms on the same case (0.45
-# MFLOP, ~14 kB of L2 weight reads and F/2 sincos per row: ~7x its count-based floor):
-# the first pass has 2x its FLOPs and sincos and the same weight reads, ~13-17 ms, the
-# other three kernels ~3-6 ms, ~16-23 ms in all. Either way against 150 ms measured for
-# the fused kernel here (and 6.7 ms for torch.compile). float32 ("ieee" FMA matmuls):
-# 2.34 TFLOP -> 46 ms at 51 TFLOP/s; ~60-120 ms calibrated by the float32 forward (33.6
-# ms, ~3.7x its count), against 746 ms fused and 42 ms for torch.compile.
+# _lff_bwd_wgrad_kernel is a split-K matmul: a program owns one output block and one of S
+# contiguous row ranges of the chunk, accumulates in float32 registers and touches its
+# workspace row once per chunk. Deterministic: block sizes, C and S are fixed functions of
+# the shapes, dtype and SM count (C not of ``needs``), all sums in fixed order, no atomics.
+# The operands are the fused kernel's, so both paths agree to float32 summation order.
 @triton.jit
 def _lff_bwd_phase_kernel(
     X,
@@ -101,10 +67,8 @@ def _lff_bwd_phase_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    # Split-K path, the chain rule below the hidden layer: gr = ga @ w1^T (the cos and
-    # sin halves), d loss / d phase, then dx and the dwr partials -- the fused kernel's
-    # second feature pass, from the stored ga (GAB [R, H] contiguous, compute dtype,
-    # the same rounded values the fused kernel multiplies) instead of registers.
+    # The fused kernel's second feature pass (gr = ga @ w1^T, d loss / d phase, dx, dwr
+    # partials), reading ga from GAB [R, H] contiguous (the same rounded values).
     # X [R, M] any strides, WR [F2, M], W1 [2*F2, H] contiguous; DX [R, M] contiguous;
     # WS [P, stride_ws] float32: this program's dwr partials (ws_fresh as the fused
     # kernel's). Grid: (P,), programs walk tiles pid, pid + P, ...; H in BLOCK_H chunks.
@@ -181,18 +145,15 @@ def _lff_bwd_wgrad_kernel(
     BLOCK_I: tl.constexpr,
     BLOCK_J: tl.constexpr,
 ):
-    # Split-K weight gradient, one [BLOCK_I, BLOCK_J] block of it over one contiguous range
-    # of rows per program, accumulated in registers; the partial goes to the workspace row
-    # of its split once (stored if ws_fresh, else added: the previous chunk's sum).
-    #   FEATURES = False: dw2 [H, DG] = h^T @ dY. A = h [R, H] (compute dtype), B = dY
-    #     [R, DG] with row stride stride_b; I runs over H, J over DG.
+    # One [BLOCK_I, BLOCK_J] block of a weight gradient over one contiguous range of rows,
+    # accumulated in registers, then stored (ws_fresh) or added to its split's workspace row.
+    #   FEATURES = False: dw2 [H, DG] = h^T @ dY; A = h [R, H], B = dY [R, DG] (row stride
+    #     stride_b); I runs over H, J over DG.
     #   FEATURES = True: dw1 [2*F2, H] = r^T @ ga, r = [cos || sin](x wr^T) / sqrt(F)
-    #     recomputed from X [R, M] (any strides) and WR [F2, M]; B = ga [R, H] (compute
-    #     dtype, stride_b); I runs over the F2 frequencies (cos and sin rows of dw1), J
-    #     over H. A is unused.
-    # WS [S, stride_ws] float32, this gradient's columns. Grid: (I blocks * J blocks, S);
-    # split s owns rows [s * rows_per_split, (s + 1) * rows_per_split) (a multiple of
-    # BLOCK_R), walked in order: a fixed summation order, no atomics.
+    #     recomputed from X [R, M] (any strides) and WR [F2, M]; B = ga [R, H]; I runs over
+    #     the F2 frequencies (cos and sin rows), J over H; A unused.
+    # A, B in the compute dtype. WS [S, stride_ws] float32. Grid: (I blocks * J blocks, S);
+    # split s owns rows [s, s + 1) * rows_per_split (a multiple of BLOCK_R), walked in order.
     blk = tl.program_id(0)
     split = tl.program_id(1)
     n_i = n_freq if FEATURES else hidden
@@ -247,15 +208,9 @@ def _lff_bwd_wgrad_kernel(
 _BUFFER_BYTES = 128 * 2**20
 
 # Launch options and block sizes of _lff_bwd_wgrad_kernel on the GPU, by (matmul kind,
-# FEATURES): (BLOCK_R, BLOCK_I, BLOCK_J, num_warps, num_stages). Chosen by compiling for
-# sm_80 / sm_90 (compile_report, Triton 3.9, no GPU): no spills, shared memory within
-# 99 kB. dw2: 128 x 64 blocks (128 x 128 spills 16-40 B: the accumulator and the
-# workspace pointers of the read-modify-write). dw1: 32 frequencies (cos and sin) x up to
-# 256 hidden, so that H <= 256 recomputes each row's cos / sin once (64 x 128 would use
-# Hopper's warpgroup MMA but compute them H / 128 times; 32 rows use mma.sync). float32
-# FMA matmuls ("ieee") take smaller blocks. Triton 3.1 and 3.6 compile them too (dw1
-# spills 8-40 B under 3.1); TF32 was compiled by hand (compile_report covers bf16 and
-# IEEE float32), no spills under 3.9. Timing on the GPU is pending.
+# FEATURES): (BLOCK_R, BLOCK_I, BLOCK_J, num_warps, num_stages); chosen by compiling for
+# sm_80 / sm_90: no spills, shared memory within 99 kB. dw1 takes 32 frequencies x up to 256
+# hidden so that H <= 256 recomputes each row's cos / sin once (benchmarks/NOTES.md).
 _WGRAD_CONFIGS = {
     ("mma16", False): (64, 128, 64, 8, 2),
     ("mma16", True): (32, 32, 256, 8, 2),
@@ -267,9 +222,8 @@ _WGRAD_CONFIGS = {
 
 
 def wgrad_config(meta: dict, features: bool) -> tuple[dict, dict]:
-    """(block sizes, launch options) of _lff_bwd_wgrad_kernel on the GPU for the kernel
-    constexprs ``meta`` (COMPUTE, PRECISION); a fixed rule, no autotuning (the block
-    sizes set the summation order)."""
+    """(block sizes, launch options) of _lff_bwd_wgrad_kernel on the GPU for ``meta``;
+    fixed, no autotuning (the block sizes set the summation order)."""
     br, bi, bj, warps, stages = _WGRAD_CONFIGS[(_kind(meta), features)]
     if features:  # J runs over H: no wider than the hidden layer
         bj = min(bj, meta["BLOCK_H"])
@@ -300,14 +254,8 @@ def _wgrad_blocks(meta: dict, features: bool, n_i: int, n_j: int, chunk: int, ar
 
 # The split-K path's first pass (the fused kernel, H_SPLIT) and phase kernel on the GPU:
 # (BLOCK_R, BLOCK_K, BLOCK_H, BLOCK_D, num_warps, num_stages) and (BLOCK_R, BLOCK_K,
-# BLOCK_H, num_warps, num_stages), by matmul kind. Chosen by compiling for sm_80 / sm_90
-# (H=256; no GPU). First pass, bf16: 64 rows x 128 hidden columns, 16 dY columns per
-# step spill 24-32 B (Triton 3.9), 8-48 B (3.6), 112 B (3.1 sm_80; on sm_90 3.1 takes
-# the 32-row second choice, no spill); 64 hidden columns would not spill but evaluate
-# each row's sincos H / 64 times, 32 dY columns spill 112 B, 128 rows 1.3 kB. float32
-# (FMA and TF32): 32 rows, no spill. Phase kernel: 128 rows (bf16; 64 TF32, 32 float32
-# FMA) x 32 frequencies, 32 hidden columns per step: no spill with 3.9, at most 24 B
-# with 3.1 / 3.6. Timing on the GPU is pending.
+# BLOCK_H, num_warps, num_stages), by matmul kind; chosen by compiling for sm_80 / sm_90
+# (register and spill counts: benchmarks/NOTES.md, "Kernel notes").
 _FIRST_PASS_CONFIGS = {
     "mma16": (64, 16, 128, 16, 8, 1),
     "tf32": (32, 16, 128, 16, 8, 1),
@@ -376,10 +324,9 @@ def _phase_blocks(meta: dict, F2: int, H: int, chunk: int, arch) -> tuple[dict, 
 
 
 def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
-    """The large-weights path (the comment above the kernels), per chunk of rows: the fused
-    kernel over blocks of hidden columns for h, ga, db1 and db2 (storing h / ga), the phase
-    kernel for dx and dwr, one split-K launch per weight gradient; partial sums carried across
-    chunks in fixed workspaces."""
+    """The large-weights path, per chunk of rows: the fused kernel over blocks of hidden
+    columns (h, ga, db1, db2; h / ga stored), the phase kernel (dx, dwr), one split-K launch
+    per weight gradient; partial sums carried across chunks in fixed workspaces."""
     rows, wr, w1, b1, w2, g, dx, (F2, H, width), meta, _, _ = args
     R = rows.shape[0]
     compute = g.dtype

@@ -1,5 +1,5 @@
 """Learnable Fourier features + grouped MLP, forward: one fused pass (``lff_fwd``), the
-"fused" plan (its design and counts: the comment below)."""
+"fused" plan (its design: the comment below)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ from ._launch import (
 from ._mlp import activation, mma
 from ._round import load_as, round_to
 
-# Every group of every position is one *row* of M coordinates (R = N * G rows); the MLP is
-# shared by the groups, so the group-major output [..., G * Dg] is exactly the row-major
-# [R, Dg] matrix and groups need no special handling.
+# Every group of every position is one *row* of M coordinates (R = N * G rows): the
+# group-major output [..., G * Dg] is exactly the row-major [R, Dg] matrix.
 #
 # Per program (BLOCK_R rows), everything between x and y stays on chip:
 #
@@ -35,17 +34,8 @@ from ._round import load_as, round_to
 #     for each chunk of BLOCK_D output columns:
 #         y = h @ w2[:, chunk] + b2  -> stored once in the output dtype
 #
-# Memory traffic is x (M * 4 bytes per row) in and y (Dg * itemsize per row) out; the
-# [R, F] features and the [R, H] hidden layer never exist in memory. The weights (at most
-# ~1.5 MB) are re-read by every program from L2.
-#
-# Counts per row (canonical case M=2, F=256, H=32, Dg=768, bf16 out):
-#     bytes:  8 (x) + 1536 (y)                    -> 2^20 rows: 1.62 GB, ~0.377 ms at 4.3 TB/s
-#     FLOPs:  2*F*H + 2*H*Dg = 65.5 k on tensor cores -> 69 GFLOP, ~0.09 ms at ~790 TFLOP/s
-#     sincos: F/2 = 128 evaluations (~60 float32 instructions each with the phase reduction)
-#             -> ~8e9 instructions, ~0.12-0.2 ms of FP32 issue, overlappable with the stores.
-# The floor is the output write: this kernel is memory-bound unless H(F + Dg)/Dg is large
-# (F=768, H=256, Dg=1024: ~0.45 MFLOP per row, tensor-core bound at ~0.6-1.2 ms for 2^20).
+# Memory traffic: x in, y out; features and hidden layer never exist in memory, the weights
+# are re-read from L2. Memory-bound unless H(F + Dg)/Dg is large (benchmarks/NOTES.md).
 
 
 @triton.jit
@@ -66,18 +56,15 @@ def hidden_preactivation(
     SPLIT: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """features @ w1 for the rows x_rows (as cos_sin_tile's): [BR, BH] float32, without
-    the bias (BR, BH: the sizes of x_rows and hmask).
+    """features @ w1 for the rows x_rows (as cos_sin_tile's): [BR, BH] float32, no bias.
 
-    w1_cols [1, BH]: W1 + hs[None, :], the hidden columns hs of W1 [F, H] contiguous (mask
-    hmask [BH]); W1's rows 0..F/2-1 multiply the cosines, F/2..F-1 the sines. The
-    features are scaled by 1/sqrt(F) in float32 and rounded once to the compute dtype.
+    w1_cols [1, BH]: W1 + hs[None, :] of W1 [F, H] contiguous (mask hmask [BH]); rows
+    0..F/2-1 multiply the cosines, F/2..F-1 the sines. The features are scaled by
+    1/sqrt(F) in float32 and rounded once to the compute dtype.
     SPLIT (relu with a bf16 / fp16 MLP): the features also contribute their rounding
-    error, as a second compute-dtype term (hi + lo, ~2^-16 relative): relu's derivative
-    jumps at a = 0, and a rounded to bf16 features alone (2^-9) would flip its sign, and
-    a whole row of the gradient with it, for pre-activations that float32 math puts on
-    the other side of 0. Costs a second pass of the (small) first matmul, for relu only.
-    """
+    error, as a second compute-dtype term (hi + lo, ~2^-16 relative): with features rounded
+    to bf16 alone (2^-9), relu's derivative, which jumps at a = 0, would flip for
+    pre-activations that float32 math puts on the other side of 0."""
     acc = tl.zeros([x_rows.shape[0], hmask.shape[0]], dtype=tl.float32)
     for k0 in range(0, n_freq, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -185,37 +172,25 @@ def _lff_fwd_kernel(
 
 # GPU autotuning set: (BLOCK_R, BLOCK_K, BLOCK_D, num_warps, num_stages) -> the BLOCK_H
 # values it is offered for; the first allowed one is what runs without autotuning
-# (POSENC_FAST_TRITON_AUTOTUNE=0). Memory-bound hidden sizes (BLOCK_H <= 64, e.g. F=256,
-# H=32, Dg=768) take 128-row tiles, so that each program loads the weights (~64 kB there)
-# once per 128 rows, and 3 stages, so that the loads of the next w1 / w2 chunk overlap
-# the current chunk's products; K blocks of 64 where registers allow. Chosen by compiling
-# for sm_80 / sm_90 with Triton 3.9 and 3.6 (compile_report, no GPU); registers (spilled
-# bytes) at H=32, sm_90 3.6 / 3.9, sm_80 3.6 / 3.9:
-#   (128, 64, 64, 16, 3)  128 / 128, sm_80 128 (48 B) / 128 (56 B)
-#   (128, 32, 64, 8, 3)   181 / 179, sm_80 187 / 216
-#   (128, 64, 64, 8, 3)   255 (80 B) / 217, sm_80 255 / 255 (8 B)
-#   (128, 32, 64, 8, 2)   182 / 175 (the earlier first choice)
-# and the 64-row 3-stage entries 218 / 189 (H=128), 254 / 250 (H=256) on sm_90, no
-# spills. Left out: 256 rows (spill 120-570 B with 8 or 16 warps), 128 rows at H=128
-# (~190 B), 32-column K blocks of 64 rows at H=256 (128 B). _configs.py's rules remove
-# those a Triton version cannot compile for the GPU at hand (Triton 3.1 on sm_90: the
-# 64-row 8-warp and 128-row 16-warp entries, whose warpgroups split the columns); the
-# 32-row entries (mma.sync) keep every hidden size covered there. Timing on a GPU:
-# pending (the first H200 run timed the earlier set).
+# (POSENC_FAST_TRITON_AUTOTUNE=0). Memory-bound hidden sizes (BLOCK_H <= 64) take 128-row
+# tiles (the weights loaded once per 128 rows) and 3 stages (the next w1 / w2 chunk's loads
+# overlap the current products). Chosen by compiling for sm_80 / sm_90 (registers and
+# spills: benchmarks/NOTES.md, "Kernel notes"); _configs.py's rules remove those a Triton
+# version cannot compile for the GPU at hand; the 32-row entries (mma.sync) keep every
+# hidden size covered there.
 _MEMORY_BOUND = (16, 32, 64)
 _CONFIGS = {
     (128, 64, 64, 16, 3): _MEMORY_BOUND,
     (128, 32, 64, 8, 3): _MEMORY_BOUND,
     (128, 64, 64, 8, 3): _MEMORY_BOUND,
     (128, 32, 64, 8, 2): _MEMORY_BOUND,
-    (64, 32, 128, 8, 3): _MEMORY_BOUND,  # 166 registers (sm_90, 3.9)
+    (64, 32, 128, 8, 3): _MEMORY_BOUND,
     (64, 32, 64, 8, 3): (128,),
-    (64, 32, 64, 8, 2): (128,),  # 189 at H=128
-    (32, 32, 64, 4, 2): (*_MEMORY_BOUND, 128),  # 140 at H=32: small problems, more programs
+    (64, 32, 64, 8, 2): (128,),
+    (32, 32, 64, 4, 2): (*_MEMORY_BOUND, 128),  # small problems: more programs
     (64, 16, 32, 8, 3): (256,),
-    (64, 16, 32, 8, 1): (128, 256),  # 244 at H=256
-    # 202 at H=256 (sm_80); where 64 rows with 8 warps are refused, and float32 at H=128 on
-    # the 99 kB GPUs (sm_86 / 89 / 120)
+    (64, 16, 32, 8, 1): (128, 256),
+    # where 64 rows with 8 warps are refused, and float32 at H=128 on the 99 kB GPUs
     (32, 16, 32, 8, 1): (128, 256),
 }
 
@@ -234,10 +209,7 @@ def _config_key(c) -> tuple:
 def offered(meta) -> list[tuple]:
     """The _CONFIGS entries offered for a call's constexprs ``meta`` (BLOCK_H, COMPUTE,
     PRECISION, M, SPLIT): those meant for its BLOCK_H, without 64-frequency blocks where
-    the phases and products need more registers than they leave: IEEE float32 (FMA
-    matmuls: 160-544 B spilled), M > 2 coordinates (32-240 B at M = 4) and relu's SPLIT
-    second product (8-128 B); sm_80 / sm_90, Triton 3.6 and 3.9. The 32-frequency
-    entries spill none of these on sm_90."""
+    they spill: IEEE float32, M > 2 coordinates and relu's SPLIT second product."""
     keys = configs_for(meta.get("BLOCK_H", 16))
     heavy = (
         (meta.get("COMPUTE") == tl.float32 and meta.get("PRECISION") == "ieee")
@@ -276,8 +248,7 @@ def lff_fwd(x, wr, w1, b1, w2, b2, activation: str, out_dtype: torch.dtype) -> t
 
     out_dtype is also the MLP's compute dtype: bf16 / fp16 run the matmuls on tensor cores
     with float32 accumulation; float32 runs them in IEEE float32 (TF32 only if enabled in
-    torch.backends.cuda.matmul). Weights of another dtype (autocast) are converted on load.
-    """
+    torch.backends.cuda.matmul). Weights of another dtype (autocast) are converted on load."""
     G, M = x.shape[-2], x.shape[-1]
     rows = x.reshape(-1, M)
     R = rows.shape[0]

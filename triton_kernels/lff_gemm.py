@@ -15,10 +15,9 @@ from ._common import max_programs, sum_partials
 from ._launch import INTERPRET, device_guard, pow2, rows_view
 from .lff_forward import split_features
 
-# Rows are processed in chunks of C rows (``_gemm_sizes.chunk_rows``: a fixed function of the shapes
-# and the dtype, so that buffers stay a small fraction of what eager PyTorch keeps, and the
-# summation order is fixed). Per chunk, r = [cos || sin] / sqrt(F) rounded to the compute
-# dtype (the fused kernels' first matmul operands), and:
+# Rows are processed in chunks of C rows (``_gemm_sizes.chunk_rows``: a fixed function of
+# the shapes and the dtype: bounded buffers, a fixed summation order). Per chunk,
+# r = [cos || sin] / sqrt(F) rounded to the compute dtype (as the fused kernels), and:
 #
 #     forward                                       backward (features recomputed from x)
 #     features  x -> r            Triton            features  x -> r              Triton
@@ -30,28 +29,20 @@ from .lff_forward import split_features
 #                                                   gr = ga w1^T                  cuBLAS
 #                                                   dx, dwr from gr, r, x         Triton
 #
-# Precision: the products accumulate in float32 (bf16 / fp16 operands on tensor cores;
-# float32 operands in IEEE float32 unless torch's settings allow TF32 -- torch.mm obeys
-# them itself, as torch.compile's products do) and write the compute dtype, as eager
-# PyTorch does. The weight gradients are summed over chunks in float32: each chunk's
-# product is written in float32 by cuBLAS (torch.mm(..., out_dtype=torch.float32), torch
-# >= 2.9 on CUDA; torch.mm of float32 copies on the CPU, which CI runs: the same exact
-# products, summed in float32), then added. relu with a half-precision MLP adds the
-# features' rounding errors as a second K block (r_lo, [w1; w1]), as the fused kernel does,
-# so that a keeps float32's sign.
+# Precision: the products accumulate in float32 and write the compute dtype, as eager
+# PyTorch does (float32 operands in IEEE float32 unless torch allows TF32). The weight
+# gradients are summed over chunks in float32 (_mm_float32). relu with a half-precision MLP
+# adds the features' rounding errors as a second K block (r_lo, [w1; w1]), as the fused
+# kernel does, so that a keeps float32's sign.
 #
-# Determinism: cuBLAS is bitwise reproducible for the same shapes on the same GPU and
-# library, given a fixed workspace (torch.use_deterministic_algorithms(True) requires
-# CUBLAS_WORKSPACE_CONFIG=:4096:8 or :16:8 for that, and raises otherwise -- the plan
-# choice avoids this plan then); the Triton reductions use fixed programs and orders; no
-# atomics. Nothing here reads tensor values on the host, so the plan is CUDA-graph
-# capturable.
+# Determinism: cuBLAS is bitwise reproducible given a fixed workspace
+# (CUBLAS_WORKSPACE_CONFIG, which torch.use_deterministic_algorithms requires: the plan
+# choice avoids this plan otherwise); the Triton reductions use fixed programs and orders;
+# no atomics. Nothing reads tensor values on the host: the plan is CUDA-graph capturable.
 
-# Launch configurations on the GPU (fixed: the reductions' order depends on them). Under
-# the interpreter: few, large programs (it pays per program).
-# Compiled for sm_80 / sm_90 (compile_report, Triton 3.9; no GPU): no spills; the
-# streaming kernels (act_fwd, act_bwd, phase) with 8 warps, so that their ~110-140
-# registers per thread (4 warps: phase 255 on sm_80) leave room for several blocks per SM.
+# Launch configurations on the GPU (fixed: the reductions' order depends on them); no
+# spills on sm_80 / sm_90. The streaming kernels take 8 warps so that their registers leave
+# room for several blocks per SM. Under the interpreter: few, large programs.
 _GPU = {
     "features": ({"BLOCK_R": 64, "BLOCK_K": 32}, {"num_warps": 4}),
     "act_fwd": ({"BLOCK_R": 64, "BLOCK_H": 64}, {"num_warps": 8}),

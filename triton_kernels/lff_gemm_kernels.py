@@ -1,6 +1,5 @@
 """The elementwise Triton kernels of the LFF "gemm" plan (lff_gemm.py): everything between
-the cuBLAS products that is not a product.
-"""
+the cuBLAS products that is not a product."""
 
 from __future__ import annotations
 
@@ -17,13 +16,10 @@ from ._round import round_to
 #     phase     (gr, features, x) -> dx, dwr partials                       (backward)
 #
 # Every kernel computes what the fused kernels compute at the same point, with the same
-# helpers (cos_sin_tile's accurate phase reduction, activation / activation_grad, round_to),
-# so that both plans round the same values the same way; what differs is that the gemm plan
-# rounds the products' outputs (a, gh, gr) to the compute dtype where cuBLAS writes them.
-#
-# Reductions over rows (db1, dwr) are deterministic: a fixed number of programs, each owning
-# one float32 workspace row and walking its row tiles in order, summed afterwards in the
-# fixed order of _common.sum_partials_kernel. No atomics.
+# helpers, so both plans round the same values the same way; only the products' outputs
+# (a, gh, gr) are rounded to the compute dtype where cuBLAS writes them. Row reductions
+# (db1, dwr) are deterministic: fixed programs owning float32 workspace rows, summed in
+# _common.sum_partials_kernel's fixed order. No atomics.
 
 
 @triton.jit

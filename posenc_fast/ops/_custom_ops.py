@@ -2,13 +2,10 @@
 dispatch, the ONNX switch to its plain-ATen composition, autocast, and double backward.
 
 Each op is an ``autograd.Function`` whose ``forward`` is also the body of a
-``posenc_fast::`` torch.library custom op (with a fake kernel and the same autograd):
-:func:`run` calls the Function directly for plain tensors in plain eager mode (the op's
-dispatch would cost more than a small call's work), and the custom op everywhere else, so
-torch.compile, export and the tracers see one opaque op. ONNX exporters cannot translate
-a custom op: while one traces, :func:`run` calls the Function's ``onnx`` composition
-instead (plain out-of-place ATen ops, with double backward: docs/deploying.md).
-"""
+``posenc_fast::`` custom op: :func:`run` calls the Function directly for plain tensors in
+plain eager mode (skipping the op's dispatch), the custom op everywhere else (torch.compile
+and export see one opaque op), and while an ONNX exporter traces, the Function's ``onnx``
+composition (plain ATen ops, with double backward: docs/deploying.md)."""
 
 from __future__ import annotations
 
@@ -71,13 +68,12 @@ def run(function, op, impl: Implementation, *args):
 
     - the reference (no backward): its forward, which autograd differentiates;
     - plain tensors in plain eager mode: the autograd.Function ``function`` when a
-      gradient is wanted, else the implementation itself (the custom op's dispatch costs
-      ~100 µs per training step);
+      gradient is wanted, else the implementation itself (skipping the custom op's
+      dispatch);
     - while an ONNX exporter traces: ``function.onnx``, the plain-ATen composition;
     - everywhere else (torch.compile, export, fake tensors, subclasses, modes, vmap, a
       running profiler): the custom op, which those must see.
-    Kernels run with autocast off: the public functions pass the output dtype.
-    """
+    Kernels run with autocast off: the public functions pass the output dtype."""
     if impl.backward is None:
         return impl.forward(*args)
     grad = plain_eager_grad(args)
@@ -129,9 +125,9 @@ _APPLY: dict = {}
 
 
 def fast_apply(function):
-    """``function.apply`` without autograd.Function's Python wrapper (~2 µs), whose work
-    :func:`plain_eager_grad` has done: no functorch transform, no wrapped tensor, and no
-    setup_context to bind arguments for."""
+    """``function.apply`` without autograd.Function's Python wrapper, whose work
+    :func:`plain_eager_grad` has done (no functorch transform, no wrapped tensor, no
+    setup_context)."""
     apply = _APPLY.get(function)
     if apply is None:
         apply = _APPLY[function] = super(torch.autograd.Function, function).apply
@@ -139,9 +135,7 @@ def fast_apply(function):
 
 
 # -- autocast --------------------------------------------------------------------------
-# Kernels run with autocast off: the public functions read the autocast state and pass
-# the output dtype explicitly; otherwise autocast would still change the precision of
-# the torch calls an implementation makes.
+# Kernels run with autocast off: the public functions pass the output dtype explicitly.
 
 
 def autocast_disabled(device_type: str):

@@ -1,36 +1,27 @@
 """Phases of an exported graph in float32 only: the kernels' error-free reduction in ATen.
 
 While an ONNX exporter traces a model, every custom op runs its plain-ATen composition
-(ops/_custom_ops.py). Those compositions used to reduce phases as the torch backend does, in
-float64 (exact products, an exact ``frac``), which put float64 tensors into the graph:
-TensorRT and other float32-only runtimes cannot run them. By default the compositions
-now compute phases the way the Triton and C++ kernels do (triton_kernels/_phase.py,
-csrc/cpu/phase.h: the same constants, the same steps), written with ops that every ONNX
-opset since 11 has (Mul, Add, Sub, Round, Abs, Cos, Sin):
+(ops/_custom_ops.py). A float64 reduction (the torch backend's) would put float64 tensors
+into the graph, which TensorRT and other float32-only runtimes cannot run, so by default the
+compositions compute phases the way the Triton and C++ kernels do (triton_kernels/_phase.py,
+csrc/cpu/phase.h: the same constants and steps), with ops every ONNX opset since 11 has:
 
-1. Frequencies in *turns* (w / 2pi) as an unevaluated float32 pair ``hi + lo``: a
-   product by 1/(2pi) = INV_2PI_HI + INV_2PI_LO whose rounding error is recovered
-   exactly (``turns_of``; constant frequencies are split on the host instead).
-2. Each product ``x * hi`` as ``p + e`` with ``e`` its exact rounding error (Dekker's
-   two-product on Veltkamp splits: the kernels use an fma, which ONNX lacks), ``x * lo``
-   added to ``e``; the ``p`` of several coordinates summed with Knuth's two-sum.
-3. The nearest quarter turn removed exactly from ``hi``, ``lo`` added (one rounding:
-   |f| <= 1/8 turn), the runtime's Cos / Sin of 2pi f (|2pi f| <= pi/4, where every
-   runtime's float32 sine is accurate), rotated back by the quarter turns.
+1. Frequencies in *turns* (w / 2pi) as an unevaluated float32 pair ``hi + lo``
+   (``turns_of``; constant frequencies are split on the host).
+2. Each ``x * hi`` as ``p + e``, ``e`` its exact rounding error (Dekker's two-product on
+   Veltkamp splits: ONNX has no fma), ``x * lo`` added to ``e``; the ``p`` summed with
+   Knuth's two-sum.
+3. The nearest quarter turn removed exactly from ``hi``, ``lo`` added (one rounding), the
+   runtime's Cos / Sin of 2pi f (|2pi f| <= pi/4, where every runtime's float32 sine is
+   accurate), rotated back by the quarter turns.
 
-Rounding-order safety: every error-free step is written so that a runtime that contracts
-a product and a sum into an fma (a compiler's default on GPUs) computes the same values:
-the Veltkamp split forms 4097 a as ``a * 4096 + a`` (4096 a is exact, so a fused and an
-unfused evaluation round the same sum once) and never subtracts from a bare product;
-Dekker's partial products are exact, so fusing them changes nothing. A runtime that
-reassociates sums (a fast-math mode) would undo the error terms and is not supported.
+Rounding-order safety: a runtime that contracts a product and a sum into an fma computes
+the same values (the Veltkamp split forms 4097 a as ``a * 4096 + a``, 4096 a being exact,
+and never subtracts from a bare product; Dekker's partial products are exact). A runtime
+that reassociates sums (fast-math) would undo the error terms and is not supported.
 
-Accuracy against float64 math on the same float32 inputs, measured in onnxruntime
-(tests/common/test_onnx.py and the README's "Deploying"): the float64 graph's bound
-(1e-6, tolerances.PHASE_ATOL) for |phase| <= 1e5 rad.
-
-``onnx_phases(torch.float64)`` brings back the float64 reduction for one export.
-"""
+Accuracy: the float64 graph's bound (tolerances.PHASE_ATOL) for |phase| <= 1e5 rad
+(tests/common/test_onnx.py). ``onnx_phases(torch.float64)`` selects the float64 reduction."""
 
 from __future__ import annotations
 
@@ -179,12 +170,9 @@ def sum_turns(p: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def sincos_turns(hi: Tensor, lo: Tensor) -> tuple[Tensor, Tensor]:
-    """cos and sin of 2pi (hi + lo) in float32, as triton_kernels/_phase.py's sincos_turns:
-    the nearest quarter turn removed from hi exactly, lo added (the one rounding: f within
-    1/8 turn, up to |lo|), the runtime's Cos / Sin of 2pi f (|2pi f| <= pi/4, where every
-    runtime's float32 sine is accurate; the kernels evaluate polynomials instead), then
-    rotated by the r quarter turns removed, with cos / sin of r pi/2 (exactly -1, 0 or 1)
-    computed arithmetically: no comparisons or Where in the graph."""
+    """cos and sin of 2pi (hi + lo) in float32, as triton_kernels/_phase.py's sincos_turns
+    (step 3 of the module docstring); the rotation by r quarter turns uses cos / sin of
+    r pi/2 computed arithmetically: no comparisons or Where in the graph."""
     d = hi - torch.round(hi)  # exact, in [-1/2, 1/2] (ONNX Round: half to even)
     r = torch.round(d * 4.0)  # quarter turns, in {-2, ..., 2}; d * 4 is exact
     f = (d - r * 0.25) + lo  # d - r/4 is exact, so this is the only rounding

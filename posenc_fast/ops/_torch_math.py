@@ -26,12 +26,9 @@ def chunk_bytes() -> int:
 
 
 # Chunks of rows (LFF, encodings). On the CPU with one thread: small chunks whose
-# temporaries stay in the caches (measured 1.3-1.6x faster than 64 MB chunks at N = 16384
-# for the tables and the LFF forward); there are no parallel regions to pay for. With more
-# threads (and on GPUs): few large chunks, because every ATen op over a chunk is one
-# parallel region, and when another process holds a core every region waits for it
-# (~30 regions per call put the fallback at 0.26-0.33x of the eager modules,
-# which run ~7, on a shared 2-core machine).
+# temporaries stay in the caches. With more threads (and on GPUs): few large chunks, since
+# every ATen op over a chunk is one parallel region, each of which waits for a core another
+# process may hold (benchmarks/NOTES.md, "Kernel notes").
 CACHE_CHUNK_BYTES = 4 * 2**20
 PARALLEL_CHUNK_BYTES = 256 * 2**20
 
@@ -59,11 +56,9 @@ def feature_dtype(dtype: torch.dtype) -> torch.dtype:
 def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """2*pi * frac(turns) in ``dtype``: the angle reduced to (-2pi, 2pi).
 
-    ``turns`` is float64, so for float32 results the reduction is error-free for any
-    |phase| up to ~1e12 (frac of a float64 is exact) and the only errors left are the
-    final rounding of the angle to float32 (<= 2.4e-7 rad) and the float32 sine itself
-    (docs/precision.md). torch.frac is one fast pass; torch.round on float64 is ~8x slower.
-    """
+    ``turns`` is float64, so for float32 results the reduction is error-free for |phase|
+    up to ~1e12; the errors left are the angle's rounding to float32 (<= 2.4e-7 rad) and
+    the float32 sine itself (docs/precision.md)."""
     if onnx_exporting():
         # The TorchScript-based ONNX exporter has no aten::frac; x - floor(x), in [0, 1),
         # is just as exact in float64 and the same angle modulo 2 pi (ops/_custom_ops.py).
@@ -73,10 +68,8 @@ def reduced_angle(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def exact_scalar(value: float, like: torch.Tensor):
     """``value`` for arithmetic with ``like``: the Python float itself, or while an ONNX
-    export traces a 0-dim tensor of like's dtype. The dynamo exporter (torch 2.13,
-    onnxscript 0.7) stores a Python float operand as a float32 constant cast to the
-    tensor's dtype: float64 phases were multiplied by 2 pi rounded to float32 (1.7e-7
-    off, 2.7e-3 rad at |phase| = 1e5, measured in onnxruntime)."""
+    export traces a 0-dim tensor of like's dtype: the dynamo exporter stores a Python float
+    operand as a float32 constant, which would round 2 pi for float64 phases."""
     if onnx_exporting():
         return torch.tensor(value, dtype=like.dtype, device=like.device)
     return value
@@ -91,22 +84,17 @@ def reduced_angle_(turns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # -- when float32 phases are accurate enough -----------------------------------------------
 #
-# The contract (docs/precision.md, tolerances.PHASE_ATOL): every cos/sin feature within 1e-6 of
-# float64 math on the same float32 inputs. The float64 path above meets it for any phase.
-# A phase p_k = sum_m x_m wr_km evaluated in float32 (M products and M - 1 sums, in any
-# order, fused or not) differs from the exact phase by at most
+# The contract (docs/precision.md, tolerances.PHASE_ATOL): every cos/sin feature within 1e-6
+# of float64 math on the same float32 inputs; the float64 path above meets it for any phase.
+# A phase p_k = sum_m x_m wr_km in float32 (any order, fused or not) is within
 #     gamma_M * sum_m |x_m| |wr_km|,   gamma_M = M u / (1 - M u),  u = 2^-24
-# (the classic dot-product bound, Higham, "Accuracy and Stability of Numerical
-# Algorithms", Eq. 3.5; underflow adds at most 2^-149 per operation, negligible here).
-# sin and cos are 1-Lipschitz, so that error passes to the features unchanged, and the
-# float32 sin/cos themselves add at most TRIG_ERR (ATen's vectorised CPU kernels use SLEEF's
-# 1.0-ulp functions, CUDA's sinf/cosf are within 2 ulp; 2^-24 is one ulp below 1, and the
-# margin is two more). With
+# of the exact phase (Higham, "Accuracy and Stability of Numerical Algorithms", Eq. 3.5).
+# sin and cos are 1-Lipschitz and the float32 sin/cos add at most TRIG_ERR (SLEEF's 1.0-ulp
+# CPU functions, CUDA's sinf/cosf within 2 ulp, plus margin). With
 #     B = max_k sum_m |wr_km| * max_r |x_rm|  >=  every row's sum_m |x_m| |wr_km|,
-# every feature is within gamma_M * B + TRIG_ERR of float64 math, so float32 phases keep
-# the contract whenever that is <= PHASE_ATOL: B <= 12.7 for M = 1, 6.4 for M = 2, 4.2 for
-# M = 3. B costs one pass over x ([R, M]) and one over wr; a NaN or inf makes it NaN or inf,
-# which never passes, so non-finite inputs take the float64 path.
+# float32 phases keep the contract when gamma_M * B + TRIG_ERR <= PHASE_ATOL: B <= 12.7 for
+# M = 1, 6.4 for M = 2, 4.2 for M = 3. A NaN or inf makes B non-finite, which never passes,
+# so non-finite inputs take the float64 path.
 
 U32 = 2.0**-24
 TRIG_ERR = 4 * U32
@@ -139,8 +127,7 @@ def phase_turns(rows: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     """(rows @ freq^T) / (2 pi) in float64: [R, M] x [K, M] -> [R, K].
 
     The product of two float32 numbers is exact in float64, so for M = 1 this is exact
-    and for small M it carries only float64 rounding (~1e-16 relative).
-    """
+    and for small M it carries only float64 rounding (~1e-16 relative)."""
     freq = freq.to(torch.float64)
     return rows.to(torch.float64) @ (freq / exact_scalar(TWO_PI, freq)).T
 
@@ -154,10 +141,9 @@ _MAX_DEVICE_CONSTANTS = 256
 def device_constant(
     key: Hashable, make: Callable[[torch.device], torch.Tensor], device
 ) -> torch.Tensor:
-    """``make(device)``, a constant tensor on ``device``, made once per (key, device) and
-    then kept in a table: copying a host tensor to a GPU waits for the copy, which would
-    otherwise happen on every call. The result is shared, so callers must never modify it in
-    place. It is made outside inference mode, so that autograd may save it later."""
+    """``make(device)`` made once per (key, device) and kept (a host-to-GPU copy waits).
+    Shared: callers must never modify it in place. Made outside inference mode, so that
+    autograd may save it later."""
     device = torch.device(device)
     full_key = (key, device)
     t = _DEVICE_CONSTANTS.get(full_key)

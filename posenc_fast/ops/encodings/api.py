@@ -1,12 +1,9 @@
 """Fixed encodings: sinusoidal (Vaswani et al.; FLOATER Eq. 7) and DFT (Idé et al.).
 
-Path of a call: public function (checks) -> the dispatcher picks an implementation from
-the registry (registry.py) -> the custom op ``posenc_fast::encoding`` / ``encoding_add`` /
-``encoding_nd_add`` (op.py) -> the implementation's kernel (torch_impl.py,
-triton_kernels/encodings.py, csrc/encodings/). The modules ``SinusoidalPE``, ``DFTPE`` and
-``SinusoidalNdPE`` add the encoding to their input in the same pass: the input is read
-once and the sum written once.
-"""
+Path of a call: public function (checks) -> the registry's implementation (registry.py)
+-> the custom op ``posenc_fast::encoding`` / ``encoding_add`` / ``encoding_nd_add`` (op.py)
+-> its kernel. The modules add the encoding to their input in one pass (x read once, the
+sum written once)."""
 
 from __future__ import annotations
 
@@ -111,8 +108,7 @@ def sinusoidal(
     block index n (FLOATER's per-block Eq. 7). positions: floating or integer, any shape.
     The result has ``dtype``, by default the positions' floating dtype (the default dtype
     for integer positions); phases are always reduced in float32 or better, whatever
-    ``dtype``.
-    """
+    ``dtype``."""
     return _encode("sinusoidal", positions, dim, base, block, backend, dtype)
 
 
@@ -155,8 +151,7 @@ def dft_inverse(encoding: Tensor, backend: str = "auto") -> Tensor:
 
     f(t) = sum_l e_l phi_l(t). For integer s in [0, dim), dft_inverse(dft(s, dim)) is the
     one-hot vector at s (Theorem 1). This is one matmul with a constant orthonormal basis,
-    so every backend but "reference" runs it as a plain (autograd-differentiable) matmul.
-    """
+    so every backend but "reference" runs it as a plain (autograd-differentiable) matmul."""
     _checks.float_tensor("encoding", encoding)
     if encoding.dim() < 1:
         raise ValueError("encoding must have shape [..., dim], got a scalar")
@@ -199,8 +194,7 @@ class SinusoidalPE(nn.Module):
     """x + sinusoidal(positions): ``forward(x [..., L, dim], positions=None)``.
 
     positions default to 0..L-1 and otherwise broadcast to x.shape[:-1] (e.g. [L] or
-    [B, L]). The add is fused into the encoding pass; the result has x's dtype.
-    """
+    [B, L]). The add is fused into the encoding pass; the result has x's dtype."""
 
     def __init__(self, dim: int, base: float = 10000.0, backend: str = "auto"):
         super().__init__()

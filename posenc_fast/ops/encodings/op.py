@@ -10,8 +10,7 @@ posenc_fast::encoding_nd_add(x, coords, kind, base, backend) -> x + pe_nd
 posenc_fast::encoding_backward(grad, positions, dim, kind, base, backend) -> d positions
     grad already summed over the broadcast dimensions: [*positions.shape, dim]
 
-``backend`` names the implementation in the registry.
-"""
+``backend`` names the implementation in the registry."""
 
 from __future__ import annotations
 

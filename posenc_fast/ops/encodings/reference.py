@@ -16,8 +16,7 @@ the orthonormal DFT basis on the lattice t = 0..dim-1 is
 and the encoding of position s is e(s) = (phi_0(s), ..., phi_{dim-1}(s)), i.e. Eq. 21's
 (a0, a1..aK, b1..bK, b0). Its inverse DFT (Eq. 13) on the lattice is
     f(t) = sum_l e_l phi_l(t),  t = 0..dim-1,
-which for integer s in [0, dim) is the one-hot vector at s (Theorem 1).
-"""
+which for integer s in [0, dim) is the one-hot vector at s (Theorem 1)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@
 "encoding_nd" (the Sine-nD add of SinusoidalNdPE):
     forward(x [..., M * n], coords [..., M], kind, base) -> x + pe_nd
 The adds' backward is the encoding's (the op's backward sums the gradient over the
-broadcast dimensions first); the reference has none: autograd differentiates it.
-"""
+broadcast dimensions first); the reference has none: autograd differentiates it."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """Sinusoidal and DFT encodings in pure PyTorch (the CPU fallback).
 
-Both are sines and cosines of the position times a few frequencies (in turns, float64):
-    sinusoidal: nu_i = base^(-2i/dim) / (2 pi), i < dim/2:  out[2i] = sin, out[2i+1] = cos
-    dft:        nu_k = k / dim, k = 1..K = dim/2 - 1:      out[k] = a cos, out[K+k] = a sin,
-                a = sqrt(2/dim); out[0] = 1/sqrt(dim); out[dim-1] = cos(pi s)/sqrt(dim)
-Phases are reduced in float64 before a float32 (or float64) trig, as for LFF, and the
-results are written straight into their columns of the output (no scatter, no concat).
+Both are sines and cosines of the position times a few frequencies (in turns, float64;
+the formulas: reference.py). Phases are reduced in float64 before a float32 (or float64)
+trig, as for LFF, and written straight into their output columns (no scatter, no concat).
 ``encoding_add`` with the positions 0..L-1 (the modules' default) keeps the table in a
 small cache (TABLE_CACHE_BYTES, oldest out first): the add is then one pass, like a module
-holding its table in a buffer.
-"""
+holding its table in a buffer."""
 
 from __future__ import annotations
 
@@ -189,8 +185,7 @@ def encoding_nd_add_graph(x, coords, kind: str, base: float) -> torch.Tensor:
     return encoding_add_graph(x_axes, coords, kind, base, None).flatten(-2)
 
 
-# Tables of the positions 0..L-1, the modules' default: x + table(arange(L)) is then one
-# add, as in a module that keeps its table in a buffer. Oldest out first, bytes bounded.
+# Tables of the positions 0..L-1 (the modules' default): x + table is one add. Oldest out first.
 _TABLES: OrderedDict = OrderedDict()
 TABLE_CACHE_BYTES = 64 * 2**20
 

@@ -3,8 +3,7 @@
 The literal formula is the reference's (the specification); the folded one is the same
 formula with its constants computed once, for the differentiable torch path (double
 backward, ONNX export); one ATen op and its derivative for the chunked torch backend; the
-nn.Module a user writes, for the eager baselines of the benchmarks.
-"""
+nn.Module a user writes, for the eager baselines of the benchmarks."""
 
 from __future__ import annotations
 

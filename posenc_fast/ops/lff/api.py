@@ -1,10 +1,8 @@
 """Learnable Fourier features (Li et al. 2021): functional ``lff`` and the nn.Module.
 
-Path of a call: ``lff`` (checks, dtype policy) -> the dispatcher picks an implementation
-from the registry (registry.py) -> the custom op ``posenc_fast::lff`` (op.py) -> the
-implementation's kernel (torch_impl.py, triton_kernels/lff_forward.py, csrc/lff/) ->
-backward: ``posenc_fast::lff_backward``, recomputing from x.
-"""
+Path of a call: ``lff`` (checks, dtype policy) -> the registry's implementation
+(registry.py) -> the custom op ``posenc_fast::lff`` (op.py) -> its kernel; the backward
+(``posenc_fast::lff_backward``) recomputes from x."""
 
 from __future__ import annotations
 
@@ -27,10 +25,8 @@ from .registry import LFF
 
 
 def _check_lff_args(x, wr, w1, b1, w2, b2, activation) -> tuple[Tensor, bool]:
-    """The checked arguments' positions (integers converted to float) and whether the MLP
-    is given. The common case costs a few attribute reads (a call on one position is
-    dominated by its checks otherwise); a failing test runs the detailed check that names
-    the argument."""
+    """The checked positions (integers converted to float) and whether the MLP is given.
+    A few attribute reads on the happy path; the detailed check runs only on failure."""
     _checks.real_positions("x", x)
     _checks.float_tensor("wr", wr)
     xs, ws = x.shape, wr.shape
@@ -161,8 +157,8 @@ INIT_OUTPUT_STD = 0.02
 
 @cache
 def activation_moments(activation: str) -> tuple[float, float]:
-    """(mean, variance) of act(z) for z ~ N(0, 1), by quadrature in float64 (trapezoid on
-    [-12, 12]: within 1e-7, ReLU's kink the largest error; the tails contribute < 1e-30)."""
+    """(mean, variance) of act(z) for z ~ N(0, 1), by trapezoid quadrature in float64 on
+    [-12, 12] (within 1e-7)."""
     z = torch.linspace(-12.0, 12.0, 24001, dtype=torch.float64)
     density = torch.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
     a = _reference.activation(activation, z)
@@ -177,29 +173,15 @@ class LearnableFourierFeatures(nn.Module):
     ``x [..., G, M] -> [..., D]``. Parameters follow Algorithm 1 (M = pos_dim,
     F = fourier_dim, H = hidden_dim, D = out_dim, G = groups):
 
-    - ``wr`` [F/2, M], initialised from N(0, gamma^-2): variance gamma^-2, standard
-      deviation 1/gamma, as in the paper's Eq. 3. (Public implementations disagree: some
-      draw with std gamma^-2 or scale by gamma; we follow the paper.) With this
-      initialisation and many features, ``2 * (r_x . r_y) -> exp(-|x-y|^2 / (2 gamma^2))``;
-      the paper's Eq. 4 drops the factors 2 and 1/2.
-      gamma is the kernel width in units of the positions: features of positions gamma
-      apart have cosine similarity exp(-1/2) = 0.61, of neighbours at distance delta
-      exp(-delta^2 / (2 gamma^2)). Choose it on the scale of the positions you feed in
-      (docs/ops/lff.md, "Choosing gamma"): gamma = 1 with integer grid indices makes neighbouring
-      patches distinct; gamma = 1 with positions normalised to (0, 1) makes a 14 x 14
-      grid's neighbours nearly identical (0.9975).
+    - ``wr`` [F/2, M], initialised from N(0, gamma^-2) (std 1/gamma, the paper's Eq. 3).
+      gamma is the kernel width in units of the positions: features of positions delta
+      apart have cosine similarity exp(-delta^2 / (2 gamma^2)). Choose it on the scale of
+      the positions you feed in (docs/ops/lff.md, "Choosing gamma").
     - ``w1`` [F, H], ``b1`` [H], ``w2`` [H, D/G], ``b2`` [D/G]: one MLP serves every group.
-      Initialisation (the paper leaves it open; chosen so that LFF can stand in for a
-      learned position table): w1 ~ N(0, 2) and b1 = 0, so the hidden pre-activations have
-      unit variance at every position (the features have squared norm exactly 1/2);
-      w2 ~ N(0, s^2) with s = INIT_OUTPUT_STD / sqrt(H * Var[act(z)]) and b2 = -E[act(z)]
-      * w2.sum(0), so that across positions spanning several gamma the output has mean
-      ~0 and standard deviation ~0.02 per channel, like timm's ViT pos_embed
-      (trunc_normal std 0.02). nn.Linear's default gives ~0.007 around a constant offset
-      of ~0.1 (its biases): position information three times weaker than a learned
-      table's, under an offset that carries none.
-      With ``layer_norm=True`` the LayerNorms give unit-variance inputs instead: w1 ~
-      N(0, 1/F), w2 ~ N(0, 0.02^2 / H), zero biases.
+      Initialised so that LFF can stand in for a learned position table (docs/ops/lff.md,
+      "Initialisation"): w1 ~ N(0, 2), b1 = 0; w2 ~ N(0, s^2) with s = INIT_OUTPUT_STD /
+      sqrt(H * Var[act(z)]) and b2 = -E[act(z)] * w2.sum(0): output mean ~0, std ~0.02 per
+      channel. With ``layer_norm=True``: w1 ~ N(0, 1/F), w2 ~ N(0, 0.02^2 / H), zero biases.
     - ``learnable=False``: wr is a buffer (the paper's Fixed-Fourier variant).
     - ``mlp=False``: return the features, concatenated over groups: hidden_dim is not used
       and out_dim, if given, must be G*F.
@@ -338,8 +320,7 @@ class LearnableFourierFeatures(nn.Module):
 
         mu and sigma^2 are the empirical (population) mean and variance of wr. Add
         ``alpha * m.kl_regularizer()`` to the loss (Eq. 10; the paper uses alpha = 1).
-        Without kl=True the target is the fixed initial variance gamma^-2.
-        """
+        Without kl=True the target is the fixed initial variance gamma^-2."""
         w = self.wr.flatten()
         mu = w.mean()
         var = w.var(unbiased=False)

@@ -13,30 +13,21 @@ from torch import Tensor
 
 from ... import _checks
 
-# The formats (``source``), as published: repository, the module's class, its keys.
-# - "guimont": willGuimont/learnable_fourier_positional_encoding,
-#   LearnableFourierPositionalEncoding(G, M, F_dim, H_dim, D, gamma); Wr.weight [F/2, M],
-#   mlp.0.weight [H, F], mlp.0.bias [H], mlp.2.weight [D/G, H], mlp.2.bias [D/G]. Wr has
-#   standard deviation gamma^-2.
-# - "jhlew": JHLew/Learnable-Fourier-Features, LearnableFourierFeatures(pos_dim, f_dim,
-#   h_dim, d_dim, g_dim, gamma); Wr [F/2, M] (a bare parameter), mlp.* as above. Wr has
-#   standard deviation gamma^2.
-# - "lightglue": cvg/LightGlue, LearnableFourierPositionalEncoding(M, dim, F_dim, gamma);
-#   Wr.weight [F/2, M] only (no MLP), standard deviation gamma^-2; a whole LightGlue
-#   checkpoint loads with prefix="posenc.". LightGlue uses the features as rotary cos / sin,
-#   unscaled, each frequency on two neighbouring channels: the module built here
-#   (mlp=False) returns [cos || sin] / sqrt(F).
-# - "tpe": jnyborg/tpe (models/ltae.py), LearnableFourierPositionalEncoding(m, f, h, d,
-#   max_pos, n_head); wr.weight [f/2, m], mlp.*. Its forward divides the positions by
-#   max_pos (folded into wr here: the converted module takes raw positions) and repeats the
-#   output n_head times along the last dimension (left to the caller). wr is initialised
-#   as nn.Linear does (no gamma).
-# posenc_fast follows the paper (Li et al. 2021, Eq. 3): Wr ~ N(0, gamma^-2), standard
-# deviation 1/gamma; gamma only sets the module's ``gamma`` (re-initialisation, KL target),
-# the weights come from the checkpoint. The public modules keep nn.Linear weights [out, in],
-# posenc_fast [in, out] (the paper's layout): w1 [F, H] is mlp.0.weight transposed, w2
-# [H, D/G] mlp.2.weight transposed. A transposed weight is named wherever its shape tells
-# (F != H, D/G != H); when F == H it cannot be told, so convert with these functions.
+# The formats (``source``; keys and gamma conventions: docs/ops/lff.md's table):
+# - "guimont": willGuimont/learnable_fourier_positional_encoding; Wr.weight [F/2, M] and
+#   mlp.0 / mlp.2 (nn.Linear); Wr has std gamma^-2.
+# - "jhlew": JHLew/Learnable-Fourier-Features; Wr [F/2, M] (a bare parameter), mlp.* as
+#   above; Wr has std gamma^2.
+# - "lightglue": cvg/LightGlue; Wr.weight [F/2, M] only (std gamma^-2; prefix="posenc." in
+#   a whole checkpoint). LightGlue uses the features as rotary cos / sin, unscaled; the
+#   module built here (mlp=False) returns [cos || sin] / sqrt(F).
+# - "tpe": jnyborg/tpe (models/ltae.py); wr.weight [f/2, m], mlp.*. Its forward divides the
+#   positions by max_pos (folded into wr here) and repeats the output n_head times (left to
+#   the caller); wr initialised as nn.Linear does (no gamma).
+# posenc_fast: Wr std 1/gamma (the paper's Eq. 3); gamma only sets the module's ``gamma``
+# (re-initialisation, KL target). The public modules keep nn.Linear weights [out, in],
+# posenc_fast [in, out]: w1 = mlp.0.weight^T, w2 = mlp.2.weight^T (when F == H a transposed
+# weight cannot be told by its shape, so convert with these functions).
 SOURCES = ("guimont", "jhlew", "lightglue", "tpe")
 
 # The frequency matrix's key in each format; the MLP keys are shared by the formats that
@@ -135,11 +126,9 @@ def parse(
     prefix: str = "",
     backend: str = "auto",
 ) -> tuple[tuple, dict, dict[str, Tensor]]:
-    """What ``LearnableFourierFeatures.from_state_dict`` builds from a public module's
-    checkpoint: the module's positional and keyword arguments and its weights (by
-    parameter name, in posenc_fast's layout), after every check (the arguments:
-    :func:`posenc_fast.convert.from_state_dict`). Kept apart from the module so that neither
-    imports the other."""
+    """(args, kwargs, weights by parameter name in posenc_fast's layout) for
+    ``LearnableFourierFeatures`` from a public module's checkpoint, after every check
+    (the arguments: :func:`posenc_fast.convert.from_state_dict`)."""
     _checks.choice("source", source, SOURCES)
     _checks.positive_int("groups", groups)
     if source == "tpe":

@@ -6,8 +6,7 @@
 
 ``backend`` names the implementation in the registry. The backward saves only the inputs
 and recomputes features and hidden layer; a double backward differentiates the torch
-implementation's recomputation instead.
-"""
+implementation's recomputation instead."""
 
 from __future__ import annotations
 

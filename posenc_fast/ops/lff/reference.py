@@ -13,8 +13,7 @@ differentiable by autograd, written to be read next to the paper.
 
 Eq. 2 of the paper writes 1/sqrt(D) for the normalisation; Algorithm 1 uses 1/sqrt(|F|),
 the number of features, which we follow: then r_x . r_x = 1/2 for every x, and with many
-features 2 (r_x . r_y) -> exp(-|x - y|^2 / (2 gamma^2)).
-"""
+features 2 (r_x . r_y) -> exp(-|x - y|^2 / (2 gamma^2))."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ def lff(
     Without the MLP (w1 is None) the features of every group are returned, concatenated
     group-major: [..., G * F]. ``compute_dtype`` other than float64 evaluates the same
     literal equations in that dtype: the plain eager-PyTorch baseline of the benchmarks,
-    not a specification.
-    """
+    not a specification."""
     r = fourier_features(x, wr, compute_dtype)  # [..., G, F]
     if w1 is None:
         y = r
@@ -75,8 +73,7 @@ def kl_regularizer(wr: torch.Tensor, target_var: torch.Tensor) -> torch.Tensor:
     """Appendix Eq. 9: KL(N(mu, sigma^2) || N(0, target_var)) of the entries of wr.
 
     L = -1/2 (1 - log target_var + log sigma^2 - (sigma^2 + mu^2) / target_var),
-    with mu and sigma^2 the empirical (population) mean and variance of wr.
-    """
+    with mu and sigma^2 the empirical (population) mean and variance of wr."""
     w = wr.to(torch.float64).flatten()
     mu = w.mean()
     var = ((w - mu) ** 2).mean()

@@ -5,8 +5,7 @@ Every implementation has
         x [..., G, M] -> [..., G * Dg] (the features [..., G * F] without w1..b2)
     backward(grad, x, wr, w1, b1, w2, b2, activation, needs) -> [dx, dwr, dw1, db1, dw2, db2]
         None where not needed (or the weight is absent)
-(the reference only ``forward``: autograd differentiates it).
-"""
+(the reference only ``forward``: autograd differentiates it)."""
 
 from __future__ import annotations
 
@@ -48,11 +47,9 @@ LFF = register(
     Implementation(
         "torch", ANYWHERE, forward=torch_impl.lff_forward, backward=torch_impl.lff_backward
     ),
-    # Two plans (plan.py chooses per shape): fused features -> w1 -> act -> w2 in one
-    # pass, one recomputing backward pass with deterministic weight-gradient sums; or the
-    # products on cuBLAS with Triton kernels for the rest ("gemm", compute-bound shapes).
-    # The fused kernels' [rows, H] tiles live in registers: the size limits; float64 goes
-    # to the torch backend.
+    # Two plans (plan.py chooses per shape): "fused" (one pass each way) or "gemm" (the
+    # products on cuBLAS). The fused kernels' [rows, H] tiles live in registers: the size
+    # limits; float64 goes to the torch backend.
     Implementation(
         "triton",
         OpSupport(

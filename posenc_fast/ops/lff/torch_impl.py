@@ -1,7 +1,6 @@
 """Learnable Fourier features in pure PyTorch, the CPU and GPU fallback: rows processed in
 chunks so that the [N, F] features and [N, H] hidden layer exist for one chunk only; the
-backward saves the inputs alone and recomputes chunk by chunk.
-"""
+backward saves the inputs alone and recomputes chunk by chunk."""
 
 from __future__ import annotations
 
@@ -25,13 +24,11 @@ from . import activations
 # Precision: phases in float32 when a cheap per-call bound proves them accurate enough
 # (float32_phases_suffice), else in float64 reduced exactly before a float32 trig; either way
 # every cos/sin is within 1e-6 of float64 math. Features and MLP in float32 (float64 for
-# float64 weights); half-precision outputs are computed in float32 and rounded once at the
-# end, on every device. Matmuls follow torch.backends.cuda.matmul.allow_tf32 (off by
-# default), so fp32 means fp32; the float32 phases themselves are never a matmul.
-# Speed: few, large ATen ops per chunk. cos and sin stay two contiguous [n, F/2] blocks (an
-# out= into half of a [n, F] buffer is ~1.5x slower on the CPU, and torch.cat costs a copy),
-# so the MLP's first layer is two GEMMs (cos rows and sin rows of w1); the 1/sqrt(F) scale
-# rides in the GEMMs' alpha; the last GEMM writes into the output.
+# float64 weights), half-precision outputs rounded once at the end. Matmuls follow torch's
+# TF32 setting; the float32 phases themselves are never a matmul.
+# Speed: few, large ATen ops per chunk. cos and sin stay two contiguous [n, F/2] blocks
+# (no out= into half of a [n, F] buffer, no torch.cat copy), so the MLP's first layer is two
+# GEMMs (cos rows and sin rows of w1); the 1/sqrt(F) scale rides in the GEMMs' alpha.
 
 # Below this many phases per call the float64 path costs less than deciding (a few small
 # ops and a host sync): take it without looking.
@@ -39,9 +36,8 @@ _CHECK_FLOAT32_FROM = 32768
 
 
 def _mlp_dtype(out_dtype: torch.dtype) -> torch.dtype:
-    """The torch backend runs the MLP in float32 for half-precision outputs on every device
-    and rounds once at the end: the fallback favours accuracy and identical numbers on CPU
-    and GPU (a bf16 pre-activation would flip relu's gradient for near-zero entries)."""
+    """float32 for half-precision outputs, rounded once at the end: accuracy and identical
+    numbers on CPU and GPU (a bf16 pre-activation would flip relu's gradient near 0)."""
     if out_dtype in (torch.float16, torch.bfloat16):
         return torch.float32
     return out_dtype
@@ -239,14 +235,10 @@ def lff_backward(
 ) -> list[Optional[torch.Tensor]]:
     """Gradients (dx, dwr, dw1, db1, dw2, db2); None where ``needs`` is False.
 
-    Recomputes features and hidden layer per chunk from x and the weights. Weight
-    gradients are accumulated chunk after chunk in float32 (float64 for float64 weights):
-    a fixed order, so repeated runs are bitwise identical. GEMMs are oriented for the CPU's
-    BLAS, which is slow on products with very few output columns: dwr is accumulated as
-    x^T gphase [M, F/2] (10x faster than gphase^T x [F/2, M] at M = 2), dx as
-    wr^T gphase^T [M, n], dw1 as ga^T [cos | sin] [H, F]; db2 rides in dw2's GEMM as the
-    product with a column of ones (no separate pass over the [n, D] gradient).
-    """
+    Recomputes features and hidden layer per chunk; weight gradients summed chunk after
+    chunk in float32 (float64 for float64 weights), a fixed order: bitwise reproducible.
+    GEMMs avoid few output columns (slow in CPU BLAS): dwr as x^T gphase [M, F/2], dx as
+    wr^T gphase^T [M, n], dw1 as ga^T [cos | sin] [H, F]; db2 rides in dw2's GEMM."""
     need_x, need_wr, need_w1, need_b1, need_w2, need_b2 = needs
     mlp = w1 is not None
     out: list[Optional[torch.Tensor]] = [None] * 6
