@@ -12,8 +12,8 @@
 #include "floater/floater_cuda.h"
 #include "module_info.h"
 
-#ifndef POSENC_FAST_CUDA_ARCHS
-#define POSENC_FAST_CUDA_ARCHS ""
+#ifndef PF_CUDA_ARCHS
+#define PF_CUDA_ARCHS ""
 #endif
 
 namespace posenc_fast {
@@ -22,7 +22,7 @@ namespace {
 pybind11::dict build_info() {
   pybind11::dict info = common_build_info();
   info["cuda_compiled_version"] = floater::cuda::compiled_version();
-  info["cuda_archs"] = std::string(POSENC_FAST_CUDA_ARCHS);
+  info["cuda_archs"] = std::string(PF_CUDA_ARCHS);
   return info;
 }
 

@@ -71,7 +71,7 @@ for p in "${TORCH_INC[@]}"; do INC+=(-I "$p"); done
 # generated cuda_cmake_macros.h, which only defines build switches of libc10_cuda itself.
 for src in csrc/module_cuda.cpp csrc/floater/floater_cuda_ops.cpp; do
   "$CXX" -std=c++20 -fsyntax-only -Wall -Werror -Wno-psabi \
-    -DPOSENC_FAST_CUDA_ARCHS='"9.0"' -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
+    -DPF_CUDA_ARCHS='"9.0"' -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
     -DTORCH_EXTENSION_NAME=_C_cuda -DTORCH_API_INCLUDE_EXTENSION_H "${INC[@]}" "$src"
   echo "   ok: $src"
 done

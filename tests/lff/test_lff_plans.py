@@ -13,6 +13,7 @@
 """
 
 import json
+import logging
 
 import pytest
 import torch
@@ -34,14 +35,14 @@ needs_triton = pytest.mark.skipif(
     reason=f"triton backend unavailable on {DEVICE}: {TRITON_REASONS}",
 )
 NAMES = _testing.LFF_NAMES
+CACHE_PATH = lff_plan.cache_path  # the fixture below replaces it
 
 
 @pytest.fixture(autouse=True)
 def _fresh_decisions(monkeypatch, tmp_path):
     """Every test decides afresh, with no plan forced, measuring off, its own cache file."""
-    for name in (lff_plan.ENV_PLAN, lff_plan.ENV_MEASURE, lff_plan.ENV_DEBUG):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(lff_plan.ENV_CACHE, str(tmp_path / "lff_plans.json"))
+    monkeypatch.delenv(lff_plan.ENV_PLAN, raising=False)
+    monkeypatch.setattr(lff_plan, "cache_path", lambda: str(tmp_path / "lff_plans.json"))
     lff_plan.forget()
     yield
     lff_plan.forget()
@@ -165,7 +166,7 @@ def _work(name, dtype="bf16", mode="fwd", **kw):
 
 
 def _never_measure(plans):
-    raise AssertionError("measured without POSENC_FAST_LFF_PLAN_MEASURE=1")
+    raise AssertionError("measured without POSENC_FAST_LFF_PLAN=measure")
 
 
 @pytest.mark.parametrize(
@@ -251,11 +252,11 @@ def test_forced_plan_and_a_bad_name(monkeypatch):
 
 
 def test_measured_choice_is_remembered_per_gpu_and_versions(monkeypatch, tmp_path):
-    """With POSENC_FAST_LFF_PLAN_MEASURE=1 the first call of a bucket measures, the
+    """With POSENC_FAST_LFF_PLAN=measure the first call of a bucket measures, the
     faster plan wins even against the model, and the record (per GPU name, torch and
     Triton version) serves a later process; another row count in the same power-of-two
     bucket is not measured again; a new GPU name measures again."""
-    monkeypatch.setenv(lff_plan.ENV_MEASURE, "1")
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "measure")
     w = _work("compute", "bf16", "fwd")
     assert lff_plan.decide(w, "NVIDIA H200", None).plan == "gemm"  # the model's
     lff_plan.forget()
@@ -278,15 +279,21 @@ def test_measured_choice_is_remembered_per_gpu_and_versions(monkeypatch, tmp_pat
     lff_plan.decide(w, "NVIDIA H100 80GB HBM3", measure)
     assert len(asked) == 2
     # measuring off: the file is not consulted, the model decides
-    monkeypatch.setenv(lff_plan.ENV_MEASURE, "0")
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "auto")
     lff_plan.forget()
     assert lff_plan.decide(w, "NVIDIA H200", _never_measure).plan == "gemm"
+
+
+def test_measured_choices_live_in_the_cache_folder(monkeypatch, tmp_path):
+    """The measured choices' file is lff_plans.json in posenc_fast's cache folder."""
+    monkeypatch.setenv("POSENC_FAST_CACHE", str(tmp_path / "folder"))
+    assert CACHE_PATH() == str(tmp_path / "folder" / "lff_plans.json")
 
 
 def test_no_measuring_while_capturing(monkeypatch):
     """measure=None (a CUDA graph being captured): the model decides, nothing is stored,
     and the bucket is measured on its next call where measuring is possible."""
-    monkeypatch.setenv(lff_plan.ENV_MEASURE, "1")
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "measure")
     w = _work("compute", "bf16", "fwd")
     assert lff_plan.decide(w, "NVIDIA H200", None).how == "model"
     assert lff_plan.load_measured("NVIDIA H200") == {}
@@ -294,12 +301,12 @@ def test_no_measuring_while_capturing(monkeypatch):
     assert (d.plan, d.how) == ("gemm", "measured")
 
 
-def test_debug_line_once_per_bucket(monkeypatch, capsys):
-    monkeypatch.setenv(lff_plan.ENV_DEBUG, "1")
+def test_debug_line_once_per_bucket(caplog):
+    caplog.set_level(logging.DEBUG, logger=lff_plan.__name__)
     w = _work("compute", "bf16", "bwd")
     lff_plan.decide(w, "NVIDIA H200", None)
     lff_plan.decide(w, "NVIDIA H200", None)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [r.getMessage() for r in caplog.records if r.name == lff_plan.__name__]
     assert len(err) == 1
     assert "plan gemm (model:" in err[0] and "fused" in err[0] and "ms" in err[0]
 
@@ -448,10 +455,10 @@ def test_gemm_path_reads_nothing_on_the_host(gemm_plan, monkeypatch):
 
 @needs_triton
 def test_measured_choice_through_the_backend(monkeypatch, tmp_path):
-    """POSENC_FAST_LFF_PLAN_MEASURE=1 through the backend's forward: both plans are handed
+    """POSENC_FAST_LFF_PLAN=measure through the backend's forward: both plans are handed
     to the device timer once (mocked: no timing on the CPU), the faster runs and is
     remembered; the next call of the bucket times nothing."""
-    monkeypatch.setenv(lff_plan.ENV_MEASURE, "1")
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "measure")
     timed = []
 
     def time_ms(fn, device, repeats=3):
