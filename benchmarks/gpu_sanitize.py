@@ -14,7 +14,7 @@ Runs, each a child process of this script under compute-sanitizer:
   its end is outside any allocation and memcheck sees it.
 - racecheck and synccheck over the CUDA FLOATER integrator (workload "floater"): forward
   and backward in every layout, forced one after the other (the CUDA module's
-  set_development_options(floater_plan=...)): one
+  set_development_options(floater_layout=...)): one
   block (shared-memory exchange), a cluster of 2 (sm_90), a cooperative grid team of 3,
   weights from L2 with vectors read from L2. racecheck finds shared-memory hazards
   between a block's threads (missing __syncthreads), synccheck barriers not reached by
@@ -48,10 +48,10 @@ ROOT = os.path.dirname(HERE)
 
 # (tool, workload): what each sanitizer run covers
 RUNS = (("memcheck", "kernels"), ("racecheck", "floater"), ("synccheck", "floater"))
-# The FLOATER layouts the "floater" workload forces, as the CUDA module's floater_plan
+# The FLOATER layouts the "floater" workload forces, as the CUDA module's floater_layout
 # "mode,C,Sg[,resident[,staged]]", for its shape (S=5, d=9, H=7): one block; a cluster of
 # 2 blocks (sm_90); a grid team of 3 blocks; weights from L2, vectors read from L2.
-FLOATER_PLANS = ("solo,1,5", "cluster,2,3", "grid,3,2", "grid,2,3,0,0")
+FLOATER_LAYOUTS = ("solo,1,5", "cluster,2,3", "grid,3,2", "grid,2,3,0,0")
 SANITIZER_ENV = "COMPUTE_SANITIZER"
 STATUS_UNAVAILABLE = 3
 
@@ -172,13 +172,13 @@ def workload_kernels(device: str) -> list[str]:
     wq, _ = ref_rot.apply_lff_rotary(q.detach(), k.detach(), xr.detach(), wr.detach(), case.layout)
     _check(oq, wq, f32, "rotary", "rotary q")
     ran.append(f"triton rotary apply + table, forward+backward ({case.id})")
-    ran += workload_floater(device, plans=(None,))
+    ran += workload_floater(device, layouts=(None,))
     return ran
 
 
-def workload_floater(device: str, plans=FLOATER_PLANS) -> list[str]:
+def workload_floater(device: str, layouts=FLOATER_LAYOUTS) -> list[str]:
     """The CUDA FLOATER integrator (forward, backward with every gradient) in each layout of
-    ``plans`` (None: the automatic one), against the reference. On the CPU (dry run): the
+    ``layouts`` (None: the automatic one), against the reference. On the CPU (dry run): the
     cpp backend, once."""
     import torch
 
@@ -192,22 +192,22 @@ def workload_floater(device: str, plans=FLOATER_PLANS) -> list[str]:
 
     backend = "cuda" if device == "cuda" else "cpp"
     if device != "cuda":
-        plans = (None,)
+        layouts = (None,)
     ran = []
     case = FloaterCase(5, 9, 7, 4, 2, "rk4", "tanh", repeat_time=True)
     for dtype in (torch.float32, torch.float64):
         args = floater_inputs(case, dtype, device, seed=5)
         want = ref.floater(*[a.double() for a in args], case.substeps, case.method, case.activation)
-        for plan in plans:
+        for layout in layouts:
             leaves = [a.detach().clone().requires_grad_() for a in args]
-            with _gpu_common.forced_floater_plan(plan):
+            with _gpu_common.forced_floater_layout(layout):
                 out = pf.floater(
                     *leaves, case.substeps, case.method, case.activation, backend=backend
                 )
                 out.backward(torch.ones_like(out))
-            _check(out, want, dtype, "floater", f"floater {plan or 'auto'} {dtype}")
-            layout = plan or "auto"
-            ran.append(f"{backend} floater {case.id} {str(dtype)[6:]} {layout}: forward+backward")
+            _check(out, want, dtype, "floater", f"floater {layout or 'auto'} {dtype}")
+            what = f"{backend} floater {case.id} {str(dtype)[6:]} {layout or 'auto'}"
+            ran.append(f"{what}: forward+backward")
     return ran
 
 

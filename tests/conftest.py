@@ -37,7 +37,7 @@ def pytest_addoption(parser):
         "(tools/check_sanitizers.sh)",
     )
     group.addoption(
-        "--floater-cuda-plan",
+        "--floater-cuda-layout",
         default="",
         help="force the CUDA FLOATER integrator's layout in every test, "
         "'mode,C,Sg[,resident[,staged]]' (csrc/README.md): every layout on one GPU",
@@ -45,10 +45,10 @@ def pytest_addoption(parser):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _forced_floater_cuda_plan(request):
-    """--floater-cuda-plan: the layout forced through the CUDA module's
+def _forced_floater_cuda_layout(request):
+    """--floater-cuda-layout: the layout forced through the CUDA module's
     set_development_options for the whole session."""
-    spec = request.config.getoption("--floater-cuda-plan")
+    spec = request.config.getoption("--floater-cuda-layout")
     if not spec:
         yield
         return
@@ -56,10 +56,10 @@ def _forced_floater_cuda_plan(request):
 
     cuda = _extension.load("cuda")
     if cuda is None:
-        raise RuntimeError(f"--floater-cuda-plan: {'; '.join(_extension.reasons('cuda'))}")
-    before = cuda.set_development_options(floater_plan=spec)["floater_plan"]
+        raise RuntimeError(f"--floater-cuda-layout: {'; '.join(_extension.reasons('cuda'))}")
+    before = cuda.set_development_options(floater_layout=spec)["floater_layout"]
     yield
-    cuda.set_development_options(floater_plan=before)
+    cuda.set_development_options(floater_layout=before)
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -5,8 +5,8 @@
 #      invocation: the host side once, the device code of each architecture on its own
 #      thread (JOBS at a time); a warning or an error fails. Registers, stack, spills and
 #      static shared memory of every kernel are printed per architecture, for the log (the
-#      integrator's shared memory is dynamic: its planner sizes it per problem and device,
-#      up to the device's opt-in limit, and reports it in the plan's summary).
+#      integrator's shared memory is dynamic: choose_layout sizes it per problem and device,
+#      up to the device's opt-in limit, and reports it in the layout's summary).
 #   2. the host glue of the CUDA module posenc_fast._C_cuda (csrc/module_cuda.cpp,
 #      csrc/floater/floater_cuda_ops.cpp) is syntax-checked against torch's headers and the
 #      toolkit's.

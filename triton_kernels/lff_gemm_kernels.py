@@ -7,8 +7,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import add_to, cos_sin_tile, phase_chain_rule
 from ._mlp import activation, activation_grad
+from ._partial_sums import add_to
+from ._phase_tiles import cos_sin_tile, phase_chain_rule
 from ._round import round_to
 
 #     features  x -> [cos || sin] / sqrt(F) in the compute dtype          (forward, backward)
@@ -23,7 +24,7 @@ from ._round import round_to
 #
 # Reductions over rows (db1, dwr) are deterministic: a fixed number of programs, each owning
 # one float32 workspace row and walking its row tiles in order, summed afterwards in the
-# fixed order of _common.sum_partials_kernel. No atomics.
+# fixed order of _partial_sums.sum_partials_kernel. No atomics.
 
 
 @triton.jit

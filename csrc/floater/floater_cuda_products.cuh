@@ -1,7 +1,7 @@
 // Block-level arithmetic of the CUDA FLOATER kernels (floater_cuda.cu): the activations,
 // the small products every stage is made of, a deterministic block sum and asynchronous
 // copies into shared memory. Everything here depends on the shapes only, never on timing,
-// so the kernels' results are bitwise reproducible for a fixed plan.
+// so the kernels' results are bitwise reproducible for a fixed layout.
 #pragma once
 
 #include <cuda_pipeline.h>

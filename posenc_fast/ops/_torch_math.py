@@ -32,7 +32,7 @@ def chunk_bytes() -> int:
 # parallel region, and when another process holds a core every region waits for it
 # (~30 regions per call put the fallback at 0.26-0.33x of the eager modules,
 # which run ~7, on a shared 2-core machine).
-CACHE_CHUNK_BYTES = 4 * 2**20
+SERIAL_CHUNK_BYTES = 4 * 2**20
 PARALLEL_CHUNK_BYTES = 256 * 2**20
 
 
@@ -40,7 +40,7 @@ def row_chunk_bytes(device_type: str) -> int:
     if CHUNK_BYTES_OVERRIDE:
         return CHUNK_BYTES_OVERRIDE
     if device_type == "cpu" and torch.get_num_threads() == 1:
-        return CACHE_CHUNK_BYTES
+        return SERIAL_CHUNK_BYTES
     return PARALLEL_CHUNK_BYTES
 
 

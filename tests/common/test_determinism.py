@@ -92,20 +92,19 @@ def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
 def test_chunk_budget_follows_the_thread_count(monkeypatch):
     """One thread: cache-sized chunks; more threads or a GPU: few large chunks (one
     parallel region per op and chunk); CHUNK_BYTES_OVERRIDE overrides both."""
-    _common = _torch_math
     monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", None)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert _common.row_chunk_bytes("cpu") == _common.CACHE_CHUNK_BYTES
-        assert _common.row_chunk_bytes("cuda") == _common.PARALLEL_CHUNK_BYTES
-        rows_per_chunk = [sl.stop - sl.start for sl in _common.row_chunks(16384, 10240, "cpu")]
+        assert _torch_math.row_chunk_bytes("cpu") == _torch_math.SERIAL_CHUNK_BYTES
+        assert _torch_math.row_chunk_bytes("cuda") == _torch_math.PARALLEL_CHUNK_BYTES
+        rows_per_chunk = [sl.stop - sl.start for sl in _torch_math.row_chunks(16384, 10240, "cpu")]
         assert len(rows_per_chunk) > 30 and max(rows_per_chunk) * 10240 <= 4 * 2**20
         torch.set_num_threads(2)
-        assert _common.row_chunk_bytes("cpu") == _common.PARALLEL_CHUNK_BYTES
-        assert list(_common.row_chunks(16384, 10240, "cpu")) == [slice(0, 16384)]
+        assert _torch_math.row_chunk_bytes("cpu") == _torch_math.PARALLEL_CHUNK_BYTES
+        assert list(_torch_math.row_chunks(16384, 10240, "cpu")) == [slice(0, 16384)]
         monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", 4096)
-        assert _common.row_chunk_bytes("cpu") == 4096
+        assert _torch_math.row_chunk_bytes("cpu") == 4096
     finally:
         torch.set_num_threads(before)
 

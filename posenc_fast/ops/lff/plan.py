@@ -130,7 +130,7 @@ LAUNCH_US = 4.0
 
 
 def sincos_instructions(M: int) -> int:
-    """FP32 instructions per (row, frequency) of _common.cos_sin_tile: the phase as an
+    """FP32 instructions per (row, frequency) of _phase_tiles.cos_sin_tile: the phase as an
     unevaluated sum (4 for the first coordinate, 12 for each further one: two-product and
     two-sum), sincos_turns (~43: quarter-turn reduction, two degree-9/10 polynomials, the
     quadrant selects), scaling and rounding (4). Counted from the source."""
