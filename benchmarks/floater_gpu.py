@@ -207,8 +207,7 @@ class Prepared:
 
 class Case:
     def __init__(self, ctx, L: int, S: int, d: int):
-        from posenc_fast import _testing
-        from posenc_fast.cli import _cases
+        from posenc_fast.cli import _cases, _inputs
 
         self.ctx, self.L, self.S, self.d = ctx, L, S, d
         dev = ctx.device
@@ -217,8 +216,8 @@ class Case:
         )
         self.leaves = [t.requires_grad_(True) for t in weights]
         self.times_host = self.times.cpu().double().tolist()
-        self.grad_out = _testing.randn(
-            (S, L, d), _testing.generator(ctx.seed + 7 * L + d), torch.float32, dev
+        self.grad_out = _inputs.randn(
+            (S, L, d), _inputs.generator(ctx.seed + 7 * L + d), torch.float32, dev
         )
         self.name = f"L={L} S={S} d=H={d}"
 

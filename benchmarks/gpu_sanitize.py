@@ -133,7 +133,7 @@ def workload_kernels(device: str) -> list[str]:
     import torch
 
     import posenc_fast as pf
-    from posenc_fast import _testing
+    from posenc_fast.cli import _inputs
     from posenc_fast.ops.encodings import reference as ref_enc
     from posenc_fast.ops.lff import reference as ref_lff
     from posenc_fast.ops.rotary import reference as ref_rot
@@ -141,19 +141,19 @@ def workload_kernels(device: str) -> list[str]:
     ran = []
     f32 = torch.float32
     for case in (
-        _testing.LffCase((37,), 2, 3, 18, 9, 13, "gelu_tanh"),
-        _testing.LffCase((5,), 1, 2, 10, 0, 0),
+        _inputs.LffCase((37,), 2, 3, 18, 9, 13, "gelu_tanh"),
+        _inputs.LffCase((5,), 1, 2, 10, 0, 0),
     ):
-        inputs = _testing.lff_inputs(case, f32, device, seed=1)
+        inputs = _inputs.lff_inputs(case, f32, device, seed=1)
         leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in inputs]
         y = pf.lff(*leaves, activation=case.activation, backend="triton")
         y.backward(torch.ones_like(y))
         want = ref_lff.lff(*inputs, case.activation)
         _check(y, want, f32, "lff" if case.hidden_dim else "encoding", f"lff {case.id}")
         ran.append(f"triton lff {case.id} forward+backward")
-    g = _testing.generator(2)
-    p = _testing.rand((3, 19), g, -50.0, 50.0, f32, device).requires_grad_()
-    x = _testing.randn((3, 19, 14), g, f32, device).requires_grad_()
+    g = _inputs.generator(2)
+    p = _inputs.rand((3, 19), g, -50.0, 50.0, f32, device).requires_grad_()
+    x = _inputs.randn((3, 19, 14), g, f32, device).requires_grad_()
     for kind, fn, module in (
         ("sinusoidal", pf.sinusoidal, pf.SinusoidalPE),
         ("dft", pf.dft, pf.DFTPE),
@@ -164,8 +164,8 @@ def workload_kernels(device: str) -> list[str]:
         want = ref_enc.dft(p.detach(), 14) if kind == "dft" else ref_enc.sinusoidal(p.detach(), 14)
         _check(table, want, f32, "encoding", kind)
         ran.append(f"triton {kind} table, fused add, backward (positions [3, 19], dim 14)")
-    case = _testing.RotaryCase(2, 3, 1, 37, 20, 18, 2, "bnhd")
-    q, k, xr, wr = (t.requires_grad_() for t in _testing.rotary_inputs(case, f32, device, seed=3))
+    case = _inputs.RotaryCase(2, 3, 1, 37, 20, 18, 2, "bnhd")
+    q, k, xr, wr = (t.requires_grad_() for t in _inputs.rotary_inputs(case, f32, device, seed=3))
     oq, ok = pf.apply_lff_rotary(q, k, xr, wr, case.layout, backend="triton")
     table = pf.lff_rotary(xr, wr, backend="triton")
     (oq.sum() + ok.sum() + table.sum()).backward()
@@ -183,7 +183,7 @@ def workload_floater(device: str, layouts=FLOATER_LAYOUTS) -> list[str]:
     import torch
 
     import posenc_fast as pf
-    from posenc_fast._testing import FloaterCase, floater_inputs
+    from posenc_fast.cli._inputs import FloaterCase, floater_inputs
     from posenc_fast.ops.floater import reference as ref
 
     if HERE not in sys.path:

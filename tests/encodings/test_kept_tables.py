@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.encodings import reference as enc_ref
 from posenc_fast.ops.encodings import torch_impl as torch_enc
 from posenc_fast.tolerances import assert_close
@@ -21,21 +21,21 @@ def test_default_positions_reuse_one_table(kind, no_tables):
     module = (pf.DFTPE if kind == "dft" else pf.SinusoidalPE)(24, backend="torch")
     ref = enc_ref.dft if kind == "dft" else enc_ref.sinusoidal
     for seed in range(3):
-        x = _testing.randn((2, 40, 24), _testing.generator(seed))
+        x = _inputs.randn((2, 40, 24), _inputs.generator(seed))
         want = x.double() + ref(torch.arange(40), 24)
         assert_close(module(x), want, torch.float32, "encoding", what=f"call {seed}")
     assert len(no_tables) == 1
     (table,) = no_tables.values()
     assert table.shape == (40, 24) and table.dtype == torch.float32
     # a different length is a different table; explicit 0..L-1 positions hit the same one
-    module(_testing.randn((1, 7, 24), _testing.generator(5)))
+    module(_inputs.randn((1, 7, 24), _inputs.generator(5)))
     module(x, torch.arange(40, dtype=torch.int32))
     assert len(no_tables) == 2
 
 
 def test_other_positions_are_not_kept(no_tables):
     module = pf.SinusoidalPE(16, backend="torch")
-    x = _testing.randn((3, 10, 16), _testing.generator(1))
+    x = _inputs.randn((3, 10, 16), _inputs.generator(1))
     p = torch.arange(10).flip(0)
     want = x.double() + enc_ref.sinusoidal(p, 16)
     assert_close(module(x, p), want, torch.float32, "encoding")

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc_fast._testing import FloaterCase, floater_inputs
+from posenc_fast.cli._inputs import FloaterCase, floater_inputs
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
 

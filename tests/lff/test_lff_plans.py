@@ -15,12 +15,13 @@
 import json
 import logging
 
+import _helpers
 import pytest
 import torch
 from conftest import DEVICE
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.lff import plan as lff_plan
 from posenc_fast.ops.lff import reference as ref
 from posenc_fast.ops.lff.registry import LFF
@@ -29,12 +30,12 @@ from posenc_fast.tolerances import assert_close
 triton = pytest.importorskip("triton")
 from posenc_fast.triton_kernels import _gemm_sizes, _launch, lff_gemm  # noqa: E402
 
-TRITON_REASONS = _testing.environment_reasons("triton")
+TRITON_REASONS = _helpers.environment_reasons("triton")
 needs_triton = pytest.mark.skipif(
     bool(TRITON_REASONS) or DEVICE not in LFF["triton"].support.devices,
     reason=f"triton backend unavailable on {DEVICE}: {TRITON_REASONS}",
 )
-NAMES = _testing.LFF_NAMES
+NAMES = _helpers.LFF_NAMES
 CACHE_PATH = lff_plan.cache_path  # the fixture below replaces it
 
 
@@ -59,7 +60,7 @@ def gemm_plan(monkeypatch):
 # ---------------------------------------------------------------- the gemm plan
 
 
-MLP_CASES = [c for c in _testing.LFF_CASES if c.hidden_dim]
+MLP_CASES = [c for c in _inputs.LFF_CASES if c.hidden_dim]
 
 
 @needs_triton
@@ -67,10 +68,10 @@ MLP_CASES = [c for c in _testing.LFF_CASES if c.hidden_dim]
 def test_gemm_plan_shared_matrix_float32(case, gemm_plan):
     """Forward and every gradient through pf.lff (the custom op and its autograd) on the
     shared LFF matrix (N = 0 and 1, batch dimensions, groups, every activation)."""
-    inputs = _testing.lff_inputs(case, torch.float32, DEVICE, seed=7)
+    inputs = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=7)
     y = pf.lff(*inputs, activation=case.activation, backend="triton")
     assert_close(y, ref.lff(*inputs, case.activation), torch.float32, "lff", what=case.id)
-    _testing.check_lff_backward(case, inputs, "triton", 8, "gemm plan")
+    _helpers.check_lff_backward(case, inputs, "triton", 8, "gemm plan")
 
 
 @needs_triton
@@ -83,11 +84,11 @@ def test_gemm_plan_chunks_against_float64(dtype, act, gemm_plan):
     """270 rows in chunks of 256 and 14: the features, products and weight-gradient sums
     carried over chunks; relu with a half-precision MLP takes the split features (hi and
     lo in one product), whose pre-activations keep float32's sign."""
-    case = _testing.LffCase((270,), 1, 2, 20, 24, 40, act)
-    inputs = _testing.lff_inputs(case, dtype, DEVICE, seed=61)
+    case = _inputs.LffCase((270,), 1, 2, 20, 24, 40, act)
+    inputs = _inputs.lff_inputs(case, dtype, DEVICE, seed=61)
     y = pf.lff(*inputs, activation=act, backend="triton")
     assert_close(y, ref.lff(*inputs, act), dtype, "lff", what=case.id)
-    _testing.check_lff_backward(case, inputs, "triton", 62, "gemm plan")
+    _helpers.check_lff_backward(case, inputs, "triton", 62, "gemm plan")
 
 
 @needs_triton
@@ -95,9 +96,9 @@ def test_gemm_plan_deterministic_and_only_needed_gradients(gemm_plan):
     """Two runs give the same bits; each gradient alone is bitwise the one computed with
     the others (the chunks, programs and orders do not depend on ``needs``); db2 alone
     (no hidden layer) and dw2 without db2 take their own products."""
-    case = _testing.LffCase((260,), 1, 2, 16, 24, 40)  # chunks of 256 and 4 rows
-    args = _testing.lff_inputs(case, torch.bfloat16, DEVICE, seed=63)
-    g = _testing.randn((260, 40), _testing.generator(64), torch.bfloat16, DEVICE)
+    case = _inputs.LffCase((260,), 1, 2, 16, 24, 40)  # chunks of 256 and 4 rows
+    args = _inputs.lff_inputs(case, torch.bfloat16, DEVICE, seed=63)
+    g = _inputs.randn((260, 40), _inputs.generator(64), torch.bfloat16, DEVICE)
     first = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
     second = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
     for name, a, b in zip(NAMES, first, second):
@@ -117,14 +118,14 @@ def test_gemm_plan_deterministic_and_only_needed_gradients(gemm_plan):
 def test_gemm_plan_under_autocast(gemm_plan):
     """float32 weights feeding a bf16 MLP (autocast): converted once per call; float32
     gradients for float32 weights."""
-    case = _testing.LffCase((40,), 1, 2, 32, 16, 24)
-    x, *w = _testing.lff_inputs(case, torch.float32, DEVICE, seed=3)
+    case = _inputs.LffCase((40,), 1, 2, 32, 16, 24)
+    x, *w = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=3)
     leaves = [t.clone().requires_grad_(True) for t in w]
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         y = pf.lff(x, *leaves, backend="triton")
     assert y.dtype == torch.bfloat16
     assert_close(y, ref.lff(x.double(), *w), torch.bfloat16, "lff")
-    g = _testing.randn(y.shape, _testing.generator(4), torch.bfloat16, DEVICE)
+    g = _inputs.randn(y.shape, _inputs.generator(4), torch.bfloat16, DEVICE)
     y.backward(g)
     w64 = [t.detach().double().requires_grad_(True) for t in w]
     ref.lff(x.double(), *w64).backward(g.double())
@@ -136,9 +137,9 @@ def test_gemm_plan_under_autocast(gemm_plan):
 @needs_triton
 def test_gemm_plan_agrees_with_the_fused_plan(monkeypatch):
     """float32: both plans agree to float32 rounding (other summation orders)."""
-    case = _testing.LffCase((200,), 1, 3, 24, 16, 20, "gelu_tanh")
-    args = _testing.lff_inputs(case, torch.float32, DEVICE, seed=65)
-    g = _testing.randn((200, 20), _testing.generator(66), torch.float32, DEVICE)
+    case = _inputs.LffCase((200,), 1, 3, 24, 16, 20, "gelu_tanh")
+    args = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=65)
+    g = _inputs.randn((200, 20), _inputs.generator(66), torch.float32, DEVICE)
     results = {}
     for plan in ("fused", "gemm"):
         monkeypatch.setenv(lff_plan.ENV_PLAN, plan)
@@ -373,7 +374,7 @@ def test_fused_kernel_gets_the_tf32_setting(monkeypatch, restore_precision):
     for name in ("_lff_fwd_kernel", "_lff_fwd_tuned"):
         monkeypatch.setattr(lff_forward, name, _Launches(lambda grid, a, m: seen.append(m)))
     monkeypatch.setenv(lff_plan.ENV_PLAN, "fused")
-    inputs = _testing.lff_inputs(_testing.LffCase((8,), 1, 2, 8, 16, 8), torch.float32, DEVICE, 1)
+    inputs = _inputs.lff_inputs(_inputs.LffCase((8,), 1, 2, 8, 16, 8), torch.float32, DEVICE, 1)
     for setting, expected in (("ieee", "ieee"), ("tf32", "tf32")):
         torch.backends.cuda.matmul.fp32_precision = setting
         pf.lff(*inputs, backend="triton")
@@ -427,8 +428,8 @@ def test_small_forward_is_one_launch_and_capturable(shape, monkeypatch):
     # the backend's own decision, whatever the device (the interpreter's CPU tensors
     # decide as an H200 would)
     monkeypatch.setattr(_launch, "device_name", lambda device: "NVIDIA H200")
-    case = _testing.LffCase((R,), 1, M, 2 * F2, H, Dg)
-    x, *w = _testing.lff_inputs(case, torch.bfloat16, "cpu", seed=3)
+    case = _inputs.LffCase((R,), 1, M, 2 * F2, H, Dg)
+    x, *w = _inputs.lff_inputs(case, torch.bfloat16, "cpu", seed=3)
     with _NoHostSync():
         y = LFF["triton"].forward(x, *w, "gelu", torch.bfloat16)
     assert launches == [R] and y.shape == (R, Dg)
@@ -444,9 +445,9 @@ def test_gemm_path_reads_nothing_on_the_host(gemm_plan, monkeypatch):
     launched = []
     for name in ("_features_kernel", "_act_fwd_kernel", "_act_bwd_kernel", "_phase_grad_kernel"):
         monkeypatch.setattr(lff_gemm.k, name, _Launches(lambda g, a, m, n=name: launched.append(n)))
-    case = _testing.LffCase((600,), 1, 2, 16, 24, 40)
-    x, *w = _testing.lff_inputs(case, torch.bfloat16, DEVICE, seed=5)
-    g = _testing.randn((600, 40), _testing.generator(6), torch.bfloat16, DEVICE)
+    case = _inputs.LffCase((600,), 1, 2, 16, 24, 40)
+    x, *w = _inputs.lff_inputs(case, torch.bfloat16, DEVICE, seed=5)
+    g = _inputs.randn((600, 40), _inputs.generator(6), torch.bfloat16, DEVICE)
     with _NoHostSync():
         LFF["triton"].forward(x, *w, "gelu", torch.bfloat16)
         LFF["triton"].backward(g, x, *w, "gelu", [True] * 6)
@@ -469,8 +470,8 @@ def test_measured_choice_through_the_backend(monkeypatch, tmp_path):
     ran = []
     real_gemm = lff_gemm.gemm_fwd
     monkeypatch.setattr(lff_gemm, "gemm_fwd", lambda *a: ran.append("gemm") or real_gemm(*a))
-    case = _testing.LffCase((40,), 1, 2, 16, 8, 12)
-    inputs = _testing.lff_inputs(case, torch.float32, DEVICE, seed=9)
+    case = _inputs.LffCase((40,), 1, 2, 16, 8, 12)
+    inputs = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=9)
     for _ in range(2):
         y = LFF["triton"].forward(*inputs, "gelu", torch.float32)
     assert len(timed) == 2 and ran == ["gemm", "gemm"]

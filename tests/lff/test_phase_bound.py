@@ -10,11 +10,12 @@ phases, does not.
 
 import math
 
+import _helpers
 import pytest
 import torch
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops import _torch_math
 from posenc_fast.ops.lff import reference as lff_ref
 from posenc_fast.ops.lff import torch_impl as torch_lff
@@ -26,7 +27,7 @@ U = 2.0**-24
 def _adversarial(M: int, bound: float, R: int = 1024, K: int = 1024, seed: int = 0):
     """rows [R, M] with |x| in [0.5, 1] and max |x| = 1 per column, wr [K, M] with every
     row's sum of |wr| equal to ``bound`` (so B = bound): phases up to B in magnitude."""
-    g = _testing.generator(seed)
+    g = _inputs.generator(seed)
     sign = torch.where(torch.rand((R, M), generator=g) < 0.5, -1.0, 1.0)
     rows = (0.5 + 0.5 * torch.rand((R, M), generator=g)) * sign
     rows[0] = 1.0  # the column maxima are exactly 1
@@ -110,15 +111,15 @@ def test_beyond_the_boundary_float64_phases_are_needed_and_taken(M):
 def _lff_case(scale: float):
     """LFF inputs with 2048 rows x 64 frequencies (enough to consider float32 phases),
     x in [-1, 1] and wr scaled so that B = scale * the float32 limit."""
-    g = _testing.generator(21)
-    x = _testing.rand((1024, 2, 2), g, -1.0, 1.0)
-    wr = _testing.randn((64, 2), g)
+    g = _inputs.generator(21)
+    x = _inputs.rand((1024, 2, 2), g, -1.0, 1.0)
+    wr = _inputs.randn((64, 2), g)
     wr *= scale * _torch_math.float32_phase_limit(2) / float(wr.abs().sum(1).max())
-    w1 = _testing.randn((128, 16), g, scale=0.3)
+    w1 = _inputs.randn((128, 16), g, scale=0.3)
     b1, w2, b2 = (
-        _testing.randn((16,), g),
-        _testing.randn((16, 24), g, scale=0.25),
-        _testing.randn((24,), g),
+        _inputs.randn((16,), g),
+        _inputs.randn((16, 24), g, scale=0.25),
+        _inputs.randn((24,), g),
     )
     return x, wr, w1, b1, w2, b2
 
@@ -135,10 +136,10 @@ def test_lff_on_both_sides_of_the_bound(scale):
     leaves64 = [t.double().requires_grad_() for t in inputs]
     want = lff_ref.lff(*leaves64)
     assert_close(y, want, torch.float32, "lff", what="forward")
-    g = _testing.randn(y.shape, _testing.generator(22))
+    g = _inputs.randn(y.shape, _inputs.generator(22))
     grads = torch.autograd.grad(y, leaves, g)
     grads64 = torch.autograd.grad(want, leaves64, g.double())
-    for name, got, ref in zip(_testing.LFF_NAMES, grads, grads64):
+    for name, got, ref in zip(_helpers.LFF_NAMES, grads, grads64):
         assert_close(got, ref, torch.float32, "grad", what=f"d{name}")
     again = torch.autograd.grad(pf.lff(*leaves, backend="torch"), leaves, g)
     assert all(torch.equal(a, b) for a, b in zip(grads, again))
