@@ -157,7 +157,7 @@ def _simulate(tmp_path: Path, case: str):
             "python_version": "3",
         }
         _copy_package(site, binary=True, metadata=meta)
-    env["PYTHONPATH"] = str(site)
+    env["PYTHONPATH"] = os.pathsep.join((str(site), str(Path(__file__).resolve().parents[1])))
     # Both processes at once (each spends most of its time importing torch).
     commands = ([sys.executable, "-c", CHECKS, case], [sys.executable, "-m", "posenc_fast", "info"])
     procs = [

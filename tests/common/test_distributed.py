@@ -384,6 +384,8 @@ def worker(rank: int, out_dir: pathlib.Path, scenarios: list[str]) -> None:
 def launch(out_dir: pathlib.Path, scenarios: list[str]) -> float:
     """Run the scenarios in WORLD worker processes; returns the wall time."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # the workers run this file as a script: tests/ on their path for the test helpers
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(THIS.parents[1]), env.get("PYTHONPATH"))))
     if "GLOO_SOCKET_IFNAME" not in env and os.path.exists("/sys/class/net/lo"):
         env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback
     cmd = [sys.executable, str(THIS), "--worker"]

@@ -458,9 +458,9 @@ def decide(w: Work, gpu: str, measure: Optional[Callable[[list], dict]] = None) 
 
 def _measured_or_model(w, gpu, candidates, estimates, measure, requested) -> Decision:
     bucket = w.bucket()
-    measuring = requested == "measure"
-    record = load_measured(gpu).get(bucket) if measuring else None
-    if record is None and measuring and measure is not None:
+    measure_on = requested == "measure"
+    record = load_measured(gpu).get(bucket) if measure_on else None
+    if record is None and measure_on and measure is not None:
         times = measure(candidates)
         record = {"plan": min(times, key=times.get), "ms": times}
         try:
