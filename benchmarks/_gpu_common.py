@@ -170,11 +170,11 @@ def environment(git_sha: str = "") -> dict:
 
 
 @contextlib.contextmanager
-def forced_floater_plan(plan: str | None):
+def forced_floater_layout(layout: str | None):
     """The CUDA FLOATER integrator's layout forced within the block ("mode,C,Sg[,resident
     [,staged]]", through the CUDA module's set_development_options: csrc/README.md); None
     or "": the automatic choice, nothing changed."""
-    if not plan:
+    if not layout:
         yield
         return
     from posenc_fast import _extension
@@ -182,11 +182,11 @@ def forced_floater_plan(plan: str | None):
     cuda = _extension.load("cuda")
     if cuda is None:
         raise RuntimeError(f"a forced layout needs the CUDA module: {_extension.reasons('cuda')}")
-    before = cuda.set_development_options(floater_plan=plan)["floater_plan"]
+    before = cuda.set_development_options(floater_layout=layout)["floater_layout"]
     try:
         yield
     finally:
-        cuda.set_development_options(floater_plan=before)
+        cuda.set_development_options(floater_layout=before)
 
 
 def default_out(name: str, env: dict) -> str:

@@ -108,10 +108,10 @@ def parse_args(argv=None):
         help="time spent on the runs of one slower measurement (fewer repeats beyond)",
     )
     p.add_argument(
-        "--cuda-plans",
+        "--cuda-layouts",
         default="",
         help="extra subject rows with the CUDA layout forced (set_development_options' "
-        "floater_plan), ';'-separated (e.g. 'solo,1,12;cluster,4,12'), for tuning",
+        "floater_layout), ';'-separated (e.g. 'solo,1,12;cluster,4,12'), for tuning",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
@@ -125,7 +125,7 @@ def parse_args(argv=None):
     default_impls = [i for i in ("cuda", *BASELINES) if not (dry and i == "torch-eager")]
     args.impls = _names(args.impls) if args.impls else default_impls
     args.modes = _names(args.modes)
-    args.cuda_plans = [s.strip() for s in args.cuda_plans.split(";") if s.strip()]
+    args.cuda_layouts = [s.strip() for s in args.cuda_layouts.split(";") if s.strip()]
     bad = [m for m in args.modes if m not in MODES]
     bad += [i for i in args.impls if i not in ("cuda", *BASELINES)]
     bad += [m for m in args.methods if m not in ("rk4", "rk38", "midpoint", "euler")]
@@ -207,8 +207,7 @@ class Prepared:
 
 class Case:
     def __init__(self, ctx, L: int, S: int, d: int):
-        from posenc_fast import _testing
-        from posenc_fast.cli import _cases
+        from posenc_fast.cli import _cases, _inputs
 
         self.ctx, self.L, self.S, self.d = ctx, L, S, d
         dev = ctx.device
@@ -217,8 +216,8 @@ class Case:
         )
         self.leaves = [t.requires_grad_(True) for t in weights]
         self.times_host = self.times.cpu().double().tolist()
-        self.grad_out = _testing.randn(
-            (S, L, d), _testing.generator(ctx.seed + 7 * L + d), torch.float32, dev
+        self.grad_out = _inputs.randn(
+            (S, L, d), _inputs.generator(ctx.seed + 7 * L + d), torch.float32, dev
         )
         self.name = f"L={L} S={S} d=H={d}"
 
@@ -493,19 +492,21 @@ def row_base(case: Case, impl: str, mode: str, method: str) -> dict:
 
 
 def run_subject(
-    ctx: Context, case: Case, method: str, mode: str, plan: str = "", tape_mb: str = ""
+    ctx: Context, case: Case, method: str, mode: str, layout: str = "", tape_mb: str = ""
 ) -> tuple:
-    """One subject row; plan: the CUDA layout forced for it (_gpu_common.forced_floater_plan),
+    """One subject row; layout: the CUDA layout forced for it (_gpu_common.forced_floater_layout),
     tape_mb: the tape's budget (POSENC_FAST_FLOATER_TAPE_MB) for it."""
     name = (
-        ctx.subject + (f"[plan={plan}]" if plan else "") + (f"[tape={tape_mb}]" if tape_mb else "")
+        ctx.subject
+        + (f"[layout={layout}]" if layout else "")
+        + (f"[tape={tape_mb}]" if tape_mb else "")
     )
     row = row_base(case, name, mode, method)
     old_tape = os.environ.get("POSENC_FAST_FLOATER_TAPE_MB")
     if tape_mb:
         os.environ["POSENC_FAST_FLOATER_TAPE_MB"] = tape_mb
     try:
-        with _gpu_common.forced_floater_plan(plan):
+        with _gpu_common.forced_floater_layout(layout):
             prep = case.prepare("subject", mode, case.L, method)
             row.update(measure(ctx, prep, None, 0, ctx.args.slow_repeats))
             row.update(setup_s=prep.setup_s, held_bytes=prep.held_bytes)
@@ -570,7 +571,7 @@ def run_baseline(ctx: Context, case: Case, impl: str, mode: str, want, reserve: 
 
 
 def subject_rows(ctx: Context, case: Case, entry: dict) -> dict:
-    """Checks and timed rows of the subject (every method, every mode, forced plans);
+    """Checks and timed rows of the subject (every method, every mode, forced layouts);
     returns its rk38 results per mode (what the baselines are compared with)."""
     want = {}
     for method in ctx.args.methods:
@@ -585,25 +586,25 @@ def subject_rows(ctx: Context, case: Case, entry: dict) -> dict:
             print(line(row), flush=True)
             if method == BASELINE_METHOD and result is not None:
                 want[mode] = result
-    extra = [(plan, "", mode) for plan in ctx.args.cuda_plans for mode in ctx.args.modes]
+    extra = [(layout, "", mode) for layout in ctx.args.cuda_layouts for mode in ctx.args.modes]
     if "bwd" in ctx.args.modes and BASELINE_METHOD in ctx.args.methods:
         extra.insert(0, ("", "0", "bwd"))  # the backward without a tape: every chunk re-taped
-    for plan, tape_mb, mode in extra:
-        row, result = run_subject(ctx, case, BASELINE_METHOD, mode, plan, tape_mb)
+    for layout, tape_mb, mode in extra:
+        row, result = run_subject(ctx, case, BASELINE_METHOD, mode, layout, tape_mb)
         if result is not None and mode in want:
             row["vs_subject"] = agreement(result, want[mode])
         entry["rows"].append(row)
         print(line(row), flush=True)
-    entry["plans"] = cuda_plans()
+    entry["layouts"] = cuda_layouts()
     return want
 
 
-def cuda_plans() -> list[str]:
-    """The CUDA integrator's layouts chosen so far in this process (Plan::why)."""
+def cuda_layouts() -> list[str]:
+    """The CUDA integrator's layouts chosen so far in this process (Layout::why)."""
     from posenc_fast import _extension
 
     module = _extension.loaded_module("cuda")
-    return list(module.floater_plans()) if hasattr(module, "floater_plans") else []
+    return list(module.floater_layouts()) if hasattr(module, "floater_layouts") else []
 
 
 def subject_results(ctx: Context, case: Case) -> dict:

@@ -14,7 +14,7 @@ Runs, each a child process of this script under compute-sanitizer:
   its end is outside any allocation and memcheck sees it.
 - racecheck and synccheck over the CUDA FLOATER integrator (workload "floater"): forward
   and backward in every layout, forced one after the other (the CUDA module's
-  set_development_options(floater_plan=...)): one
+  set_development_options(floater_layout=...)): one
   block (shared-memory exchange), a cluster of 2 (sm_90), a cooperative grid team of 3,
   weights from L2 with vectors read from L2. racecheck finds shared-memory hazards
   between a block's threads (missing __syncthreads), synccheck barriers not reached by
@@ -48,10 +48,10 @@ ROOT = os.path.dirname(HERE)
 
 # (tool, workload): what each sanitizer run covers
 RUNS = (("memcheck", "kernels"), ("racecheck", "floater"), ("synccheck", "floater"))
-# The FLOATER layouts the "floater" workload forces, as the CUDA module's floater_plan
+# The FLOATER layouts the "floater" workload forces, as the CUDA module's floater_layout
 # "mode,C,Sg[,resident[,staged]]", for its shape (S=5, d=9, H=7): one block; a cluster of
 # 2 blocks (sm_90); a grid team of 3 blocks; weights from L2, vectors read from L2.
-FLOATER_PLANS = ("solo,1,5", "cluster,2,3", "grid,3,2", "grid,2,3,0,0")
+FLOATER_LAYOUTS = ("solo,1,5", "cluster,2,3", "grid,3,2", "grid,2,3,0,0")
 SANITIZER_ENV = "COMPUTE_SANITIZER"
 STATUS_UNAVAILABLE = 3
 
@@ -133,7 +133,7 @@ def workload_kernels(device: str) -> list[str]:
     import torch
 
     import posenc_fast as pf
-    from posenc_fast import _testing
+    from posenc_fast.cli import _inputs
     from posenc_fast.ops.encodings import reference as ref_enc
     from posenc_fast.ops.lff import reference as ref_lff
     from posenc_fast.ops.rotary import reference as ref_rot
@@ -141,19 +141,19 @@ def workload_kernels(device: str) -> list[str]:
     ran = []
     f32 = torch.float32
     for case in (
-        _testing.LffCase((37,), 2, 3, 18, 9, 13, "gelu_tanh"),
-        _testing.LffCase((5,), 1, 2, 10, 0, 0),
+        _inputs.LffCase((37,), 2, 3, 18, 9, 13, "gelu_tanh"),
+        _inputs.LffCase((5,), 1, 2, 10, 0, 0),
     ):
-        inputs = _testing.lff_inputs(case, f32, device, seed=1)
+        inputs = _inputs.lff_inputs(case, f32, device, seed=1)
         leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in inputs]
         y = pf.lff(*leaves, activation=case.activation, backend="triton")
         y.backward(torch.ones_like(y))
         want = ref_lff.lff(*inputs, case.activation)
         _check(y, want, f32, "lff" if case.hidden_dim else "encoding", f"lff {case.id}")
         ran.append(f"triton lff {case.id} forward+backward")
-    g = _testing.generator(2)
-    p = _testing.rand((3, 19), g, -50.0, 50.0, f32, device).requires_grad_()
-    x = _testing.randn((3, 19, 14), g, f32, device).requires_grad_()
+    g = _inputs.generator(2)
+    p = _inputs.rand((3, 19), g, -50.0, 50.0, f32, device).requires_grad_()
+    x = _inputs.randn((3, 19, 14), g, f32, device).requires_grad_()
     for kind, fn, module in (
         ("sinusoidal", pf.sinusoidal, pf.SinusoidalPE),
         ("dft", pf.dft, pf.DFTPE),
@@ -164,26 +164,26 @@ def workload_kernels(device: str) -> list[str]:
         want = ref_enc.dft(p.detach(), 14) if kind == "dft" else ref_enc.sinusoidal(p.detach(), 14)
         _check(table, want, f32, "encoding", kind)
         ran.append(f"triton {kind} table, fused add, backward (positions [3, 19], dim 14)")
-    case = _testing.RotaryCase(2, 3, 1, 37, 20, 18, 2, "bnhd")
-    q, k, xr, wr = (t.requires_grad_() for t in _testing.rotary_inputs(case, f32, device, seed=3))
+    case = _inputs.RotaryCase(2, 3, 1, 37, 20, 18, 2, "bnhd")
+    q, k, xr, wr = (t.requires_grad_() for t in _inputs.rotary_inputs(case, f32, device, seed=3))
     oq, ok = pf.apply_lff_rotary(q, k, xr, wr, case.layout, backend="triton")
     table = pf.lff_rotary(xr, wr, backend="triton")
     (oq.sum() + ok.sum() + table.sum()).backward()
     wq, _ = ref_rot.apply_lff_rotary(q.detach(), k.detach(), xr.detach(), wr.detach(), case.layout)
     _check(oq, wq, f32, "rotary", "rotary q")
     ran.append(f"triton rotary apply + table, forward+backward ({case.id})")
-    ran += workload_floater(device, plans=(None,))
+    ran += workload_floater(device, layouts=(None,))
     return ran
 
 
-def workload_floater(device: str, plans=FLOATER_PLANS) -> list[str]:
+def workload_floater(device: str, layouts=FLOATER_LAYOUTS) -> list[str]:
     """The CUDA FLOATER integrator (forward, backward with every gradient) in each layout of
-    ``plans`` (None: the automatic one), against the reference. On the CPU (dry run): the
+    ``layouts`` (None: the automatic one), against the reference. On the CPU (dry run): the
     cpp backend, once."""
     import torch
 
     import posenc_fast as pf
-    from posenc_fast._testing import FloaterCase, floater_inputs
+    from posenc_fast.cli._inputs import FloaterCase, floater_inputs
     from posenc_fast.ops.floater import reference as ref
 
     if HERE not in sys.path:
@@ -192,22 +192,22 @@ def workload_floater(device: str, plans=FLOATER_PLANS) -> list[str]:
 
     backend = "cuda" if device == "cuda" else "cpp"
     if device != "cuda":
-        plans = (None,)
+        layouts = (None,)
     ran = []
     case = FloaterCase(5, 9, 7, 4, 2, "rk4", "tanh", repeat_time=True)
     for dtype in (torch.float32, torch.float64):
         args = floater_inputs(case, dtype, device, seed=5)
         want = ref.floater(*[a.double() for a in args], case.substeps, case.method, case.activation)
-        for plan in plans:
+        for layout in layouts:
             leaves = [a.detach().clone().requires_grad_() for a in args]
-            with _gpu_common.forced_floater_plan(plan):
+            with _gpu_common.forced_floater_layout(layout):
                 out = pf.floater(
                     *leaves, case.substeps, case.method, case.activation, backend=backend
                 )
                 out.backward(torch.ones_like(out))
-            _check(out, want, dtype, "floater", f"floater {plan or 'auto'} {dtype}")
-            layout = plan or "auto"
-            ran.append(f"{backend} floater {case.id} {str(dtype)[6:]} {layout}: forward+backward")
+            _check(out, want, dtype, "floater", f"floater {layout or 'auto'} {dtype}")
+            what = f"{backend} floater {case.id} {str(dtype)[6:]} {layout or 'auto'}"
+            ran.append(f"{what}: forward+backward")
     return ran
 
 

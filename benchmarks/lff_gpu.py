@@ -77,8 +77,11 @@ import _gpu_common  # noqa: E402  (benchmarks/, beside this script)
 import torch  # noqa: E402
 
 import posenc_fast as pf  # noqa: E402
-from posenc_fast import _testing  # noqa: E402
-from posenc_fast.cli import _baselines, _cases  # noqa: E402
+from posenc_fast.cli import (  # noqa: E402
+    _baselines,
+    _cases,
+    _inputs,
+)
 from posenc_fast.ops.lff import plan as lff_plan  # noqa: E402
 from posenc_fast.ops.lff import reference as lff_ref  # noqa: E402
 from posenc_fast.tolerances import mismatch  # noqa: E402
@@ -128,8 +131,8 @@ def counts(N, M, G, F, H, D, itemsize=2) -> dict:
 def make_case(name, spec):
     N, M, G, F, H, D, dtype_name = spec
     dtype = getattr(torch, dtype_name)
-    case = _testing.LffCase((N,), G, M // G, F, H, D // G, "gelu")
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, dtype, DEVICE, seed=N + F + G)
+    case = _inputs.LffCase((N,), G, M // G, F, H, D // G, "gelu")
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, dtype, DEVICE, seed=N + F + G)
     weights = [t.requires_grad_(True) for t in (wr, w1, b1, w2, b2)]
     # The eager baseline as a user writes it (nn.Linear, torch.cat, nn.GELU) with copies of
     # the weights: float32 phases, the MLP in the weights' dtype, every intermediate
@@ -269,7 +272,7 @@ def encoding_case(spec) -> tuple[dict, int]:
     fns = {}
     table = _baselines.table_module(kind, dim, DEVICE)
     if add:
-        x = _testing.randn((rows // L, L, dim), _testing.generator(2), torch.bfloat16, DEVICE)
+        x = _inputs.randn((rows // L, L, dim), _inputs.generator(2), torch.bfloat16, DEVICE)
         module = (pf.DFTPE if kind == "dft" else pf.SinusoidalPE)(dim, backend="triton")
         eager = _baselines.EagerAdd(table)
         fns["eager"] = lambda: eager(x)
@@ -300,7 +303,7 @@ def triton_calls(device: str):
                 N, _, _, _, _, D, _ = spec
                 with plan_env(plan):
                     y = pf.lff(case["x"], *case["weights"], backend="triton")
-                    grad = _testing.randn((N, D), _testing.generator(1), case["dtype"], DEVICE)
+                    grad = _inputs.randn((N, D), _inputs.generator(1), case["dtype"], DEVICE)
                     torch.autograd.grad(y, case["weights"], grad)
 
             yield f"{name} {plan}", lff_fwd_bwd
@@ -381,7 +384,7 @@ def main() -> int:
         fp32 = case["dtype"] == torch.float32 and not _launch_tf32()
         mma_case = (ceil.get("fp32_mm_TFLOPs") or FP32_TFLOPS_DATASHEET) if fp32 else mma_tflops
         impls = implementations(case)
-        grad = _testing.randn((N, D), _testing.generator(1), case["dtype"], DEVICE)
+        grad = _inputs.randn((N, D), _inputs.generator(1), case["dtype"], DEVICE)
         errors = {}
         for impl, fn in impls.items():
             try:

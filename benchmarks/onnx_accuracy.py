@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.tolerances import ONNX_MAX_PHASE, ONNX_PHASE_ATOL
 
 # |phase| bounds: the README promises 1e-6 up to 1e5; the others are informative
@@ -76,10 +76,10 @@ def reference(model: Features, x, s, i) -> list[torch.Tensor]:
 
 def inputs(model: Features, phase: float, seed: int, n: int = N):
     """n of x, s, i whose phases stay within |phase| (i: integer positions up to INT_TOP)."""
-    gen = _testing.generator(seed)
+    gen = _inputs.generator(seed)
     row_sum = float(model.wr.detach().abs().sum(1).max())
-    x = _testing.rand((n, 2), gen, -phase / row_sum, phase / row_sum)
-    s = _testing.rand((n,), gen, -phase / math.pi, phase / math.pi)  # dft: 2pi k/DIM < pi
+    x = _inputs.rand((n, 2), gen, -phase / row_sum, phase / row_sum)
+    s = _inputs.rand((n,), gen, -phase / math.pi, phase / math.pi)  # dft: 2pi k/DIM < pi
     i = torch.randint(-INT_TOP, INT_TOP, (n,), generator=gen)
     return x, s, i
 

@@ -167,7 +167,7 @@ def floater(report: dict) -> dict:
             entry[f"{sub}_{mode}_ms"] = r.get("ms")
             entry[f"{sub}_{mode}_rk4_ms"] = rows.get((sub, mode, "rk4"), {}).get("ms")
         entry[f"{sub}_bwd_untaped_ms"] = rows.get((f"{sub}[tape=0]", "bwd", "rk38"), {}).get("ms")
-        entry["plans"] = c.get("plans", [])
+        entry["layouts"] = c.get("layouts", c.get("plans", []))  # "plans" before
         entry["checks"] = {m: v.get("check") for m, v in c.get("checks", {}).items()}
         entry["goals"] = c.get("goals", {})
         cases.append(entry)

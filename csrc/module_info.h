@@ -14,12 +14,12 @@ inline pybind11::dict common_build_info() {
   info["ops_version"] = 3;  // bump when the op schemas change
   info["torch_version"] = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
                           std::to_string(TORCH_VERSION_PATCH);
-  // The sanitizers it was built with (_build_config.sanitizer_flags defines the macro),
+  // The sanitizers it was built with (tools/sanitized_extension.py defines the macro),
   // joined by '_' ("address_undefined"); "" for a normal build.
-#ifdef POSENC_FAST_SANITIZE
-#define POSENC_FAST_STR2(x) #x
-#define POSENC_FAST_STR(x) POSENC_FAST_STR2(x)
-  info["sanitize"] = std::string(POSENC_FAST_STR(POSENC_FAST_SANITIZE));
+#ifdef PF_SANITIZERS
+#define PF_STR2(x) #x
+#define PF_STR(x) PF_STR2(x)
+  info["sanitize"] = std::string(PF_STR(PF_SANITIZERS));
 #else
   info["sanitize"] = std::string();
 #endif

@@ -21,8 +21,10 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 # tests of the first-use build set their own environment. Subprocesses inherit this.
 os.environ.setdefault("POSENC_FAST_BUILD", "none")
 
+import _helpers
+
 import posenc_fast
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 
 DEVICE = os.environ.get("POSENC_FAST_TEST_DEVICE", "cpu")
 
@@ -37,7 +39,7 @@ def pytest_addoption(parser):
         "(tools/check_sanitizers.sh)",
     )
     group.addoption(
-        "--floater-cuda-plan",
+        "--floater-cuda-layout",
         default="",
         help="force the CUDA FLOATER integrator's layout in every test, "
         "'mode,C,Sg[,resident[,staged]]' (csrc/README.md): every layout on one GPU",
@@ -45,10 +47,10 @@ def pytest_addoption(parser):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _forced_floater_cuda_plan(request):
-    """--floater-cuda-plan: the layout forced through the CUDA module's
+def _forced_floater_cuda_layout(request):
+    """--floater-cuda-layout: the layout forced through the CUDA module's
     set_development_options for the whole session."""
-    spec = request.config.getoption("--floater-cuda-plan")
+    spec = request.config.getoption("--floater-cuda-layout")
     if not spec:
         yield
         return
@@ -56,10 +58,10 @@ def _forced_floater_cuda_plan(request):
 
     cuda = _extension.load("cuda")
     if cuda is None:
-        raise RuntimeError(f"--floater-cuda-plan: {'; '.join(_extension.reasons('cuda'))}")
-    before = cuda.set_development_options(floater_plan=spec)["floater_plan"]
+        raise RuntimeError(f"--floater-cuda-layout: {'; '.join(_extension.reasons('cuda'))}")
+    before = cuda.set_development_options(floater_layout=spec)["floater_layout"]
     yield
-    cuda.set_development_options(floater_plan=before)
+    cuda.set_development_options(floater_layout=before)
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -104,9 +106,9 @@ def backend_params(op: str, dtype=None, include_reference=False, exclude=()):
     """pytest params for every backend usable here that implements ``op`` on DEVICE; a
     backend that implements it but is unavailable in this environment (e.g. triton under
     an interpreter too old to verify it) is a skipped param whose reason says why."""
-    names = _testing.backends_for(op, DEVICE, dtype, include_reference)
+    names = _inputs.backends_for(op, DEVICE, dtype, include_reference)
     params = [pytest.param(n, id=n) for n in names if n not in exclude]
-    for name, reasons in _testing.unavailable_backends(op, DEVICE, dtype).items():
+    for name, reasons in _helpers.unavailable_backends(op, DEVICE, dtype).items():
         if name not in exclude:
             mark = pytest.mark.skip(reason=f"backend {name!r} unavailable: {'; '.join(reasons)}")
             params.append(pytest.param(name, id=name, marks=mark))
@@ -126,8 +128,8 @@ def backend_dtype_params(op: str, dtypes, include_reference=False):
 @pytest.fixture
 def calls():
     """Lengths (number of intervals) of every FLOATER integration run by any backend
-    during the test (_testing.count_floater_integrations)."""
-    seen, restore = _testing.count_floater_integrations()
+    during the test (_helpers.count_floater_integrations)."""
+    seen, restore = _helpers.count_floater_integrations()
     yield seen
     restore()
 
@@ -143,8 +145,8 @@ def pytest_report_header(config):
 @pytest.fixture
 def triton_interpreter():
     """Skips unless the Triton kernels run on CPU tensors here (TRITON_INTERPRET=1)."""
-    reasons = _testing.environment_reasons("triton")
+    reasons = _helpers.environment_reasons("triton")
     if reasons:
         pytest.skip("; ".join(reasons))
-    if not _testing.support("triton", "lff").implements("cpu"):
+    if not _helpers.support("triton", "lff").implements("cpu"):
         pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")

@@ -5,8 +5,8 @@
 #      invocation: the host side once, the device code of each architecture on its own
 #      thread (JOBS at a time); a warning or an error fails. Registers, stack, spills and
 #      static shared memory of every kernel are printed per architecture, for the log (the
-#      integrator's shared memory is dynamic: its planner sizes it per problem and device,
-#      up to the device's opt-in limit, and reports it in the plan's summary).
+#      integrator's shared memory is dynamic: choose_layout sizes it per problem and device,
+#      up to the device's opt-in limit, and reports it in the layout's summary).
 #   2. the host glue of the CUDA module posenc_fast._C_cuda (csrc/module_cuda.cpp,
 #      csrc/floater/floater_cuda_ops.cpp) is syntax-checked against torch's headers and the
 #      toolkit's.
@@ -71,7 +71,7 @@ for p in "${TORCH_INC[@]}"; do INC+=(-I "$p"); done
 # generated cuda_cmake_macros.h, which only defines build switches of libc10_cuda itself.
 for src in csrc/module_cuda.cpp csrc/floater/floater_cuda_ops.cpp; do
   "$CXX" -std=c++20 -fsyntax-only -Wall -Werror -Wno-psabi \
-    -DPOSENC_FAST_CUDA_ARCHS='"9.0"' -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
+    -DPF_CUDA_ARCHS='"9.0"' -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
     -DTORCH_EXTENSION_NAME=_C_cuda -DTORCH_API_INCLUDE_EXTENSION_H "${INC[@]}" "$src"
   echo "   ok: $src"
 done

@@ -28,13 +28,13 @@ SANITIZERS = ("address", "undefined")
 
 def flags() -> tuple[list[str], list[str]]:
     """(compile flags, link flags): the package's, with -O1 -g and the sanitizers for -O3;
-    POSENC_FAST_SANITIZE names them in the module's build_info() (csrc/module_info.h)."""
+    PF_SANITIZERS names them in the module's build_info() (csrc/module_info.h)."""
     from posenc_fast import _build_config as cfg
 
     sanitize = "-fsanitize=" + ",".join(SANITIZERS)
     cxx = [f for f in cfg.CXX_FLAGS if not f.startswith("-O")]
     cxx += ["-O1", "-g", sanitize, "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
-    cxx.append("-DPOSENC_FAST_SANITIZE=" + "_".join(SANITIZERS))
+    cxx.append("-DPF_SANITIZERS=" + "_".join(SANITIZERS))
     return cxx, [*cfg.LD_FLAGS, sanitize]
 
 

@@ -19,7 +19,7 @@ if interpreter_enabled():
 
 import triton
 import triton.language as tl
-from posenc_fast.triton_kernels import _common, _configs
+from posenc_fast.triton_kernels import _configs, _partial_sums
 from posenc_fast.triton_kernels import encodings as enc
 from posenc_fast.triton_kernels import lff_backward_fused as bwd
 from posenc_fast.triton_kernels import lff_backward_split_k as split_k
@@ -332,7 +332,7 @@ def _cases(quick: bool, arch: int):
         arch,
     )
     yield Case(
-        "lff_sum_partials", "sum_partials", _common.sum_partials_kernel, {"OUT": "*bf16"},
+        "lff_sum_partials", "sum_partials", _partial_sums.sum_partials_kernel, {"OUT": "*bf16"},
         dict(BLOCK=1024, INTERPRET=False), dict(num_warps=4),
     )  # fmt: skip
     # (name, ADD, HAS_BIAS, INTERLEAVED, POS_INT, WRAP)

@@ -11,8 +11,8 @@ import triton
 from . import _configs
 from . import lff_backward_fused as fused
 from . import lff_backward_split_k as large
-from ._common import sum_parts_into, workspace_parts
 from ._launch import INTERPRET, device_guard, dot_precision, pow2, rows_view, tl_dtype
+from ._partial_sums import sum_parts_into, workspace_parts
 from .lff_forward import split_features
 
 # The split-K path takes over when the fused kernel's per-program partial sums (4 bytes

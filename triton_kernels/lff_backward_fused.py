@@ -10,9 +10,10 @@ import triton
 import triton.language as tl
 
 from . import _configs
-from ._common import add_to, cos_sin_tile, max_programs, phase_chain_rule
 from ._launch import INTERPRET, interpreter_blocks
 from ._mlp import activation, activation_grad, mma
+from ._partial_sums import add_to, max_programs
+from ._phase_tiles import cos_sin_tile, phase_chain_rule
 from ._round import load_as, round_to
 from .lff_forward import hidden_preactivation
 

@@ -11,11 +11,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _common, _configs
+from . import _configs, _partial_sums
 from . import lff_backward_fused as fused
-from ._common import add_to, cos_sin_tile, max_programs, phase_chain_rule
 from ._launch import INTERPRET, interpreter_blocks, pow2
 from ._mlp import mma
+from ._partial_sums import add_to, max_programs
+from ._phase_tiles import cos_sin_tile, phase_chain_rule
 from ._round import load_as, round_to
 
 
@@ -343,7 +344,7 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
     # First pass: db1 and db2 partials in its workspace rows.
     first_blocks, first_options = _first_pass_blocks(meta, F2, width, arch)
     biases = ((3, flags["NEED_B1"], b1), (5, flags["NEED_B2"], b2))
-    small, small_total = _common.workspace_parts(biases)
+    small, small_total = _partial_sums.workspace_parts(biases)
     p1 = fused.programs(chunk, first_blocks, small_total, device)
     ws1 = torch.empty((p1, max(1, small_total)), dtype=torch.float32, device=device)
     offsets1 = {idx: off for idx, _, off in small}
@@ -431,8 +432,8 @@ def split_k(out, args, flags, need_w1, need_w2, b2, arch, device):
                 **wo,
                 enable_fp_fusion=False,
             )
-    _common.sum_parts_into(out, ws1, small, p1)
+    _partial_sums.sum_parts_into(out, ws1, small, p1)
     if flags["NEED_WR"]:
-        _common.sum_parts_into(out, ws2, [(1, wr, 0)], p2)
+        _partial_sums.sum_parts_into(out, ws2, [(1, wr, 0)], p2)
     for idx, _, ref, _, _, _, splits, wws in plans:
-        _common.sum_parts_into(out, wws, [(idx, ref, 0)], splits)
+        _partial_sums.sum_parts_into(out, wws, [(idx, ref, 0)], splits)

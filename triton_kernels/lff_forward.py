@@ -9,7 +9,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cos_sin_tile
 from ._launch import (
     INTERPRET,
     autotuned,
@@ -20,6 +19,7 @@ from ._launch import (
     tl_dtype,
 )
 from ._mlp import activation, mma
+from ._phase_tiles import cos_sin_tile
 from ._round import load_as, round_to
 
 # Every group of every position is one *row* of M coordinates (R = N * G rows): the

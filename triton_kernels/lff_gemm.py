@@ -11,8 +11,8 @@ import triton
 
 from . import _gemm_sizes
 from . import lff_gemm_kernels as k
-from ._common import max_programs, sum_partials
 from ._launch import INTERPRET, device_guard, pow2, rows_view
+from ._partial_sums import max_programs, sum_partials
 from .lff_forward import split_features
 
 # Rows are processed in chunks of C rows (``_gemm_sizes.chunk_rows``: a fixed function of

@@ -6,8 +6,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import add_to, cos_sin_tile, phase_chain_rule
 from ._mlp import activation, activation_grad
+from ._partial_sums import add_to
+from ._phase_tiles import cos_sin_tile, phase_chain_rule
 from ._round import round_to
 
 #     features  x -> [cos || sin] / sqrt(F) in the compute dtype          (forward, backward)
@@ -19,7 +20,7 @@ from ._round import round_to
 # helpers, so both plans round the same values the same way; only the products' outputs
 # (a, gh, gr) are rounded to the compute dtype where cuBLAS writes them. Row reductions
 # (db1, dwr) are deterministic: fixed programs owning float32 workspace rows, summed in
-# _common.sum_partials_kernel's fixed order. No atomics.
+# _partial_sums.sum_partials_kernel's fixed order. No atomics.
 
 
 @triton.jit

@@ -9,8 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cos_sin_strided, max_programs, phase_chain_rule_strided, sum_partials_kernel
 from ._launch import INTERPRET, device_guard, pow2
+from ._partial_sums import max_programs, sum_partials_kernel
+from ._phase_tiles import cos_sin_strided, phase_chain_rule_strided
 from ._round import round_to
 
 # One kernel per direction, with a constexpr TABLE for the table variant. The angle of

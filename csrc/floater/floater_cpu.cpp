@@ -57,14 +57,14 @@ std::atomic<int64_t> g_keep_budget{int64_t{64} << 20};
 // --- Drivers -----------------------------------------------------------------------------
 
 // How states are grouped into chunks: a function of the shapes only (determinism).
-struct Plan {
+struct Split {
   int64_t chunk;    // states per chunk
   int64_t nchunks;
   bool team;        // one chunk, every region split over columns by a team of threads
 };
 
 template <typename T>
-Plan make_plan(int64_t S, int64_t d, int64_t H) {
+Split split_states(int64_t S, int64_t d, int64_t H) {
   const int64_t weight_bytes = ((d + 1) * H + (H + 1) * d) * static_cast<int64_t>(sizeof(T));
   // Weights that stay in a core's L2 (>= 1 MiB on current x86): every chunk can own a core.
   // Chunks of at most 8 states (a register tile), as even as possible: S = 12 -> 2 x 6.
@@ -72,9 +72,9 @@ Plan make_plan(int64_t S, int64_t d, int64_t H) {
     const int64_t nchunks = (S + 7) / 8;
     int64_t chunk = (S + nchunks - 1) / nchunks;
     chunk += chunk % 2;  // tiles come in even sizes
-    return Plan{chunk, (S + chunk - 1) / chunk, false};
+    return Split{chunk, (S + chunk - 1) / chunk, false};
   }
-  return Plan{S, 1, true};
+  return Split{S, 1, true};
 }
 
 // A chunk of states; rows padded to an even count (with copies of its first state).
@@ -669,15 +669,15 @@ class Integrator {
   Kernels<T> kern_;
 };
 
-inline Chunk chunk_of(const Plan& plan, int64_t S, int64_t c) {
+inline Chunk chunk_of(const Split& split, int64_t S, int64_t c) {
   Chunk ch;
-  ch.r0 = c * plan.chunk;
-  ch.rows = std::min(plan.chunk, S - ch.r0);
+  ch.r0 = c * split.chunk;
+  ch.rows = std::min(split.chunk, S - ch.r0);
   ch.R = ch.rows <= 1 ? ch.rows : ch.rows + ch.rows % 2;  // even: register tiles of 2..12 rows
   return ch;
 }
 
-// The four products' weights. Team plans: packed panels (sized here, outside the parallel
+// The four products' weights. Team splits: packed panels (sized here, outside the parallel
 // region; filled by the members, so each core's panels start in its own cache). Otherwise
 // the matrices and, for the backward, transposed copies w2T [d, H] = w2[:H]^T,
 // w1T [H, d] = w1[:d]^T, so that every product is a row update (mm_nn).
@@ -714,11 +714,11 @@ Layers<T> make_layers(const Dyn<T>& dyn, bool team, LayerCopies<T>& cp, bool bac
   return lay;
 }
 
-// Threads for the chunks of a plan without a team (cost: a chunk's multiply-adds). Their
+// Threads for the chunks of a split without a team (cost: a chunk's multiply-adds). Their
 // region obeys the contention fallback without judging by its end (few, unequal chunks).
-inline int chunk_threads(const Plan& plan, int64_t L, int64_t d, int64_t H, const Options& opt) {
+inline int chunk_threads(const Split& split, int64_t L, int64_t d, int64_t H, const Options& opt) {
   const double stages = tableau(opt.method).stages;
-  return team_threads(plan.nchunks, 2.0 * plan.chunk * L * opt.substeps * stages * d * H);
+  return team_threads(split.nchunks, 2.0 * split.chunk * L * opt.substeps * stages * d * H);
 }
 
 template <typename T>
@@ -726,18 +726,18 @@ void forward_impl(const T* p0, const Dyn<T>& dyn, const T* times, int64_t S, int
                   T* out, const Tape<T>& tape) {
   const int64_t d = dyn.d, H = dyn.H;
   if (S == 0 || L == 0 || d == 0) return;
-  const Plan plan = make_plan<T>(S, d, H);
+  const Split split = split_states<T>(S, d, H);
   const Kernels<T> kern = kernels<T>();
   LayerCopies<T> cp;
-  const Integrator<T> integ(dyn, make_layers(dyn, plan.team, cp, false), opt, times, L, kern);
-  if (plan.team) {
-    const Chunk ch = chunk_of(plan, S, 0);
+  const Integrator<T> integ(dyn, make_layers(dyn, split.team, cp, false), opt, times, L, kern);
+  if (split.team) {
+    const Chunk ch = chunk_of(split, S, 0);
     integ.forward_chunk(p0, out, ch, team_size(ch.R, d, H, kern.block), &cp, tape);
     return;
   }
   for_each_item(
-      chunk_threads(plan, L, d, H, opt), plan.nchunks,
-      [&](int, int64_t c) { integ.forward_chunk(p0, out, chunk_of(plan, S, c), 1, nullptr, tape); }, false);
+      chunk_threads(split, L, d, H, opt), split.nchunks,
+      [&](int, int64_t c) { integ.forward_chunk(p0, out, chunk_of(split, S, c), 1, nullptr, tape); }, false);
 }
 
 template <typename T>
@@ -749,13 +749,13 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   if (dtimes) tape.data = nullptr;
   const int64_t d = dyn.d, H = dyn.H;
   if (S == 0 || L == 0 || d == 0) return;  // outputs are zero-initialised by the caller
-  const Plan plan = make_plan<T>(S, d, H);
+  const Split split = split_states<T>(S, d, H);
   const Kernels<T> kern = kernels<T>();
   std::vector<T> zeros(std::max(d, H) + 64, T(0));
   Dyn<T> dynb = dyn;
   dynb.zeros = zeros.data();
   LayerCopies<T> cp;
-  const Integrator<T> integ(dynb, make_layers(dyn, plan.team, cp, true), opt, times, L, kern);
+  const Integrator<T> integ(dynb, make_layers(dyn, split.team, cp, true), opt, times, L, kern);
   // The weight and time gradients a chunk accumulates into (nullptr: not needed): chunk 0
   // into the outputs, chunk c > 0 into its own partial (the needed arrays one after
   // another), added to the outputs in chunk order at the end.
@@ -766,7 +766,7 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   const int64_t sizes[5] = {(d + 1) * H, H, (H + 1) * d, d, L};
   int64_t per = 0;
   for (int q = 0; q < 5; ++q) per += outs.p[q] ? sizes[q] : 0;
-  std::vector<T> part(static_cast<size_t>((plan.nchunks - 1) * per), T(0));
+  std::vector<T> part(static_cast<size_t>((split.nchunks - 1) * per), T(0));
   auto grads_of = [&](int64_t c) {
     if (c == 0) return outs;
     Grads g{};
@@ -779,17 +779,17 @@ void backward_impl(const T* grad, const T* out, const T* p0, const Dyn<T>& dyn, 
   };
   auto run = [&](int64_t c, int threads, LayerCopies<T>* copies) {
     const Grads g = grads_of(c);
-    integ.backward_chunk(grad, out, p0, dp0, g.p[0], g.p[1], g.p[2], g.p[3], g.p[4], chunk_of(plan, S, c), threads,
+    integ.backward_chunk(grad, out, p0, dp0, g.p[0], g.p[1], g.p[2], g.p[3], g.p[4], chunk_of(split, S, c), threads,
                          copies, tape);
   };
-  if (plan.team) {
-    run(0, team_size(chunk_of(plan, S, 0).R, d, H, kern.block), &cp);
+  if (split.team) {
+    run(0, team_size(chunk_of(split, S, 0).R, d, H, kern.block), &cp);
   } else {
-    for_each_item(chunk_threads(plan, L, d, H, opt), plan.nchunks, [&](int, int64_t c) { run(c, 1, nullptr); },
+    for_each_item(chunk_threads(split, L, d, H, opt), split.nchunks, [&](int, int64_t c) { run(c, 1, nullptr); },
                   false);
   }
   // fixed-order reduction of the partials
-  for (int64_t c = 1; c < plan.nchunks; ++c) {
+  for (int64_t c = 1; c < split.nchunks; ++c) {
     const Grads g = grads_of(c);
     for (int q = 0; q < 5; ++q) {
       if (outs.p[q])

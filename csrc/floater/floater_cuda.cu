@@ -30,17 +30,17 @@
 //   Z_i [S, H] (the CPU tape's layout) for its first intervals, each block storing its own
 //   slices (global stores that no one waits for).
 // - Backward, per chunk of intervals, last first (backward()): intervals beyond the tape
-//   are integrated again onto a chunk tape (the forward's kernel and plan: bitwise its
+//   are integrated again onto a chunk tape (the forward's kernel and layout: bitwise its
 //   values); the adjoint kernel walks the chunk's stages in reverse, two transposed
 //   products per stage as reduce-scatters (each block's partial sums pushed to the owner of
 //   each output slice, which adds the C partials in block order), writing dLoss/dz_i and
 //   dLoss/dk_i; the weight gradients are then GEMMs over the chunk (GradSink): X^T G with X
 //   the tape's Y (layer 1) or act(Z) (layer 2). A gradient of the times needs the slopes
 //   k_i: it re-tapes every chunk with them and accumulates dLoss/dh per block.
-// - plan() picks the layout from the shapes and the device's properties with a cost model
-//   (stage_cost); set_forced_plan forces one.
-// - Determinism: every sum runs in an order fixed by the shapes and the plan; no float
-//   atomics: results are bitwise reproducible for a fixed plan on one GPU.
+// - choose_layout() picks the layout from the shapes and the device's properties with a cost model
+//   (stage_cost); set_forced_layout forces one.
+// - Determinism: every sum runs in an order fixed by the shapes and the layout; no float
+//   atomics: results are bitwise reproducible for a fixed layout on one GPU.
 // - Testing without a GPU: tools/cuda_emulation runs this file on the CPU with a race
 //   checker, through the hooks of floater_cuda_hooks.h.
 #include <cooperative_groups.h>
@@ -68,7 +68,7 @@ constexpr int kMaxCluster = 16;  // the non-portable cluster size of sm_90
 __host__ __device__ inline int odd_at_least(int n) { return n % 2 == 0 ? n + 1 : n; }
 __host__ __device__ inline int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
-// --- Sizes shared by host (planning) and device ------------------------------------------
+// --- Sizes shared by host (choose_layout) and device ------------------------------------------
 struct Dims {
   int d, H, C, Sg, stages;
   int nh_max, nd_max;  // largest slices
@@ -562,7 +562,7 @@ cudaError_t cluster_config(const void* kernel, int C, dim3 grid, size_t smem, cu
 
 // The three ways of launching a persistent kernel.
 template <typename T>
-cudaError_t launch_persistent(const Plan& pl, bool adj, cudaStream_t stream, Params<T>& p) {
+cudaError_t launch_persistent(const Layout& pl, bool adj, cudaStream_t stream, Params<T>& p) {
   KernelFn<T> kernel = pick_kernel_t<T>(pl.mode, adj);
   const dim3 grid(pl.G * pl.C);
   if (p.xg) FLOATER_CUDA_EXCHANGE_BUFFER(p.xg, pl.workspace_bytes);
@@ -584,7 +584,7 @@ cudaError_t launch_persistent(const Plan& pl, bool adj, cudaStream_t stream, Par
 
 // Fill the parameters every launch shares.
 template <typename T>
-Params<T> base_params(const Problem& pr, const Plan& pl, const Pointers& ptr) {
+Params<T> base_params(const Problem& pr, const Layout& pl, const Pointers& ptr) {
   Params<T> p{};
   p.w1 = static_cast<const T*>(ptr.w1);
   p.b1 = static_cast<const T*>(ptr.b1);
@@ -624,7 +624,7 @@ size_t kernel_workspace_bytes(const Problem& pr, int mode, int C, int Sg, int G)
   return static_cast<size_t>(G) * grid_team_elems(dims_for(pr, C, Sg), pr.backward) * pr.dtype_size + 256;
 }
 
-// --- Host side: the planner --------------------------------------------------------------
+// --- Host side: choosing the layout --------------------------------------------------------------
 struct DeviceInfo {
   int sms, cc_major;
   size_t smem_optin;
@@ -676,10 +676,10 @@ int active_clusters(const void* kernel, int C, size_t smem) {
   return clusters;
 }
 
-// The planner's cost model: predicted nanoseconds of one stage (the forward's two phases,
+// choose_layout's cost model: predicted nanoseconds of one stage (the forward's two phases,
 // or the adjoint's two reduce-scatters) of one team, the slowest block's. Its constants
 // are estimates (benchmarks/NOTES.md, "FLOATER on the GPU at the paper's cost"), to be
-// replaced by what a GPU measures; they only rank plans, never change results.
+// replaced by what a GPU measures; they only rank layouts, never change results.
 constexpr double kFmaPerNs = 80.0;        // per SM, float (double: half): LDS-bound products
 constexpr double kL2BytesPerNs = 25.0;    // per SM, weight rows streamed from L2
 constexpr double kDsmemStoresPerNs = 16.0;  // per SM, 4-byte stores into other blocks
@@ -737,7 +737,7 @@ int64_t tape_numel(int64_t S, int64_t d, int64_t H, int64_t intervals, int64_t s
   return intervals * substeps * tableau(static_cast<Method>(method)).stages * S * (d + H);
 }
 
-cudaError_t plan(const Problem& pr, int device, Plan* out) {
+cudaError_t choose_layout(const Problem& pr, int device, Layout* out) {
   DeviceInfo dev{};
   cudaError_t err = device_info(device, &dev);
   if (err != cudaSuccess) return err;
@@ -815,10 +815,10 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
     }
   }
   if (best.mode < 0) return cudaErrorInvalidConfiguration;
-  Plan pl{};
-  err = plan_with(pr, best.mode, best.C, best.Sg, 1.0, &pl, best.stage_x);
+  Layout pl{};
+  err = layout_for(pr, best.mode, best.C, best.Sg, 1.0, &pl, best.stage_x);
   if (err != cudaSuccess) return err;
-  // the candidate's resident rows (plan_with above made them all resident)
+  // the candidate's resident rows (layout_for above made them all resident)
   pl.kr1 = best.kr1;
   pl.kr2 = best.kr2;
   pl.smem_bytes = smem_bytes_for(pr, pl.mode, pl.C, pl.Sg, pl.kr1, pl.kr2, pl.stage_x);
@@ -833,13 +833,13 @@ cudaError_t plan(const Problem& pr, int device, Plan* out) {
   return cudaSuccess;
 }
 
-cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, double resident, Plan* out, bool stage_x) {
+cudaError_t layout_for(const Problem& pr, int mode, int C, int Sg, double resident, Layout* out, bool stage_x) {
   if (mode < kSolo || mode > kGrid || C < 1 || Sg < 1 || (mode == kSolo && C != 1) || (mode != kSolo && C < 2) ||
       (mode == kCluster && C > kMaxCluster) || !(resident >= 0.0 && resident <= 1.0))
     return cudaErrorInvalidValue;
   if (C > pr.d || C > pr.H) return cudaErrorInvalidValue;  // every block owns part of d and H
   const long S = pr.S;
-  Plan pl{};
+  Layout pl{};
   pl.mode = mode;
   pl.C = C;
   pl.Sg = static_cast<int>(std::min<long>(Sg, std::max<long>(S, 1)));
@@ -868,14 +868,14 @@ long align64(long n) { return (n + 63) / 64 * 64; }
 // The backward's workspace (elements of T): lam, the time partials, the grid exchange,
 // stage times, dLoss/dz and dLoss/dk of a chunk, and the chunk tape for intervals beyond
 // the forward's tape.
-struct BwdLayout {
+struct BwdWorkspace {
   long chunk;  // intervals per chunk
   long lam, dt_end, dt_start, xg, taus, gz, gk, retape, total;
   bool need_gz, need_gk, need_t, retape_k;
 };
 
-BwdLayout bwd_layout(const Problem& pr, const Plan& fp, const Plan& ap, TapeRef tape) {
-  BwdLayout w{};
+BwdWorkspace bwd_workspace(const Problem& pr, const Layout& fp, const Layout& ap, TapeRef tape) {
+  BwdWorkspace w{};
   const long S = pr.S, d = pr.d, H = pr.H, L = pr.L, n = pr.substeps, s = stages_of(pr);
   w.need_t = pr.needs[5];
   w.need_gz = pr.needs[1] || pr.needs[2];
@@ -907,7 +907,7 @@ BwdLayout bwd_layout(const Problem& pr, const Plan& fp, const Plan& ap, TapeRef 
 }
 
 template <typename T>
-cudaError_t forward_typed(const Problem& pr, const Plan& pl, const Pointers& ptr, TapeRef tape, cudaStream_t stream) {
+cudaError_t forward_typed(const Problem& pr, const Layout& pl, const Pointers& ptr, TapeRef tape, cudaStream_t stream) {
   Params<T> p = base_params<T>(pr, pl, ptr);
   p.j0 = 0;
   p.j1 = p.L;
@@ -931,9 +931,9 @@ cudaError_t launch_dtimes(const T* end, const T* start, int nb, int L, T* out, c
 }
 
 template <typename T>
-cudaError_t backward_typed(const Problem& pr, const Plan& fp, const Plan& ap, const Pointers& ptr, TapeRef tape,
+cudaError_t backward_typed(const Problem& pr, const Layout& fp, const Layout& ap, const Pointers& ptr, TapeRef tape,
                            GradSink& sink, cudaStream_t stream) {
-  const BwdLayout w = bwd_layout(pr, fp, ap, tape);
+  const BwdWorkspace w = bwd_workspace(pr, fp, ap, tape);
   T* ws = static_cast<T*>(ptr.workspace);
   const long S = pr.S, d = pr.d, H = pr.H, L = pr.L, n = pr.substeps, s = stages_of(pr);
   const long rows = n * s * S;
@@ -1006,24 +1006,24 @@ cudaError_t backward_typed(const Problem& pr, const Plan& fp, const Plan& ap, co
 
 }  // namespace
 
-size_t forward_workspace_bytes(const Problem&, const Plan& plan) { return plan.workspace_bytes; }
+size_t forward_workspace_bytes(const Problem&, const Layout& layout) { return layout.workspace_bytes; }
 
-cudaError_t forward(const Problem& pr, const Plan& plan, const Pointers& ptr, TapeRef tape, cudaStream_t stream) {
+cudaError_t forward(const Problem& pr, const Layout& layout, const Pointers& ptr, TapeRef tape, cudaStream_t stream) {
   if (pr.S == 0 || pr.L == 0 || pr.d == 0) return cudaSuccess;  // nothing to integrate
-  return pr.dtype_size == 4 ? forward_typed<float>(pr, plan, ptr, tape, stream)
-                            : forward_typed<double>(pr, plan, ptr, tape, stream);
+  return pr.dtype_size == 4 ? forward_typed<float>(pr, layout, ptr, tape, stream)
+                            : forward_typed<double>(pr, layout, ptr, tape, stream);
 }
 
-size_t backward_workspace_bytes(const Problem& pr, const Plan& fplan, const Plan& aplan, TapeRef tape) {
+size_t backward_workspace_bytes(const Problem& pr, const Layout& flayout, const Layout& alayout, TapeRef tape) {
   if (pr.S == 0 || pr.L == 0 || pr.d == 0) return 0;
-  return static_cast<size_t>(bwd_layout(pr, fplan, aplan, tape).total) * pr.dtype_size + 256;
+  return static_cast<size_t>(bwd_workspace(pr, flayout, alayout, tape).total) * pr.dtype_size + 256;
 }
 
-cudaError_t backward(const Problem& pr, const Plan& fplan, const Plan& aplan, const Pointers& ptr, TapeRef tape,
+cudaError_t backward(const Problem& pr, const Layout& flayout, const Layout& alayout, const Pointers& ptr, TapeRef tape,
                      GradSink& sink, cudaStream_t stream) {
   if (pr.S == 0 || pr.L == 0 || pr.d == 0) return cudaSuccess;
-  return pr.dtype_size == 4 ? backward_typed<float>(pr, fplan, aplan, ptr, tape, sink, stream)
-                            : backward_typed<double>(pr, fplan, aplan, ptr, tape, sink, stream);
+  return pr.dtype_size == 4 ? backward_typed<float>(pr, flayout, alayout, ptr, tape, sink, stream)
+                            : backward_typed<double>(pr, flayout, alayout, ptr, tape, sink, stream);
 }
 
 int compiled_version() { return CUDART_VERSION; }

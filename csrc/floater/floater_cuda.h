@@ -25,9 +25,9 @@ struct Problem {
   int64_t chunk_intervals = 0;  // backward: intervals per chunk (0: automatic; tests set it)
 };
 
-// How the work is laid out on the device (chosen by plan(), from the problem and the
+// How the work is laid out on the device (chosen by choose_layout(), from the problem and the
 // device's properties only: never from timing).
-struct Plan {
+struct Layout {
   int mode;        // 0: solo (one block per team), 1: cluster (sm_90+), 2: cooperative grid
   int C;           // blocks per team (they split the dynamics' weights)
   int G;           // teams (each integrates Sg of the S states)
@@ -36,18 +36,18 @@ struct Plan {
   bool stage_x;    // grid: exchanged vectors copied into shared memory (else read from L2)
   size_t smem_bytes;
   size_t workspace_bytes;  // global scratch of the kernel (grid exchange buffers)
-  double stage_ns;         // the planner's predicted time of one stage (an estimate)
+  double stage_ns;         // choose_layout's predicted time of one stage (an estimate)
   char why[200];   // human-readable summary (for errors, benchmarks and debugging)
 };
 
-// Returns cudaSuccess and fills plan, or an error (e.g. sizes beyond what fits).
-cudaError_t plan(const Problem& pr, int device, Plan* plan);
+// Returns cudaSuccess and fills layout, or an error (e.g. sizes beyond what fits).
+cudaError_t choose_layout(const Problem& pr, int device, Layout* layout);
 
-// A plan for a given layout (mode, C, Sg, the fraction of each weight slice's rows held in
+// The layout of given choices (mode, C, Sg, the fraction of each weight slice's rows held in
 // shared memory, stage_x) without asking the device whether it fits: for tests, the CPU
-// emulation (tools/cuda_emulation) and forced layouts (set_forced_plan).
-cudaError_t plan_with(const Problem& pr, int mode, int C, int Sg, double resident, Plan* plan,
-                      bool stage_x = true);
+// emulation (tools/cuda_emulation) and forced layouts (set_forced_layout).
+cudaError_t layout_for(const Problem& pr, int mode, int C, int Sg, double resident, Layout* layout,
+                       bool stage_x = true);
 
 struct Pointers {
   const void *p0, *w1, *b1, *w2, *b2, *times;
@@ -67,9 +67,9 @@ struct TapeRef {
 };
 int64_t tape_numel(int64_t S, int64_t d, int64_t H, int64_t intervals, int64_t substeps, int method);
 
-size_t forward_workspace_bytes(const Problem& pr, const Plan& plan);
+size_t forward_workspace_bytes(const Problem& pr, const Layout& layout);
 // The forward: out, and the stage values of tape.intervals intervals into tape.data.
-cudaError_t forward(const Problem& pr, const Plan& plan, const Pointers& ptr, TapeRef tape, cudaStream_t stream);
+cudaError_t forward(const Problem& pr, const Layout& layout, const Pointers& ptr, TapeRef tape, cudaStream_t stream);
 
 // Where the backward's weight gradients are made: after the adjoint chain of a chunk of
 // intervals, one call per layer with its stage values X (layer 1: the stage inputs Y
@@ -86,21 +86,21 @@ struct GradSink {
 };
 
 // The backward (the discrete adjoint by chunks of intervals: floater_cuda.cu's header).
-// fplan: the forward's plan, which re-tapes intervals beyond the tape (bitwise the forward's
-// stage values); aplan: the adjoint chain's. A gradient of the times re-tapes every chunk.
-size_t backward_workspace_bytes(const Problem& pr, const Plan& fplan, const Plan& aplan, TapeRef tape);
-cudaError_t backward(const Problem& pr, const Plan& fplan, const Plan& aplan, const Pointers& ptr, TapeRef tape,
+// flayout: the forward's layout, which re-tapes intervals beyond the tape (bitwise the forward's
+// stage values); alayout: the adjoint chain's. A gradient of the times re-tapes every chunk.
+size_t backward_workspace_bytes(const Problem& pr, const Layout& flayout, const Layout& alayout, TapeRef tape);
+cudaError_t backward(const Problem& pr, const Layout& flayout, const Layout& alayout, const Pointers& ptr, TapeRef tape,
                      GradSink& sink, cudaStream_t stream);
 
 // Every layout the CUDA ops chose in this process, one line each (the problem, then
-// Plan::why): what the benchmarks record (floater_cuda_ops.cpp).
-std::vector<std::string> plan_log();
+// Layout::why): what the benchmarks record (floater_cuda_ops.cpp).
+std::vector<std::string> layout_log();
 
-// Force a layout on the CUDA ops instead of plan()'s choice: "mode,C,Sg[,resident[,staged]]"
+// Force a layout on the CUDA ops instead of choose_layout()'s choice: "mode,C,Sg[,resident[,staged]]"
 // (mode solo, cluster or grid; "" for the automatic choice); returns the previous one. For
 // tests and experiments on a GPU (module_cuda.cpp: set_development_options).
-std::string set_forced_plan(const std::string& spec);
-std::string forced_plan_spec();  // the forced layout, "" for none
+std::string set_forced_layout(const std::string& spec);
+std::string forced_layout_spec();  // the forced layout, "" for none
 
 int compiled_version();  // CUDART_VERSION the kernels were compiled with
 int runtime_version();   // the CUDA runtime's version, -1 if it cannot tell (floater_cuda_ops.cpp)

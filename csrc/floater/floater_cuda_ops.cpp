@@ -49,13 +49,13 @@ Problem to_problem(const floater::Problem& pr, const at::Tensor& p0, bool backwa
   return cp;
 }
 
-// The forced layout (set_forced_plan, floater_cuda.h; csrc/README.md lists its fields),
+// The forced layout (set_forced_layout, floater_cuda.h; csrc/README.md lists its fields),
 // used for the forward and the adjoint alike; one that does not fit fails at launch.
 std::mutex forced_lock;
 std::string forced_spec;
 
-bool forced_plan(const Problem& cp, Plan* plan) {
-  const std::string spec = forced_plan_spec();
+bool forced_layout(const Problem& cp, Layout* layout) {
+  const std::string spec = forced_layout_spec();
   if (spec.empty()) return false;
   std::vector<std::string> f;
   size_t start = 0;
@@ -66,9 +66,9 @@ bool forced_plan(const Problem& cp, Plan* plan) {
     start = comma + 1;
   }
   TORCH_CHECK_VALUE(f.size() >= 3 && f.size() <= 5,
-                    "floater_plan must be 'mode,C,Sg[,resident[,staged]]', got '", spec, "'");
+                    "floater_layout must be 'mode,C,Sg[,resident[,staged]]', got '", spec, "'");
   const int mode = f[0] == "solo" ? 0 : f[0] == "cluster" ? 1 : f[0] == "grid" ? 2 : -1;
-  TORCH_CHECK_VALUE(mode >= 0, "floater_plan: mode must be solo, cluster or grid, got '", f[0], "'");
+  TORCH_CHECK_VALUE(mode >= 0, "floater_layout: mode must be solo, cluster or grid, got '", f[0], "'");
   int C = 0, Sg = 0;
   double resident = 1.0;
   try {
@@ -76,57 +76,57 @@ bool forced_plan(const Problem& cp, Plan* plan) {
     Sg = std::stoi(f[2]);
     if (f.size() >= 4) resident = std::stod(f[3]);
   } catch (const std::exception&) {
-    TORCH_CHECK_VALUE(false, "floater_plan: C and Sg must be integers, resident a number, got '", spec, "'");
+    TORCH_CHECK_VALUE(false, "floater_layout: C and Sg must be integers, resident a number, got '", spec, "'");
   }
   const bool staged = f.size() < 5 || f[4] != "0";
-  const cudaError_t err = plan_with(cp, mode, C, Sg, resident, plan, staged);
-  TORCH_CHECK_VALUE(err == cudaSuccess, "floater_plan='", spec, "' is not a valid layout for d=", cp.d,
+  const cudaError_t err = layout_for(cp, mode, C, Sg, resident, layout, staged);
+  TORCH_CHECK_VALUE(err == cudaSuccess, "floater_layout='", spec, "' is not a valid layout for d=", cp.d,
                     ", H=", cp.H);
   return true;
 }
 
-std::mutex plans_lock;
-std::vector<std::string> plans_made;  // plan_log()
+std::mutex layouts_lock;
+std::vector<std::string> layouts_made;  // layout_log()
 
-void log_plan(const Problem& cp, const at::Tensor& p0, const Plan& plan) {
+void log_layout(const Problem& cp, const at::Tensor& p0, const Layout& layout) {
   std::string line = std::string(cp.backward ? "adjoint" : "forward") + " S=" + std::to_string(cp.S) +
                      " d=" + std::to_string(cp.d) + " H=" + std::to_string(cp.H) +
                      " stages=" + std::to_string(cp.method == 0 ? 1 : (cp.method == 1 ? 2 : 4)) +
                      (cp.dtype_size == 8 ? " float64" : " float32") + " on cuda:" + std::to_string(p0.get_device()) +
-                     ": " + plan.why;
-  const std::lock_guard<std::mutex> g(plans_lock);
-  if (std::find(plans_made.begin(), plans_made.end(), line) == plans_made.end()) plans_made.push_back(line);
+                     ": " + layout.why;
+  const std::lock_guard<std::mutex> g(layouts_lock);
+  if (std::find(layouts_made.begin(), layouts_made.end(), line) == layouts_made.end()) layouts_made.push_back(line);
 }
 
-// plan() asks the device for occupancies (dozens of queries): its answer is kept per
-// device and everything it depends on (not L: the plan does not depend on it).
-Plan make_plan(const Problem& cp, const at::Tensor& p0) {
-  Plan plan{};
-  if (forced_plan(cp, &plan)) {
-    log_plan(cp, p0, plan);
-    return plan;
+// choose_layout() asks the device for occupancies (dozens of queries): its answer is kept per
+// device and everything it depends on (not L: the layout does not depend on it).
+Layout make_layout(const Problem& cp, const at::Tensor& p0) {
+  Layout layout{};
+  if (forced_layout(cp, &layout)) {
+    log_layout(cp, p0, layout);
+    return layout;
   }
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, bool, bool>;
-  static std::map<Key, Plan> plans;
+  static std::map<Key, Layout> layouts;
   const Key key{p0.get_device(), cp.S, cp.d, cp.H, cp.method, cp.dtype_size, cp.backward, cp.needs[5]};
   {
-    const std::lock_guard<std::mutex> g(plans_lock);
-    const auto it = plans.find(key);
-    if (it != plans.end()) return it->second;
+    const std::lock_guard<std::mutex> g(layouts_lock);
+    const auto it = layouts.find(key);
+    if (it != layouts.end()) return it->second;
   }
-  const cudaError_t err = cuda::plan(cp, p0.get_device(), &plan);
+  const cudaError_t err = cuda::choose_layout(cp, p0.get_device(), &layout);
   if (err != cudaSuccess) cudaGetLastError();
   TORCH_CHECK(err == cudaSuccess, "floater (cuda): no launch configuration fits d=", cp.d, ", H=", cp.H, ", S=", cp.S,
               " on ", p0.device(), " (", cudaGetErrorString(err), ")");
-  log_plan(cp, p0, plan);
-  const std::lock_guard<std::mutex> g(plans_lock);
-  plans.emplace(key, plan);
-  return plan;
+  log_layout(cp, p0, layout);
+  const std::lock_guard<std::mutex> g(layouts_lock);
+  layouts.emplace(key, layout);
+  return layout;
 }
 
-void check_launch(cudaError_t err, const Plan& plan) {
+void check_launch(cudaError_t err, const Layout& layout) {
   if (err != cudaSuccess) cudaGetLastError();
-  TORCH_CHECK(err == cudaSuccess, "floater (cuda): launch failed: ", cudaGetErrorString(err), " [", plan.why, "]");
+  TORCH_CHECK(err == cudaSuccess, "floater (cuda): launch failed: ", cudaGetErrorString(err), " [", layout.why, "]");
 }
 
 // The inputs' pointers (the tensors contiguous, on the current device).
@@ -166,11 +166,11 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& p0, const at::
   Pointers ptr = input_pointers(in);
   ptr.out = out.data_ptr();
   const Problem cp = to_problem(pr, in.p0, false);
-  const Plan plan = make_plan(cp, in.p0);
-  at::Tensor ws = scratch(forward_workspace_bytes(cp, plan), in.p0);
+  const Layout layout = make_layout(cp, in.p0);
+  at::Tensor ws = scratch(forward_workspace_bytes(cp, layout), in.p0);
   ptr.workspace = ws.data_ptr();
   const TapeRef tr{tape.numel() ? tape.data_ptr() : nullptr, intervals};
-  check_launch(forward(cp, plan, ptr, tr, c10::cuda::getCurrentCUDAStream().stream()), plan);
+  check_launch(forward(cp, layout, ptr, tr, c10::cuda::getCurrentCUDAStream().stream()), layout);
   return {out, tape};
 }
 
@@ -271,15 +271,15 @@ std::vector<at::Tensor> backward_cuda(const at::Tensor& grad_, const at::Tensor&
   void** outs[6] = {&ptr.dp0, &ptr.dw1, &ptr.db1, &ptr.dw2, &ptr.db2, &ptr.dtimes};
   for (int i = 0; i < 6; ++i) *outs[i] = bp.needs[i] ? res[i].data_ptr() : nullptr;
   const Problem fcp = to_problem(pr, in.p0, false, bp.needs), acp = to_problem(pr, in.p0, true, bp.needs);
-  const Plan fplan = make_plan(fcp, in.p0), aplan = make_plan(acp, in.p0);
+  const Layout flayout = make_layout(fcp, in.p0), alayout = make_layout(acp, in.p0);
   const TapeRef tr{taped ? tape.data_ptr() : nullptr, taped};
-  at::Tensor ws = scratch(backward_workspace_bytes(acp, fplan, aplan, tr), in.p0);
+  at::Tensor ws = scratch(backward_workspace_bytes(acp, flayout, alayout, tr), in.p0);
   ptr.workspace = ws.data_ptr();
   const at::Tensor none;
   AtenSink sink({bp.needs[1] ? res[1] : none, bp.needs[2] ? res[2] : none, bp.needs[3] ? res[3] : none,
                  bp.needs[4] ? res[4] : none},
                 pr.S, pr.opt.act, in.p0.options());
-  check_launch(backward(acp, fplan, aplan, ptr, tr, sink, c10::cuda::getCurrentCUDAStream().stream()), aplan);
+  check_launch(backward(acp, flayout, alayout, ptr, tr, sink, c10::cuda::getCurrentCUDAStream().stream()), alayout);
   return res;
 }
 
@@ -304,21 +304,21 @@ std::vector<at::Tensor> integrate_backward_taped_cuda(const at::Tensor& grad, co
 
 }  // namespace
 
-std::string forced_plan_spec() {
+std::string forced_layout_spec() {
   const std::lock_guard<std::mutex> g(forced_lock);
   return forced_spec;
 }
 
-std::string set_forced_plan(const std::string& spec) {
+std::string set_forced_layout(const std::string& spec) {
   const std::lock_guard<std::mutex> g(forced_lock);
   std::string before = forced_spec;
   forced_spec = spec;
   return before;
 }
 
-std::vector<std::string> plan_log() {
-  const std::lock_guard<std::mutex> g(plans_lock);
-  return plans_made;
+std::vector<std::string> layout_log() {
+  const std::lock_guard<std::mutex> g(layouts_lock);
+  return layouts_made;
 }
 
 }  // namespace cuda

@@ -1,6 +1,6 @@
 // Block-level arithmetic of the CUDA FLOATER kernels (floater_cuda.cu): activations, the
 // small products of every stage, a deterministic block sum, asynchronous copies into shared
-// memory. All of it depends on the shapes only: bitwise reproducible for a fixed plan.
+// memory. All of it depends on the shapes only: bitwise reproducible for a fixed layout.
 #pragma once
 
 #include <cuda_pipeline.h>

@@ -73,7 +73,7 @@ __device__ __forceinline__ void dsmem_store(T* p, unsigned rank, T v) {
   (void)p;
   (void)rank;
   (void)v;
-  __trap();  // never launched below sm_90 (plan() checks the device)
+  __trap();  // never launched below sm_90 (choose_layout() checks the device)
 #endif
 }
 

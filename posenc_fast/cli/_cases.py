@@ -15,7 +15,7 @@ import torch
 
 import posenc_fast as _pf
 
-from .. import _dispatch, _testing
+from .. import _dispatch
 from ..ops import encodings as enc_api
 from ..ops.encodings import reference as enc_ref
 from ..ops.floater import floater
@@ -23,7 +23,7 @@ from ..ops.floater import reference as floater_ref
 from ..ops.lff import lff
 from ..ops.lff import reference as lff_ref
 from ..tolerances import mismatch
-from . import _baselines
+from . import _baselines, _inputs
 from ._floors import Work
 
 
@@ -62,7 +62,7 @@ class BenchCase:
 def _available(op: str, device: str, dtype) -> list[str]:
     """Usable backends that "auto" could pick here, in auto's order: e.g. not the Triton
     interpreter on the CPU (TRITON_INTERPRET=1), which is for verification, not timing."""
-    names = _testing.backends_for(op, device, dtype)
+    names = _inputs.backends_for(op, device, dtype)
     return [n for n in names if _dispatch.auto_eligible(n, _dispatch.REGISTRIES[op], device)]
 
 
@@ -96,11 +96,11 @@ LFF_BENCH_LABELS = {  # name -> bench's label suffix
 def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> BenchCase:
     """LFF + MLP on N positions. bf16/fp16: fp32 weights under autocast (the usual AMP
     setup), so the eager baseline is the same model under the same autocast."""
-    g = _testing.generator(N + 7 * F + H)
-    case = _testing.LffCase((N,), G, M, F, H, D // G)
+    g = _inputs.generator(N + 7 * F + H)
+    case = _inputs.LffCase((N,), G, M, F, H, D // G)
     param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, param_dtype, device, seed=N)
-    x = _testing.rand((N, G, M), g, 0.0, 64.0, x.dtype, device)  # e.g. pixel coordinates
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, param_dtype, device, seed=N)
+    x = _inputs.rand((N, G, M), g, 0.0, 64.0, x.dtype, device)  # e.g. pixel coordinates
     weights = [wr, w1, b1, w2, b2]
     for t in weights:
         t.requires_grad_(True)
@@ -141,7 +141,7 @@ def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> B
 
 def encoding_case(kind: str, N: int, dim: int, device, dtype=torch.float32) -> BenchCase:
     """The table [N, dim] of N real positions (gradient to the positions)."""
-    p = _testing.rand((N,), _testing.generator(N + dim), 0.0, float(N), dtype, device)
+    p = _inputs.rand((N,), _inputs.generator(N + dim), 0.0, float(N), dtype, device)
     p.requires_grad_(True)
     fn = enc_api.dft if kind == "dft" else enc_api.sinusoidal
 
@@ -173,7 +173,7 @@ def encoding_add_case(
     kind: str, B: int, L: int, dim: int, device, dtype=torch.float32
 ) -> BenchCase:
     """x [B, L, dim] + encoding(0..L-1): the module's fused add (gradient to x)."""
-    x = _testing.randn((B, L, dim), _testing.generator(B * L + dim), dtype, device)
+    x = _inputs.randn((B, L, dim), _inputs.generator(B * L + dim), dtype, device)
     x.requires_grad_(True)
 
     def spec():
@@ -333,10 +333,10 @@ FLOATER_SUBSTEPS = 5
 
 
 def floater_inputs(S: int, d: int, L: int, dtype, device: str, seed: int):
-    """(p0, w1, b1, w2, b2, times) of the FLOATER benchmarks: H = d, ``_testing``'s random
+    """(p0, w1, b1, w2, b2, times) of the FLOATER benchmarks: H = d, ``_inputs``' random
     states and weights with w1 scaled by 0.5 and w2 by 0.3, times i * FLOATER_DELTA_T."""
-    case = _testing.FloaterCase(S, d, d, L)
-    p0, w1, b1, w2, b2, _ = _testing.floater_inputs(case, dtype, device, seed)
+    case = _inputs.FloaterCase(S, d, d, L)
+    p0, w1, b1, w2, b2, _ = _inputs.floater_inputs(case, dtype, device, seed)
     # Weights of the default initialisation's scale for w1 and a moderate w2: the states
     # stay O(1) over the whole range (no overflow in float32 at L = 512).
     with torch.no_grad():

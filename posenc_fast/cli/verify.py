@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import _dispatch, _testing
+from .. import _dispatch
 from ..ops import encodings as enc_api
 from ..ops.encodings import reference as enc_ref
 from ..ops.floater import Floater, floater
@@ -23,6 +23,7 @@ from ..ops.lff import reference as lff_ref
 from ..ops.rotary import apply_lff_rotary, lff_rotary
 from ..ops.rotary import reference as rotary_ref
 from ..tolerances import mismatch
+from . import _inputs
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
@@ -58,8 +59,8 @@ def _max_err(a, b) -> float:
 
 def check_lff(backend: str, dtype, device: str, seed: int) -> Result:
     res = Result()
-    for i, case in enumerate(_testing.LFF_CASES):
-        inputs = _testing.lff_inputs(case, dtype, device, seed + i)
+    for i, case in enumerate(_inputs.LFF_CASES):
+        inputs = _inputs.lff_inputs(case, dtype, device, seed + i)
         leaves = [
             t.detach().clone().requires_grad_(True) if t is not None else None for t in inputs
         ]
@@ -71,7 +72,7 @@ def check_lff(backend: str, dtype, device: str, seed: int) -> Result:
         ref = lff_ref.lff(*leaves64, case.activation)
         res.add(out, ref, dtype, kind, f"{case.id} forward")
         if out.numel():
-            g = _testing.randn(out.shape, _testing.generator(seed + 100 + i), dtype, device)
+            g = _inputs.randn(out.shape, _inputs.generator(seed + 100 + i), dtype, device)
             out.backward(g)
             ref.backward(g.double())
             for name, a, b in zip(("x", "wr", "w1", "b1", "w2", "b2"), leaves, leaves64):
@@ -89,8 +90,8 @@ def _add_kind(dtype) -> str:
 def check_encoding(backend: str, dtype, device: str, seed: int) -> Result:
     res = Result()
     funcs = {"sinusoidal": enc_api.sinusoidal, "dft": enc_api.dft}
-    for i, case in enumerate(_testing.ENCODING_CASES):
-        p = _testing.positions(case, dtype, device, seed + i)
+    for i, case in enumerate(_inputs.ENCODING_CASES):
+        p = _inputs.positions(case, dtype, device, seed + i)
         out_dtype = dtype if p.is_floating_point() else torch.get_default_dtype()
         if p.is_floating_point():
             p.requires_grad_(True)
@@ -101,13 +102,13 @@ def check_encoding(backend: str, dtype, device: str, seed: int) -> Result:
         )
         res.add(out, ref, out_dtype, "encoding", f"{case.id} forward")
         if p.requires_grad and out.numel():
-            g = _testing.randn(out.shape, _testing.generator(seed + 200 + i), dtype, device)
+            g = _inputs.randn(out.shape, _inputs.generator(seed + 200 + i), dtype, device)
             out.backward(g)
             ref.backward(g.double())
             res.add_grad(p.grad, p64.grad, dtype, f"{case.id} dpositions")
         # the fused add
-        x = _testing.randn(
-            (*case.shape, case.dim), _testing.generator(seed + 300 + i), out_dtype, device
+        x = _inputs.randn(
+            (*case.shape, case.dim), _inputs.generator(seed + 300 + i), out_dtype, device
         )
         if x.dim() >= 2:
             module = (
@@ -135,17 +136,17 @@ def check_encoding_nd(backend: str, dtype, device: str, seed: int) -> Result:
     """Sine-nD added to x (SinusoidalNdPE): the sum and the gradients to x and coords."""
     res = Result()
     for i, (cshape, xshape) in enumerate(ENCODING_ND_CASES):
-        g = _testing.generator(seed + 600 + i)
+        g = _inputs.generator(seed + 600 + i)
         cdtype = torch.float64 if dtype == torch.float64 else torch.float32
-        coords = (_testing.randn(cshape, g, cdtype, device) * 40).requires_grad_(True)
-        x = _testing.randn(xshape, g, dtype, device).requires_grad_(True)
+        coords = (_inputs.randn(cshape, g, cdtype, device) * 40).requires_grad_(True)
+        x = _inputs.randn(xshape, g, dtype, device).requires_grad_(True)
         axes = cshape[-1]
         y = enc_api.SinusoidalNdPE(xshape[-1], axes, backend=backend)(x, coords)
         c64, x64 = _leaves((coords, x), torch.float64)
         ref = x64 + enc_ref.sinusoidal_nd(c64, xshape[-1] // axes)
         what = f"coords {list(cshape)} + x {list(xshape)}"
         res.add(y, ref, dtype, _add_kind(dtype), f"{what} fused add")
-        gy = _testing.randn(y.shape, g, dtype, device)
+        gy = _inputs.randn(y.shape, g, dtype, device)
         y.backward(gy)
         ref.backward(gy.double())
         res.add_grad(x.grad, x64.grad, dtype, f"{what} dx")
@@ -165,14 +166,14 @@ def _leaves(tensors, dtype=None):
 def check_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
     """The rotary cos / sin table (LightGlue's layout) and its gradients to x and wr."""
     res = Result()
-    for i, shape in enumerate(_testing.ROTARY_TABLE_SHAPES):
-        inputs = _testing.rotary_table_inputs(shape, dtype, device, seed + i)
+    for i, shape in enumerate(_inputs.ROTARY_TABLE_SHAPES):
+        inputs = _inputs.rotary_table_inputs(shape, dtype, device, seed + i)
         leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
         out = lff_rotary(*leaves, backend=backend)
         ref = rotary_ref.lff_rotary_table(*leaves64)
         res.add(out, ref, dtype, "encoding", f"table {shape} forward")
         if out.numel():
-            g = _testing.randn(out.shape, _testing.generator(seed + 400 + i), dtype, device)
+            g = _inputs.randn(out.shape, _inputs.generator(seed + 400 + i), dtype, device)
             out.backward(g)
             ref.backward(g.double())
             for name, a, b in zip(("x", "wr"), leaves, leaves64):
@@ -185,8 +186,8 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
     """q and k rotated (both layouts, shared positions, ...) and the gradients to q, k,
     x and wr; outputs compared relative to their largest entry ("rotary")."""
     res = Result()
-    for i, case in enumerate(_testing.ROTARY_CASES):
-        inputs = _testing.rotary_inputs(case, dtype, device, seed + i)
+    for i, case in enumerate(_inputs.ROTARY_CASES):
+        inputs = _inputs.rotary_inputs(case, dtype, device, seed + i)
         leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
         out = apply_lff_rotary(*leaves, case.layout, backend=backend)
         ref = rotary_ref.apply_lff_rotary(*leaves64, case.layout)
@@ -194,8 +195,8 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
         for o, r, name in zip(out, ref, ("q", "k")):
             res.add(o, r, dtype, "rotary", f"{case.id} {name}'", scale)
         if out[0].numel():
-            g = _testing.generator(seed + 500 + i)
-            grads = [_testing.randn(o.shape, g, dtype, device) for o in out]
+            g = _inputs.generator(seed + 500 + i)
+            grads = [_inputs.randn(o.shape, g, dtype, device) for o in out]
             torch.autograd.backward(out, grads)
             torch.autograd.backward(ref, [t.double() for t in grads])
             for name, a, b in zip(("q", "k", "x", "wr"), leaves, leaves64):
@@ -205,13 +206,13 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
 
 
 def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
-    """Every case of ``_testing.FLOATER_CASES`` (fresh random states, weights and times),
+    """Every case of ``_inputs.FLOATER_CASES`` (fresh random states, weights and times),
     forward and the gradients to p0, the weights and the times, against autograd through
     the float64 reference loop (the exact discrete adjoint); plus the module's cache
     extension against a fresh computation."""
     res = Result()
-    for i, case in enumerate(_testing.FLOATER_CASES):
-        inputs = _testing.floater_inputs(case, dtype, device, seed + i)
+    for i, case in enumerate(_inputs.FLOATER_CASES):
+        inputs = _inputs.floater_inputs(case, dtype, device, seed + i)
         leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
         args = (case.substeps, case.method, case.activation)
         out = floater(*leaves, *args, backend=backend)
@@ -219,7 +220,7 @@ def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
         expected = floater_ref.floater(*leaves64, *args)
         res.add(out, expected, dtype, "floater", f"{case.id} forward")
         if out.numel():
-            g = _testing.randn(out.shape, _testing.generator(seed + 400 + i), dtype, device)
+            g = _inputs.randn(out.shape, _inputs.generator(seed + 400 + i), dtype, device)
             out.backward(g)
             expected.backward(g.double())
             for name, a, b in zip(("p0", "w1", "b1", "w2", "b2", "times"), leaves, leaves64):
@@ -234,7 +235,7 @@ def _check_extension(backend, dtype, device, seed, res: Result) -> int:
     equal the reference on all sample times."""
     fl = Floater(7, 3, hidden_dim=5, delta_t=0.05, substeps=2, activation="gelu",
                  backend=backend, device=device, dtype=dtype)  # fmt: skip
-    _testing.randomize_parameters(fl, seed + 500, 0.5)
+    _inputs.randomize_parameters(fl, seed + 500, 0.5)
     fl.eval()
     with torch.no_grad():
         fl(length=9)

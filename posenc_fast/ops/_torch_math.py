@@ -29,7 +29,7 @@ def chunk_bytes() -> int:
 # temporaries stay in the caches. With more threads (and on GPUs): few large chunks, since
 # every ATen op over a chunk is one parallel region, each of which waits for a core another
 # process may hold (benchmarks/NOTES.md, "Kernel notes").
-CACHE_CHUNK_BYTES = 4 * 2**20
+SERIAL_CHUNK_BYTES = 4 * 2**20
 PARALLEL_CHUNK_BYTES = 256 * 2**20
 
 
@@ -37,7 +37,7 @@ def row_chunk_bytes(device_type: str) -> int:
     if CHUNK_BYTES_OVERRIDE:
         return CHUNK_BYTES_OVERRIDE
     if device_type == "cpu" and torch.get_num_threads() == 1:
-        return CACHE_CHUNK_BYTES
+        return SERIAL_CHUNK_BYTES
     return PARALLEL_CHUNK_BYTES
 
 

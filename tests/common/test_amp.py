@@ -10,7 +10,7 @@ import torch
 from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.lff import reference as ref
 from posenc_fast.tolerances import assert_close
 
@@ -98,7 +98,7 @@ def _floater_module(backend, device):
         8, num_layers=2, hidden_dim=12, delta_t=0.05, substeps=3, activation="relu",
         backend=backend, device=device,
     )  # fmt: skip
-    _testing.randomize_parameters(m, 5, 0.5)
+    _inputs.randomize_parameters(m, 5, 0.5)
     return m
 
 
@@ -138,8 +138,8 @@ def test_floater_in_half_precision_would_drift():
     the float32 result (which meets the library's float32 tolerance)."""
     from posenc_fast.ops.floater import reference as fref
 
-    case = _testing.FloaterCase(4, 16, 16, 64, 5, "rk4", "tanh")
-    p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, torch.float32, "cpu", 7)
+    case = _inputs.FloaterCase(4, 16, 16, 64, 5, "rk4", "tanh")
+    p0, w1, b1, w2, b2, times = _inputs.floater_inputs(case, torch.float32, "cpu", 7)
     args = (p0, w1, b1, w2, b2, times, case.substeps, case.method, case.activation)
     exact = fref.floater(*args)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 
 MAX_FRAMES = 6
 _PACKAGE = os.path.dirname(os.path.abspath(pf.__file__)) + os.sep
@@ -66,13 +66,13 @@ def deepest_kernel_call(fn):
 
 
 def _calls(backend):
-    g = _testing.generator(5)
+    g = _inputs.generator(5)
     lff = pf.LearnableFourierFeatures(2, 16, 8, 12, backend=backend)
     rotary = pf.LearnableFourierRotary(2, 8, backend=backend)
-    x = _testing.randn((10, 1, 2), g)
-    q, k = _testing.randn((1, 2, 10, 8), g), _testing.randn((1, 2, 10, 8), g)
-    pos = _testing.randn((10, 2), g)
-    tokens = _testing.randn((2, 10, 16), g, scale=0.1)
+    x = _inputs.randn((10, 1, 2), g)
+    q, k = _inputs.randn((1, 2, 10, 8), g), _inputs.randn((1, 2, 10, 8), g)
+    pos = _inputs.randn((10, 2), g)
+    tokens = _inputs.randn((2, 10, 16), g, scale=0.1)
     return {
         "lff": lambda: lff(x),
         "rotary": lambda: rotary.rotate(q.requires_grad_(), k, pos),
@@ -118,7 +118,7 @@ def _floater_calls():
     refreshing = pf.Floater(8, 3, hidden_dim=6, backend="cpp", refresh_every=2)
     bias = pf.FloaterAttentionBias(8, num_layers=2, hidden_dim=6, backend="cpp")
     for m in (fl, refreshing, bias):
-        _testing.randomize_parameters(m, 3, scale=0.3)
+        _inputs.randomize_parameters(m, 3, scale=0.3)
 
     def extended():  # the cache holds 5 positions: the call integrates the 4 new ones
         fl.clear_cache()

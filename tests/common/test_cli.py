@@ -12,8 +12,7 @@ from argparse import Namespace
 import pytest
 import torch
 
-from posenc_fast import _testing
-from posenc_fast.cli import _baselines, _cases, bench, verify
+from posenc_fast.cli import _baselines, _cases, _inputs, bench, verify
 from posenc_fast.ops.encodings import reference as enc_ref
 from posenc_fast.ops.lff import reference as lff_ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
@@ -208,14 +207,14 @@ def _phase_tol(max_phase: float) -> float:
 def test_eager_baselines_compute_the_spec():
     """The baselines compute the same function as our ops: against the float64 reference
     on fresh inputs with moderate phases (at large phases they carry float32 rounding)."""
-    case = _testing.LffCase((97,), 2, 2, 64, 16, 24)
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, torch.float32, "cpu", seed=5)
+    case = _inputs.LffCase((97,), 2, 2, 64, 16, 24)
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, torch.float32, "cpu", seed=5)
     got = _baselines.EagerLFF.from_weights(wr, w1, b1, w2, b2)(x)
     assert_close(got, lff_ref.lff(x, wr, w1, b1, w2, b2), torch.float32, "lff", what="LFF")
 
-    g = _testing.generator(6)
-    p = _testing.rand((300,), g, -8.0, 8.0)
-    x3 = _testing.randn((2, 40, 24), g)
+    g = _inputs.generator(6)
+    p = _inputs.rand((300,), g, -8.0, 8.0)
+    x3 = _inputs.randn((2, 40, 24), g)
     for kind, ref in (("sinusoidal", enc_ref.sinusoidal), ("dft", enc_ref.dft)):
         table = _baselines.table_module(kind, 24)
         err = (table(p).double() - ref(p, 24)).abs().max()

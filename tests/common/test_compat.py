@@ -18,13 +18,14 @@ import typing
 import warnings
 from typing import List, Optional  # noqa: UP035 (torch 2.5's accepted spellings)
 
+import _helpers
 import pytest
 import torch
 from posenc_fast.triton_kernels import _env as triton_env
 from torch import Tensor
 
 import posenc_fast as pf
-from posenc_fast import _extension, _testing
+from posenc_fast import _extension
 from posenc_fast._dispatch import Problem
 from posenc_fast.ops import _custom_ops
 
@@ -143,11 +144,11 @@ def test_old_interpreter_makes_triton_unavailable_with_its_reason(monkeypatch):
         {"positions": torch.float32},
     )  # fmt: skip
     with pytest.raises(pf.BackendError, match="needs triton>=3.9"):
-        _testing.chosen(problem, "triton")
+        _helpers.chosen(problem, "triton")
     skipped = {p.values[0]: p.marks for p in _conftest().backend_params("encoding")}
     assert skipped.get("triton"), "triton is not a skipped param"
     assert reason in skipped["triton"][0].kwargs["reason"]
-    assert _testing.unavailable_backends("encoding", "cpu") == {"triton": [reason]}
+    assert _helpers.unavailable_backends("encoding", "cpu") == {"triton": [reason]}
 
 
 def _conftest():
@@ -233,10 +234,10 @@ def test_blackwell_needs_triton_3_3(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
     monkeypatch.setattr(_configs, "TRITON", (3, 2))
-    reasons = _testing.environment_reasons("triton")
+    reasons = _helpers.environment_reasons("triton")
     assert reasons == [_configs.target_reason(100, (3, 2))], reasons
     monkeypatch.setattr(_configs, "TRITON", (3, 3))
-    assert _testing.environment_reasons("triton") == []
+    assert _helpers.environment_reasons("triton") == []
 
 
 def test_shared_memory_limits_per_architecture():

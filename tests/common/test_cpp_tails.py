@@ -14,13 +14,14 @@ tail is reported whatever the numbers it gives.
 
 from __future__ import annotations
 
+import _helpers
 import pytest
 import torch
 from _cpu_kernels import EXT, cpu_isa, isas_here, threads
 
 import posenc_fast as pf
-from posenc_fast import _testing
-from posenc_fast._testing import FloaterCase, LffCase, floater_inputs
+from posenc_fast.cli import _inputs
+from posenc_fast.cli._inputs import FloaterCase, LffCase, floater_inputs
 from posenc_fast.ops.encodings import reference as ref_enc
 from posenc_fast.ops.floater import reference as ref_floater
 from posenc_fast.ops.lff import reference as ref_lff
@@ -68,9 +69,9 @@ LFF_TAILS = [
     "case,dtype", LFF_TAILS, ids=[f"{c.id}-{str(t)[6:]}" for c, t in LFF_TAILS]
 )
 def test_lff_tails(case, dtype):
-    inputs = _testing.lff_inputs(case, dtype, "cpu", seed=_testing.seed_of(case.id))
-    grad = _testing.randn((*case.batch, case.groups * (case.group_out_dim or case.fourier_dim)),
-                          _testing.generator(1), dtype)  # fmt: skip
+    inputs = _inputs.lff_inputs(case, dtype, "cpu", seed=_helpers.seed_of(case.id))
+    grad = _inputs.randn((*case.batch, case.groups * (case.group_out_dim or case.fourier_dim)),
+                          _inputs.generator(1), dtype)  # fmt: skip
     present = [t for t in inputs if t is not None]
 
     def run():
@@ -86,7 +87,7 @@ def test_lff_tails(case, dtype):
 
     def check(got, label):
         assert_close(got[0], want, dtype, kind, what=f"{case.id} {label}")
-        for g, leaf, name in zip(got[1:], leaves64, _testing.LFF_NAMES):
+        for g, leaf, name in zip(got[1:], leaves64, _helpers.LFF_NAMES):
             assert_close(g, leaf.grad, dtype, "grad", what=f"{case.id} {label} d{name}")
 
     _every_setting(run, check)
@@ -101,12 +102,12 @@ ENC_TAILS = [(1, 2, 1), (15, 6, 3), (17, 10, 2), (33, 34, 1), (100, 66, 2), (16,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_encoding_tails(kind, dtype):
     fn, module = (pf.sinusoidal, pf.SinusoidalPE) if kind == "sinusoidal" else (pf.dft, pf.DFTPE)
-    g = _testing.generator(3)
+    g = _inputs.generator(3)
     cases = []
     for L, dim, B in ENC_TAILS:
-        p = _testing.rand((L,), g, -60.0, 60.0, dtype)
-        x = _testing.randn((B, L, dim), g, dtype)
-        gy = _testing.randn((B, L, dim), g, dtype)
+        p = _inputs.rand((L,), g, -60.0, 60.0, dtype)
+        x = _inputs.randn((B, L, dim), g, dtype)
+        gy = _inputs.randn((B, L, dim), g, dtype)
         cases.append((p, x, gy, dim))
 
     def run():
@@ -140,22 +141,22 @@ def test_encoding_tails(kind, dtype):
 # around the runs of 64, rotary dims around the vector widths, pass-through channels,
 # strided q (LightGlue's fused qkv), both layouts.
 ROT_TAILS = [
-    _testing.RotaryCase(1, 1, 1, 1, 2, 2, 1),
-    _testing.RotaryCase(2, 2, 1, 63, 7, 4, 3, "bnhd"),
-    _testing.RotaryCase(1, 3, 3, 65, 18, 16, 2, fused_qkv=True),
-    _testing.RotaryCase(2, 2, 2, 130, 40, 34, 2, shared_x=True),
-    _testing.RotaryCase(1, 2, 1, 64, 66, 66, 1, "bnhd", shared_x=True),
+    _inputs.RotaryCase(1, 1, 1, 1, 2, 2, 1),
+    _inputs.RotaryCase(2, 2, 1, 63, 7, 4, 3, "bnhd"),
+    _inputs.RotaryCase(1, 3, 3, 65, 18, 16, 2, fused_qkv=True),
+    _inputs.RotaryCase(2, 2, 2, 130, 40, 34, 2, shared_x=True),
+    _inputs.RotaryCase(1, 2, 1, 64, 66, 66, 1, "bnhd", shared_x=True),
 ]
 
 
 @pytest.mark.parametrize("case", ROT_TAILS, ids=[c.id for c in ROT_TAILS])
 def test_rotary_tails(case):
-    q, k, x, wr = _testing.rotary_inputs(case, torch.float32, "cpu", _testing.seed_of(case.id))
+    q, k, x, wr = _inputs.rotary_inputs(case, torch.float32, "cpu", _helpers.seed_of(case.id))
     leaves64 = [t.detach().double().requires_grad_() for t in (q, k, x, wr)]
     wq, wk = ref_rot.apply_lff_rotary(*leaves64, case.layout)
     wt = ref_rot.lff_rotary_table(leaves64[2], leaves64[3])
-    g = _testing.generator(2)
-    gq, gk, gt = (_testing.randn(t.shape, g) for t in (wq, wk, wt))
+    g = _inputs.generator(2)
+    gq, gk, gt = (_inputs.randn(t.shape, g) for t in (wq, wk, wt))
     ((wq * gq.double()).sum() + (wk * gk.double()).sum() + (wt * gt.double()).sum()).backward()
     scale = max(float(wq.detach().abs().max()), float(wk.detach().abs().max()))
 

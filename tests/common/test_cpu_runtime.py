@@ -16,8 +16,8 @@ import torch
 from _cpu_kernels import EXT
 from _lab import contention as _contention
 
-from posenc_fast import _testing
-from posenc_fast._testing import FloaterCase, floater_inputs
+from posenc_fast.cli import _inputs
+from posenc_fast.cli._inputs import FloaterCase, floater_inputs
 
 pytestmark = [pytest.mark.skipif(EXT is None, reason="the C++ extension is not built")]
 
@@ -40,7 +40,7 @@ def two_threads():
 
 
 def _lff():
-    x, *w = _testing.lff_inputs(_testing.LffCase((700,), 1, 2, 64, 32, 48), torch.float32, "cpu", 1)
+    x, *w = _inputs.lff_inputs(_inputs.LffCase((700,), 1, 2, 64, 32, 48), torch.float32, "cpu", 1)
     rows = x.reshape(-1, 2)
     y = _ops().lff_kernel(rows, *w, "gelu", torch.float32)
     return [y, *_ops().lff_kernel_backward(torch.ones_like(y), rows, *w, "gelu", [True] * 6)]
@@ -49,8 +49,8 @@ def _lff():
 def _encodings_and_rotary():
     p = torch.linspace(-40.0, 40.0, 3000)
     x = torch.randn(2, 3000, 64, generator=torch.Generator().manual_seed(2))
-    case = _testing.RotaryCase(2, 4, 4, 600, 32, 32, 2)
-    q, k, xr, wr = _testing.rotary_inputs(case, torch.float32, "cpu", 3)
+    case = _inputs.RotaryCase(2, 4, 4, 600, 32, 32, 2)
+    q, k, xr, wr = _inputs.rotary_inputs(case, torch.float32, "cpu", 3)
     oq, ok = _ops().rotary_kernel(q, k, xr, wr, "interleaved", "bhnd", 0)
     grads = _ops().rotary_kernel_backward(
         oq, ok, q, k, xr, wr, "interleaved", "bhnd", 0, [True] * 4

@@ -36,7 +36,7 @@ CHECKS = r"""
 import json, sys, warnings
 import torch
 import posenc_fast as pf
-from posenc_fast import _testing
+import _helpers
 from posenc_fast._dispatch import Problem
 
 case = sys.argv[1]
@@ -65,7 +65,7 @@ p = torch.rand(5, generator=g) * 30
 # CPU calls of the LFF and the encodings never depend on what is missing here: "auto"
 # runs the C++ kernels where the extension loads, else the torch backend.
 (y, y2), w = record(lambda: (pf.lff(x, wr), pf.sinusoidal(p, 8)))
-cpu = "torch" if _testing.environment_reasons("cpp") else "cpp"
+cpu = "torch" if _helpers.environment_reasons("cpp") else "cpp"
 out["cpu_lff_ok"] = torch.equal(y, pf.lff(x, wr, backend=cpu))
 out["cpu_enc_ok"] = torch.equal(y2, pf.sinusoidal(p, 8, backend=cpu))
 out["cpu_lff_warnings"] = w
@@ -94,10 +94,10 @@ else:
                   {"activation": "gelu"}, {"x": torch.float32})
     enc = Problem("encoding", "cuda", torch.float16, {"dim": 64}, {"kind": "dft"},
                   {"positions": torch.float32})
-    choices, w = record(lambda: [_testing.chosen(q, "auto") for q in (lff, enc, lff, enc)])
+    choices, w = record(lambda: [_helpers.chosen(q, "auto") for q in (lff, enc, lff, enc)])
     out["auto_choices"] = choices
     out["auto_warnings"] = w
-    out["explicit"] = explicit(lambda: _testing.chosen(lff, "triton"))
+    out["explicit"] = explicit(lambda: _helpers.chosen(lff, "triton"))
 print(json.dumps(out))
 """
 
@@ -157,7 +157,7 @@ def _simulate(tmp_path: Path, case: str):
             "python_version": "3",
         }
         _copy_package(site, binary=True, metadata=meta)
-    env["PYTHONPATH"] = str(site)
+    env["PYTHONPATH"] = os.pathsep.join((str(site), str(Path(__file__).resolve().parents[1])))
     # Both processes at once (each spends most of its time importing torch).
     commands = ([sys.executable, "-c", CHECKS, case], [sys.executable, "-m", "posenc_fast", "info"])
     procs = [

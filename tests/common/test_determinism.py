@@ -8,7 +8,7 @@ import torch
 from conftest import backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops import _torch_math
 from posenc_fast.tolerances import assert_close
 
@@ -24,19 +24,17 @@ def deterministic(request):
 
 
 def _lff_run(backend, device, dtype):
-    case = _testing.LffCase((257,), 2, 2, 32, 16, 12)
-    x, *w = _testing.lff_inputs(case, dtype, device, 41)
+    case = _inputs.LffCase((257,), 2, 2, 32, 16, 12)
+    x, *w = _inputs.lff_inputs(case, dtype, device, 41)
     leaves = [x.requires_grad_(), *(t.requires_grad_() for t in w)]
     y = pf.lff(*leaves, activation="gelu_tanh", backend=backend)
-    y.backward(_testing.randn(y.shape, _testing.generator(42), dtype, device))
+    y.backward(_inputs.randn(y.shape, _inputs.generator(42), dtype, device))
     return [y.detach()] + [t.grad for t in leaves]
 
 
 def _encoding_run(backend, device, dtype):
-    p = _testing.rand(
-        (3, 65), _testing.generator(43), -500.0, 500.0, dtype, device
-    ).requires_grad_()
-    x = _testing.randn((3, 65, 24), _testing.generator(44), dtype, device).requires_grad_()
+    p = _inputs.rand((3, 65), _inputs.generator(43), -500.0, 500.0, dtype, device).requires_grad_()
+    x = _inputs.randn((3, 65, 24), _inputs.generator(44), dtype, device).requires_grad_()
     y1 = pf.sinusoidal(p, 24, backend=backend)
     y2 = pf.DFTPE(24, backend=backend)(x, p)
     (y1.sum() + (y2 * y2).sum()).backward()
@@ -77,13 +75,13 @@ def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
     from posenc_fast.ops.encodings import reference as enc_ref
 
     monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", 4096)  # ~3 positions per chunk
-    p = _testing.rand((101,), _testing.generator(7), -300.0, 300.0).requires_grad_()
+    p = _inputs.rand((101,), _inputs.generator(7), -300.0, 300.0).requires_grad_()
     fn, ref = (pf.dft, enc_ref.dft) if kind == "dft" else (pf.sinusoidal, enc_ref.sinusoidal)
     y = fn(p, 96, backend="torch")
     p64 = p.detach().double().requires_grad_()
     want = ref(p64, 96)
     assert_close(y, want, torch.float32, "encoding", what="forward")
-    g = _testing.randn(y.shape, _testing.generator(8))
+    g = _inputs.randn(y.shape, _inputs.generator(8))
     (got,) = torch.autograd.grad(y, p, g)
     (expected,) = torch.autograd.grad(want, p64, g.double())
     assert_close(got, expected, torch.float32, "grad", what="d positions")
@@ -92,20 +90,19 @@ def test_encodings_in_many_chunks_match_the_reference(kind, monkeypatch):
 def test_chunk_budget_follows_the_thread_count(monkeypatch):
     """One thread: cache-sized chunks; more threads or a GPU: few large chunks (one
     parallel region per op and chunk); CHUNK_BYTES_OVERRIDE overrides both."""
-    _common = _torch_math
     monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", None)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert _common.row_chunk_bytes("cpu") == _common.CACHE_CHUNK_BYTES
-        assert _common.row_chunk_bytes("cuda") == _common.PARALLEL_CHUNK_BYTES
-        rows_per_chunk = [sl.stop - sl.start for sl in _common.row_chunks(16384, 10240, "cpu")]
+        assert _torch_math.row_chunk_bytes("cpu") == _torch_math.SERIAL_CHUNK_BYTES
+        assert _torch_math.row_chunk_bytes("cuda") == _torch_math.PARALLEL_CHUNK_BYTES
+        rows_per_chunk = [sl.stop - sl.start for sl in _torch_math.row_chunks(16384, 10240, "cpu")]
         assert len(rows_per_chunk) > 30 and max(rows_per_chunk) * 10240 <= 4 * 2**20
         torch.set_num_threads(2)
-        assert _common.row_chunk_bytes("cpu") == _common.PARALLEL_CHUNK_BYTES
-        assert list(_common.row_chunks(16384, 10240, "cpu")) == [slice(0, 16384)]
+        assert _torch_math.row_chunk_bytes("cpu") == _torch_math.PARALLEL_CHUNK_BYTES
+        assert list(_torch_math.row_chunks(16384, 10240, "cpu")) == [slice(0, 16384)]
         monkeypatch.setattr(_torch_math, "CHUNK_BYTES_OVERRIDE", 4096)
-        assert _common.row_chunk_bytes("cpu") == 4096
+        assert _torch_math.row_chunk_bytes("cpu") == 4096
     finally:
         torch.set_num_threads(before)
 
@@ -114,10 +111,10 @@ def test_chunk_budget_follows_the_thread_count(monkeypatch):
 
 
 def _floater_functional_run(backend, device, dtype, method="rk38", activation="tanh"):
-    case = _testing.FloaterCase(6, 16, 24, 20, 3, method, activation)
-    leaves = [t.requires_grad_() for t in _testing.floater_inputs(case, dtype, device, 45)]
+    case = _inputs.FloaterCase(6, 16, 24, 20, 3, method, activation)
+    leaves = [t.requires_grad_() for t in _inputs.floater_inputs(case, dtype, device, 45)]
     y = pf.floater(*leaves, case.substeps, case.method, case.activation, backend=backend)
-    y.backward(_testing.randn(y.shape, _testing.generator(46), dtype, device))
+    y.backward(_inputs.randn(y.shape, _inputs.generator(46), dtype, device))
     return [y.detach()] + [t.grad for t in leaves]
 
 
@@ -128,8 +125,8 @@ def _floater_module_run(backend, device, dtype):
         8, num_layers=2, hidden_dim=12, delta_t=0.05, substeps=2, activation="tanh",
         backend=backend, device=device, dtype=dtype,
     )  # fmt: skip
-    _testing.randomize_parameters(m, 47, 0.5)
-    w = _testing.randn((2, 3, 40, 8), _testing.generator(48), dtype, device)
+    _inputs.randomize_parameters(m, 47, 0.5)
+    w = _inputs.randn((2, 3, 40, 8), _inputs.generator(48), dtype, device)
     train = m(25)
     (train * w[:, :, :25]).sum().backward()
     m.eval()

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 import posenc_fast as pf
-from posenc_fast import _dispatch, _testing
+from posenc_fast import _dispatch
 from posenc_fast._dispatch import Backend, Implementation, OpSupport
+from posenc_fast.cli._inputs import LffCase, lff_inputs
 from posenc_fast.ops.lff import torch_impl
 from posenc_fast.ops.lff.registry import LFF
 
-CASE = _testing.LffCase((9,), 2, 2, 8, 4, 6)
+CASE = LffCase((9,), 2, 2, 8, 4, 6)
 
 
 def _register(monkeypatch, calls, reasons=()):
@@ -36,7 +37,7 @@ def _register(monkeypatch, calls, reasons=()):
 
 
 def _inputs(dtype=torch.float32, case=CASE):
-    return [t.requires_grad_() for t in _testing.lff_inputs(case, dtype, "cpu", 31)]
+    return [t.requires_grad_() for t in lff_inputs(case, dtype, "cpu", 31)]
 
 
 def _run(inputs, backend):
@@ -74,7 +75,7 @@ def test_auto_takes_the_toy_backend_at_its_place_in_auto_order(monkeypatch):
     pf.lff(*inputs)
     assert calls == ["forward"]
     # beyond its SUPPORT table (hidden_dim 6 > 4, float64): auto goes on to the next one
-    wide = _testing.LffCase((9,), 2, 2, 8, 6, 6)
+    wide = LffCase((9,), 2, 2, 8, 6, 6)
     pf.lff(*[t.detach() for t in _inputs(case=wide)])
     pf.lff(*[t.detach() for t in _inputs(torch.float64)])
     assert calls == ["forward"]

@@ -42,13 +42,14 @@ import sys
 import time
 import traceback
 
+import _helpers
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.tolerances import assert_close
 
 THIS = pathlib.Path(__file__).resolve()
@@ -58,7 +59,7 @@ LAUNCH_TIMEOUT_S = 240  # the whole launch (start-up, every scenario, teardown)
 BATCH, LENGTH, DIM = 8, 6, 16
 STEPS = 3  # training steps before the eval checks (one more follows them)
 LR = 0.1
-FLOATER_BACKENDS = _testing.backends_for("floater", "cpu")
+FLOATER_BACKENDS = _inputs.backends_for("floater", "cpu")
 
 
 # -- the model and its training, shared by the workers and the single-process reference --
@@ -98,15 +99,15 @@ def make_model(floater_backend="auto", refresh_every=1) -> TinyModel:
     default initialisation starts it near zero)."""
     torch.manual_seed(0)
     model = TinyModel(floater_backend, refresh_every)
-    _testing.randomize_parameters(model.bias, 1, fan_in=True)
+    _inputs.randomize_parameters(model.bias, 1, fan_in=True)
     return model
 
 
 def make_data():
-    g = _testing.generator(2)
-    feats = _testing.randn((BATCH, LENGTH, 3), g)
-    coords = _testing.rand((BATCH, LENGTH, 2), g, 0.0, 4.0)
-    target = _testing.randn((BATCH,), g)
+    g = _inputs.generator(2)
+    feats = _inputs.randn((BATCH, LENGTH, 3), g)
+    coords = _inputs.rand((BATCH, LENGTH, 2), g, 0.0, 4.0)
+    target = _inputs.randn((BATCH,), g)
     return feats, coords, target
 
 
@@ -228,7 +229,7 @@ def _scenario_positions(rank):
     grid = pf.grid_positions(9, 7)  # 63 cells: the ranks get 32 and 31
     mine = grid.tensor_split(WORLD)[rank]
     out = enc(mine[:, None, :])  # [n_rank, 24]
-    weights = _testing.randn((grid.shape[0], 24), _testing.generator(4))
+    weights = _inputs.randn((grid.shape[0], 24), _inputs.generator(4))
     (out * weights.tensor_split(WORLD)[rank]).sum().backward()
     longest = -(-grid.shape[0] // WORLD)
     padded = torch.zeros(longest, 24)
@@ -363,7 +364,7 @@ def worker(rank: int, out_dir: pathlib.Path, scenarios: list[str]) -> None:
         world_size=WORLD,
         timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
     )
-    calls, _ = _testing.count_floater_integrations()
+    calls, _ = _helpers.count_floater_integrations()
     for name in scenarios:
         try:
             result = SCENARIOS[name](rank, calls)
@@ -383,6 +384,8 @@ def worker(rank: int, out_dir: pathlib.Path, scenarios: list[str]) -> None:
 def launch(out_dir: pathlib.Path, scenarios: list[str]) -> float:
     """Run the scenarios in WORLD worker processes; returns the wall time."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # the workers run this file as a script: tests/ on their path for the test helpers
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(THIS.parents[1]), env.get("PYTHONPATH"))))
     if "GLOO_SOCKET_IFNAME" not in env and os.path.exists("/sys/class/net/lo"):
         env["GLOO_SOCKET_IFNAME"] = "lo"  # loopback
     cmd = [sys.executable, str(THIS), "--worker"]
@@ -524,7 +527,7 @@ def test_positions_split_across_ranks_equal_one_rank(results):
     enc = pf.LearnableFourierFeatures(2, 32, 16, 24, gamma=0.5)
     grid = pf.grid_positions(9, 7)
     full = enc(grid[:, None, :])
-    weights = _testing.randn((grid.shape[0], 24), _testing.generator(4))
+    weights = _inputs.randn((grid.shape[0], 24), _inputs.generator(4))
     (full * weights).sum().backward()
     ref = full.detach().double()
     for rank, r in enumerate(ranks):

@@ -116,3 +116,25 @@ def test_mkdocs_build_strict(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-4000:]
     assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
+def test_every_environment_variable_is_in_the_table():
+    """The package's environment variables (every POSENC_FAST_ name its sources hold, the
+    C++ and setup.py's included) are the rows of docs/installation.md's table, each with
+    its default: at most twelve."""
+    out = subprocess.run(
+        ["git", "ls-files", "posenc_fast", "triton_kernels", "csrc"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    files = [ROOT / f for f in out if f.endswith((".py", ".cpp", ".h", ".cu", ".cuh"))]
+    used = set()
+    for path in [*files, ROOT / "setup.py"]:
+        used |= set(re.findall(r"POSENC_FAST_[A-Z0-9_]*", path.read_text()))
+    page = (DOCS / "installation.md").read_text()
+    table = page.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `(POSENC_FAST_[A-Z0-9_]+)` \| ([^|]+) \|", table, flags=re.M))
+    assert used == set(rows), (sorted(used - set(rows)), sorted(set(rows) - used))
+    assert len(rows) <= 12 and all(d.strip() for d in rows.values())

@@ -9,7 +9,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.export import Dim
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 
 
 class PatchGridLFF(nn.Module):
@@ -30,7 +30,7 @@ class PatchGridLFF(nn.Module):
 
 
 def _images(h, w, patch=4):
-    return _testing.randn((2, 3, h * patch, w * patch), _testing.generator(h * 100 + w))
+    return _inputs.randn((2, 3, h * patch, w * patch), _inputs.generator(h * 100 + w))
 
 
 def test_export_grid_positions_with_dynamic_image_size():
@@ -84,7 +84,7 @@ class SeqFloater(nn.Module):
         self.pe = pf.Floater(dim, num_states=1, hidden_dim=5, substeps=2)
         self.bias = pf.FloaterAttentionBias(dim, num_layers=2, hidden_dim=4, substeps=1)
         for i, m in enumerate((self.pe, self.bias)):
-            _testing.randomize_parameters(m, 30 + i, fan_in=True)
+            _inputs.randomize_parameters(m, 30 + i, fan_in=True)
 
     def forward(self, x):  # x [B, L, dim]
         L = x.shape[1]

@@ -5,9 +5,9 @@ import pathlib
 
 import pytest
 import torch
+from _helpers import neighbour_similarity
 
 import posenc_fast as pf
-from posenc_fast._testing import neighbour_similarity
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 

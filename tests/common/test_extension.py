@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from posenc_fast import _dispatch, _extension
-from posenc_fast._testing import FloaterCase, floater_inputs
 from posenc_fast.cli import info as info_cli
+from posenc_fast.cli._inputs import FloaterCase, floater_inputs
 from posenc_fast.ops.floater import FloaterOptions
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.ops.floater.registry import FLOATER

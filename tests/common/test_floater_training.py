@@ -12,7 +12,8 @@ from _timm import import_timm
 from conftest import DEVICE, backend_params
 from torch import nn
 
-from posenc_fast import Floater, FloaterAttentionBias, _testing
+from posenc_fast import Floater, FloaterAttentionBias
+from posenc_fast.cli import _inputs
 from posenc_fast.integrations.attention import add_floater_biases, floater_param_groups
 from posenc_fast.ops.floater.registry import FLOATER
 from posenc_fast.tolerances import mismatch
@@ -36,18 +37,18 @@ def encoder(depth=3, seed=0):
 
 
 def images(seed=0):
-    return _testing.randn((2, 3, 16, 16), _testing.generator(seed), device=DEVICE)
+    return _inputs.randn((2, 3, 16, 16), _inputs.generator(seed), device=DEVICE)
 
 
 def tokens(seed=0):
-    return _testing.randn((2, 11, 16), _testing.generator(seed), device=DEVICE)
+    return _inputs.randn((2, 11, 16), _inputs.generator(seed), device=DEVICE)
 
 
 def with_biases(make, backend, share=True, seed=1, **kwargs):
     """The model on the test device, FLOATER biases added (on the model's device)."""
     model = make().to(DEVICE)
     biases = add_floater_biases(model, share_integration=share, backend=backend, **kwargs)
-    _testing.randomize_parameters(biases, seed, scale=0.3)  # the init is near zero
+    _inputs.randomize_parameters(biases, seed, scale=0.3)  # the init is near zero
     return model, biases
 
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import os
 
+import _helpers
 import pytest
 import torch
 from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.encodings import reference as ref_enc
 from posenc_fast.ops.floater import reference as ref_fl
 from posenc_fast.ops.lff import reference as ref_lff
@@ -52,7 +53,7 @@ MAX_PHASE = 1e5
 
 
 def _dtypes(backend: str, op: str):
-    declared = _testing.support(backend, op).dtypes
+    declared = _helpers.support(backend, op).dtypes
     return [d for d in FLOATS if declared is None or d in declared]
 
 
@@ -73,12 +74,12 @@ def lff_problems(draw, dtypes):
     pos_scale = draw(st.sampled_from(SCALES))
     wr_scale = draw(st.sampled_from((0.1, 1.0, 10.0)))
     seed = draw(st.integers(0, 2**31 - 1))
-    case = _testing.LffCase(batch, G, M, F, H, Dg, activation, pos_scale)
+    case = _inputs.LffCase(batch, G, M, F, H, Dg, activation, pos_scale)
     return case, dtype, x_kind, wr_scale, seed
 
 
 def _lff_inputs(case, dtype, x_kind, wr_scale, seed):
-    x, wr, *mlp = _testing.lff_inputs(case, dtype, DEVICE, seed)
+    x, wr, *mlp = _inputs.lff_inputs(case, dtype, DEVICE, seed)
     wr = (wr.double() * wr_scale).to(dtype)
     # Cap the largest phase at docs/precision.md's range (scale x down, keep it finite).
     phase = (x.double() @ wr.double().T).abs().max().item() if x.numel() else 0.0
@@ -100,7 +101,7 @@ def test_lff_matches_reference(backend):
         what = f"lff[{backend}] {case.id} {str(dtype)[6:]} x={x_kind} wr*{wr_scale} seed={seed}"
         note(what)
         inputs = _lff_inputs(case, dtype, x_kind, wr_scale, seed)
-        sup = _testing.support(backend, "lff").input_dtypes.get("x")
+        sup = _helpers.support(backend, "lff").input_dtypes.get("x")
         x_dtype = inputs[0].dtype if inputs[0].is_floating_point() else torch.float32
         if sup is not None and x_dtype not in sup:
             with pytest.raises(pf.BackendError, match="x dtype must be one of"):
@@ -120,10 +121,10 @@ def test_lff_matches_reference(backend):
         assert y.shape == (*case.batch, case.groups * width) and y.dtype == dtype, what
         assert_close(y, expected, dtype, "lff" if case.hidden_dim else "encoding", what=what)
         if y.numel():
-            g = _testing.randn(y.shape, _testing.generator(seed + 1), dtype, DEVICE)
+            g = _inputs.randn(y.shape, _inputs.generator(seed + 1), dtype, DEVICE)
             y.backward(g)
             expected.backward(g.double())
-            _testing.assert_grads_close(_testing.LFF_NAMES, leaves, leaves64, dtype, what)
+            _helpers.assert_grads_close(_helpers.LFF_NAMES, leaves, leaves64, dtype, what)
 
     check()
 
@@ -155,7 +156,7 @@ def _positions(shape, dtype, integer, scale, g):
     if integer:
         hi = max(2, int(scale))
         return torch.randint(-hi, hi, shape, generator=g).to(DEVICE)
-    return _testing.rand(shape, g, -scale, scale, torch.float64, DEVICE).to(dtype)
+    return _inputs.rand(shape, g, -scale, scale, torch.float64, DEVICE).to(dtype)
 
 
 @pytest.mark.parametrize("op", ENCODING_KINDS)
@@ -163,7 +164,7 @@ def _positions(shape, dtype, integer, scale, g):
 def test_encodings_match_reference(backend, op):
     """sinusoidal (with base and block), dft, sinusoidal_nd, dft_inverse, and the fused
     adds of SinusoidalPE / DFTPE (positions [L] broadcast, or one per row)."""
-    sup = _testing.support(backend, "encoding")
+    sup = _helpers.support(backend, "encoding")
 
     @fuzz(25)
     @given(encoding_problems(_dtypes(backend, "encoding"), op))
@@ -174,17 +175,17 @@ def test_encodings_match_reference(backend, op):
             f"{str(dtype)[6:]} int={integer} scale={scale} bcast={broadcast} seed={seed}"
         )
         note(what)
-        g = _testing.generator(seed)
+        g = _inputs.generator(seed)
         p = _positions(shape, dtype, integer, scale, g)
         if kind == "dft_inverse":
-            e = _testing.randn((*shape, dim), g, dtype, DEVICE).requires_grad_()
+            e = _inputs.randn((*shape, dim), g, dtype, DEVICE).requires_grad_()
             out = pf.dft_inverse(e, backend=backend)
             e64 = e.detach().double().requires_grad_()
             expected = ref_enc.dft_inverse(e64)
             leaves, leaves64, tol = [e], [e64], "lff"
         elif kind == "add":
             L = shape[-1] if shape else 3
-            x = _testing.randn((*shape[:-1], L, dim), g, dtype, DEVICE).requires_grad_()
+            x = _inputs.randn((*shape[:-1], L, dim), g, dtype, DEVICE).requires_grad_()
             if broadcast or not shape:
                 p = _positions((L,), dtype, integer, scale, g)
             module = (pf.SinusoidalPE if add_kind == "sinusoidal" else pf.DFTPE)(
@@ -224,11 +225,11 @@ def test_encodings_match_reference(backend, op):
         assert out.shape == expected.shape and out.dtype == out_dtype, what
         assert_close(out, expected, out_dtype, tol, what=what)
         if out.numel() and out.requires_grad:
-            grad = _testing.randn(out.shape, _testing.generator(seed + 1), out_dtype, DEVICE)
+            grad = _inputs.randn(out.shape, _inputs.generator(seed + 1), out_dtype, DEVICE)
             out.backward(grad)
             expected.backward(grad.double())
             names = ("input", "positions")
-            _testing.assert_grads_close(names, leaves, leaves64, out_dtype, what)
+            _helpers.assert_grads_close(names, leaves, leaves64, out_dtype, what)
 
     check()
 
@@ -238,7 +239,7 @@ def test_encodings_match_reference(backend, op):
 
 @st.composite
 def floater_problems(draw, dtypes):
-    case = _testing.FloaterCase(
+    case = _inputs.FloaterCase(
         num_states=draw(st.integers(0, 3)),
         dim=draw(st.integers(1, 6)),
         hidden_dim=draw(st.integers(1, 6)),
@@ -264,7 +265,7 @@ def test_floater_matches_reference(backend):
         what = f"floater[{backend}] {case.id} {str(dtype)[6:]} w*{weight_scale} seed={seed}"
         what += " int-times" if integer_times else ""
         note(what)
-        p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, dtype, DEVICE, seed)
+        p0, w1, b1, w2, b2, times = _inputs.floater_inputs(case, dtype, DEVICE, seed)
         w1, w2 = w1 * weight_scale, w2 * weight_scale
         if integer_times:
             times = torch.arange(case.length, device=DEVICE) // 2  # 0, 0, 1, 1, 2: repeats
@@ -276,10 +277,10 @@ def test_floater_matches_reference(backend):
         assert out.shape == (case.num_states, case.length, case.dim) and out.dtype == dtype
         assert_close(out, expected, dtype, "floater", what=what)
         if out.numel():
-            g = _testing.randn(out.shape, _testing.generator(seed + 1), dtype, DEVICE)
+            g = _inputs.randn(out.shape, _inputs.generator(seed + 1), dtype, DEVICE)
             out.backward(g)
             expected.backward(g.double())
             names = ("p0", "w1", "b1", "w2", "b2", "times")
-            _testing.assert_grads_close(names, leaves, leaves64, dtype, what)
+            _helpers.assert_grads_close(names, leaves, leaves64, dtype, what)
 
     check()

@@ -7,9 +7,9 @@ import pathlib
 import re
 
 import torch
+from _helpers import neighbour_similarity
 
 import posenc_fast as pf
-from posenc_fast._testing import neighbour_similarity
 
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 LFF_BOUND = 0.93  # features: exp(-1/8) = 0.88 at gamma = 2 patches, +- ~0.02 (256 features)

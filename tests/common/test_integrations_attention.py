@@ -5,12 +5,13 @@ torch.compile."""
 
 import copy
 
+import _helpers
 import pytest
 import torch
 from _timm import import_timm
 from torch import nn
 
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.integrations.attention import (
     FloaterMultiheadAttention,
     FloaterQKV,
@@ -28,11 +29,11 @@ def vit(depth=3):
 
 def randomize(biases, seed=1):
     """Non-trivial FLOATER biases (the initialisation is near zero)."""
-    _testing.randomize_parameters(biases, seed, scale=0.3)
+    _inputs.randomize_parameters(biases, seed, scale=0.3)
 
 
 def images(seed=0):
-    return _testing.randn((2, 3, 16, 16), _testing.generator(seed))
+    return _inputs.randn((2, 3, 16, 16), _inputs.generator(seed))
 
 
 def expected_qkv(qkv, biases, n, x):
@@ -51,7 +52,7 @@ def test_timm_projections_get_their_blocks_biases(training):
     biases = add_floater_biases(model)
     randomize(biases)
     model.train(training)
-    x = _testing.randn((2, 17, 32), _testing.generator(2))
+    x = _inputs.randn((2, 17, 32), _inputs.generator(2))
     for n, block in enumerate(model.blocks):
         assert isinstance(block.attn.qkv, FloaterQKV)
         torch.testing.assert_close(block.attn.qkv(x), expected_qkv(block.attn.qkv, biases, n, x))
@@ -59,7 +60,7 @@ def test_timm_projections_get_their_blocks_biases(training):
 
 def test_warm_start_and_checkpoints_of_the_unmodified_model():
     x = images()
-    _testing.check_floater_warm_start(vit().eval(), lambda model: model(x))
+    _helpers.check_floater_warm_start(vit().eval(), lambda model: model(x))
 
 
 def test_deepcopy_after_a_training_forward_and_independence(calls):
@@ -127,7 +128,7 @@ def test_half_precision_model_keeps_a_float32_ode_state():
 
 
 def _mha_inputs(batch_first, batched, L, S, E, kdim, vdim, seed):
-    g = _testing.generator(seed)
+    g = _inputs.generator(seed)
 
     def shape(n, d):
         if not batched:
@@ -135,9 +136,9 @@ def _mha_inputs(batch_first, batched, L, S, E, kdim, vdim, seed):
         return (2, n, d) if batch_first else (n, 2, d)
 
     return (
-        _testing.randn(shape(L, E), g),
-        _testing.randn(shape(S, kdim), g),
-        _testing.randn(shape(S, vdim), g),
+        _inputs.randn(shape(L, E), g),
+        _inputs.randn(shape(S, kdim), g),
+        _inputs.randn(shape(S, vdim), g),
     )
 
 
@@ -171,12 +172,12 @@ def test_multihead_attention_with_zero_biases_is_torchs(case):
     if c["kdim"] is None:
         k, v = q, q  # self-attention
     kwargs = {"need_weights": c["weights"], "average_attn_weights": c["average"]}
-    g = _testing.generator(4)
+    g = _inputs.generator(4)
     if c["mask"] == "bool":
         kwargs["attn_mask"] = torch.rand(L, S, generator=g) < 0.3
         kwargs["attn_mask"][:, 0] = False  # every query keeps one key
     elif c["mask"] == "float3d":
-        kwargs["attn_mask"] = _testing.randn((2 * heads, L, S), g)
+        kwargs["attn_mask"] = _inputs.randn((2 * heads, L, S), g)
     elif c["mask"] == "causal":
         kwargs["attn_mask"] = nn.Transformer.generate_square_subsequent_mask(L)
         kwargs["is_causal"] = True
@@ -208,7 +209,7 @@ def test_multihead_attention_adds_the_biases_literally():
     biases = add_floater_biases(holder)
     assert biases.floater.p0.dtype == torch.float64
     randomize(biases)
-    x = _testing.randn((2, L, E), _testing.generator(5), torch.float64)
+    x = _inputs.randn((2, L, E), _inputs.generator(5), torch.float64)
     with torch.no_grad():
         B = biases(L)[0]  # [3, L, E]
         w, b = mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)
@@ -227,7 +228,7 @@ def test_transformer_encoder_fast_paths_do_not_skip_the_biases():
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     encoder = nn.TransformerEncoder(layer, 2)  # nested-tensor path enabled
-    x = _testing.randn((2, 5, 16), _testing.generator(6))
+    x = _inputs.randn((2, 5, 16), _inputs.generator(6))
     padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     encoder.eval()
     with torch.no_grad():
@@ -252,7 +253,7 @@ def test_multihead_attention_compiles_fullgraph():
     biases = add_floater_biases(holder)
     randomize(biases)
     mha = holder[0]
-    x = _testing.randn((2, 6, 16), _testing.generator(7))
+    x = _inputs.randn((2, 6, 16), _inputs.generator(7))
     fn = torch.compile(
         lambda t: mha(t, t, t, need_weights=False)[0], fullgraph=True, backend="aot_eager"
     )

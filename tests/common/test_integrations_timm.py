@@ -12,7 +12,7 @@ import torch
 from _timm import REASON, import_timm, timm_available
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.integrations import timm as pf_timm
 
 
@@ -44,7 +44,7 @@ def vit(**kwargs):
 
 
 def images(h=32, w=32, seed=0):
-    return _testing.randn((2, 3, h, w), _testing.generator(seed))
+    return _inputs.randn((2, 3, h, w), _inputs.generator(seed))
 
 
 def grid_encoding(model, h, w):

@@ -13,12 +13,13 @@ import logging
 import os
 import warnings
 
+import _helpers
 import pytest
 import torch
 import torch.nn.functional as F
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.integrations import transformers as pf_hf
 from posenc_fast.integrations.attention import add_floater_biases, floater_param_groups
 from posenc_fast.tolerances import assert_close
@@ -95,15 +96,15 @@ def build(family="bert", attn="eager", seed=0, model_class=None, **overrides):
 
 def inputs(family, batch=2, length=7, seed=0):
     """input_ids (never RoBERTa's padding id 1) or 16x16 images."""
-    g = _testing.generator(seed)
+    g = _inputs.generator(seed)
     if family in ("vit", "deit"):
-        return {"pixel_values": _testing.randn((batch, 3, 16, 16), g)}
+        return {"pixel_values": _inputs.randn((batch, 3, 16, 16), g)}
     return {"input_ids": torch.randint(3, 40, (batch, length), generator=g)}
 
 
 def randomize(biases, seed=1):
     """Non-trivial FLOATER biases (the initialisation is near zero)."""
-    _testing.randomize_parameters(biases, seed, scale=0.3)
+    _inputs.randomize_parameters(biases, seed, scale=0.3)
 
 
 def projections(model):
@@ -161,7 +162,7 @@ def test_zero_biases_are_the_original_model_and_checkpoints_still_load(attn):
     x = inputs("roberta")
     mask = torch.ones_like(x["input_ids"])
     mask[1, -3:] = 0
-    _testing.check_floater_warm_start(
+    _helpers.check_floater_warm_start(
         build("roberta", attn).eval(), lambda model: hidden(model, **x, attention_mask=mask)
     )
 
@@ -217,7 +218,7 @@ def classifier(seed=0, attn="eager", **kwargs):
 
 def batch(seed=0):
     """A learnable toy task: the label is whether token 5 comes before token 6."""
-    g = _testing.generator(seed)
+    g = _inputs.generator(seed)
     ids = torch.randint(7, 40, (8, 9), generator=g)
     labels = torch.arange(8) % 2
     for i in range(8):
@@ -398,7 +399,7 @@ def test_fine_tune_freeze_and_export_to_onnx():
     assert float64 == [], float64[:10]  # float32 runtimes (TensorRT) run it
     session = ort.InferenceSession(f.getvalue(), providers=["CPUExecutionProvider"])
     for b, length in [(3, 5), (2, 16)]:
-        x = torch.randint(3, 40, (b, length), generator=_testing.generator(b))
+        x = torch.randint(3, 40, (b, length), generator=_inputs.generator(b))
         m = torch.ones_like(x)
         m[-1, length // 2 :] = 0
         got = session.run(None, {"input_ids": x.numpy(), "attention_mask": m.numpy()})[0]
@@ -446,7 +447,7 @@ def test_lff_encodes_the_patch_grid_of_any_size(family):
     assert not any("position_embeddings" in k for k in model.state_dict())
     prefix = 2 if family == "deit" else 1
     for h, w in [(16, 16), (8, 20)]:
-        x = _testing.randn((2, 3, h, w), _testing.generator(h + w))
+        x = _inputs.randn((2, 3, h, w), _inputs.generator(h + w))
         with torch.no_grad():
             got = emb(x, interpolate_pos_encoding=True)
             patches = emb.patch_embeddings(x)
@@ -509,7 +510,7 @@ def test_lightglue_fast_rotary_equals_the_original():
     keys = set(model.state_dict())
     new = pf_hf.use_fast_rotary(model)
     assert set(model.state_dict()) == keys  # checkpoints load unchanged
-    kp = torch.rand(4, 32, 2, generator=_testing.generator(3)) * 2 - 1  # normalised keypoints
+    kp = torch.rand(4, 32, 2, generator=_inputs.generator(3)) * 2 - 1  # normalised keypoints
     with torch.no_grad():
         (cos, sin), proj = new(kp, output_hidden_states=True)
         (cos0, sin0), proj0 = original(kp, output_hidden_states=True)
@@ -519,7 +520,7 @@ def test_lightglue_fast_rotary_equals_the_original():
     ((cos1, sin1),) = new(kp)
     assert cos1.shape == sin1.shape == (4, 32, 16)  # head_dim 32 / 2
 
-    images = torch.rand(1, 2, 1, 64, 64, generator=_testing.generator(4))
+    images = torch.rand(1, 2, 1, 64, 64, generator=_inputs.generator(4))
     reference = lightglue()
     reference.load_state_dict(model.state_dict())
     with torch.no_grad():
@@ -568,7 +569,7 @@ def test_lff_vit_and_lightglue_encoder_export_float32_graphs():
     sizes = {"Hidden": [(2, 3, 16, 16), (1, 3, 8, 20)], "Table": [(2, 32, 2), (3, 9, 2)]}
     for model, axes, exporter in cases:
         name = type(model).__name__
-        x = torch.rand(sizes[name][0], generator=_testing.generator(1)) * 2 - 1
+        x = torch.rand(sizes[name][0], generator=_inputs.generator(1)) * 2 - 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
@@ -587,7 +588,7 @@ def test_lff_vit_and_lightglue_encoder_export_float32_graphs():
         session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
         feed = session.get_inputs()[0].name
         for k, shape in enumerate(sizes[name]):
-            x = torch.rand(shape, generator=_testing.generator(10 + k)) * 2 - 1
+            x = torch.rand(shape, generator=_inputs.generator(10 + k)) * 2 - 1
             got = [torch.from_numpy(o) for o in session.run(None, {feed: x.numpy()})]
             with torch.no_grad():
                 want = model(x)
@@ -616,7 +617,7 @@ def dinov3(seed=0, attn="sdpa", **overrides):
     torch.manual_seed(seed)
     model = tf.DINOv3ViTModel(config)
     for i, layer in enumerate(model.model.layer):
-        _testing.randomize_parameters(layer.attention, 10 + i, 0.5)
+        _inputs.randomize_parameters(layer.attention, 10 + i, 0.5)
     return model
 
 
@@ -627,7 +628,7 @@ def dinov3_step(model, x, seed=1):
     torch.manual_seed(seed)
     out = model(pixel_values=x)
     hidden = out.last_hidden_state  # weighted: a sum of squares of LayerNorm outputs is ~constant
-    weights = _testing.randn(hidden.shape, _testing.generator(7), hidden.dtype)
+    weights = _inputs.randn(hidden.shape, _inputs.generator(7), hidden.dtype)
     ((weights * hidden).sum() + out.pooler_output.sum()).backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     return out.last_hidden_state, out.pooler_output, grads
@@ -646,7 +647,7 @@ def test_dinov3_fast_rope_equals_the_original(attn):
     assert list(fast.state_dict()) == keys
     ref64 = copy.deepcopy(ref).double()
     for h, w in [(32, 32), (24, 40)]:
-        x = _testing.randn((2, 3, h, w), _testing.generator(h + w))
+        x = _inputs.randn((2, 3, h, w), _inputs.generator(h + w))
         for train in (True, False):
             for m in (ref, fast, ref64):
                 m.train(train)
@@ -663,13 +664,13 @@ def test_dinov3_fast_rope_equals_the_original(attn):
     plain = copy.deepcopy(ref).eval()
     with torch.no_grad():  # the rotation matters here: without it the outputs differ
         plain.rope_embeddings.inv_freq.zero_()
-        x = _testing.randn((2, 3, 32, 32), _testing.generator(0))
+        x = _inputs.randn((2, 3, 32, 32), _inputs.generator(0))
         assert (plain(x).last_hidden_state - ref.eval()(x).last_hidden_state).abs().max() > 1e-2
 
 
 def test_dinov3_fast_rope_saves_reloads_compiles_and_exports(tmp_path):
     model = pf_hf.use_fast_rope(dinov3(num_hidden_layers=1)).eval()
-    x = _testing.randn((2, 3, 24, 40), _testing.generator(5))
+    x = _inputs.randn((2, 3, 24, 40), _inputs.generator(5))
     with torch.no_grad():
         want = model(pixel_values=x).last_hidden_state
     model.save_pretrained(tmp_path)
@@ -709,7 +710,7 @@ def test_dinov3_fast_rope_exports_a_float32_onnx_graph():
     from _onnx_ops import float64_tensors
 
     model = HiddenState(pf_hf.use_fast_rope(dinov3(num_hidden_layers=1))).eval()
-    x = _testing.randn((2, 3, 32, 40), _testing.generator(1))
+    x = _inputs.randn((2, 3, 32, 40), _inputs.generator(1))
     rows, cols = torch.export.Dim("rows", min=2, max=8), torch.export.Dim("cols", min=2, max=8)
     shapes = ({0: torch.export.Dim("batch"), 2: 8 * rows, 3: 8 * cols},)
     with warnings.catch_warnings():
@@ -719,7 +720,7 @@ def test_dinov3_fast_rope_exports_a_float32_onnx_graph():
     assert float64_tensors(proto) == []
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for shape in [(2, 3, 32, 40), (1, 3, 24, 16)]:
-        y = _testing.randn(shape, _testing.generator(sum(shape)))
+        y = _inputs.randn(shape, _inputs.generator(sum(shape)))
         got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: y.numpy()})[0])
         with torch.no_grad():
             want = model(y)

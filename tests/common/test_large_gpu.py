@@ -14,12 +14,13 @@ so the GPU-only code stays exercised in CI.
 
 from __future__ import annotations
 
+import _helpers
 import pytest
 import torch
 from conftest import DEVICE, backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.encodings import reference as ref_enc
 from posenc_fast.ops.lff import reference as ref_lff
 from posenc_fast.tolerances import assert_close
@@ -33,7 +34,7 @@ def _gpu_reason():
     free, _ = torch.cuda.mem_get_info()
     if free < 40e9:
         return f"needs ~40 GB of free GPU memory, {free / 1e9:.0f} GB free"
-    reasons = _testing.environment_reasons("triton")
+    reasons = _helpers.environment_reasons("triton")
     if reasons:
         return f"the triton backend is unavailable: {'; '.join(reasons)}"
     return ""
@@ -77,10 +78,10 @@ def check_sinusoidal_forward(n, dim, device, backend):
 def check_fused_add(batch, length, dim, device, backend, kind, per_row):
     """x [batch, length, dim] bf16 + encoding of positions [length] (broadcast: the kernel
     wraps row indices) or [batch, length]."""
-    g = _testing.generator(1)
+    g = _inputs.generator(1)
     x = torch.empty(batch, length, dim, dtype=torch.bfloat16, device=device).uniform_(-1, 1)
     shape = (batch, length) if per_row else (length,)
-    p = _testing.rand(shape, g, 0.0, 5e4, torch.float32, device)
+    p = _inputs.rand(shape, g, 0.0, 5e4, torch.float32, device)
     module = (pf.SinusoidalPE if kind == "sinusoidal" else pf.DFTPE)(dim, backend=backend)
     y = module(x, p)
     assert y.shape == x.shape and y.dtype == torch.bfloat16
@@ -100,7 +101,7 @@ def check_encoding_backward(n, dim, device, backend, kind):
     out = fn(p, dim, backend=backend)
     rows = _rows(n, dim)
     g = torch.zeros_like(out)
-    g_rows = _testing.randn((len(rows), dim), _testing.generator(2), torch.float32, device)
+    g_rows = _inputs.randn((len(rows), dim), _inputs.generator(2), torch.float32, device)
     g[rows] = g_rows
     out.backward(g)
     del out, g
@@ -117,14 +118,14 @@ def check_lff_weight_gradients(n, Dg, device, backend, dtype):
     """All six gradients of an LFF whose output has n * Dg elements; the incoming gradient
     is zero except on the checked rows (so the weight gradients equal the reference's on
     those rows alone, and the zero rows add nothing, exactly)."""
-    case = _testing.LffCase((n,), 1, 2, 64, 16, Dg)
-    inputs = _testing.lff_inputs(case, dtype, device, seed=4)
+    case = _inputs.LffCase((n,), 1, 2, 64, 16, Dg)
+    inputs = _inputs.lff_inputs(case, dtype, device, seed=4)
     leaves = [t.detach().requires_grad_() for t in inputs]
     y = pf.lff(*leaves, backend=backend)
     assert y.shape == (n, Dg)
     rows = _rows(n, Dg)
     g = torch.zeros_like(y)
-    g[rows] = _testing.randn((len(rows), Dg), _testing.generator(5), dtype, device)
+    g[rows] = _inputs.randn((len(rows), Dg), _inputs.generator(5), dtype, device)
     y.backward(g)
     gr = g[rows].double()
     del y, g

@@ -19,8 +19,8 @@ import torch
 from _cpu_kernels import EXT
 
 import posenc_fast as pf
-from posenc_fast import _testing
-from posenc_fast._testing import FloaterCase, floater_inputs
+from posenc_fast.cli import _inputs
+from posenc_fast.cli._inputs import FloaterCase, floater_inputs
 from posenc_fast.ops.floater import tape as tape_mod
 
 pytestmark = [pytest.mark.skipif(EXT is None, reason="the C++ extension is not built")]
@@ -83,8 +83,8 @@ def test_lff_calls_do_not_grow():
         (13, 1, 1, 6, 0, 0),
         (29, 2, 2, 16, 8, 17),
     ):
-        x, wr, w1, b1, w2, b2 = _testing.lff_inputs(
-            _testing.LffCase((n,), G, M, F, H, D), torch.float32, "cpu", n
+        x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(
+            _inputs.LffCase((n,), G, M, F, H, D), torch.float32, "cpu", n
         )
         rows = x.reshape(-1, M)
         act = "gelu"
@@ -106,11 +106,11 @@ def test_lff_calls_do_not_grow():
 
 def test_encoding_calls_do_not_grow():
     calls = []
-    g = _testing.generator(1)
+    g = _inputs.generator(1)
     for L, dim, B in ((1, 2, 1), (7, 10, 2), (17, 6, 3), (33, 16, 1)):
-        p = _testing.rand((L,), g, -30.0, 30.0)
-        x = _testing.randn((B, L, dim), g)
-        grad = _testing.randn((L, dim), g)
+        p = _inputs.rand((L,), g, -30.0, 30.0)
+        x = _inputs.randn((B, L, dim), g)
+        grad = _inputs.randn((L, dim), g)
         for kind in ("sinusoidal", "dft"):
 
             def call(p=p, x=x, grad=grad, dim=dim, kind=kind):
@@ -125,11 +125,11 @@ def test_encoding_calls_do_not_grow():
 def test_rotary_calls_do_not_grow():
     calls = []
     for case in (
-        _testing.RotaryCase(1, 2, 1, 3, 8, 8, 2),
-        _testing.RotaryCase(2, 1, 1, 9, 6, 4, 1, "bnhd"),
-        _testing.RotaryCase(1, 2, 2, 17, 12, 12, 3, shared_x=True),
+        _inputs.RotaryCase(1, 2, 1, 3, 8, 8, 2),
+        _inputs.RotaryCase(2, 1, 1, 9, 6, 4, 1, "bnhd"),
+        _inputs.RotaryCase(1, 2, 2, 17, 12, 12, 3, shared_x=True),
     ):
-        q, k, x, wr = _testing.rotary_inputs(case, torch.float32, "cpu", 2)
+        q, k, x, wr = _inputs.rotary_inputs(case, torch.float32, "cpu", 2)
         table = _ops().rotary_table_kernel(x, wr, "interleaved", torch.float32)
         gt = torch.randn_like(table)
         gq, gk = torch.randn_like(q), torch.randn_like(k)
@@ -173,15 +173,15 @@ def test_public_calls_and_module_caches_do_not_grow():
     """Through the dispatcher and autograd (every op, forward and backward), and a Floater
     module in eval mode called with changing lengths: its result cache holds one entry per
     call form whatever the lengths asked."""
-    g = _testing.generator(3)
+    g = _inputs.generator(3)
     lff_mod = pf.LearnableFourierFeatures(2, 16, 8, 12, backend="cpp")
     floater_mod = pf.Floater(4, 6, backend="cpp").eval()
     wr = torch.randn(4, 2, requires_grad=True)
     calls = []
     for n in (1, 6, 11):
-        pos = _testing.randn((n, 1, 2), g).requires_grad_()
-        x = _testing.randn((2, n, 8), g).requires_grad_()
-        q, k = _testing.randn((1, 2, n, 8), g), _testing.randn((1, 2, n, 8), g)
+        pos = _inputs.randn((n, 1, 2), g).requires_grad_()
+        x = _inputs.randn((2, n, 8), g).requires_grad_()
+        q, k = _inputs.randn((1, 2, n, 8), g), _inputs.randn((1, 2, n, 8), g)
 
         def call(pos=pos, x=x, q=q, k=k, n=n):
             y = lff_mod(pos).sum() + pf.SinusoidalPE(8, backend="cpp")(x, pos[:, 0, 0]).sum()

@@ -27,7 +27,7 @@ from _timm import import_timm
 from torch import nn
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.integrations import timm as pf_timm
 from posenc_fast.integrations.attention import add_floater_biases
 from posenc_fast.tolerances import ONNX_MAX_PHASE, ONNX_PHASE_ATOL, assert_close
@@ -165,17 +165,17 @@ class Ops(nn.Module):
 def ops_model():
     torch.manual_seed(0)
     m = Ops()
-    _testing.randomize_parameters(m.floater, 1, scale=0.3)
-    _testing.randomize_parameters(m.floater_bias, 2, scale=0.3)
+    _inputs.randomize_parameters(m.floater, 1, scale=0.3)
+    _inputs.randomize_parameters(m.floater_bias, 2, scale=0.3)
     m.floater.freeze(12)
     m.floater_bias.freeze(12)
     return m.eval()
 
 
 def ops_inputs(B, N, seed):
-    gen = _testing.generator(seed)
-    x = _testing.randn((B, N, 2), gen, scale=3.0)
-    return x, _testing.randn((B, N, 16), gen)
+    gen = _inputs.generator(seed)
+    x = _inputs.randn((B, N, 2), gen, scale=3.0)
+    return x, _inputs.randn((B, N, 16), gen)
 
 
 def compare(got, want, what):
@@ -228,10 +228,10 @@ class Integrations(nn.Module):
         self.vit_sine = tiny_vit(depth=1)
         pf_timm.use_sine2d(self.vit_sine)
         self.vit_floater = tiny_vit()
-        _testing.randomize_parameters(add_floater_biases(self.vit_floater, substeps=2), 1, 0.3)
+        _inputs.randomize_parameters(add_floater_biases(self.vit_floater, substeps=2), 1, 0.3)
         layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-        _testing.randomize_parameters(add_floater_biases(self.encoder, substeps=2), 2, 0.3)
+        _inputs.randomize_parameters(add_floater_biases(self.encoder, substeps=2), 2, 0.3)
         # the ViT's tokens: (H/8) * (W/8) patches + the class token
         self.vit_floater.floater_bias.freeze(frozen_length)
         self.encoder.floater_bias.freeze(frozen_length)
@@ -251,8 +251,8 @@ def integrations():
 
 
 def integration_inputs(B, H, W, L, seed):
-    gen = _testing.generator(seed)
-    return _testing.randn((B, 3, H, W), gen), _testing.randn((B, L, 16), gen)
+    gen = _inputs.generator(seed)
+    return _inputs.randn((B, 3, H, W), gen), _inputs.randn((B, L, 16), gen)
 
 
 def test_integrations_round_trip_with_dynamic_batch_and_sizes(integrations):
@@ -283,7 +283,7 @@ class FloaterLength4(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.fl = pf.Floater(dim=4, num_states=2, hidden_dim=4, substeps=1, activation="gelu")
-        _testing.randomize_parameters(self.fl, 5, scale=0.5)
+        _inputs.randomize_parameters(self.fl, 5, scale=0.5)
 
     def forward(self, x):
         return x + self.fl(length=4)[1]
@@ -293,7 +293,7 @@ def unfrozen_vit():
     """The case that used to unroll for minutes: a timm ViT with FLOATER biases, unfrozen."""
     torch.manual_seed(0)
     vit = tiny_vit()
-    _testing.randomize_parameters(add_floater_biases(vit, substeps=2), 1, 0.3)
+    _inputs.randomize_parameters(add_floater_biases(vit, substeps=2), 1, 0.3)
     return vit.eval(), (torch.randn(1, 3, 32, 32),)
 
 
@@ -375,7 +375,7 @@ class Phases(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.w = nn.Parameter(torch.randn(4, 2, generator=_testing.generator(3)))
+        self.w = nn.Parameter(torch.randn(4, 2, generator=_inputs.generator(3)))
 
     def forward(self, x):
         return pf.lff_rotary(x, self.w), pf.sinusoidal(x[:, 0], 8)
@@ -392,7 +392,7 @@ def test_float64_phases_by_argument():
     proto32 = export_torchscript(model, args, {"x": {0: "n"}}, ["x"])
     assert float64_tensors(proto64), "onnx_phases(torch.float64) left no float64 tensor"
     assert float64_tensors(proto32) == [], float64_tensors(proto32)[:10]
-    x = _testing.rand((64, 2), _testing.generator(4), -2e4, 2e4)  # |phase| up to ~1e5
+    x = _inputs.rand((64, 2), _inputs.generator(4), -2e4, 2e4)  # |phase| up to ~1e5
     with torch.no_grad():
         w, s = model.w.double(), x[:, 0].double()
         want = [pf.lff_rotary(x.double(), w, backend="reference")]

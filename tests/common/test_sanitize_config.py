@@ -29,7 +29,7 @@ def test_flags_are_the_packages_with_the_sanitizers_for_O3():
     cxx, ld = _tool().flags()
     assert "-O3" not in cxx and "-O1" in cxx and "-g" in cxx and "-fno-omit-frame-pointer" in cxx
     assert "-fsanitize=address,undefined" in cxx and "-fno-sanitize-recover=undefined" in cxx
-    assert "-DPOSENC_FAST_SANITIZE=address_undefined" in cxx  # build_info()["sanitize"]
+    assert "-DPF_SANITIZERS=address_undefined" in cxx  # build_info()["sanitize"]
     for flag in cfg.CXX_FLAGS:
         assert flag == "-O3" or flag in cxx, flag
     assert ld == [*cfg.LD_FLAGS, "-fsanitize=address,undefined"]

@@ -5,12 +5,13 @@ import copy
 import io
 import pickle
 
+import _helpers
 import pytest
 import torch
 from conftest import backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.tolerances import assert_close
 
 
@@ -48,9 +49,8 @@ def test_state_dict_round_trip_with_weights_only_load(name):
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32, include_reference=True))
 def test_state_dict_loads_onto_another_backend_and_dtype(backend, device):
-    from posenc_fast import _testing
 
-    dtypes = _testing.support(backend, "lff").dtypes
+    dtypes = _helpers.support(backend, "lff").dtypes
     other = torch.float64 if dtypes is None or torch.float64 in dtypes else torch.float16
     a = _lff(backend="torch")
     b = _lff(backend=backend, device=device, dtype=other)
@@ -113,7 +113,7 @@ FLOATER_KEYS = {"p0", "w1", "b1", "w2", "b2"}
 def _floater(name, seed=0, **kw):
     """A module with random parameters (the default initialisation starts near zero)."""
     m = FLOATER_FACTORIES[name](**kw)
-    _testing.randomize_parameters(m, seed, 0.5)
+    _inputs.randomize_parameters(m, seed, 0.5)
     return m
 
 

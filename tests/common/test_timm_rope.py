@@ -18,7 +18,7 @@ import pytest
 import torch
 from _timm import import_timm
 
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.integrations import timm as pf_timm
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
@@ -60,7 +60,7 @@ def eva(family: str, **kwargs):
     torch.manual_seed(0)
     model = import_timm().create_model(name, pretrained=False, **{**SMALL, **args, **kwargs})
     for i, blk in enumerate(model.blocks):
-        _testing.randomize_parameters(blk.attn, 10 + i, 1.0)
+        _inputs.randomize_parameters(blk.attn, 10 + i, 1.0)
     return model
 
 
@@ -71,7 +71,7 @@ def converted(model, **kwargs):
 
 
 def images(b=2, h=32, w=32, seed=0):
-    return _testing.randn((b, 3, h, w), _testing.generator(seed))
+    return _inputs.randn((b, 3, h, w), _inputs.generator(seed))
 
 
 def close(got, want, what="", tol=1e-5):
@@ -83,7 +83,7 @@ def close(got, want, what="", tol=1e-5):
 def loss_weights(t):
     """Fixed random weights of t's shape: the loss sum(w * t) (a sum of squares of
     LayerNorm outputs would be nearly constant, its gradients mostly rounding)."""
-    return _testing.randn(t.shape, _testing.generator(7), t.dtype)
+    return _inputs.randn(t.shape, _inputs.generator(7), t.dtype)
 
 
 def run(model, x, seed=1, fn=None):
@@ -278,15 +278,15 @@ def naflexvit(rope: str, **kwargs):
         **{**SMALL, **extra, **kwargs},
     )  # fmt: skip
     for i, blk in enumerate(model.blocks):
-        _testing.randomize_parameters(blk.attn, 10 + i, 1.0)
+        _inputs.randomize_parameters(blk.attn, 10 + i, 1.0)
     return model
 
 
 def naflex_batch(sizes, length, seed=0):
     """A NaFlex batch: per sample the 8x8 patches of a (rows, cols) grid in row-major
     order, padded to ``length`` (patch_valid False)."""
-    g = _testing.generator(seed)
-    patches = _testing.randn((len(sizes), length, 8 * 8 * 3), g)
+    g = _inputs.generator(seed)
+    patches = _inputs.randn((len(sizes), length, 8 * 8 * 3), g)
     coord = torch.zeros(len(sizes), length, 2, dtype=torch.long)
     valid = torch.zeros(len(sizes), length, dtype=torch.bool)
     for b, (h, w) in enumerate(sizes):

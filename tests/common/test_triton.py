@@ -9,13 +9,14 @@ BLOCK_D = 128 output columns (triton_kernels/_launch.py::interpreter_blocks).
 
 import math
 
+import _helpers
 import pytest
 import torch
 from conftest import DEVICE
 
 import posenc_fast as pf
-from posenc_fast import _testing
 from posenc_fast._dispatch import BackendError, Problem
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.encodings import reference as ref_enc
 from posenc_fast.ops.encodings.registry import ENCODING
 from posenc_fast.ops.lff import reference as ref
@@ -26,7 +27,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from posenc_fast.triton_kernels._round import round_to  # noqa: E402
 
-TRITON_REASONS = _testing.environment_reasons("triton")
+TRITON_REASONS = _helpers.environment_reasons("triton")
 pytestmark = pytest.mark.skipif(
     bool(TRITON_REASONS) or DEVICE not in LFF["triton"].support.devices,
     reason=f"triton backend unavailable on {DEVICE}: {TRITON_REASONS}",
@@ -36,13 +37,13 @@ NAMES = ("x", "wr", "w1", "b1", "w2", "b2")
 
 
 def _case(rows, M, F, H, Dg, act="gelu", groups=1):
-    return _testing.LffCase((rows,), groups, M, F, H, Dg, act)
+    return _inputs.LffCase((rows,), groups, M, F, H, Dg, act)
 
 
 def _grads_vs_reference(case, dtype, seed):
     """Backward through the public API against float64 autograd of the reference."""
-    inputs = _testing.lff_inputs(case, dtype, DEVICE, seed)
-    _testing.check_lff_backward(case, inputs, "triton", seed + 1)
+    inputs = _inputs.lff_inputs(case, dtype, DEVICE, seed)
+    _helpers.check_lff_backward(case, inputs, "triton", seed + 1)
 
 
 # ---------------------------------------------------------------- accuracy
@@ -53,9 +54,9 @@ def test_phase_reduction_accuracy(pos_dim):
     """cos/sin within 1e-6 of float64 math on the same fp32 inputs for |phase| <= 1e5; the
     polynomial reduction of _phase.py measures ~1e-7 there, so 3e-7 guards regressions
     (an unreduced float32 phase would be off by ~4e-3 at 1e5)."""
-    g = _testing.generator(100 + pos_dim)
-    wr = _testing.randn((64, pos_dim), g, torch.float32, DEVICE)
-    x = _testing.rand((200, 1, pos_dim), g, -1.0, 1.0, torch.float32, DEVICE)
+    g = _inputs.generator(100 + pos_dim)
+    wr = _inputs.randn((64, pos_dim), g, torch.float32, DEVICE)
+    x = _inputs.rand((200, 1, pos_dim), g, -1.0, 1.0, torch.float32, DEVICE)
     phase = (x.double()[:, 0] @ wr.double().T).abs().max()
     x = (x * (1e5 / phase)).float()
     raw = pf.lff(x, wr, backend="triton").double() * math.sqrt(128)
@@ -95,7 +96,7 @@ def test_huge_phases_stay_finite_and_on_the_circle():
 )
 def test_forward_block_boundaries(dtype, rows, M, F, H, Dg):
     case = _case(rows, M, F, H, Dg)
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, dtype, DEVICE, seed=rows + F + H)
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, dtype, DEVICE, seed=rows + F + H)
     y = pf.lff(x, wr, w1, b1, w2, b2, backend="triton")
     assert_close(y, ref.lff(x, wr, w1, b1, w2, b2), dtype, "lff", what=case.id)
 
@@ -103,14 +104,14 @@ def test_forward_block_boundaries(dtype, rows, M, F, H, Dg):
 @pytest.mark.parametrize("rows,F", [(64, 128), (65, 130)])
 def test_features_only_block_boundaries(rows, F):
     case = _case(rows, 2, F, 0, 0)
-    x, wr, *_ = _testing.lff_inputs(case, torch.float32, DEVICE, seed=F)
+    x, wr, *_ = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=F)
     assert_close(pf.lff(x, wr, backend="triton"), ref.lff(x, wr), torch.float32, "encoding")
 
 
 def test_autocast_weights_feed_a_bf16_mlp():
     """fp32 weights, bf16 output and MLP (autocast): converted on load, rounded to nearest."""
     case = _case(40, 2, 32, 16, 24)
-    x, *w = _testing.lff_inputs(case, torch.float32, DEVICE, seed=3)
+    x, *w = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=3)
     x64 = x.double()
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         y = pf.lff(x, *w, backend="triton")
@@ -119,7 +120,7 @@ def test_autocast_weights_feed_a_bf16_mlp():
     leaves = [t.clone().requires_grad_(True) for t in w]
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         y = pf.lff(x, *leaves, backend="triton")
-    g = _testing.randn(y.shape, _testing.generator(4), torch.bfloat16, DEVICE)
+    g = _inputs.randn(y.shape, _inputs.generator(4), torch.bfloat16, DEVICE)
     y.backward(g)
     w64 = [t.detach().double().requires_grad_(True) for t in w]
     ref.lff(x64, *w64).backward(g.double())
@@ -131,13 +132,13 @@ def test_autocast_weights_feed_a_bf16_mlp():
 def test_strided_inputs_and_gradient():
     """x with a non-unit coordinate stride, transposed weights, a non-contiguous dY."""
     case = _case(70, 2, 16, 8, 12, groups=2)
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, torch.float32, DEVICE, seed=9)
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=9)
     x_strided = torch.stack([x, torch.full_like(x, float("nan"))], dim=-1)[..., 0]
     assert x_strided.stride(-1) == 2 and torch.equal(x_strided, x)
     w1_t = w1.T.contiguous().T
     y = pf.lff(x_strided, wr, w1_t, b1, w2, b2, backend="triton")
     assert_close(y, ref.lff(x, wr, w1, b1, w2, b2), torch.float32, "lff")
-    g = _testing.randn((y.shape[1], y.shape[0]), _testing.generator(10), device=DEVICE).T
+    g = _inputs.randn((y.shape[1], y.shape[0]), _inputs.generator(10), device=DEVICE).T
     assert not g.is_contiguous()
     got = LFF["triton"].backward(g, x_strided, wr, w1_t, b1, w2, b2, "gelu", [True] * 6)
     want = LFF["triton"].backward(g.contiguous(), x, wr, w1, b1, w2, b2, "gelu", [True] * 6)
@@ -161,8 +162,8 @@ def test_partial_sums_independent_of_program_count(monkeypatch):
     from posenc_fast.triton_kernels import lff_backward_fused
 
     case = _case(300, 2, 16, 8, 12)
-    args = _testing.lff_inputs(case, torch.float32, DEVICE, seed=43)
-    g = _testing.randn((300, 12), _testing.generator(44), torch.float32, DEVICE)
+    args = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=43)
+    g = _inputs.randn((300, 12), _inputs.generator(44), torch.float32, DEVICE)
     results = []
     for programs in (1, 2, 5):
         monkeypatch.setattr(lff_backward_fused, "max_programs", lambda device, n=programs: n)
@@ -207,8 +208,8 @@ def test_split_k_bitwise_deterministic_and_close_to_the_fused_kernel(split_k, mo
     from posenc_fast.triton_kernels import lff_backward
 
     case = _case(300, 2, 16, 24, 40)
-    args = _testing.lff_inputs(case, torch.float32, DEVICE, seed=63)
-    g = _testing.randn((300, 40), _testing.generator(64), torch.float32, DEVICE)
+    args = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=63)
+    g = _inputs.randn((300, 40), _inputs.generator(64), torch.float32, DEVICE)
     first = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
     second = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
     assert split_k == [300, 300]
@@ -226,8 +227,8 @@ def test_split_k_only_needed_gradients(split_k):
     first pass storing only h or ga) and with dx equal the full run bitwise; without them
     the fused kernel runs (other summation order for dwr, db1, db2)."""
     case = _case(300, 2, 16, 24, 40)
-    args = _testing.lff_inputs(case, torch.bfloat16, DEVICE, seed=65)
-    g = _testing.randn((300, 40), _testing.generator(66), torch.bfloat16, DEVICE)
+    args = _inputs.lff_inputs(case, torch.bfloat16, DEVICE, seed=65)
+    g = _inputs.randn((300, 40), _inputs.generator(66), torch.bfloat16, DEVICE)
     everything = LFF["triton"].backward(g, *args, "relu", [True] * 6)
     for which in ({2}, {4}, {0, 2}, {1, 3, 4, 5}):
         needs = [i in which for i in range(6)]
@@ -243,9 +244,9 @@ def test_only_needed_gradients_are_computed(mlp):
     """Each gradient alone: the others are None, and it equals (bitwise) the same
     gradient computed together with all the others."""
     case = _case(100, 2, 16, 8, 12) if mlp else _case(100, 2, 16, 0, 0)
-    args = _testing.lff_inputs(case, torch.float32, DEVICE, seed=47)
+    args = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=47)
     width = 12 if mlp else 16
-    g = _testing.randn((100, width), _testing.generator(48), torch.float32, DEVICE)
+    g = _inputs.randn((100, width), _inputs.generator(48), torch.float32, DEVICE)
     n = 6 if mlp else 2
     everything = LFF["triton"].backward(g, *args, "relu", [True] * n + [False] * (6 - n))
     for i in range(n):
@@ -273,7 +274,7 @@ def test_relu_gradient_signs_with_half_precision_mlp():
 @pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
 @pytest.mark.parametrize("dim", [2, 128, 130, 258])
 def test_encoding_block_boundaries(kind, dim):
-    p = _testing.rand((65,), _testing.generator(dim), -300.0, 300.0, torch.float32, DEVICE)
+    p = _inputs.rand((65,), _inputs.generator(dim), -300.0, 300.0, torch.float32, DEVICE)
     fn = pf.dft if kind == "dft" else pf.sinusoidal
     out = fn(p, dim, backend="triton")
     expected = ref_enc.dft(p, dim) if kind == "dft" else ref_enc.sinusoidal(p, dim)
@@ -292,7 +293,7 @@ def test_integer_positions_beyond_float32():
 
 @pytest.mark.parametrize("block", [3.0, -1.0e4])
 def test_sinusoidal_block_term(block):
-    p = _testing.rand((50,), _testing.generator(5), -100.0, 100.0, torch.float32, DEVICE)
+    p = _inputs.rand((50,), _inputs.generator(5), -100.0, 100.0, torch.float32, DEVICE)
     out = pf.sinusoidal(p, 16, block=block, backend="triton")
     assert_close(out, ref_enc.sinusoidal(p, 16, block=block), torch.float32, "encoding")
 
@@ -304,12 +305,12 @@ def test_fused_add_broadcasts(kind, dtype, pos):
     """Positions [L] (read modulo L in the kernel), [B, 1] (expanded), [B, L] integers,
     and the module default (arange); x non-contiguous; x unchanged."""
     B, L, dim = 3, 70, 12
-    g = _testing.generator(7)
-    x = _testing.randn((B, dim, L), g, dtype, DEVICE).transpose(1, 2)  # [B, L, dim] strided
+    g = _inputs.generator(7)
+    x = _inputs.randn((B, dim, L), g, dtype, DEVICE).transpose(1, 2)  # [B, L, dim] strided
     p = {
         "arange": None,
-        "L": _testing.rand((L,), g, -50.0, 50.0, torch.float32, DEVICE),
-        "B1": _testing.rand((B, 1), g, -50.0, 50.0, torch.float32, DEVICE),
+        "L": _inputs.rand((L,), g, -50.0, 50.0, torch.float32, DEVICE),
+        "B1": _inputs.rand((B, 1), g, -50.0, 50.0, torch.float32, DEVICE),
         "BL-int": torch.randint(-500, 500, (B, L), generator=g).to(DEVICE),
     }[pos]
     before = x.clone()
@@ -325,9 +326,9 @@ def test_fused_add_broadcasts(kind, dtype, pos):
 
 @pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
 def test_encoding_backward_deterministic_and_accurate(kind):
-    g = _testing.generator(11)
-    p = _testing.rand((130,), g, -1e3, 1e3, torch.float32, DEVICE)
-    grad = _testing.randn((130, 34), g, torch.float32, DEVICE)
+    g = _inputs.generator(11)
+    p = _inputs.rand((130,), g, -1e3, 1e3, torch.float32, DEVICE)
+    grad = _inputs.randn((130, 34), g, torch.float32, DEVICE)
     first = ENCODING["triton"].backward(grad, p, 34, kind, 10000.0)
     assert torch.equal(first, ENCODING["triton"].backward(grad, p, 34, kind, 10000.0))
     p64 = p.double().requires_grad_()
@@ -346,18 +347,18 @@ def _lff_problem(device="cuda", dtype=torch.bfloat16, x_dtype=torch.float32, **s
 
 
 def test_auto_prefers_triton_for_cuda_tensors():
-    assert _testing.chosen(_lff_problem(), "auto") == "triton"
+    assert _helpers.chosen(_lff_problem(), "auto") == "triton"
     enc = Problem("encoding", "cuda", torch.bfloat16, {"dim": 768}, {"kind": "dft"})
-    assert _testing.chosen(enc, "auto") == "triton"
+    assert _helpers.chosen(enc, "auto") == "triton"
 
 
 def test_auto_never_picks_the_interpreter_for_cpu_tensors():
-    cpu = "torch" if _testing.environment_reasons("cpp") else "cpp"
-    assert _testing.chosen(_lff_problem("cpu", torch.float32), "auto") == cpu
+    cpu = "torch" if _helpers.environment_reasons("cpp") else "cpp"
+    assert _helpers.chosen(_lff_problem("cpu", torch.float32), "auto") == cpu
     enc = Problem("encoding", "cpu", torch.float32, {"dim": 8}, {"kind": "sinusoidal"})
-    assert _testing.chosen(enc, "auto") == cpu
+    assert _helpers.chosen(enc, "auto") == cpu
     if INTERPRET:  # named explicitly, the interpreter runs it
-        assert _testing.chosen(_lff_problem("cpu", torch.float32), "triton") == "triton"
+        assert _helpers.chosen(_lff_problem("cpu", torch.float32), "triton") == "triton"
 
 
 @pytest.mark.parametrize(
@@ -378,12 +379,12 @@ def test_auto_never_picks_the_interpreter_for_cpu_tensors():
     ids=["hidden", "fourier", "out", "pos_dim", "float64", "x-float64", "positions-float64"],
 )  # fmt: skip
 def test_refusals_fall_back_to_torch_with_reasons(problem, reason):
-    assert any(reason in r for r in _testing.reasons("triton", problem)), _testing.reasons(
+    assert any(reason in r for r in _helpers.reasons("triton", problem)), _helpers.reasons(
         "triton", problem
     )
-    assert _testing.chosen(problem, "auto") == "torch"
+    assert _helpers.chosen(problem, "auto") == "torch"
     with pytest.raises(BackendError, match="triton: .*" + reason.split(" ")[0]):
-        _testing.chosen(problem, "triton")
+        _helpers.chosen(problem, "triton")
 
 
 def test_layer_norm_and_dropout_run_unfused_after_triton_features():
@@ -394,7 +395,7 @@ def test_layer_norm_and_dropout_run_unfused_after_triton_features():
     )
     m_triton.load_state_dict(m.state_dict())
     m, m_triton = m.to(DEVICE).eval(), m_triton.to(DEVICE).eval()
-    x = _testing.randn((9, 2, 2), _testing.generator(1), device=DEVICE, scale=3.0)
+    x = _inputs.randn((9, 2, 2), _inputs.generator(1), device=DEVICE, scale=3.0)
     torch.testing.assert_close(m_triton(x), m(x), rtol=1e-5, atol=1e-5)
     m_triton.train()
     y = m_triton(x)
@@ -415,7 +416,7 @@ def _round_kernel(X, OUT, N: tl.constexpr):
 def test_interpreter_rounds_to_bf16_like_the_gpu():
     """_round.round_to: round to nearest even (the interpreter's own cast truncates)."""
     ties = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2 - 2**-9, 1e-40, 3e38])
-    x = torch.cat([_testing.randn((1024 - ties.numel(),), _testing.generator(0), scale=1e3), ties])
+    x = torch.cat([_inputs.randn((1024 - ties.numel(),), _inputs.generator(0), scale=1e3), ties])
     out = torch.empty(1024, dtype=torch.bfloat16)
     _round_kernel[(1,)](x, out, N=1024)
     assert torch.equal(out.view(torch.int16), x.to(torch.bfloat16).view(torch.int16))
@@ -435,7 +436,7 @@ def test_more_than_2_31_output_elements():
     assert_close(out[-5:], ref_enc.sinusoidal(tail, 512), torch.float32, "encoding")
     del out
     case = _case(2**21 + 5, 2, 64, 16, 1024)
-    x, *w = _testing.lff_inputs(case, torch.bfloat16, DEVICE, seed=3)
+    x, *w = _inputs.lff_inputs(case, torch.bfloat16, DEVICE, seed=3)
     y = pf.lff(x, *w, backend="triton")  # 2.15e9 bf16 elements
     assert y.numel() > 2**31
     assert_close(y[-3:], ref.lff(x[-3:], *w), torch.bfloat16, "lff")

@@ -35,12 +35,13 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import _helpers
 import pytest
 import torch
 from conftest import DEVICE
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.encodings import reference as ref_enc
 from posenc_fast.ops.floater import reference as ref_fl
 from posenc_fast.ops.lff import reference as ref_lff
@@ -68,18 +69,18 @@ class Spec:
 
 
 def _g(seed):
-    return _testing.generator(seed)
+    return _inputs.generator(seed)
 
 
 def _rand(shape, g, scale=50.0):
-    return _testing.rand(shape, g, -scale, scale, F32, DEVICE)
+    return _inputs.rand(shape, g, -scale, scale, F32, DEVICE)
 
 
-LFF_CASE = _testing.LffCase((5,), 2, 2, 8, 4, 6)
+LFF_CASE = _inputs.LffCase((5,), 2, 2, 8, 4, 6)
 
 
 def _lff_make(seed):
-    return dict(zip(("x", *LFF_WEIGHTS), _testing.lff_inputs(LFF_CASE, F32, DEVICE, seed)))
+    return dict(zip(("x", *LFF_WEIGHTS), _inputs.lff_inputs(LFF_CASE, F32, DEVICE, seed)))
 
 
 def _lff_run(a, backend):
@@ -109,24 +110,24 @@ def _nd_make(seed):
 
 
 def _inverse_make(seed):
-    return {"encoding": _testing.randn((5, 8), _g(seed), F32, DEVICE)}
+    return {"encoding": _inputs.randn((5, 8), _g(seed), F32, DEVICE)}
 
 
 def _add_make(seed):
     g = _g(seed)
-    return {"x": _testing.randn((2, 5, 8), g, F32, DEVICE), "positions": _rand((2, 5), g)}
+    return {"x": _inputs.randn((2, 5, 8), g, F32, DEVICE), "positions": _rand((2, 5), g)}
 
 
 def _nd_add_make(seed):
     g = _g(seed)
-    return {"x": _testing.randn((5, 12), g, F32, DEVICE), "coords": _rand((5, 2), g)}
+    return {"x": _inputs.randn((5, 12), g, F32, DEVICE), "coords": _rand((5, 2), g)}
 
 
-FL_CASE = _testing.FloaterCase(3, 4, 5, 4, 2, "rk4", "tanh")
+FL_CASE = _inputs.FloaterCase(3, 4, 5, 4, 2, "rk4", "tanh")
 
 
 def _fl_make(seed):
-    return dict(zip(FL_NAMES, _testing.floater_inputs(FL_CASE, F32, DEVICE, seed)))
+    return dict(zip(FL_NAMES, _inputs.floater_inputs(FL_CASE, F32, DEVICE, seed)))
 
 
 def _fl_run(a, backend):
@@ -241,7 +242,7 @@ MODULES = ("SinusoidalPE", "SinusoidalNdPE", "DFTPE", "LearnableFourierFeatures"
 
 
 def _backends(spec):
-    return _testing.backends_for(spec.family, DEVICE, include_reference=True)
+    return _inputs.backends_for(spec.family, DEVICE, include_reference=True)
 
 
 def matrix(*ops, exclude=()):
@@ -280,7 +281,7 @@ def _check_against_reference(spec, a, backend, grad_names=(), what=""):
     assert out.shape == expected.shape, what
     assert_close(out, expected, out.dtype, spec.kind, what=f"{spec.name} {what}")
     if grad_names and out.numel():
-        g = _testing.randn(out.shape, _g(99), F32, out.device).to(out.dtype)
+        g = _inputs.randn(out.shape, _g(99), F32, out.device).to(out.dtype)
         out.backward(g)
         expected.backward(g.double())
         for n in grad_names:
@@ -465,7 +466,7 @@ def test_everything_on_meta(op, backend):
     spec = SPECS[op]
     a = {k: v.to("meta") for k, v in spec.make(4).items()}
     expected = spec.reference({k: torch.empty_like(v, device="cpu") for k, v in a.items()})
-    sup = _testing.support(backend, spec.family)
+    sup = _helpers.support(backend, spec.family)
     if sup.devices is not None and "meta" not in sup.devices:
         msg = _call(spec, a, backend, pf.BackendError, f"backend '{backend}' cannot run")
         assert f"{backend}: runs on" in msg and "got meta" in msg, msg
@@ -570,7 +571,7 @@ def test_positions_in_another_float_dtype(op, backend, dtype):
     spec = SPECS[op]
     a = spec.make(9)
     a[spec.position] = a[spec.position].to(dtype)
-    sup = _testing.support(backend, spec.family)
+    sup = _helpers.support(backend, spec.family)
     allowed = sup.input_dtypes.get(spec.position)
     if allowed is not None and dtype not in allowed:
         msg = _call(spec, a, backend, pf.BackendError, f"backend '{backend}' cannot run")
@@ -587,7 +588,7 @@ def test_positions_in_another_float_dtype(op, backend, dtype):
 def _unsupported_dtype_params():
     for op, spec in SPECS.items():
         for b in _backends(spec):
-            declared = _testing.support(b, spec.family).dtypes
+            declared = _helpers.support(b, spec.family).dtypes
             for dt in (torch.float16, torch.bfloat16, torch.float64):
                 if spec.family == "floater" and dt in (torch.float16, torch.bfloat16):
                     # integrated in float32: no backend sees them (test_floater.py, half
@@ -696,7 +697,7 @@ def test_single_position(op, backend):
     a = spec.make(13)
     g = _g(13)
     for name, shape in SINGLE[op].items():
-        a[name] = _testing.rand(shape, g, 0.05, 20.0, F32, DEVICE)
+        a[name] = _inputs.rand(shape, g, 0.05, 20.0, F32, DEVICE)
     _check_against_reference(spec, a, backend, spec.args, what="N=1")
 
 
@@ -829,7 +830,7 @@ def test_floater_cached_path_gives_times_gradients(op, backend):
         m(times=a["times"])  # fills the cache
     t = a["times"].detach().requires_grad_(True)
     out = m(times=t)
-    g = _testing.randn(out.shape, _g(20), F32, DEVICE)
+    g = _inputs.randn(out.shape, _g(20), F32, DEVICE)
     out.backward(g)
     t64 = a["times"].double().requires_grad_(True)
     ref_fl.floater(*(a[k] for k in FL_WEIGHTS), t64, 2, "rk4", "tanh").backward(g.double())
@@ -844,7 +845,7 @@ def test_inputs_never_modified(op, backend):
     leaves = _float_leaves(a, [n for n in spec.args if a[n].is_floating_point()])
     before = {k: (v.detach().clone(), v._version) for k, v in leaves.items()}
     out = spec.run(leaves, backend)
-    out.backward(_testing.randn(out.shape, _g(22), F32, DEVICE))
+    out.backward(_inputs.randn(out.shape, _g(22), F32, DEVICE))
     for k, v in leaves.items():
         assert torch.equal(v.detach(), before[k][0]), f"{k} was modified"
         assert v._version == before[k][1], f"{k} was written in place"

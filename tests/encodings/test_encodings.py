@@ -2,6 +2,7 @@
 
 import math
 
+import _helpers
 import numpy as np
 import pytest
 import torch
@@ -9,12 +10,12 @@ from conftest import backend_dtype_params, backend_params
 from torch.library import opcheck
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.encodings import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
-CASES = [pytest.param(c, id=c.id) for c in _testing.ENCODING_CASES]
+CASES = [pytest.param(c, id=c.id) for c in _inputs.ENCODING_CASES]
 FUNCS = {"sinusoidal": pf.sinusoidal, "dft": pf.dft}
 MODULES = {"sinusoidal": pf.SinusoidalPE, "dft": pf.DFTPE}
 
@@ -26,7 +27,7 @@ def _reference(kind, positions, dim, **kw):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("encoding", DTYPES))
 @pytest.mark.parametrize("case", CASES)
 def test_forward_matches_reference(backend, dtype, case, device):
-    p = _testing.positions(case, dtype, device, seed=_testing.seed_of(case.id))
+    p = _inputs.positions(case, dtype, device, seed=_helpers.seed_of(case.id))
     before = p.clone()
     out = FUNCS[case.kind](p, case.dim, backend=backend)
     expected_dtype = dtype if p.is_floating_point() else torch.get_default_dtype()
@@ -44,10 +45,10 @@ def test_forward_matches_reference(backend, dtype, case, device):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("encoding", DTYPES))
 @pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
 def test_backward_matches_reference(backend, dtype, kind, device):
-    g = _testing.generator(3)
-    p = _testing.rand((4, 9), g, -40.0, 40.0, dtype, device).requires_grad_()
+    g = _inputs.generator(3)
+    p = _inputs.rand((4, 9), g, -40.0, 40.0, dtype, device).requires_grad_()
     out = FUNCS[kind](p, 12, backend=backend)
-    grad = _testing.randn(out.shape, g, dtype, device)
+    grad = _inputs.randn(out.shape, g, dtype, device)
     out.backward(grad)
     p64 = p.detach().double().requires_grad_()
     _reference(kind, p64, 12).backward(grad.double())
@@ -59,9 +60,9 @@ def test_backward_matches_reference(backend, dtype, kind, device):
 @pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
 @pytest.mark.parametrize("pos_shape", [(7,), (3, 7), (3, 1)], ids=["P-L", "P-BL", "P-B1"])
 def test_fused_add_matches_reference(backend, dtype, kind, pos_shape, device):
-    g = _testing.generator(5)
-    x = _testing.randn((3, 7, 10), g, dtype, device).requires_grad_()
-    p = _testing.rand(pos_shape, g, -60.0, 60.0, dtype, device).requires_grad_()
+    g = _inputs.generator(5)
+    x = _inputs.randn((3, 7, 10), g, dtype, device).requires_grad_()
+    p = _inputs.rand(pos_shape, g, -60.0, 60.0, dtype, device).requires_grad_()
     module = MODULES[kind](10, backend=backend)
     before = x.detach().clone()
     y = module(x, p)
@@ -70,7 +71,7 @@ def test_fused_add_matches_reference(backend, dtype, kind, pos_shape, device):
     kind_tol = "encoding" if dtype in (torch.float32, torch.float64) else "lff"
     assert_close(y, expected, dtype, kind_tol, what=f"{kind} {backend}")
     assert torch.equal(x.detach(), before)
-    grad = _testing.randn(y.shape, g, dtype, device)
+    grad = _inputs.randn(y.shape, g, dtype, device)
     y.backward(grad)
     assert torch.equal(x.grad, grad)
     p64 = p.detach().double().requires_grad_()
@@ -186,7 +187,7 @@ def test_sinusoidal_float64_against_numpy(backend):
 @pytest.mark.parametrize("kind", ["sinusoidal", "dft"])
 def test_large_positions_fp32(backend, kind, device):
     """Within 1e-6 of float64 math on the same fp32 positions, up to 1e5."""
-    p = _testing.rand((513,), _testing.generator(9), -1e5, 1e5, torch.float32, device)
+    p = _inputs.rand((513,), _inputs.generator(9), -1e5, 1e5, torch.float32, device)
     out = FUNCS[kind](p, 64, backend=backend)
     scale = math.sqrt(64 / 2) if kind == "dft" else 1.0  # compare raw cos/sin
     err = ((out.double() - _reference(kind, p, 64)) * scale).abs().max().item()
@@ -229,17 +230,17 @@ ND_SHAPES = [((7, 2), 8), ((3, 7, 2), 12), ((7, 3), 12), ((1, 1, 2), 4), ((3, 1,
 def test_nd_fused_add_matches_reference(backend, dtype, coord_shape, dim, device):
     """SinusoidalNdPE: x + Sine-nD of coords in one op, forward and backward, coords
     broadcast against x [3, 7, dim] (grid shared by the batch, per-sample, size-1 dims)."""
-    g = _testing.generator(11 + dim)
+    g = _inputs.generator(11 + dim)
     axes = coord_shape[-1]
-    x = _testing.randn((3, 7, dim), g, dtype, device).requires_grad_()
-    c = _testing.rand(coord_shape, g, -30.0, 30.0, dtype, device).requires_grad_()
+    x = _inputs.randn((3, 7, dim), g, dtype, device).requires_grad_()
+    c = _inputs.rand(coord_shape, g, -30.0, 30.0, dtype, device).requires_grad_()
     before = (x.detach().clone(), c.detach().clone())
     y = pf.SinusoidalNdPE(dim, axes, base=100.0, backend=backend)(x, c)
     assert y.dtype == dtype and y.shape == x.shape
     expected = x.detach().double() + ref.sinusoidal_nd(c.detach(), dim // axes, 100.0)
     kind_tol = "encoding" if dtype in (torch.float32, torch.float64) else "lff"
     assert_close(y, expected, dtype, kind_tol, what=f"{backend} {coord_shape}")
-    grad = _testing.randn(y.shape, g, dtype, device)
+    grad = _inputs.randn(y.shape, g, dtype, device)
     y.backward(grad)
     assert torch.equal(x.grad, grad)
     c64 = c.detach().double().requires_grad_()
@@ -264,7 +265,7 @@ def test_nd_fused_add_gradcheck_and_opcheck(backend, device):
     module = pf.SinusoidalNdPE(12, 3, backend=backend)
     assert torch.autograd.gradcheck(module, (x, c))
     for dt in (torch.float32, torch.float64):
-        if backend in _testing.backends_for("encoding_nd", device, dt):
+        if backend in _inputs.backends_for("encoding_nd", device, dt):
             args = (x.detach().to(dt).requires_grad_(), c.detach().to(dt).requires_grad_())
             opcheck(
                 torch.ops.posenc_fast.encoding_nd_add.default, (*args, "sinusoidal", 1e4, backend)
@@ -278,7 +279,9 @@ def test_nd_fused_add_compiles_and_backends_without_it_refuse(device, monkeypatc
     c = torch.rand(6, 2, device=device) * 10
     torch.testing.assert_close(compiled(x, c), module(x, c))
 
-    from posenc_fast import _dispatch, _testing
+    import _helpers
+
+    from posenc_fast import _dispatch
     from posenc_fast._dispatch import Backend, Problem
     from posenc_fast.ops.encodings.registry import ENCODING_ND
 
@@ -290,7 +293,7 @@ def test_nd_fused_add_compiles_and_backends_without_it_refuse(device, monkeypatc
     assert reasons == ["does not implement encoding_nd"]
     assert not _dispatch.auto_eligible("encodings-only", ENCODING_ND, device)
     monkeypatch.delitem(_dispatch.BACKENDS, "encodings-only")
-    assert _testing.reasons("cpp", problem), "cpp declares no n-d add today"
+    assert _helpers.reasons("cpp", problem), "cpp declares no n-d add today"
     with pytest.raises(pf.BackendError, match="cpp"):
         pf.SinusoidalNdPE(8, 2, backend="cpp")(x, c)
 

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from posenc_fast._testing import FloaterCase, floater_inputs
+from posenc_fast.cli._inputs import FloaterCase, floater_inputs
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
 
@@ -170,18 +170,18 @@ def check_case(exe, tmp, case, needs=NO_TIMES, seed=None):
     args, grad, parts, log = run_emulated(exe, tmp, case, seed, needs)
     leaves = [a.clone().requires_grad_(True) for a in args]
     expected = ref.floater(*leaves, n, method, act)
-    plans = " / ".join(log.splitlines()[:2])
-    assert_close(parts[0], expected, dtype, "floater", what=f"forward [{plans}]")
+    layouts = " / ".join(log.splitlines()[:2])
+    assert_close(parts[0], expected, dtype, "floater", what=f"forward [{layouts}]")
     ref_grads = torch.autograd.grad(expected, leaves, grad)
     names = ("p0", "w1", "b1", "w2", "b2", "times")
     for name, need, got, want in zip(names, needs, parts[1:7], ref_grads):
         if need:
-            assert_close(got, want, dtype, "grad", what=f"d{name} [{plans}]")
+            assert_close(got, want, dtype, "grad", what=f"d{name} [{layouts}]")
         else:
             assert float(got.abs().sum()) == 0.0, f"d{name} was not asked for"
     if tape:
         want = reference_tape(args, n, method, act, tape)
-        assert_close(parts[7], want, dtype, "floater", what=f"tape [{plans}]")
+        assert_close(parts[7], want, dtype, "floater", what=f"tape [{layouts}]")
     return parts
 
 
@@ -263,7 +263,7 @@ def test_emulated_needs_subset(emulator, tmp_path):
 
 
 def test_emulated_runs_are_bitwise_reproducible(emulator, tmp_path):
-    """Every sum runs in an order fixed by the shapes and the plan: two runs (with the host
+    """Every sum runs in an order fixed by the shapes and the layout: two runs (with the host
     threads scheduled differently) agree bitwise, tape included."""
     case = (3, 5, 7, 4, 2, "rk4", "relu", torch.float32, CLUSTER, 3, 2, RESIDENT, 2, 1)
     a = run_emulated(emulator, tmp_path, case, 5)[2]
@@ -303,8 +303,8 @@ def test_emulated_cuda_kernels_256_threads(tmp_path_factory, tmp_path, emulation
     check_case(exe, tmp_path, CASES[4])
 
 
-def _plan(emulator, *args):
-    r = subprocess.run([str(emulator), "--plan", *map(str, args)], capture_output=True, text=True)
+def _layout(emulator, *args):
+    r = subprocess.run([str(emulator), "--layout", *map(str, args)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     head, why = r.stdout.splitlines()[:2]
     mode, C, G, Sg, kr1, kr2 = map(int, head.split()[:6])
@@ -320,13 +320,13 @@ def _plan(emulator, *args):
         ((36, 384, 384), CLUSTER),  # ViT-S/16's
     ],
 )
-def test_plan_on_an_h100_like_device(emulator, shape, mode, backward):
-    """The planner's choices on the emulated H100-like device (132 SMs in 8 GPCs): small
+def test_layout_on_an_h100_like_device(emulator, shape, mode, backward):
+    """choose_layout's choices on the emulated H100-like device (132 SMs in 8 GPCs): small
     dynamics in one block, the models' shapes in thread-block clusters whose shared
     memory holds every weight, all clusters co-resident (one wave: the first H200 run
     launched 12 clusters of 10 blocks where 8 fit, and took twice the time)."""
     S, d, H = shape
-    p = _plan(emulator, S, d, H, 1024, 5, 2, 4, backward)
+    p = _layout(emulator, S, d, H, 1024, 5, 2, 4, backward)
     assert p["mode"] == mode, p["why"]
     assert p["G"] * p["Sg"] >= S, p["why"]
     assert p["kr1"] == d + 1 and p["kr2"] == H + 1, p["why"]
@@ -334,18 +334,18 @@ def test_plan_on_an_h100_like_device(emulator, shape, mode, backward):
         assert p["G"] <= 8 if p["C"] > 8 else p["G"] * p["C"] <= 132, p["why"]
 
 
-def test_plan_beyond_a_cluster(emulator):
+def test_layout_beyond_a_cluster(emulator):
     """Dynamics larger than 16 blocks' shared memory: BERT-base's (d = H = 768) stream
     part of their weight rows from L2; d = H = 4096 (134 MB of weights) fit nowhere, and
-    the planner still has a plan."""
-    bert = _plan(emulator, 36, 768, 768, 512, 5, 2, 4, 0)
+    choose_layout still has a layout."""
+    bert = _layout(emulator, 36, 768, 768, 512, 5, 2, 4, 0)
     assert bert["kr1"] < 769 or bert["kr2"] < 769 or bert["mode"] == GRID, bert["why"]
-    big = _plan(emulator, 12, 4096, 4096, 64, 1, 2, 4, 1)
+    big = _layout(emulator, 12, 4096, 4096, 64, 1, 2, 4, 1)
     assert big["kr1"] < 4097 and big["kr2"] < 4097, big["why"]
 
 
-def test_plan_without_clusters(emulator):
+def test_layout_without_clusters(emulator):
     """An A100-like device (no clusters): one block where it holds the weights, else a
     cooperative grid."""
-    assert _plan(emulator, 12, 64, 64, 1024, 5, 2, 4, 0, 0, "a100")["mode"] == SOLO
-    assert _plan(emulator, 12, 512, 512, 1024, 5, 2, 4, 1, 0, "a100")["mode"] == GRID
+    assert _layout(emulator, 12, 64, 64, 1024, 5, 2, 4, 0, 0, "a100")["mode"] == SOLO
+    assert _layout(emulator, 12, 512, 512, 1024, 5, 2, 4, 1, 0, "a100")["mode"] == GRID

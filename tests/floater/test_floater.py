@@ -7,6 +7,7 @@ every test. The module's cache has its own file, test_floater_cache.py.
 
 import math
 
+import _helpers
 import numpy as np
 import pytest
 import torch
@@ -14,8 +15,7 @@ from conftest import backend_dtype_params, backend_params
 from torch.library import opcheck
 
 import posenc_fast as pf
-from posenc_fast import _testing
-from posenc_fast.cli import _baselines
+from posenc_fast.cli import _baselines, _inputs
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
 
@@ -23,7 +23,7 @@ DTYPES = [torch.float32, torch.float64]
 METHODS = ["euler", "midpoint", "rk4", "rk38"]
 ACTIVATIONS = ["relu", "tanh", "gelu", "identity"]
 SMOOTH = ["tanh", "gelu", "identity"]  # gradcheck needs differentiable dynamics
-CASES = [pytest.param(c, id=c.id) for c in _testing.FLOATER_CASES]
+CASES = [pytest.param(c, id=c.id) for c in _inputs.FLOATER_CASES]
 NAMES = ("p0", "w1", "b1", "w2", "b2", "times")
 
 
@@ -36,7 +36,7 @@ def _reference_grads(inputs, grad, case):
 
 
 def _check_case(backend, dtype, case, device, seed):
-    inputs = _testing.floater_inputs(case, dtype, device, seed)
+    inputs = _inputs.floater_inputs(case, dtype, device, seed)
     before = [t.clone() for t in inputs]
     leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
     out = pf.floater(*leaves, case.substeps, case.method, case.activation, backend=backend)
@@ -44,7 +44,7 @@ def _check_case(backend, dtype, case, device, seed):
     assert out.shape == (S, L, d) and out.dtype == dtype and out.device.type == device
     if out.numel() == 0:
         return  # nothing to compare; gradients of empty outputs: test_empty_shapes_backward
-    grad = _testing.randn(out.shape, _testing.generator(seed + 1), dtype, device)
+    grad = _inputs.randn(out.shape, _inputs.generator(seed + 1), dtype, device)
     out.backward(grad)
     expected, ref_grads = _reference_grads(inputs, grad, case)
     what = f"{backend} {case.id} {dtype}"
@@ -60,14 +60,14 @@ def _check_case(backend, dtype, case, device, seed):
 @pytest.mark.parametrize("case", CASES)
 def test_matches_reference(backend, dtype, case, device):
     """Forward and every gradient (p0, weights, times) on the shared case list."""
-    _check_case(backend, dtype, case, device, seed=_testing.seed_of(case.id))
+    _check_case(backend, dtype, case, device, seed=_helpers.seed_of(case.id))
 
 
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("floater", DTYPES))
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_every_method_and_activation(backend, dtype, method, activation, device):
-    case = _testing.FloaterCase(3, 5, 6, 5, 2, method, activation)
+    case = _inputs.FloaterCase(3, 5, 6, 5, 2, method, activation)
     _check_case(
         backend,
         dtype,
@@ -92,7 +92,7 @@ def test_length_form_starts_at_p0(backend, device):
         device=device,
         dtype=torch.float64,
     )
-    _testing.randomize_parameters(fl, 4, fan_in=True)
+    _inputs.randomize_parameters(fl, 4, fan_in=True)
     out = fl(length=9)
     assert torch.equal(out[:, 0], fl.p0.detach())
     times = torch.arange(9, dtype=torch.float64, device=device) * 0.1
@@ -134,8 +134,8 @@ def _dop853(p0, w1, b1, w2, b2, times, activation, tol):
 @pytest.mark.parametrize("method", ["rk4", "rk38"])
 def test_matches_high_accuracy_solution(backend, method, device):
     """Fine steps converge to scipy's DOP853 at rtol = atol = 1e-12 (float64)."""
-    case = _testing.FloaterCase(3, 4, 6, 5, activation="tanh")
-    p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, torch.float64, device, seed=11)
+    case = _inputs.FloaterCase(3, 4, 6, 5, activation="tanh")
+    p0, w1, b1, w2, b2, times = _inputs.floater_inputs(case, torch.float64, device, seed=11)
     out = pf.floater(p0, w1, b1, w2, b2, times, 64, method, "tanh", backend=backend)
     exact = _dop853(p0, w1, b1, w2, b2, times, "tanh", 1e-12)
     assert_close(out, exact, torch.float64, "floater", what=f"{backend} {method} vs DOP853")
@@ -148,8 +148,8 @@ def test_rk38_matches_torchdiffeq_rk4_step_for_step(backend, dtype, device):
     to rounding; the classic rk4 would differ by ~1e-6 here (caught in float64)."""
     odeint = pytest.importorskip("torchdiffeq").odeint
     K = 2
-    case = _testing.FloaterCase(3, 5, 7, 6, K, "rk38", "gelu")
-    p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, dtype, device, seed=5)
+    case = _inputs.FloaterCase(3, 5, 7, 6, K, "rk38", "gelu")
+    p0, w1, b1, w2, b2, times = _inputs.floater_inputs(case, dtype, device, seed=5)
     out = pf.floater(p0, w1, b1, w2, b2, times, K, "rk38", "gelu", backend=backend)
     h = ref.dynamics(w1, b1, w2, b2, "gelu")
     t = torch.cat([times.new_zeros(1), times])
@@ -170,8 +170,8 @@ def test_rk38_matches_torchdiffeq_rk4_step_for_step(backend, dtype, device):
 )
 def test_convergence_order(backend, method, order, substeps, device):
     """Doubling the substeps divides the error by about 2^order (2, 4, 16, 16)."""
-    case = _testing.FloaterCase(2, 4, 5, 4, activation="tanh")
-    p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, torch.float64, device, seed=3)
+    case = _inputs.FloaterCase(2, 4, 5, 4, activation="tanh")
+    p0, w1, b1, w2, b2, times = _inputs.floater_inputs(case, torch.float64, device, seed=3)
     exact = _dop853(p0, w1, b1, w2, b2, times, "tanh", 1e-13)
 
     def error(k):
@@ -269,8 +269,8 @@ def test_default_init_is_near_zero_and_trainable(device):
 
 
 def _gradcheck_inputs(device, method, activation, dtype=torch.float64):
-    case = _testing.FloaterCase(2, 3, 4, 3, 2, method, activation)
-    inputs = _testing.floater_inputs(case, dtype, device, seed=21)
+    case = _inputs.FloaterCase(2, 3, 4, 3, 2, method, activation)
+    inputs = _inputs.floater_inputs(case, dtype, device, seed=21)
     return [t.detach().clone().requires_grad_(True) for t in inputs]
 
 
@@ -328,7 +328,7 @@ def test_only_needed_gradients(backend, device):
 def test_compile_fullgraph_module(device):
     torch._dynamo.reset()
     fl = pf.Floater(6, 4, hidden_dim=5, activation="gelu", device=device)
-    _testing.randomize_parameters(fl, 2, fan_in=True)
+    _inputs.randomize_parameters(fl, 2, fan_in=True)
     compiled = torch.compile(fl, fullgraph=True, backend="aot_eager")
     got = compiled(length=9)
     expected = fl(length=9)
@@ -346,8 +346,8 @@ def test_compile_fullgraph_module(device):
 
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("floater", DTYPES))
 def test_nan_state_does_not_poison_other_states(backend, dtype, device):
-    case = _testing.FloaterCase(4, 5, 6, 6, 2, "rk4", "relu")
-    p0, w1, b1, w2, b2, times = _testing.floater_inputs(case, dtype, device, seed=9)
+    case = _inputs.FloaterCase(4, 5, 6, 6, 2, "rk4", "relu")
+    p0, w1, b1, w2, b2, times = _inputs.floater_inputs(case, dtype, device, seed=9)
     p0 = p0.clone()
     p0[1, 2] = float("nan")
     out = pf.floater(p0, w1, b1, w2, b2, times, 2, "rk4", "relu", backend=backend)
@@ -360,8 +360,8 @@ def test_nan_state_does_not_poison_other_states(backend, dtype, device):
 
 @pytest.mark.parametrize("backend", backend_params("floater"))
 def test_non_contiguous_inputs(backend, device):
-    case = _testing.FloaterCase(3, 4, 5, 5, 2, "rk38", "tanh")
-    inputs = _testing.floater_inputs(case, torch.float64, device, seed=12)
+    case = _inputs.FloaterCase(3, 4, 5, 5, 2, "rk38", "tanh")
+    inputs = _inputs.floater_inputs(case, torch.float64, device, seed=12)
     # Same values, other layouts: transposed storage, strided slices.
     p0, w1, b1, w2, b2, times = inputs
     strided = [
@@ -380,9 +380,9 @@ def test_non_contiguous_inputs(backend, device):
 @pytest.mark.parametrize("backend", backend_params("floater"))
 def test_empty_shapes_backward(backend, device):
     for S, L in ((0, 4), (3, 0)):
-        case = _testing.FloaterCase(S, 4, 3, L)
+        case = _inputs.FloaterCase(S, 4, 3, L)
         leaves = [
-            t.requires_grad_(True) for t in _testing.floater_inputs(case, torch.float64, device, 1)
+            t.requires_grad_(True) for t in _inputs.floater_inputs(case, torch.float64, device, 1)
         ]
         out = pf.floater(*leaves, 2, "rk4", "tanh", backend=backend)
         assert out.shape == (S, L, 4)
@@ -392,8 +392,8 @@ def test_empty_shapes_backward(backend, device):
 
 
 def test_integer_times_are_converted(device):
-    case = _testing.FloaterCase(2, 3, 4, 4, 2, "rk4", "tanh")
-    p0, w1, b1, w2, b2, _ = _testing.floater_inputs(case, torch.float64, device, seed=1)
+    case = _inputs.FloaterCase(2, 3, 4, 4, 2, "rk4", "tanh")
+    p0, w1, b1, w2, b2, _ = _inputs.floater_inputs(case, torch.float64, device, seed=1)
     t_int = torch.tensor([0, 1, 1, 3], device=device)
     out = pf.floater(p0, w1, b1, w2, b2, t_int, 2, "rk4", "tanh")
     expected = ref.floater(p0, w1, b1, w2, b2, t_int.double(), 2, "rk4", "tanh")
@@ -403,7 +403,7 @@ def test_integer_times_are_converted(device):
 
 def test_module_times_form_and_attention_bias(device):
     fl = pf.Floater(4, 6, hidden_dim=3, activation="gelu", device=device, dtype=torch.float64)
-    _testing.randomize_parameters(fl, 6, fan_in=True)
+    _inputs.randomize_parameters(fl, 6, fan_in=True)
     times = torch.tensor([0.2, 0.5, 0.5, 1.25], dtype=torch.float64, device=device)
     expected = ref.floater(fl.p0, fl.w1, fl.b1, fl.w2, fl.b2, times, 5, "rk4", "gelu")
     assert_close(fl(times=times), expected, torch.float64, "floater")
@@ -457,8 +457,8 @@ def test_attention_block_example(device):
 
 
 def _good(device="cpu"):
-    case = _testing.FloaterCase(2, 3, 4, 3)
-    return list(_testing.floater_inputs(case, torch.float32, device, seed=0))
+    case = _inputs.FloaterCase(2, 3, 4, 3)
+    return list(_inputs.floater_inputs(case, torch.float32, device, seed=0))
 
 
 def _with(i, value):
@@ -582,7 +582,7 @@ def _within_one_ulp(out, expected, dtype, what=""):
 
 def _half_module(dtype, device, **kw):
     fl = pf.Floater(6, 3, hidden_dim=5, activation="gelu", substeps=3, device=device, **kw)
-    _testing.randomize_parameters(fl, 5, fan_in=True)
+    _inputs.randomize_parameters(fl, 5, fan_in=True)
     return fl.to(dtype)
 
 
@@ -595,7 +595,7 @@ def test_half_precision_module_integrates_in_float32(dtype, device):
     expected = ref.floater(*p64, t.double(), 3, "rk4", "gelu")
     out = fl(length=12)  # training mode
     _within_one_ulp(out, expected, dtype, "training output")
-    grad = _testing.randn(out.shape, _testing.generator(6), dtype, device)
+    grad = _inputs.randn(out.shape, _inputs.generator(6), dtype, device)
     out.backward(grad)
     expected.backward(grad.double())
     for (name, p), want in zip(fl.named_parameters(), p64):
@@ -615,8 +615,8 @@ def test_half_precision_module_integrates_in_float32(dtype, device):
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_half_precision_functional_and_attention_bias(dtype, device):
-    case = _testing.FloaterCase(3, 5, 7, 6, 3, "rk4", "relu")
-    inputs = [t.to(dtype) for t in _testing.floater_inputs(case, torch.float32, device, 8)]
+    case = _inputs.FloaterCase(3, 5, 7, 6, 3, "rk4", "relu")
+    inputs = [t.to(dtype) for t in _inputs.floater_inputs(case, torch.float32, device, 8)]
     out = pf.floater(*inputs, 3, "rk4", "relu")
     expected = ref.floater(*(t.double() for t in inputs), 3, "rk4", "relu")
     _within_one_ulp(out, expected, dtype, "functional")
@@ -639,9 +639,9 @@ def test_half_precision_compiled_module(dtype, device):
 def test_reference_of_identity_is_affine():
     """A cross-check of the reference itself (numpy, independent of torch's matmul):
     with identity activation and Euler, one step is p + h (p W1 W2 + ...)."""
-    case = _testing.FloaterCase(2, 3, 4, 1, 1, "euler", "identity")
+    case = _inputs.FloaterCase(2, 3, 4, 1, 1, "euler", "identity")
     p0, w1, b1, w2, b2, times = (
-        t.numpy() for t in _testing.floater_inputs(case, torch.float64, "cpu", 2)
+        t.numpy() for t in _inputs.floater_inputs(case, torch.float64, "cpu", 2)
     )
     t1 = times[0]
     h = ((p0 @ w1[:3] + 0.0 * w1[3] + b1) @ w2[:4]) + 0.0 * w2[4] + b2
@@ -660,13 +660,13 @@ def test_double_backward_against_reference(backend, length, device):
     """Gradients with create_graph=True, and gradients of those, equal the reference's
     (regression: at L = 0 the torch backend's double-backward path returned an output
     without a graph, so autograd.grad raised "element 0 of tensors does not require grad")."""
-    case = _testing.FloaterCase(2, 3, 4, length, 2, "rk4", "tanh")
-    inputs = _testing.floater_inputs(case, torch.float64, device, seed=5)
+    case = _inputs.FloaterCase(2, 3, 4, length, 2, "rk4", "tanh")
+    inputs = _inputs.floater_inputs(case, torch.float64, device, seed=5)
     results = []
     for name in (backend, "reference"):
         leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
         out = pf.floater(*leaves, 2, "rk4", "tanh", backend=name)
-        g = _testing.randn(out.shape, _testing.generator(6), torch.float64, device)
+        g = _inputs.randn(out.shape, _inputs.generator(6), torch.float64, device)
         first = torch.autograd.grad(out, leaves, g, create_graph=True)
         loss = sum((x * x).sum() for x in first)
         # L = 0: the first gradients are constant zeros, so there is nothing to go through.
@@ -705,7 +705,7 @@ def test_an_eager_call_chooses_its_implementation_once(backend, monkeypatch):
     monkeypatch.setattr(_dispatch, "choose", counting)
     fl = pf.Floater(5, 3, hidden_dim=4, backend=backend)
     bias = pf.FloaterAttentionBias(5, num_layers=2, hidden_dim=4, backend=backend)
-    _testing.randomize_parameters(fl, 1, scale=0.3)
+    _inputs.randomize_parameters(fl, 1, scale=0.3)
     args = [p.detach().requires_grad_() for p in fl.parameters()] + [torch.arange(4.0)]
 
     def calls(fn, expected):

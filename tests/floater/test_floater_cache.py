@@ -9,7 +9,7 @@ from conftest import backend_params
 from torch.library import opcheck
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.floater import functional as floater_functional
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
@@ -20,7 +20,7 @@ BACKENDS = backend_params("floater")
 def _module(backend, device, dtype=torch.float64, seed=0, **kw):
     kw = {"hidden_dim": 6, "delta_t": 0.05, "substeps": 3, "activation": "tanh", **kw}
     fl = pf.Floater(5, 3, backend=backend, device=device, dtype=dtype, **kw)
-    _testing.randomize_parameters(fl, seed, fan_in=True)
+    _inputs.randomize_parameters(fl, seed, fan_in=True)
     return fl
 
 

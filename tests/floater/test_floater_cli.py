@@ -10,15 +10,14 @@ import pytest
 import torch
 from conftest import backend_params
 
-from posenc_fast import _testing
-from posenc_fast.cli import _cases, bench, verify
+from posenc_fast.cli import _cases, _inputs, bench, verify
 
 
 @pytest.mark.parametrize("backend", backend_params("floater"))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 def test_verify_check_passes(backend, dtype, device):
     res = verify.check_floater(backend, dtype, device, seed=17)
-    assert res.cases == len(_testing.FLOATER_CASES) + 1
+    assert res.cases == len(_inputs.FLOATER_CASES) + 1
     assert not res.failures, res.failures[:3]
     assert 0 < res.fwd_err < 1e-4 and 0 < res.grad_err < 1e-4
 

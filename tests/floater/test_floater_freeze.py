@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.integrations.attention import add_floater_biases
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.tolerances import assert_close
@@ -17,7 +17,7 @@ from posenc_fast.tolerances import assert_close
 def _module(device, seed=0, **kw):
     kw = {"hidden_dim": 6, "delta_t": 0.05, "substeps": 3, "activation": "tanh", **kw}
     fl = pf.Floater(5, 3, device=device, dtype=torch.float64, **kw)
-    _testing.randomize_parameters(fl, seed, fan_in=True)
+    _inputs.randomize_parameters(fl, seed, fan_in=True)
     return fl
 
 
@@ -85,7 +85,7 @@ def test_state_dict_carries_the_states_and_freezes_a_fresh_module(device, calls)
 
 def test_attention_bias_freeze_and_exported_program_has_no_integration(device, calls):
     bias = pf.FloaterAttentionBias(4, num_layers=2, substeps=2, device=device)
-    _testing.randomize_parameters(bias, 3, scale=0.3)
+    _inputs.randomize_parameters(bias, 3, scale=0.3)
     want = bias.eval()(6)
     bias.freeze(9)
     torch.testing.assert_close(bias(6), want)
@@ -112,7 +112,7 @@ def test_transformer_with_frozen_biases_traces_and_exports_without_integration(d
     layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True)
     model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).to(device)
     biases = add_floater_biases(model, substeps=2)
-    _testing.randomize_parameters(biases, 4, scale=0.3)
+    _inputs.randomize_parameters(biases, 4, scale=0.3)
     x = torch.randn(2, 5, 8, device=device)
     model.eval()
     with torch.no_grad():

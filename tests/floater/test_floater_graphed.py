@@ -6,11 +6,13 @@ CUDA device is mocked for the dispatch decisions."""
 
 from __future__ import annotations
 
+import _helpers
 import pytest
 import torch
 
-from posenc_fast import _dispatch, _extension, _testing
-from posenc_fast._testing import FloaterCase, floater_inputs
+from posenc_fast import _dispatch, _extension
+from posenc_fast.cli import _inputs
+from posenc_fast.cli._inputs import FloaterCase, floater_inputs
 from posenc_fast.ops.floater import graphed
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.ops.floater.reference import FloaterOptions
@@ -38,7 +40,7 @@ def test_graphed_path_matches_float64(dtype):
     for seed in (1, 2):
         args = floater_inputs(CASE, dtype, "cpu", seed)
         out = graphed.forward(*args, OPTIONS, capture=False)
-        grad = _testing.randn(out.shape, _testing.generator(seed + 9), dtype, "cpu")
+        grad = _inputs.randn(out.shape, _inputs.generator(seed + 9), dtype, "cpu")
         grads = graphed.backward(grad, out, *args, OPTIONS, NEEDS, capture=False)
         leaves = [a.double().requires_grad_(True) for a in args]
         want = ref.floater(*leaves, *OPTIONS)
@@ -92,18 +94,18 @@ def test_auto_on_cuda_uses_the_graphed_torch_backend_until_validated(mocked_gpu,
     problem = problem_of(
         "cuda", torch.float32, (36, 384, 384, 197), FloaterOptions(5, "rk4", "relu")
     )
-    assert _testing.chosen(problem) == "torch"
+    assert _helpers.chosen(problem) == "torch"
     assert (
         FLOATER["torch"].forward is graphed.forward
         and FLOATER["torch"].backward is graphed.backward
     )
-    reasons = _testing.reasons("cuda", problem)
+    reasons = _helpers.reasons("cuda", problem)
     assert any(_dispatch.CUDA_GATE_ENV in r for r in reasons), reasons
     monkeypatch.setenv(_dispatch.CUDA_GATE_ENV, "1")  # what a validating GPU run sets
-    assert _testing.chosen(problem) == "cuda"
+    assert _helpers.chosen(problem) == "cuda"
     # beyond the CUDA kernels' sizes: the graphed loop again
     big = problem_of("cuda", torch.float32, (4, 8192, 64, 10), FloaterOptions(5, "rk4", "relu"))
-    assert _testing.chosen(big) == "torch"
+    assert _helpers.chosen(big) == "torch"
 
 
 def test_the_cuda_backend_tapes():

@@ -12,7 +12,7 @@ from torch.library import opcheck
 
 import posenc_fast as pf
 from posenc_fast import _extension
-from posenc_fast._testing import FloaterCase, floater_inputs
+from posenc_fast.cli._inputs import FloaterCase, floater_inputs
 from posenc_fast.ops.floater import FloaterOptions
 from posenc_fast.ops.floater import reference as ref
 from posenc_fast.ops.floater import tape as tape_mod

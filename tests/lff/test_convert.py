@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import posenc_fast as pf
-from posenc_fast import _testing, convert
+from posenc_fast import convert
+from posenc_fast.cli import _inputs
 
 DT = torch.float64
 TOL = {"atol": 1e-10, "rtol": 1e-10}
@@ -90,16 +91,16 @@ class TPE(nn.Module):
 def _randomize(module, seed):
     """Fresh random weights (never the initialisation), std 1/sqrt(fan_in) for matrices
     stored [out, in] like nn.Linear's."""
-    g = _testing.generator(seed)
+    g = _inputs.generator(seed)
     with torch.no_grad():
         for p in module.parameters():
             std = 1.0 / math.sqrt(p.shape[-1]) if p.dim() == 2 else 0.5
-            p.copy_(_testing.randn(p.shape, g, p.dtype, p.device, std))
+            p.copy_(_inputs.randn(p.shape, g, p.dtype, p.device, std))
     return module
 
 
 def _positions(shape, seed, scale=3.0):
-    return _testing.randn(shape, _testing.generator(seed), DT, "cpu", scale)
+    return _inputs.randn(shape, _inputs.generator(seed), DT, "cpu", scale)
 
 
 # -- loading: their checkpoint -> our module ---------------------------------------------
@@ -142,7 +143,7 @@ def test_lightglue_frequencies_load_from_a_whole_model_checkpoint():
 def test_tpe_checkpoint_takes_raw_positions():
     theirs = _randomize(TPE(f=16, h=8, d=12, max_pos=365, n_head=3), 7).to(DT)
     ours = convert.from_state_dict(theirs.state_dict(), "tpe", max_pos=365)
-    days = torch.randint(0, 365, (2, 20), generator=_testing.generator(8))
+    days = torch.randint(0, 365, (2, 20), generator=_inputs.generator(8))
     pe = ours(days[..., None, None])  # [B, T, d]: G = 1 group of M = 1 coordinate
     torch.testing.assert_close(pe.repeat(1, 1, 3), theirs(days), **TOL)
 

@@ -24,7 +24,7 @@ from _cpu_kernels import (
 from test_lff import BAD_SHAPES
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.encodings import reference as ref_enc
 from posenc_fast.ops.lff import reference as ref_lff
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
@@ -36,24 +36,24 @@ def ops():
 
 # Odd sizes (vector tails everywhere: F/2 = 37, H = 19, Dg = 45, M = 3), two groups, and
 # enough rows for several tiles and backward blocks (blocks of >= 96 rows).
-LFF_CASE = _testing.LffCase((173, 2), 2, 3, 74, 19, 45, "gelu_tanh")
+LFF_CASE = _inputs.LffCase((173, 2), 2, 3, 74, 19, 45, "gelu_tanh")
 
 
 def _lff_all(dtype, activation="gelu_tanh", case=LFF_CASE, seed=5):
     """Forward output and every gradient of one LFF call (cpp), in a list."""
-    x, *w = _testing.lff_inputs(case, dtype, "cpu", seed)
+    x, *w = _inputs.lff_inputs(case, dtype, "cpu", seed)
     leaves = [x.requires_grad_(), *(t.requires_grad_() for t in w)]
     y = pf.lff(*leaves, activation=activation, backend="cpp")
-    y.backward(_testing.randn(y.shape, _testing.generator(seed + 1), dtype))
+    y.backward(_inputs.randn(y.shape, _inputs.generator(seed + 1), dtype))
     return [y.detach()] + [t.grad for t in leaves]
 
 
 def _encodings_all(dtype):
     """Table, fused add (broadcast positions and per-row ones), backward: cpp, one list."""
-    g = _testing.generator(9)
-    p = _testing.rand((5, 83), g, -3e3, 3e3, dtype).requires_grad_()
+    g = _inputs.generator(9)
+    p = _inputs.rand((5, 83), g, -3e3, 3e3, dtype).requires_grad_()
     pi = torch.randint(-(2**40), 2**40, (83,), generator=g)
-    x = _testing.randn((5, 83, 38), g, dtype).requires_grad_()
+    x = _inputs.randn((5, 83, 38), g, dtype).requires_grad_()
     out = []
     for fn, mod in (
         (pf.sinusoidal, pf.SinusoidalPE),
@@ -109,13 +109,13 @@ def test_features_and_encodings_equal_the_triton_kernels_bitwise(triton_interpre
     """Same phase reduction and polynomials, lane for lane (triton_kernels/_phase.py): the
     features and the tables are the same float32 numbers, including integer positions
     beyond 2^24 (split into hi + lo) and phases of 1e4 turns."""
-    g = _testing.generator(0)
-    x = _testing.randn((300, 1, 3), g, scale=50.0)
-    wr = _testing.randn((37, 3), g)
+    g = _inputs.generator(0)
+    x = _inputs.randn((300, 1, 3), g, scale=50.0)
+    wr = _inputs.randn((37, 3), g)
     for isa in isas_here():
         with cpu_isa(isa):
             assert torch.equal(pf.lff(x, wr, backend="cpp"), pf.lff(x, wr, backend="triton")), isa
-    p = _testing.rand((500,), g, -1e4, 1e4)
+    p = _inputs.rand((500,), g, -1e4, 1e4)
     pi = torch.randint(-(2**40), 2**40, (500,), generator=g)
     for fn in (pf.dft, pf.sinusoidal):
         for q in (p, pi):
@@ -125,9 +125,9 @@ def test_features_and_encodings_equal_the_triton_kernels_bitwise(triton_interpre
 
 def test_lff_and_gradients_agree_with_the_triton_kernels(triton_interpreter):
     """With the MLP, the products are summed in another order: float32 rounding apart."""
-    case = _testing.LffCase((61,), 2, 3, 74, 19, 45)
-    x, *w = _testing.lff_inputs(case, torch.float32, "cpu", 4)
-    grad = _testing.randn((61, 90), _testing.generator(5))
+    case = _inputs.LffCase((61,), 2, 3, 74, 19, 45)
+    x, *w = _inputs.lff_inputs(case, torch.float32, "cpu", 4)
+    grad = _inputs.randn((61, 90), _inputs.generator(5))
     res = {}
     for name in ("cpp", "triton"):
         leaves = [x.clone().requires_grad_(), *(t.clone().requires_grad_() for t in w)]
@@ -148,11 +148,11 @@ def test_phases_up_to_1e5_on_every_instruction_set(isa):
     inputs, |phase| up to 1e5 rad (docs/precision.md), whichever code the CPU runs."""
     if isa not in isas_here():
         pytest.skip(f"CPU lacks {isa}")
-    g = _testing.generator(21)
-    wr = _testing.randn((40, 2), g)
-    x = _testing.rand((257, 1, 2), g, -1.0, 1.0)
+    g = _inputs.generator(21)
+    wr = _inputs.randn((40, 2), g)
+    x = _inputs.rand((257, 1, 2), g, -1.0, 1.0)
     x = (x * (1e5 / (x.double().squeeze(1) @ wr.double().T).abs().max())).float()
-    p = _testing.rand((300,), g, -1e5, 1e5)
+    p = _inputs.rand((300,), g, -1e5, 1e5)
     with cpu_isa(isa):
         feats = pf.lff(x, wr, backend="cpp") * math.sqrt(80)
         tables = [pf.sinusoidal(p, 64, backend="cpp"), pf.dft(p, 64, backend="cpp") * 4.0]
@@ -167,8 +167,8 @@ def test_phases_up_to_1e5_on_every_instruction_set(isa):
 def test_gradcheck_at_float32_precision(activation):
     """The backward is the derivative of the C++ forward itself: central differences of
     the float32 forward (step 1e-2: truncation ~1e-4, rounding ~1e-5 relative)."""
-    case = _testing.LffCase((3,), 2, 2, 6, 4, 3, activation)
-    inputs = [t.requires_grad_() for t in _testing.lff_inputs(case, torch.float32, "cpu", 11)]
+    case = _inputs.LffCase((3,), 2, 2, 6, 4, 3, activation)
+    inputs = [t.requires_grad_() for t in _inputs.lff_inputs(case, torch.float32, "cpu", 11)]
 
     def fn(*a):
         return pf.lff(*a, activation=activation, backend="cpp")
@@ -186,8 +186,8 @@ def test_gradcheck_at_float32_precision(activation):
 
 
 def _lff_args():
-    case = _testing.LffCase((4,), 2, 2, 8, 4, 6)
-    return list(_testing.lff_inputs(case, torch.float32, "cpu", 31))
+    case = _inputs.LffCase((4,), 2, 2, 8, 4, 6)
+    return list(_inputs.lff_inputs(case, torch.float32, "cpu", 31))
 
 
 @pytest.mark.parametrize(
@@ -278,8 +278,8 @@ def test_opcheck_low_level_ops():
 
 
 def test_inputs_are_not_modified_and_strides_are_honoured():
-    case = _testing.LffCase((40,), 2, 3, 10, 5, 7)
-    x, *w = _testing.lff_inputs(case, torch.float32, "cpu", 8)
+    case = _inputs.LffCase((40,), 2, 3, 10, 5, 7)
+    x, *w = _inputs.lff_inputs(case, torch.float32, "cpu", 8)
     before = [t.clone() for t in (x, *w)]
     xs = torch.stack([x, -x], dim=-1)[..., 0]  # strided view equal to x
     grad = torch.randn(40, 14).T.contiguous().T  # column-major
@@ -296,17 +296,17 @@ def test_outputs_of_16_mib_and_more(dtype):
     """Outputs from 16 MiB on are written with streaming stores (and outputs from 32 MiB
     are advised as huge pages): the same numbers as the reference, tails included
     (Dg = 776 is not a multiple of the vector width)."""
-    case = _testing.LffCase((5800,), 1, 2, 64, 16, 776)
-    x, *w = _testing.lff_inputs(case, dtype, "cpu", 13)
+    case = _inputs.LffCase((5800,), 1, 2, 64, 16, 776)
+    x, *w = _inputs.lff_inputs(case, dtype, "cpu", 13)
     y = pf.lff(x, *w, backend="cpp")  # 18 MB in float32
     rows = list(range(0, 5800, 7))
     assert_close(y[rows], ref_lff.lff(x[rows], *w), dtype, "lff")
-    p = _testing.rand((12000,), _testing.generator(14), -500.0, 500.0, dtype)
+    p = _inputs.rand((12000,), _inputs.generator(14), -500.0, 500.0, dtype)
     for fn, ref in ((pf.sinusoidal, ref_enc.sinusoidal), (pf.dft, ref_enc.dft)):
         t = fn(p, 768, backend="cpp")
         assert t.numel() * t.element_size() >= 16 * 2**20
         assert_close(t[::5], ref(p[::5], 768), dtype, "encoding")
-    xa = _testing.randn((4, 3000, 768), _testing.generator(15), dtype)
+    xa = _inputs.randn((4, 3000, 768), _inputs.generator(15), dtype)
     ya = pf.SinusoidalPE(768, backend="cpp")(xa)
     want = xa[:, ::9].double() + ref_enc.sinusoidal(torch.arange(0, 3000, 9), 768)
     assert_close(ya[:, ::9], want, dtype, "encoding" if dtype == torch.float32 else "lff")
@@ -344,7 +344,7 @@ def test_outputs_past_2_31_elements():
     del out
     n, F2 = 2**20 + 3, 1024
     x = (torch.arange(n, dtype=torch.float32) * 1e-3).reshape(n, 1, 1)
-    wr = _testing.randn((F2, 1), _testing.generator(2))
+    wr = _inputs.randn((F2, 1), _inputs.generator(2))
     out = ops().lff_kernel(x, wr, None, None, None, None, "gelu", torch.bfloat16)
     r = rows(n, 2 * F2)
     assert_close(out[r], ref_lff.lff(x[r], wr), torch.bfloat16, "encoding")
@@ -356,8 +356,8 @@ def test_lff_memory_is_the_output_and_a_little_scratch():
     from posenc_fast.cli._timing import peak_bytes_cpu
 
     N = 4096
-    case = _testing.LffCase((N,), 1, 2, 256, 32, 64)
-    x, *w = _testing.lff_inputs(case, torch.float32, "cpu", 12)
+    case = _inputs.LffCase((N,), 1, 2, 256, 32, 64)
+    x, *w = _inputs.lff_inputs(case, torch.float32, "cpu", 12)
     w = [t.requires_grad_() for t in w]
     grad = torch.randn(N, 64)
 

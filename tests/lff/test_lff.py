@@ -7,6 +7,7 @@ Backends come from conftest.backend_params, so kernels added later inherit every
 
 import math
 
+import _helpers
 import numpy as np
 import pytest
 import torch
@@ -14,14 +15,14 @@ from conftest import DEVICE, backend_dtype_params, backend_params
 from torch.library import opcheck
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.lff import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
-CASES = [pytest.param(c, id=c.id) for c in _testing.LFF_CASES]
+CASES = [pytest.param(c, id=c.id) for c in _inputs.LFF_CASES]
 # Empty batches have no gradient to compare: test_empty_batch_backward covers them.
-NONEMPTY_CASES = [pytest.param(c, id=c.id) for c in _testing.LFF_CASES if math.prod(c.batch)]
+NONEMPTY_CASES = [pytest.param(c, id=c.id) for c in _inputs.LFF_CASES if math.prod(c.batch)]
 
 
 def _kind(case):
@@ -31,7 +32,7 @@ def _kind(case):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("lff", DTYPES))
 @pytest.mark.parametrize("case", CASES)
 def test_forward_matches_reference(backend, dtype, case, device):
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, dtype, device, seed=_testing.seed_of(case.id))
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, dtype, device, seed=_helpers.seed_of(case.id))
     before = [t.clone() if t is not None else None for t in (x, wr, w1, b1, w2, b2)]
     y = pf.lff(x, wr, w1, b1, w2, b2, activation=case.activation, backend=backend)
     expected = ref.lff(x, wr, w1, b1, w2, b2, case.activation)
@@ -47,14 +48,14 @@ def test_forward_matches_reference(backend, dtype, case, device):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("lff", DTYPES))
 @pytest.mark.parametrize("case", NONEMPTY_CASES)
 def test_backward_matches_reference(backend, dtype, case, device):
-    inputs = _testing.lff_inputs(case, dtype, device, seed=1 + _testing.seed_of(case.id))
-    _testing.check_lff_backward(case, inputs, backend, grad_seed=7)
+    inputs = _inputs.lff_inputs(case, dtype, device, seed=1 + _helpers.seed_of(case.id))
+    _helpers.check_lff_backward(case, inputs, backend, grad_seed=7)
 
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32))
 def test_empty_batch_backward(backend, device):
-    case = _testing.LffCase((0,), 2, 2, 16, 8, 12)
-    x, *w = _testing.lff_inputs(case, torch.float32, device, 3)
+    case = _inputs.LffCase((0,), 2, 2, 16, 8, 12)
+    x, *w = _inputs.lff_inputs(case, torch.float32, device, 3)
     leaves = [x.requires_grad_(), *(t.requires_grad_() for t in w)]
     y = pf.lff(*leaves, backend=backend)
     assert y.shape == (0, 24)
@@ -66,8 +67,8 @@ def test_empty_batch_backward(backend, device):
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32))
 def test_only_needed_gradients(backend, device):
-    case = _testing.LFF_CASES[0]
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, torch.float32, device, 5)
+    case = _inputs.LFF_CASES[0]
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, torch.float32, device, 5)
     w2.requires_grad_()
     y = pf.lff(x, wr, w1, b1, w2, b2, backend=backend)
     y.square().sum().backward()
@@ -78,16 +79,16 @@ def test_only_needed_gradients(backend, device):
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float64))
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
 def test_gradcheck_float64(backend, activation, device):
-    case = _testing.LffCase((3,), 2, 2, 6, 4, 3, activation)
-    inputs = [t.requires_grad_() for t in _testing.lff_inputs(case, torch.float64, device, 11)]
+    case = _inputs.LffCase((3,), 2, 2, 6, 4, 3, activation)
+    inputs = [t.requires_grad_() for t in _inputs.lff_inputs(case, torch.float64, device, 11)]
     fn = lambda *a: pf.lff(*a, activation=activation, backend=backend)  # noqa: E731
     assert torch.autograd.gradcheck(fn, inputs)
 
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float64))
 def test_gradcheck_features_only(backend, device):
-    case = _testing.LffCase((2, 3), 2, 3, 8, 0, 0)
-    x, wr, *_ = _testing.lff_inputs(case, torch.float64, device, 12)
+    case = _inputs.LffCase((2, 3), 2, 3, 8, 0, 0)
+    x, wr, *_ = _inputs.lff_inputs(case, torch.float64, device, 12)
     assert torch.autograd.gradcheck(
         lambda x, wr: pf.lff(x, wr, backend=backend), (x.requires_grad_(), wr.requires_grad_())
     )
@@ -95,8 +96,8 @@ def test_gradcheck_features_only(backend, device):
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
 def test_gradgradcheck_torch_backend(activation, device):
-    case = _testing.LffCase((3,), 1, 2, 6, 4, 3, activation)
-    inputs = [t.requires_grad_() for t in _testing.lff_inputs(case, torch.float64, device, 13)]
+    case = _inputs.LffCase((3,), 1, 2, 6, 4, 3, activation)
+    inputs = [t.requires_grad_() for t in _inputs.lff_inputs(case, torch.float64, device, 13)]
     fn = lambda *a: pf.lff(*a, activation=activation, backend="torch")  # noqa: E731
     assert torch.autograd.gradgradcheck(fn, inputs)
 
@@ -104,8 +105,8 @@ def test_gradgradcheck_torch_backend(activation, device):
 def _direct_vs_op(backend, device, context):
     """pf.lff's output and gradients and its autograd node's name inside ``context``,
     and the same through the custom op called explicitly."""
-    case = _testing.LffCase((7,), 2, 2, 8, 4, 6)
-    inputs = _testing.lff_inputs(case, torch.float32, device, 23)
+    case = _inputs.LffCase((7,), 2, 2, 8, 4, 6)
+    inputs = _inputs.lff_inputs(case, torch.float32, device, 23)
     runs = []
     for call in ("pf.lff", "op"):
         leaves = [t.detach().clone().requires_grad_() for t in inputs]
@@ -159,8 +160,8 @@ def test_direct_eager_path_not_taken_when_compiling_or_for_subclasses():
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32))
 @pytest.mark.parametrize("mlp", [True, False], ids=["mlp", "features"])
 def test_opcheck(backend, mlp, device):
-    case = _testing.LffCase((5,), 2, 2, 8, 4, 6) if mlp else _testing.LffCase((5,), 2, 2, 8, 0, 0)
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, torch.float32, device, 17)
+    case = _inputs.LffCase((5,), 2, 2, 8, 4, 6) if mlp else _inputs.LffCase((5,), 2, 2, 8, 0, 0)
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, torch.float32, device, 17)
     args = [x.requires_grad_(), wr.requires_grad_()] + [
         t.requires_grad_() if t is not None else None for t in (w1, b1, w2, b2)
     ]
@@ -202,9 +203,9 @@ def test_export(device):
 @pytest.mark.parametrize("pos_dim", [1, 2, 4])
 def test_large_phases_fp32(backend, pos_dim, device):
     """cos/sin features within 1e-6 of float64 math on the same fp32 inputs, |phase| <= 1e5."""
-    g = _testing.generator(21 + pos_dim)
-    wr = _testing.randn((32, pos_dim), g, torch.float32, device)
-    x = _testing.rand((257, 1, pos_dim), g, -1.0, 1.0, torch.float32, device)
+    g = _inputs.generator(21 + pos_dim)
+    wr = _inputs.randn((32, pos_dim), g, torch.float32, device)
+    x = _inputs.rand((257, 1, pos_dim), g, -1.0, 1.0, torch.float32, device)
     phase = (x.double().squeeze(1) @ wr.double().T).abs().max()
     x = (x * (1e5 / phase)).float()  # the largest |phase| is now ~1e5
     feats = pf.lff(x, wr, backend=backend) * math.sqrt(64)  # undo 1/sqrt(F): raw cos/sin
@@ -228,7 +229,7 @@ def test_float64_against_numpy():
     h = 0.5 * a * (1 + erf(a / np.sqrt(2)))
     expected = (h @ w2 + b2).reshape(6, 8)
     t = [torch.from_numpy(v) for v in (x, wr, w1, b1, w2, b2)]
-    for backend in ["reference", *_testing.backends_for("lff", "cpu", torch.float64)]:
+    for backend in ["reference", *_inputs.backends_for("lff", "cpu", torch.float64)]:
         got = pf.lff(*t, backend=backend).numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12, err_msg=backend)
 
@@ -263,8 +264,8 @@ def test_wr_initialised_with_std_one_over_gamma():
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32, include_reference=True))
 def test_nan_positions_stay_in_their_rows(backend, device):
-    case = _testing.LffCase((6,), 2, 2, 8, 4, 6)
-    x, *w = _testing.lff_inputs(case, torch.float32, device, 23)
+    case = _inputs.LffCase((6,), 2, 2, 8, 4, 6)
+    x, *w = _inputs.lff_inputs(case, torch.float32, device, 23)
     x[2, 1, 0] = float("nan")
     x[4, 0, 1] = float("inf")
     y = pf.lff(x, *w, backend=backend)
@@ -277,8 +278,8 @@ def test_nan_positions_stay_in_their_rows(backend, device):
 
 @pytest.mark.parametrize("backend", backend_params("lff", torch.float32, include_reference=True))
 def test_non_contiguous_inputs(backend, device):
-    case = _testing.LffCase((8,), 2, 2, 8, 4, 6)
-    x, wr, w1, b1, w2, b2 = _testing.lff_inputs(case, torch.float32, device, 29)
+    case = _inputs.LffCase((8,), 2, 2, 8, 4, 6)
+    x, wr, w1, b1, w2, b2 = _inputs.lff_inputs(case, torch.float32, device, 29)
     x_nc = torch.stack([x, -x], dim=-1).flatten(-2)[..., ::2]  # strided view equal to x
     assert torch.equal(x_nc, x)
     w1_nc = w1.T.contiguous().T
@@ -301,8 +302,8 @@ def test_integer_positions(backend, device):
 
 
 def _good(device="cpu"):
-    case = _testing.LffCase((4,), 2, 2, 8, 4, 6)
-    return list(_testing.lff_inputs(case, torch.float32, device, 31))
+    case = _inputs.LffCase((4,), 2, 2, 8, 4, 6)
+    return list(_inputs.lff_inputs(case, torch.float32, device, 31))
 
 
 # Wrong shapes and a partial MLP: the same errors from pf.lff and from the C++ op's own
@@ -373,16 +374,17 @@ def test_unavailable_backend_explains_every_backend():
 def test_auto_picks_cpp_then_torch_on_cpu():
     """The C++ kernels where the extension loads, else the torch backend; float64 always
     on the torch backend (the C++ kernels compute in float32)."""
-    from posenc_fast import _testing
+    import _helpers
+
     from posenc_fast._dispatch import Problem
 
     def problem(dtype):
         sizes = {"fourier_dim": 16}
         return Problem("lff", "cpu", dtype, sizes, {"activation": "gelu"}, {"x": dtype})
 
-    cpp = not _testing.environment_reasons("cpp")
-    assert _testing.chosen(problem(torch.float32), "auto") == ("cpp" if cpp else "torch")
-    assert _testing.chosen(problem(torch.float64), "auto") == "torch"
+    cpp = not _helpers.environment_reasons("cpp")
+    assert _helpers.chosen(problem(torch.float32), "auto") == ("cpp" if cpp else "torch")
+    assert _helpers.chosen(problem(torch.float64), "auto") == "torch"
 
 
 def test_env_var_forces_backend(monkeypatch):

@@ -13,13 +13,15 @@
 """
 
 import json
+import logging
 
+import _helpers
 import pytest
 import torch
 from conftest import DEVICE
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.lff import plan as lff_plan
 from posenc_fast.ops.lff import reference as ref
 from posenc_fast.ops.lff.registry import LFF
@@ -28,20 +30,20 @@ from posenc_fast.tolerances import assert_close
 triton = pytest.importorskip("triton")
 from posenc_fast.triton_kernels import _gemm_sizes, _launch, lff_gemm  # noqa: E402
 
-TRITON_REASONS = _testing.environment_reasons("triton")
+TRITON_REASONS = _helpers.environment_reasons("triton")
 needs_triton = pytest.mark.skipif(
     bool(TRITON_REASONS) or DEVICE not in LFF["triton"].support.devices,
     reason=f"triton backend unavailable on {DEVICE}: {TRITON_REASONS}",
 )
-NAMES = _testing.LFF_NAMES
+NAMES = _helpers.LFF_NAMES
+CACHE_PATH = lff_plan.cache_path  # the fixture below replaces it
 
 
 @pytest.fixture(autouse=True)
 def _fresh_decisions(monkeypatch, tmp_path):
     """Every test decides afresh, with no plan forced, measuring off, its own cache file."""
-    for name in (lff_plan.ENV_PLAN, lff_plan.ENV_MEASURE, lff_plan.ENV_DEBUG):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(lff_plan.ENV_CACHE, str(tmp_path / "lff_plans.json"))
+    monkeypatch.delenv(lff_plan.ENV_PLAN, raising=False)
+    monkeypatch.setattr(lff_plan, "cache_path", lambda: str(tmp_path / "lff_plans.json"))
     lff_plan.forget()
     yield
     lff_plan.forget()
@@ -58,7 +60,7 @@ def gemm_plan(monkeypatch):
 # ---------------------------------------------------------------- the gemm plan
 
 
-MLP_CASES = [c for c in _testing.LFF_CASES if c.hidden_dim]
+MLP_CASES = [c for c in _inputs.LFF_CASES if c.hidden_dim]
 
 
 @needs_triton
@@ -66,10 +68,10 @@ MLP_CASES = [c for c in _testing.LFF_CASES if c.hidden_dim]
 def test_gemm_plan_shared_matrix_float32(case, gemm_plan):
     """Forward and every gradient through pf.lff (the custom op and its autograd) on the
     shared LFF matrix (N = 0 and 1, batch dimensions, groups, every activation)."""
-    inputs = _testing.lff_inputs(case, torch.float32, DEVICE, seed=7)
+    inputs = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=7)
     y = pf.lff(*inputs, activation=case.activation, backend="triton")
     assert_close(y, ref.lff(*inputs, case.activation), torch.float32, "lff", what=case.id)
-    _testing.check_lff_backward(case, inputs, "triton", 8, "gemm plan")
+    _helpers.check_lff_backward(case, inputs, "triton", 8, "gemm plan")
 
 
 @needs_triton
@@ -82,11 +84,11 @@ def test_gemm_plan_chunks_against_float64(dtype, act, gemm_plan):
     """270 rows in chunks of 256 and 14: the features, products and weight-gradient sums
     carried over chunks; relu with a half-precision MLP takes the split features (hi and
     lo in one product), whose pre-activations keep float32's sign."""
-    case = _testing.LffCase((270,), 1, 2, 20, 24, 40, act)
-    inputs = _testing.lff_inputs(case, dtype, DEVICE, seed=61)
+    case = _inputs.LffCase((270,), 1, 2, 20, 24, 40, act)
+    inputs = _inputs.lff_inputs(case, dtype, DEVICE, seed=61)
     y = pf.lff(*inputs, activation=act, backend="triton")
     assert_close(y, ref.lff(*inputs, act), dtype, "lff", what=case.id)
-    _testing.check_lff_backward(case, inputs, "triton", 62, "gemm plan")
+    _helpers.check_lff_backward(case, inputs, "triton", 62, "gemm plan")
 
 
 @needs_triton
@@ -94,9 +96,9 @@ def test_gemm_plan_deterministic_and_only_needed_gradients(gemm_plan):
     """Two runs give the same bits; each gradient alone is bitwise the one computed with
     the others (the chunks, programs and orders do not depend on ``needs``); db2 alone
     (no hidden layer) and dw2 without db2 take their own products."""
-    case = _testing.LffCase((260,), 1, 2, 16, 24, 40)  # chunks of 256 and 4 rows
-    args = _testing.lff_inputs(case, torch.bfloat16, DEVICE, seed=63)
-    g = _testing.randn((260, 40), _testing.generator(64), torch.bfloat16, DEVICE)
+    case = _inputs.LffCase((260,), 1, 2, 16, 24, 40)  # chunks of 256 and 4 rows
+    args = _inputs.lff_inputs(case, torch.bfloat16, DEVICE, seed=63)
+    g = _inputs.randn((260, 40), _inputs.generator(64), torch.bfloat16, DEVICE)
     first = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
     second = LFF["triton"].backward(g, *args, "gelu", [True] * 6)
     for name, a, b in zip(NAMES, first, second):
@@ -116,14 +118,14 @@ def test_gemm_plan_deterministic_and_only_needed_gradients(gemm_plan):
 def test_gemm_plan_under_autocast(gemm_plan):
     """float32 weights feeding a bf16 MLP (autocast): converted once per call; float32
     gradients for float32 weights."""
-    case = _testing.LffCase((40,), 1, 2, 32, 16, 24)
-    x, *w = _testing.lff_inputs(case, torch.float32, DEVICE, seed=3)
+    case = _inputs.LffCase((40,), 1, 2, 32, 16, 24)
+    x, *w = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=3)
     leaves = [t.clone().requires_grad_(True) for t in w]
     with torch.autocast(DEVICE, dtype=torch.bfloat16):
         y = pf.lff(x, *leaves, backend="triton")
     assert y.dtype == torch.bfloat16
     assert_close(y, ref.lff(x.double(), *w), torch.bfloat16, "lff")
-    g = _testing.randn(y.shape, _testing.generator(4), torch.bfloat16, DEVICE)
+    g = _inputs.randn(y.shape, _inputs.generator(4), torch.bfloat16, DEVICE)
     y.backward(g)
     w64 = [t.detach().double().requires_grad_(True) for t in w]
     ref.lff(x.double(), *w64).backward(g.double())
@@ -135,9 +137,9 @@ def test_gemm_plan_under_autocast(gemm_plan):
 @needs_triton
 def test_gemm_plan_agrees_with_the_fused_plan(monkeypatch):
     """float32: both plans agree to float32 rounding (other summation orders)."""
-    case = _testing.LffCase((200,), 1, 3, 24, 16, 20, "gelu_tanh")
-    args = _testing.lff_inputs(case, torch.float32, DEVICE, seed=65)
-    g = _testing.randn((200, 20), _testing.generator(66), torch.float32, DEVICE)
+    case = _inputs.LffCase((200,), 1, 3, 24, 16, 20, "gelu_tanh")
+    args = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=65)
+    g = _inputs.randn((200, 20), _inputs.generator(66), torch.float32, DEVICE)
     results = {}
     for plan in ("fused", "gemm"):
         monkeypatch.setenv(lff_plan.ENV_PLAN, plan)
@@ -165,7 +167,7 @@ def _work(name, dtype="bf16", mode="fwd", **kw):
 
 
 def _never_measure(plans):
-    raise AssertionError("measured without POSENC_FAST_LFF_PLAN_MEASURE=1")
+    raise AssertionError("measured without POSENC_FAST_LFF_PLAN=measure")
 
 
 @pytest.mark.parametrize(
@@ -251,11 +253,11 @@ def test_forced_plan_and_a_bad_name(monkeypatch):
 
 
 def test_measured_choice_is_remembered_per_gpu_and_versions(monkeypatch, tmp_path):
-    """With POSENC_FAST_LFF_PLAN_MEASURE=1 the first call of a bucket measures, the
+    """With POSENC_FAST_LFF_PLAN=measure the first call of a bucket measures, the
     faster plan wins even against the model, and the record (per GPU name, torch and
     Triton version) serves a later process; another row count in the same power-of-two
     bucket is not measured again; a new GPU name measures again."""
-    monkeypatch.setenv(lff_plan.ENV_MEASURE, "1")
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "measure")
     w = _work("compute", "bf16", "fwd")
     assert lff_plan.decide(w, "NVIDIA H200", None).plan == "gemm"  # the model's
     lff_plan.forget()
@@ -278,15 +280,21 @@ def test_measured_choice_is_remembered_per_gpu_and_versions(monkeypatch, tmp_pat
     lff_plan.decide(w, "NVIDIA H100 80GB HBM3", measure)
     assert len(asked) == 2
     # measuring off: the file is not consulted, the model decides
-    monkeypatch.setenv(lff_plan.ENV_MEASURE, "0")
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "auto")
     lff_plan.forget()
     assert lff_plan.decide(w, "NVIDIA H200", _never_measure).plan == "gemm"
+
+
+def test_measured_choices_live_in_the_cache_folder(monkeypatch, tmp_path):
+    """The measured choices' file is lff_plans.json in posenc_fast's cache folder."""
+    monkeypatch.setenv("POSENC_FAST_CACHE", str(tmp_path / "folder"))
+    assert CACHE_PATH() == str(tmp_path / "folder" / "lff_plans.json")
 
 
 def test_no_measuring_while_capturing(monkeypatch):
     """measure=None (a CUDA graph being captured): the model decides, nothing is stored,
     and the bucket is measured on its next call where measuring is possible."""
-    monkeypatch.setenv(lff_plan.ENV_MEASURE, "1")
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "measure")
     w = _work("compute", "bf16", "fwd")
     assert lff_plan.decide(w, "NVIDIA H200", None).how == "model"
     assert lff_plan.load_measured("NVIDIA H200") == {}
@@ -294,12 +302,12 @@ def test_no_measuring_while_capturing(monkeypatch):
     assert (d.plan, d.how) == ("gemm", "measured")
 
 
-def test_debug_line_once_per_bucket(monkeypatch, capsys):
-    monkeypatch.setenv(lff_plan.ENV_DEBUG, "1")
+def test_debug_line_once_per_bucket(caplog):
+    caplog.set_level(logging.DEBUG, logger=lff_plan.__name__)
     w = _work("compute", "bf16", "bwd")
     lff_plan.decide(w, "NVIDIA H200", None)
     lff_plan.decide(w, "NVIDIA H200", None)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [r.getMessage() for r in caplog.records if r.name == lff_plan.__name__]
     assert len(err) == 1
     assert "plan gemm (model:" in err[0] and "fused" in err[0] and "ms" in err[0]
 
@@ -366,7 +374,7 @@ def test_fused_kernel_gets_the_tf32_setting(monkeypatch, restore_precision):
     for name in ("_lff_fwd_kernel", "_lff_fwd_tuned"):
         monkeypatch.setattr(lff_forward, name, _Launches(lambda grid, a, m: seen.append(m)))
     monkeypatch.setenv(lff_plan.ENV_PLAN, "fused")
-    inputs = _testing.lff_inputs(_testing.LffCase((8,), 1, 2, 8, 16, 8), torch.float32, DEVICE, 1)
+    inputs = _inputs.lff_inputs(_inputs.LffCase((8,), 1, 2, 8, 16, 8), torch.float32, DEVICE, 1)
     for setting, expected in (("ieee", "ieee"), ("tf32", "tf32")):
         torch.backends.cuda.matmul.fp32_precision = setting
         pf.lff(*inputs, backend="triton")
@@ -420,8 +428,8 @@ def test_small_forward_is_one_launch_and_capturable(shape, monkeypatch):
     # the backend's own decision, whatever the device (the interpreter's CPU tensors
     # decide as an H200 would)
     monkeypatch.setattr(_launch, "device_name", lambda device: "NVIDIA H200")
-    case = _testing.LffCase((R,), 1, M, 2 * F2, H, Dg)
-    x, *w = _testing.lff_inputs(case, torch.bfloat16, "cpu", seed=3)
+    case = _inputs.LffCase((R,), 1, M, 2 * F2, H, Dg)
+    x, *w = _inputs.lff_inputs(case, torch.bfloat16, "cpu", seed=3)
     with _NoHostSync():
         y = LFF["triton"].forward(x, *w, "gelu", torch.bfloat16)
     assert launches == [R] and y.shape == (R, Dg)
@@ -437,9 +445,9 @@ def test_gemm_path_reads_nothing_on_the_host(gemm_plan, monkeypatch):
     launched = []
     for name in ("_features_kernel", "_act_fwd_kernel", "_act_bwd_kernel", "_phase_grad_kernel"):
         monkeypatch.setattr(lff_gemm.k, name, _Launches(lambda g, a, m, n=name: launched.append(n)))
-    case = _testing.LffCase((600,), 1, 2, 16, 24, 40)
-    x, *w = _testing.lff_inputs(case, torch.bfloat16, DEVICE, seed=5)
-    g = _testing.randn((600, 40), _testing.generator(6), torch.bfloat16, DEVICE)
+    case = _inputs.LffCase((600,), 1, 2, 16, 24, 40)
+    x, *w = _inputs.lff_inputs(case, torch.bfloat16, DEVICE, seed=5)
+    g = _inputs.randn((600, 40), _inputs.generator(6), torch.bfloat16, DEVICE)
     with _NoHostSync():
         LFF["triton"].forward(x, *w, "gelu", torch.bfloat16)
         LFF["triton"].backward(g, x, *w, "gelu", [True] * 6)
@@ -448,10 +456,10 @@ def test_gemm_path_reads_nothing_on_the_host(gemm_plan, monkeypatch):
 
 @needs_triton
 def test_measured_choice_through_the_backend(monkeypatch, tmp_path):
-    """POSENC_FAST_LFF_PLAN_MEASURE=1 through the backend's forward: both plans are handed
+    """POSENC_FAST_LFF_PLAN=measure through the backend's forward: both plans are handed
     to the device timer once (mocked: no timing on the CPU), the faster runs and is
     remembered; the next call of the bucket times nothing."""
-    monkeypatch.setenv(lff_plan.ENV_MEASURE, "1")
+    monkeypatch.setenv(lff_plan.ENV_PLAN, "measure")
     timed = []
 
     def time_ms(fn, device, repeats=3):
@@ -462,8 +470,8 @@ def test_measured_choice_through_the_backend(monkeypatch, tmp_path):
     ran = []
     real_gemm = lff_gemm.gemm_fwd
     monkeypatch.setattr(lff_gemm, "gemm_fwd", lambda *a: ran.append("gemm") or real_gemm(*a))
-    case = _testing.LffCase((40,), 1, 2, 16, 8, 12)
-    inputs = _testing.lff_inputs(case, torch.float32, DEVICE, seed=9)
+    case = _inputs.LffCase((40,), 1, 2, 16, 8, 12)
+    inputs = _inputs.lff_inputs(case, torch.float32, DEVICE, seed=9)
     for _ in range(2):
         y = LFF["triton"].forward(*inputs, "gelu", torch.float32)
     assert len(timed) == 2 and ran == ["gemm", "gemm"]

@@ -18,8 +18,8 @@ from _cpu_kernels import (
 )
 
 import posenc_fast as pf
-from posenc_fast import _testing
-from posenc_fast._testing import RotaryCase, rotary_inputs, rotary_table_inputs
+from posenc_fast.cli import _inputs
+from posenc_fast.cli._inputs import RotaryCase, rotary_inputs, rotary_table_inputs
 from posenc_fast.ops.rotary import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL
 
@@ -44,15 +44,15 @@ def _apply_all(case, dtype, backend="cpp", seed=5):
     inputs = rotary_inputs(case, dtype, "cpu", seed)
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     oq, ok = pf.apply_lff_rotary(*leaves, case.layout, backend=backend)
-    g = _testing.generator(seed + 1)
+    g = _inputs.generator(seed + 1)
     torch.autograd.backward(
-        (oq, ok), (_testing.randn(oq.shape, g, dtype), _testing.randn(ok.shape, g, dtype))
+        (oq, ok), (_inputs.randn(oq.shape, g, dtype), _inputs.randn(ok.shape, g, dtype))
     )
     x, wr = (
         t.detach().requires_grad_() for t in rotary_table_inputs((321, 3, 38), dtype, "cpu", 7)
     )
     table = pf.lff_rotary(x, wr, backend=backend)
-    table.backward(_testing.randn(table.shape, g, dtype))
+    table.backward(_inputs.randn(table.shape, g, dtype))
     return [oq.detach(), ok.detach(), *(t.grad for t in leaves), table.detach(), x.grad, wr.grad]
 
 
@@ -100,9 +100,9 @@ def test_phases_up_to_1e5_on_every_instruction_set(isa):
     float32 inputs, |phase| up to 1e5 rad, whichever code the CPU runs."""
     if isa not in isas_here():
         pytest.skip(f"CPU lacks {isa}")
-    g = _testing.generator(21)
-    wr = _testing.randn((40, 2), g)
-    x = _testing.rand((1, 257, 2), g, -1.0, 1.0)
+    g = _inputs.generator(21)
+    wr = _inputs.randn((40, 2), g)
+    x = _inputs.rand((1, 257, 2), g, -1.0, 1.0)
     x = (x * (1e5 / (x.double() @ wr.double().T).abs().max())).float()
     assert (x.double() @ wr.double().T).abs().max() > 9e4
     q = torch.zeros(1, 2, 257, 80)

@@ -18,7 +18,7 @@ import torch
 from _timm import import_timm
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.tolerances import PHASE_ATOL
 
 rope = pf.rope
@@ -56,8 +56,8 @@ def assert_rotation_close(ours, theirs, q, theta_max: float, what: str) -> None:
 
 
 def _qk(shape, seed):
-    g = _testing.generator(seed)
-    return _testing.randn(shape, g), _testing.randn(shape, g)
+    g = _inputs.generator(seed)
+    return _inputs.randn(shape, g), _inputs.randn(shape, g)
 
 
 # ------------------------------------------------------------------ positions

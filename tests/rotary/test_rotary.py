@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import _helpers
 import pytest
 import torch
 from conftest import DEVICE, backend_dtype_params, backend_params
@@ -18,13 +19,8 @@ from torch import nn
 from torch.library import opcheck
 
 import posenc_fast as pf
-from posenc_fast import _testing
-from posenc_fast._testing import (
-    ROTARY_CASES,
-    RotaryCase,
-    rotary_inputs,
-    rotary_table_inputs,
-)
+from posenc_fast.cli import _inputs
+from posenc_fast.cli._inputs import ROTARY_CASES, RotaryCase, rotary_inputs, rotary_table_inputs
 from posenc_fast.ops.rotary import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
@@ -51,7 +47,7 @@ def _check_apply(out, expected, dtype, what: str) -> None:
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("apply_lff_rotary", DTYPES))
 @pytest.mark.parametrize("case", ALL_CASES)
 def test_apply_matches_reference(backend, dtype, case, device):
-    q, k, x, wr = rotary_inputs(case, dtype, device, _testing.seed_of(case.id))
+    q, k, x, wr = rotary_inputs(case, dtype, device, _helpers.seed_of(case.id))
     assert not case.fused_qkv or q.stride(-1) == 3  # LightGlue's strided q
     before = [t.clone() for t in (q, k, x, wr)]
     oq, ok = pf.apply_lff_rotary(q, k, x, wr, case.layout, backend=backend)
@@ -69,14 +65,14 @@ def test_apply_matches_reference(backend, dtype, case, device):
 
 TABLE_CASES = [
     pytest.param(s, id="x" + "x".join(map(str, s[:-1])) + f"-F{s[-1]}")
-    for s in _testing.ROTARY_TABLE_SHAPES
+    for s in _inputs.ROTARY_TABLE_SHAPES
 ]
 
 
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("lff_rotary", DTYPES))
 @pytest.mark.parametrize("shape", TABLE_CASES)
 def test_table_matches_reference(backend, dtype, shape, device):
-    x, wr = rotary_table_inputs(shape, dtype, device, _testing.seed_of(str(shape)))
+    x, wr = rotary_table_inputs(shape, dtype, device, _helpers.seed_of(str(shape)))
     before = [x.clone(), wr.clone()]
     t = pf.lff_rotary(x, wr, backend=backend)
     assert t.shape == (2, *x.shape[:-2], 1, x.shape[-2], shape[-1])
@@ -99,17 +95,17 @@ def _leaves(tensors, dtype=None):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("apply_lff_rotary", DTYPES))
 @pytest.mark.parametrize("case", NONEMPTY)
 def test_apply_backward_matches_reference(backend, dtype, case, device):
-    inputs = rotary_inputs(case, dtype, device, 1 + _testing.seed_of(case.id))
+    inputs = rotary_inputs(case, dtype, device, 1 + _helpers.seed_of(case.id))
     leaves = _leaves(inputs)
     oq, ok = pf.apply_lff_rotary(*leaves, case.layout, backend=backend)
-    g = _testing.generator(5)
-    gq = _testing.randn(oq.shape, g, dtype, device)
-    gk = _testing.randn(ok.shape, g, dtype, device)
+    g = _inputs.generator(5)
+    gq = _inputs.randn(oq.shape, g, dtype, device)
+    gk = _inputs.randn(ok.shape, g, dtype, device)
     torch.autograd.backward((oq, ok), (gq, gk))
     leaves64 = _leaves(inputs, torch.float64)
     rq, rk = ref.apply_lff_rotary(*leaves64, case.layout)
     torch.autograd.backward((rq, rk), (gq.double(), gk.double()))
-    _testing.assert_grads_close(
+    _helpers.assert_grads_close(
         ("q", "k", "x", "wr"), leaves, leaves64, dtype, f"{backend} {case.id}"
     )
 
@@ -117,14 +113,14 @@ def test_apply_backward_matches_reference(backend, dtype, case, device):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("lff_rotary", DTYPES))
 @pytest.mark.parametrize("shape", TABLE_CASES)
 def test_table_backward_matches_reference(backend, dtype, shape, device):
-    x, wr = rotary_table_inputs(shape, dtype, device, 2 + _testing.seed_of(str(shape)))
+    x, wr = rotary_table_inputs(shape, dtype, device, 2 + _helpers.seed_of(str(shape)))
     leaves = _leaves((x, wr))
     t = pf.lff_rotary(*leaves, backend=backend)
-    grad = _testing.randn(t.shape, _testing.generator(9), dtype, device)
+    grad = _inputs.randn(t.shape, _inputs.generator(9), dtype, device)
     t.backward(grad)
     leaves64 = _leaves((x, wr), torch.float64)
     ref.lff_rotary_table(*leaves64).backward(grad.double())
-    _testing.assert_grads_close(("x", "wr"), leaves, leaves64, dtype, f"{backend} {shape}")
+    _helpers.assert_grads_close(("x", "wr"), leaves, leaves64, dtype, f"{backend} {shape}")
 
 
 @pytest.mark.parametrize("backend", backend_params("apply_lff_rotary", torch.float32))
@@ -274,9 +270,9 @@ def test_export_with_a_dynamic_number_of_positions(device):
             return self.m.rotate(q, k, x), self.m(x)
 
     def make(n):
-        g = _testing.generator(n)
+        g = _inputs.generator(n)
         shapes = ((2, 3, n, 8), (2, 3, n, 8), (2, n, 2))
-        return [_testing.randn(s, g, torch.float32, device) for s in shapes]
+        return [_inputs.randn(s, g, torch.float32, device) for s in shapes]
 
     N = Dim("N", min=2, max=4096)
     dynamic = {"q": {2: N}, "k": {2: N}, "x": {1: N}}
@@ -297,9 +293,9 @@ def test_export_with_a_dynamic_number_of_positions(device):
 def test_large_phases_fp32(backend, pos_dim, device):
     """cos / sin within 1e-6 of float64 math on the same fp32 inputs for |phase| up to
     1e5 (pixel coordinates times learned frequencies), in the table and in the rotation."""
-    g = _testing.generator(21 + pos_dim)
-    wr = _testing.randn((32, pos_dim), g, torch.float32, device)
-    x = _testing.rand((1, 130, pos_dim), g, -1.0, 1.0, torch.float32, device)
+    g = _inputs.generator(21 + pos_dim)
+    wr = _inputs.randn((32, pos_dim), g, torch.float32, device)
+    x = _inputs.rand((1, 130, pos_dim), g, -1.0, 1.0, torch.float32, device)
     phase = (x.double() @ wr.double().T).abs().max()
     x = (x * (1e5 / phase)).float()
     assert (x.double() @ wr.double().T).abs().max() > 9e4
@@ -506,7 +502,7 @@ def test_unavailable_backend_explains_every_backend():
         pf.apply_lff_rotary(q, k, x, wr, backend="cpp")
     msg = str(info.value)
     assert "cpp: " in msg
-    if not _testing.environment_reasons("cpp"):
+    if not _helpers.environment_reasons("cpp"):
         assert "supports dtypes float32, bfloat16, float16, got float64" in msg
     for name in ("reference", "torch", "triton", "cuda", "cpp"):
         assert f"  {name}:" in msg
@@ -517,7 +513,7 @@ def test_auto_picks_cpp_then_torch_on_cpu(monkeypatch):
     """On the CPU, "auto" picks the C++ kernels when the extension is usable, else torch."""
     from posenc_fast.ops.rotary.registry import LIGHTGLUE_ROTARY as APPLY
 
-    name = "torch" if _testing.environment_reasons("cpp") else "cpp"
+    name = "torch" if _helpers.environment_reasons("cpp") else "cpp"
     calls = []
     orig = APPLY[name].forward
     monkeypatch.setattr(APPLY[name], "forward", lambda *a: calls.append(1) or orig(*a))
@@ -561,7 +557,7 @@ def test_triton_gpu_block_sizes_in_the_interpreter(monkeypatch, device):
     leaves64 = _leaves(inputs, torch.float64)
     rq, rk = ref.apply_lff_rotary(*leaves64)
     torch.autograd.backward((rq, rk), [torch.ones_like(o) for o in (rq, rk)])
-    _testing.assert_grads_close(("q", "k", "x", "wr"), leaves, leaves64, torch.float32, "gpu")
+    _helpers.assert_grads_close(("q", "k", "x", "wr"), leaves, leaves64, torch.float32, "gpu")
     x, wr = rotary_table_inputs((1, 37, 2, 80), torch.float32, device, 42)
     assert_close(pf.lff_rotary(x, wr, backend="triton"), ref.lff_rotary_table(x, wr),
                  torch.float32, "encoding")  # fmt: skip
@@ -573,7 +569,7 @@ def test_verify_checks_rotary(monkeypatch, device):
     from posenc_fast.ops.rotary.registry import LIGHTGLUE_ROTARY as APPLY
 
     table = verify.check_lff_rotary("torch", torch.float32, device, 3)
-    assert table.cases == len(_testing.ROTARY_TABLE_SHAPES) and not table.failures
+    assert table.cases == len(_inputs.ROTARY_TABLE_SHAPES) and not table.failures
     res = verify.check_apply_lff_rotary("torch", torch.float32, device, 3)
     assert res.cases == len(ROTARY_CASES) and not res.failures, res.failures
     orig = APPLY["torch"].forward
@@ -600,15 +596,15 @@ def lightglue_table(wr: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("whole_checkpoint", [False, True], ids=["encoder", "lightglue-model"])
 def test_from_state_dict_returns_lightglues_table(whole_checkpoint):
-    gen = _testing.generator(7)
-    wr = _testing.randn((32, 2), gen)  # LightGlue: head_dim 64 -> Wr [32, 2]
+    gen = _inputs.generator(7)
+    wr = _inputs.randn((32, 2), gen)  # LightGlue: head_dim 64 -> Wr [32, 2]
     sd = {"Wr.weight": wr}
     if whole_checkpoint:  # LightGlue's own model: posenc.* among its other layers
         sd = {"posenc.Wr.weight": wr, "self_attn.0.Wqkv.weight": torch.zeros(3, 3)}
     rope = pf.LearnableFourierRotary.from_state_dict(sd, "lightglue", gamma=0.5)
     assert (rope.pos_dim, rope.head_dim, rope.rotary_dim) == (2, 64, 64)
     assert rope.gamma == 0.25  # LightGlue's std gamma^-2: our gamma is its gamma squared
-    kpts = _testing.randn((2, 7, 2), gen)  # normalised keypoints [B, N, 2]
+    kpts = _inputs.randn((2, 7, 2), gen)  # normalised keypoints [B, N, 2]
     want = lightglue_table(wr.double(), kpts.double())
     assert_close(rope(kpts), want, torch.float32, "encoding")
     assert rope(kpts).shape == (2, 2, 1, 7, 64)  # what apply_cached_rotary_emb consumes

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.tolerances import assert_close
 
 THIS = pathlib.Path(__file__).resolve()
@@ -46,9 +46,9 @@ def models():
 
 def data():
     """q, k [B, HEADS, 1 + 63, HEAD_DIM], the grid's coordinates [63, 2], the loss weights."""
-    g = _testing.generator(1)
+    g = _inputs.generator(1)
     n = 1 + GRID[0] * GRID[1]
-    q, k, wq, wk = (_testing.randn((B, HEADS, n, HEAD_DIM), g) for _ in range(4))
+    q, k, wq, wk = (_inputs.randn((B, HEADS, n, HEAD_DIM), g) for _ in range(4))
     return q, k, pf.rope.grid(GRID), wq, wk
 
 

@@ -17,14 +17,14 @@ from torch import nn
 from torch.library import opcheck
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.tolerances import ONNX_PHASE_ATOL, assert_close
 
 OPS = torch.ops.posenc_fast
 
 
 def _randn(shape, seed, device="cpu", scale=1.0):
-    return _testing.randn(shape, _testing.generator(seed), torch.float32, device, scale)
+    return _inputs.randn(shape, _inputs.generator(seed), torch.float32, device, scale)
 
 
 @pytest.mark.parametrize("backend", backend_params("rotary", torch.float32))

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import _helpers
 import pytest
 import torch
 from conftest import backend_dtype_params, backend_params
 
 import posenc_fast as pf
-from posenc_fast import _testing
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.rotary import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
@@ -76,25 +77,25 @@ def _qk_shape(case: Case, heads: int) -> tuple:
 
 def inputs(case: Case, dtype, device, seed: int):
     """(q, k, x, freqs): q, k in ``dtype``; x and freqs float64 for float64, else float32."""
-    g = _testing.generator(seed)
+    g = _inputs.generator(seed)
     pdt = torch.float64 if dtype == torch.float64 else torch.float32
     B, N, D, F2, M = case.batch, case.n, case.head_dim, case.rotary_dim // 2, case.pos_dim
     if case.strided:
-        qkv = _testing.randn((B, N, case.heads_q, D, 3), g, dtype, device)
+        qkv = _inputs.randn((B, N, case.heads_q, D, 3), g, dtype, device)
         if case.layout == "bhnd":
             qkv = qkv.transpose(1, 2)
         q, k = qkv[..., 0], qkv[..., 1]
     else:
-        q = _testing.randn(_qk_shape(case, case.heads_q), g, dtype, device)
-        k = _testing.randn(_qk_shape(case, case.heads_k), g, dtype, device)
+        q = _inputs.randn(_qk_shape(case, case.heads_q), g, dtype, device)
+        k = _inputs.randn(_qk_shape(case, case.heads_k), g, dtype, device)
     n = N - case.prefix
-    x = _testing.randn((n, M) if case.shared_x else (B, n, M), g, pdt, device, 3.0)
+    x = _inputs.randn((n, M) if case.shared_x else (B, n, M), g, pdt, device, 3.0)
     if not case.per_head:
-        freqs = _testing.randn((F2, M), g, pdt, device)
+        freqs = _inputs.randn((F2, M), g, pdt, device)
     elif case.strided:  # [M, H, F/2] stored, seen as [H, F/2, M] (timm's Mixed layout)
-        freqs = _testing.randn((M, case.heads_q, F2), g, pdt, device).permute(1, 2, 0)
+        freqs = _inputs.randn((M, case.heads_q, F2), g, pdt, device).permute(1, 2, 0)
     else:
-        freqs = _testing.randn((case.heads_q, F2, M), g, pdt, device)
+        freqs = _inputs.randn((case.heads_q, F2, M), g, pdt, device)
     return q, k, x, freqs
 
 
@@ -124,7 +125,7 @@ def _leaves(tensors, dtype=None):
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("rotary", DTYPES))
 @pytest.mark.parametrize("case", ALL_CASES)
 def test_matches_reference(backend, dtype, case, device):
-    args = inputs(case, dtype, device, _testing.seed_of(case.id))
+    args = inputs(case, dtype, device, _helpers.seed_of(case.id))
     before = [t.clone() for t in args]
     oq, ok = _call(case, *args, backend=backend)
     q, k = args[:2]
@@ -158,15 +159,15 @@ TABLE_CASES = [
 
 
 def table_inputs(x_shape, f_shape, dtype, device, seed):
-    g = _testing.generator(seed)
+    g = _inputs.generator(seed)
     pdt = torch.float64 if dtype == torch.float64 else torch.float32
-    return _testing.randn(x_shape, g, pdt, device, 3.0), _testing.randn(f_shape, g, dtype, device)
+    return _inputs.randn(x_shape, g, pdt, device, 3.0), _inputs.randn(f_shape, g, dtype, device)
 
 
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("rotary_table", DTYPES))
 @pytest.mark.parametrize("x_shape,f_shape,pairs", TABLE_CASES)
 def test_table_matches_reference(backend, dtype, x_shape, f_shape, pairs, device):
-    x, w = table_inputs(x_shape, f_shape, dtype, device, _testing.seed_of(str(f_shape)))
+    x, w = table_inputs(x_shape, f_shape, dtype, device, _helpers.seed_of(str(f_shape)))
     before = [x.clone(), w.clone()]
     t = pf.rotary_table(x, w, pairs, backend=backend)
     F = 2 * f_shape[-2]
@@ -185,31 +186,31 @@ def test_table_matches_reference(backend, dtype, x_shape, f_shape, pairs, device
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("rotary", DTYPES))
 @pytest.mark.parametrize("case", NONEMPTY)
 def test_backward_matches_reference(backend, dtype, case, device):
-    args = inputs(case, dtype, device, 1 + _testing.seed_of(case.id))
+    args = inputs(case, dtype, device, 1 + _helpers.seed_of(case.id))
     leaves = _leaves(args)
     oq, ok = _call(case, *leaves, backend=backend)
-    g = _testing.generator(5)
-    gq, gk = _testing.randn(oq.shape, g, dtype, device), _testing.randn(ok.shape, g, dtype, device)
+    g = _inputs.generator(5)
+    gq, gk = _inputs.randn(oq.shape, g, dtype, device), _inputs.randn(ok.shape, g, dtype, device)
     before = [gq.clone(), gk.clone()]
     torch.autograd.backward((oq, ok), (gq, gk))
     assert torch.equal(gq, before[0]) and torch.equal(gk, before[1])
     leaves64 = _leaves(args, torch.float64)
     torch.autograd.backward(_reference(case, *leaves64), (gq.double(), gk.double()))
     names = ("q", "k", "x", "freqs")
-    _testing.assert_grads_close(names, leaves, leaves64, dtype, f"{backend} {case.id}")
+    _helpers.assert_grads_close(names, leaves, leaves64, dtype, f"{backend} {case.id}")
 
 
 @pytest.mark.parametrize("backend,dtype", backend_dtype_params("rotary_table", DTYPES))
 @pytest.mark.parametrize("x_shape,f_shape,pairs", TABLE_CASES)
 def test_table_backward_matches_reference(backend, dtype, x_shape, f_shape, pairs, device):
-    x, w = table_inputs(x_shape, f_shape, dtype, device, 2 + _testing.seed_of(str(f_shape)))
+    x, w = table_inputs(x_shape, f_shape, dtype, device, 2 + _helpers.seed_of(str(f_shape)))
     leaves = _leaves((x, w))
     t = pf.rotary_table(*leaves, pairs, backend=backend)
-    grad = _testing.randn(t.shape, _testing.generator(9), dtype, device)
+    grad = _inputs.randn(t.shape, _inputs.generator(9), dtype, device)
     t.backward(grad)
     leaves64 = _leaves((x, w), torch.float64)
     ref.rotary_table(*leaves64, pairs).backward(grad.double())
-    _testing.assert_grads_close(("x", "freqs"), leaves, leaves64, dtype, f"{backend}")
+    _helpers.assert_grads_close(("x", "freqs"), leaves, leaves64, dtype, f"{backend}")
 
 
 # Small: gradcheck perturbs every input element once (numerical Jacobian).
@@ -295,10 +296,10 @@ def test_shared_positions_and_frequencies_are_the_broadcast_ones(pairs, device):
 @pytest.mark.parametrize("pairs", ["interleaved", "half"])
 def test_relative_positions_only(pairs, device):
     """q'_n . k'_m depends on x_n - x_m only, per head with per-head frequencies."""
-    g = _testing.generator(18)
-    q, k = (_testing.randn((1, 3, 6, 8), g, torch.float64, device) for _ in range(2))
-    w = _testing.randn((3, 4, 2), g, torch.float64, device)
-    x = _testing.randn((6, 2), g, torch.float64, device, 5.0)
+    g = _inputs.generator(18)
+    q, k = (_inputs.randn((1, 3, 6, 8), g, torch.float64, device) for _ in range(2))
+    w = _inputs.randn((3, 4, 2), g, torch.float64, device)
+    x = _inputs.randn((6, 2), g, torch.float64, device, 5.0)
     shift = torch.tensor([3.0, -7.0], dtype=torch.float64, device=device)
     a, b = pf.rotary(q, k, x, w, pairs), pf.rotary(q, k, x + shift, w, pairs)
     s = [u @ v.transpose(-1, -2) for u, v in (a, b)]
@@ -358,9 +359,9 @@ def test_phases_up_to_1e5_stay_within_1e6(backend, pairs, pos_dim, device):
     """cos / sin within 1e-6 of float64 math on the same fp32 inputs for |phase| up to
     1e5 (pixel coordinates times large frequencies), per-head frequencies, in the table
     and in the rotation (unit pairs (1, 0) rotate to (cos, sin))."""
-    g = _testing.generator(21 + pos_dim)
-    w = _testing.randn((2, 32, pos_dim), g, torch.float32, device)
-    x = _testing.rand((130, pos_dim), g, -1.0, 1.0, torch.float32, device)
+    g = _inputs.generator(21 + pos_dim)
+    w = _inputs.randn((2, 32, pos_dim), g, torch.float32, device)
+    x = _inputs.rand((130, pos_dim), g, -1.0, 1.0, torch.float32, device)
     phase = (x.double() @ w.double().reshape(-1, pos_dim).T).abs().max()
     x = (x * (1e5 / phase)).float()
     assert (x.double() @ w.double().reshape(-1, pos_dim).T).abs().max() > 9e4
@@ -474,9 +475,9 @@ def test_module_defaults_and_frequencies(device):
 
 def test_module_rotates_and_tables_like_the_functions(device):
     m = pf.Rotary(2, head_dim=10, rotary_dim=8, heads=2, pairs="half", prefix=2, device=device)
-    _testing.randomize_parameters(m, 3)
-    g = _testing.generator(33)
-    q, k = _testing.randn((2, 2, 7, 10), g), _testing.randn((2, 2, 7, 10), g)
+    _inputs.randomize_parameters(m, 3)
+    g = _inputs.generator(33)
+    q, k = _inputs.randn((2, 2, 7, 10), g), _inputs.randn((2, 2, 7, 10), g)
     x = pf.rope.grid((5,))[:, :1].expand(5, 2).contiguous()
     oq, ok = m(q, k, x)
     want = pf.rotary(q, k, x, m.freqs, "half", "bhnd", 2)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import _helpers
 import pytest
 import torch
 from conftest import DEVICE
 
-from posenc_fast import _extension, _testing
+from posenc_fast import _extension
+from posenc_fast.cli import _inputs
 from posenc_fast.ops.rotary import reference, registry
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
@@ -117,28 +119,28 @@ CASE_PARAMS = [pytest.param(c, id=c.id) for c in CASES]
 
 def make_inputs(case: Case, dtype, seed: int, x_dtype=torch.float32):
     """(q, k, x, freqs) on DEVICE: q, k in dtype, x and freqs in x_dtype."""
-    g = _testing.generator(seed)
+    g = _inputs.generator(seed)
     B, N, D, F2, M = case.batch, case.n, case.head_dim, case.rotary_dim // 2, case.pos_dim
     if case.strided:  # [B, N, H, D, 3] -> q = [..., 0], k = [..., 1]: channel stride 3
-        qkv = _testing.randn((B, N, case.heads_q, D, 3), g, dtype, DEVICE)
+        qkv = _inputs.randn((B, N, case.heads_q, D, 3), g, dtype, DEVICE)
         if case.layout == "bhnd":
             qkv = qkv.transpose(1, 2)
         q, k = qkv[..., 0], qkv[..., 1]
     else:
         shape = (B, case.heads_q, N, D) if case.layout == "bhnd" else (B, N, case.heads_q, D)
-        q = _testing.randn(shape, g, dtype, DEVICE)
+        q = _inputs.randn(shape, g, dtype, DEVICE)
         kshape = list(shape)
         kshape[1 if case.layout == "bhnd" else 2] = case.heads_k
-        k = _testing.randn(tuple(kshape), g, dtype, DEVICE)
+        k = _inputs.randn(tuple(kshape), g, dtype, DEVICE)
     n = N - case.prefix
-    x = _testing.randn((n, M) if case.shared_x else (B, n, M), g, x_dtype, DEVICE, 3.0)
+    x = _inputs.randn((n, M) if case.shared_x else (B, n, M), g, x_dtype, DEVICE, 3.0)
     if case.per_head and case.strided:  # timm's [M, depth, H, F/2] parameter, block 1
-        param = _testing.randn((M, 3, case.heads_q, F2), g, x_dtype, DEVICE)
+        param = _inputs.randn((M, 3, case.heads_q, F2), g, x_dtype, DEVICE)
         freqs = param[:, 1].permute(1, 2, 0)  # [H, F/2, M]
     elif case.per_head:
-        freqs = _testing.randn((case.heads_q, F2, M), g, x_dtype, DEVICE)
+        freqs = _inputs.randn((case.heads_q, F2, M), g, x_dtype, DEVICE)
     else:
-        freqs = _testing.randn((F2, M), g, x_dtype, DEVICE)
+        freqs = _inputs.randn((F2, M), g, x_dtype, DEVICE)
     return q, k, x, freqs
 
 
@@ -169,11 +171,11 @@ def run_rotary(backend, case, inputs, gq, gk, needs=(True, True, True, True)):
 @pytest.mark.parametrize("case", CASE_PARAMS)
 def test_rotary_matches_float64(backend, case):
     dtype = torch.float32
-    inputs = make_inputs(case, dtype, _testing.seed_of(case.id))
+    inputs = make_inputs(case, dtype, _helpers.seed_of(case.id))
     before = [t.clone() for t in inputs]
     q, k = inputs[:2]
-    g = _testing.generator(3)
-    gq, gk = _testing.randn(q.shape, g, dtype, DEVICE), _testing.randn(k.shape, g, dtype, DEVICE)
+    g = _inputs.generator(3)
+    gq, gk = _inputs.randn(q.shape, g, dtype, DEVICE), _inputs.randn(k.shape, g, dtype, DEVICE)
     oq, ok, dq, dk, dx, dw = run_rotary(backend, case, inputs, gq, gk)
     want = reference_rotary(*inputs, case.pairs, case.layout, case.prefix)
     s = _scale(*want)
@@ -205,10 +207,10 @@ def test_rotary_matches_float64(backend, case):
 @pytest.mark.parametrize("case", [CASE_PARAMS[1], CASE_PARAMS[3], CASE_PARAMS[5]])
 def test_rotary_half_precision(backend, dtype, case):
     """q, k (and x, freqs) in bfloat16 / float16: one rounding of the float32 result."""
-    inputs = make_inputs(case, dtype, _testing.seed_of(case.id) + 1, x_dtype=dtype)
-    g = _testing.generator(4)
+    inputs = make_inputs(case, dtype, _helpers.seed_of(case.id) + 1, x_dtype=dtype)
+    g = _inputs.generator(4)
     q, k = inputs[:2]
-    gq, gk = _testing.randn(q.shape, g, dtype, DEVICE), _testing.randn(k.shape, g, dtype, DEVICE)
+    gq, gk = _inputs.randn(q.shape, g, dtype, DEVICE), _inputs.randn(k.shape, g, dtype, DEVICE)
     oq, ok, *grads = run_rotary(backend, case, inputs, gq, gk)
     want = reference_rotary(*inputs, case.pairs, case.layout, case.prefix)
     s = _scale(*want)
@@ -226,8 +228,8 @@ def test_rotary_backward_computes_only_what_is_needed(backend):
     """Each gradient alone equals the same gradient computed with all the others."""
     case = CASES[1]
     inputs = make_inputs(case, torch.float32, 8)
-    g = _testing.generator(9)
-    gq, gk = (_testing.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
+    g = _inputs.generator(9)
+    gq, gk = (_inputs.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
     full = run_rotary(backend, case, inputs, gq, gk)[2:]
     for i in range(4):
         needs = [j == i for j in range(4)]
@@ -257,12 +259,12 @@ TABLE_PARAMS = [
 
 def _table_inputs(tcase, dtype, seed):
     shape, F, H, _ = tcase
-    g = _testing.generator(seed)
-    x = _testing.randn(shape, g, torch.float32, DEVICE, 3.0)
+    g = _inputs.generator(seed)
+    x = _inputs.randn(shape, g, torch.float32, DEVICE, 3.0)
     if H:  # per head, as a transposed view
-        freqs = _testing.randn((H, shape[-1], F // 2), g, dtype, DEVICE).transpose(1, 2)
+        freqs = _inputs.randn((H, shape[-1], F // 2), g, dtype, DEVICE).transpose(1, 2)
     else:
-        freqs = _testing.randn((F // 2, shape[-1]), g, dtype, DEVICE)
+        freqs = _inputs.randn((F // 2, shape[-1]), g, dtype, DEVICE)
     return x, freqs
 
 
@@ -277,7 +279,7 @@ def test_table_matches_float64(backend, dtype, tcase):
     want = reference_table(x, freqs, pairs)
     assert table.shape == want.shape and table.dtype == dtype
     assert_close(table, want, dtype, "encoding", what=f"{backend} table")
-    grad = _testing.randn(table.shape, _testing.generator(12), dtype, DEVICE)
+    grad = _inputs.randn(table.shape, _inputs.generator(12), dtype, DEVICE)
     xl, wl = (t.detach().double().requires_grad_() for t in (x, freqs))
     ex, ew = torch.autograd.grad(reference_table(xl, wl, pairs), (xl, wl), grad.double(),
                                  allow_unused=True)  # fmt: skip
@@ -302,10 +304,10 @@ def test_phases_up_to_1e5(backend, per_head, pairs):
     """The table and the rotation of unit pairs within 1e-6 of float64 math on the same
     float32 inputs, |phase| up to 1e5 rad."""
     fwd, _, tfwd, _ = KERNELS[backend]
-    g = _testing.generator(21)
+    g = _inputs.generator(21)
     H, F2 = 2, 20
-    freqs = _testing.randn((H, F2, 2) if per_head else (F2, 2), g, torch.float32, DEVICE)
-    x = _testing.rand((97, 2), g, -1.0, 1.0, torch.float32, DEVICE)
+    freqs = _inputs.randn((H, F2, 2) if per_head else (F2, 2), g, torch.float32, DEVICE)
+    x = _inputs.rand((97, 2), g, -1.0, 1.0, torch.float32, DEVICE)
     x = (x * (1e5 / reference.angles(x, freqs).abs().max())).float()
     assert reference.angles(x, freqs).abs().max() > 9e4
     table = tfwd(x, freqs, pairs, torch.float32)
@@ -330,8 +332,8 @@ def _everything(backend, seed=5):
         if backend == "triton" and DEVICE == "cpu" and case.n > 100:
             continue  # the interpreter is slow
         inputs = make_inputs(case, torch.float32, seed)
-        g = _testing.generator(seed + 1)
-        gq, gk = (_testing.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
+        g = _inputs.generator(seed + 1)
+        gq, gk = (_inputs.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
         results += run_rotary(backend, case, inputs, gq, gk)
     tfwd, tbwd = KERNELS[backend][2:]
     x, freqs = _table_inputs(((2, 150, 2), 12, 3, "half"), torch.float32, 13)
@@ -371,8 +373,8 @@ def test_cpp_equals_the_triton_interpreter(triton_interpreter):
         pytest.skip(_cpp_ok())
     for case in (CASES[1], CASES[2], CASES[5]):
         inputs = make_inputs(case, torch.float32, 17)
-        g = _testing.generator(18)
-        gq, gk = (_testing.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
+        g = _inputs.generator(18)
+        gq, gk = (_inputs.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
         a = run_rotary("cpp", case, inputs, gq, gk)
         b = run_rotary("triton", case, inputs, gq, gk)
         for i, (u, v) in enumerate(zip(a, b)):
@@ -400,8 +402,8 @@ def test_triton_gpu_block_sizes_in_the_interpreter(triton_interpreter, monkeypat
     )
     case = Case(2, 2, 2, 40, 84, 80, 2, "bnhd", pairs, per_head=True, prefix=18)
     inputs = make_inputs(case, torch.float32, 41)
-    g = _testing.generator(42)
-    gq, gk = (_testing.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
+    g = _inputs.generator(42)
+    gq, gk = (_inputs.randn(t.shape, g, torch.float32, DEVICE) for t in inputs[:2])
     oq, ok, *grads = run_rotary("triton", case, inputs, gq, gk)
     want = reference_rotary(*inputs, case.pairs, case.layout, case.prefix)
     for got, ref in zip((oq, ok), want):

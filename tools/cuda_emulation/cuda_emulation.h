@@ -87,14 +87,14 @@ enum cudaFuncAttribute {
 };
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
 
-// An H100/H200-like device for plan(): 132 SMs in 8 GPCs (two of 18 SMs, six of 16),
+// An H100/H200-like device for choose_layout(): 132 SMs in 8 GPCs (two of 18 SMs, six of 16),
 // 227 KiB of shared memory per block, 228 KiB per SM.
 namespace emu {
 constexpr int kGpcSms[8] = {18, 18, 16, 16, 16, 16, 16, 16};
 constexpr size_t kSmemPerSm = 233472;
 constexpr size_t kSmemPerBlockOptin = 232448;
 // POSENC_FAST_EMU_DEVICE=a100: an A100-like device instead (108 SMs, no clusters, 163 KiB
-// per block): the planner's path for GPUs without clusters.
+// per block): choose_layout's path for GPUs without clusters.
 inline bool a100() {
   const char* e = std::getenv("POSENC_FAST_EMU_DEVICE");
   return e != nullptr && std::strcmp(e, "a100") == 0;

@@ -1,8 +1,8 @@
 // Driver of the CPU emulation of the CUDA FLOATER kernels (cuda_emulation.h):
 //   emulate_floater IN OUT      the forward (with its tape) and the backward, in the layout
 //                               given in IN
-//   emulate_floater --plan S d H L n method dtype_size backward [need_t [a100]]
-//                               print the layout plan() picks for an H100-like device
+//   emulate_floater --layout S d H L n method dtype_size backward [need_t [a100]]
+//                               print the layout choose_layout() picks for an H100-like device
 //                               (a100: an A100-like one, without clusters)
 // IN: one line "S d H L n method act dtype_size mode C Sg layout need0..need5 tape chunk"
 // (layout: bit 0 weights resident in shared memory, bit 1 exchanged vectors read from L2
@@ -79,9 +79,9 @@ int run(const Problem& fwd, int mode, int C, int Sg, int layout, long tape_inter
   const double resident = layout & 4 ? 0.5 : (layout & 1 ? 1.0 : 0.0);
   const bool staged = !(layout & 2);
   std::vector<T> out(S * L * d, T(-12345));  // poisoned
-  Plan pl{};
-  if (plan_with(fwd, mode, C, Sg, resident, &pl, staged) != cudaSuccess) {
-    std::cerr << "plan_with failed\n";
+  Layout pl{};
+  if (layout_for(fwd, mode, C, Sg, resident, &pl, staged) != cudaSuccess) {
+    std::cerr << "layout_for failed\n";
     return 2;
   }
   std::vector<unsigned char> ws(forward_workspace_bytes(fwd, pl) + 16, 0);
@@ -100,8 +100,8 @@ int run(const Problem& fwd, int mode, int C, int Sg, int layout, long tape_inter
   if (forward(fwd, pl, p, tr, nullptr) != cudaSuccess) return 3;
   Problem bwd = fwd;
   bwd.backward = true;
-  Plan pb{};
-  if (plan_with(bwd, mode, C, Sg, resident, &pb, staged) != cudaSuccess) return 4;
+  Layout pb{};
+  if (layout_for(bwd, mode, C, Sg, resident, &pb, staged) != cudaSuccess) return 4;
   std::vector<unsigned char> wsb(backward_workspace_bytes(bwd, pl, pb, tr) + 16, 0xff);  // garbage
   const long sizes[6] = {S * d, (d + 1) * H, H, (H + 1) * d, d, L};
   std::vector<std::vector<T>> g(6);
@@ -125,12 +125,12 @@ int run(const Problem& fwd, int mode, int C, int Sg, int layout, long tape_inter
   res.emplace_back(out.begin(), out.end());
   for (int i = 0; i < 6; ++i) res.emplace_back(g[i].begin(), g[i].end());
   res.emplace_back(tape.begin(), tape.end());
-  std::cerr << "fwd plan: " << pl.why << "\nbwd plan: " << pb.why << "\n";
+  std::cerr << "fwd layout: " << pl.why << "\nbwd layout: " << pb.why << "\n";
   return 0;
 }
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::string(argv[1]) == "--plan") {
+  if (argc >= 2 && std::string(argv[1]) == "--layout") {
     if (argc < 10) return 1;
     Problem pr{};
     pr.S = std::atol(argv[2]);
@@ -143,8 +143,8 @@ int main(int argc, char** argv) {
     pr.backward = std::atoi(argv[9]) != 0;
     pr.needs[5] = argc > 10 && std::atoi(argv[10]) != 0;
     if (argc > 11 && std::string(argv[11]) == "a100") setenv("POSENC_FAST_EMU_DEVICE", "a100", 1);
-    Plan pl{};
-    const cudaError_t e = plan(pr, 0, &pl);
+    Layout pl{};
+    const cudaError_t e = choose_layout(pr, 0, &pl);
     if (e != cudaSuccess) {
       std::cout << "error " << e << "\n";
       return 1;
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc != 3) {
-    std::cerr << "usage: emulate_floater IN OUT | --plan S d H L n method dtype_size backward [need_t [a100]]\n";
+    std::cerr << "usage: emulate_floater IN OUT | --layout S d H L n method dtype_size backward [need_t [a100]]\n";
     return 1;
   }
   std::ifstream f(argv[1], std::ios::binary);

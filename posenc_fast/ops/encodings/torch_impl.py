@@ -3,8 +3,8 @@
 Both are sines and cosines of the position times a few frequencies (in turns, float64;
 the formulas: reference.py). Phases are reduced in float64 before a float32 (or float64)
 trig, as for LFF, and written straight into their output columns (no scatter, no concat).
-``encoding_add`` with the positions 0..L-1 (the modules' default) keeps the table in a
-small cache (TABLE_CACHE_BYTES, oldest out first): the add is then one pass, like a module
+``encoding_add`` with the positions 0..L-1 (the modules' default) keeps the table (up
+to KEPT_TABLES_BYTES of them, oldest out first): the add is then one pass, like a module
 holding its table in a buffer."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _make_turns(kind: str, dim: int, base: float) -> torch.Tensor:
 
 
 def _turns(kind: str, dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """The frequencies in turns, float64 [K], cached per device (shared: never modified)."""
+    """The frequencies in turns, float64 [K], made once per device (shared: never modified)."""
     base = float(base)
     return device_constant(
         ("turns", kind, dim, base), lambda dev: _make_turns(kind, dim, base).to(dev), device
@@ -75,7 +75,7 @@ def _fill(out: torch.Tensor, p: torch.Tensor, kind: str, dim: int, turns: torch.
 
 
 def _block_term(kind: str, dim: int, base: float, block, dtype, device):
-    """The encoding of position ``block`` [dim], cached per device (shared: never modified)."""
+    """The encoding of position ``block`` [dim], made once per device (shared: never modified)."""
     if block is None:
         return None
 
@@ -146,7 +146,7 @@ def _encoding_graph_float32(positions, dim: int, kind: str, base: float, block):
 
 def encoding_graph(positions, dim: int, kind: str, base: float, block, out_dtype) -> torch.Tensor:
     """encoding_forward from differentiable, out-of-place ops on the whole input (no
-    chunks, no out=, no cache): the graph an ONNX export traces (ops/_custom_ops.py). Same
+    chunks, no out=, no kept table): the graph an ONNX export traces (ops/_custom_ops.py). Same
     math: float32 phases with the kernels' error-free reduction for a float32 graph
     (ops/_export_phases.py), else float64 phases reduced before the trig."""
     fdt = feature_dtype(out_dtype)
@@ -187,7 +187,7 @@ def encoding_nd_add_graph(x, coords, kind: str, base: float) -> torch.Tensor:
 
 # Tables of the positions 0..L-1 (the modules' default): x + table is one add. Oldest out first.
 _TABLES: OrderedDict = OrderedDict()
-TABLE_CACHE_BYTES = 64 * 2**20
+KEPT_TABLES_BYTES = 64 * 2**20
 
 
 def _is_arange(positions: torch.Tensor) -> bool:
@@ -200,9 +200,9 @@ def _is_arange(positions: torch.Tensor) -> bool:
 
 
 def _table(positions, dim: int, kind: str, base: float, block, dtype) -> torch.Tensor:
-    """encoding_forward(positions) in dtype, from the cache when positions is 0..L-1."""
+    """encoding_forward(positions) in dtype, a kept table when positions is 0..L-1."""
     L = positions.numel()
-    if L * dim * torch.finfo(dtype).bits // 8 > TABLE_CACHE_BYTES or not _is_arange(positions):
+    if L * dim * torch.finfo(dtype).bits // 8 > KEPT_TABLES_BYTES or not _is_arange(positions):
         return encoding_forward(positions, dim, kind, base, block, dtype)
     key = (kind, dim, float(base), block, L, dtype, positions.device)
     table = _TABLES.get(key)
@@ -210,7 +210,7 @@ def _table(positions, dim: int, kind: str, base: float, block, dtype) -> torch.T
         with torch.inference_mode(False):  # usable by later differentiable calls
             table = encoding_forward(positions, dim, kind, base, block, dtype)
         _TABLES[key] = table
-        while sum(t.numel() * t.element_size() for t in _TABLES.values()) > TABLE_CACHE_BYTES:
+        while sum(t.numel() * t.element_size() for t in _TABLES.values()) > KEPT_TABLES_BYTES:
             _TABLES.popitem(last=False)
     return table
 
@@ -253,7 +253,7 @@ def encoding_backward(grad, positions, dim: int, kind: str, base: float) -> torc
 
 
 def _lattice_basis(dim: int, device, dtype) -> torch.Tensor:
-    """[l, t] = phi_l(t) on the lattice t = 0..dim-1, cached per device (shared: never
+    """[l, t] = phi_l(t) on the lattice t = 0..dim-1, made once per device (shared: never
     modified)."""
 
     def make(dev: torch.device) -> torch.Tensor:
@@ -269,7 +269,7 @@ def lattice_inverse(encoding: torch.Tensor) -> torch.Tensor:
     dim = encoding.shape[-1]
     if _export_phases.float32_graph(encoding):
         # the lattice's encodings [t, l] = phi_l(t), transposed, by the float32 graph (a
-        # cached basis would be made by float64 ops, which the exporter would record)
+        # kept basis would be made by float64 ops, which the exporter would record)
         lattice = torch.arange(dim, device=encoding.device)
         basis = _encoding_graph_float32(lattice, dim, "dft", 1.0, None).T
         return encoding @ basis.to(encoding.dtype)

@@ -12,17 +12,19 @@ Two plans compute the same function (both tested against the float64 reference):
 
 ``auto`` (the default) takes the plan a cost model predicts faster (``predict``: FLOPs,
 bytes, sincos counts against the ceilings the first GPU run measured), or, once measured,
-the plan that measured faster: with POSENC_FAST_LFF_PLAN_MEASURE=1 the first call of a
+the plan that measured faster: with POSENC_FAST_LFF_PLAN=measure the first call of a
 shape bucket times both plans on the device and remembers the faster, per GPU name and
 torch / Triton version, in a JSON file (like cudnn.benchmark; off by default, and never
 while a CUDA graph is being captured). So ``auto`` never takes a plan that the model, or
 the measurement where there is one, shows slower.
 
-    POSENC_FAST_LFF_PLAN=auto|fused|gemm    the plan (default auto)
-    POSENC_FAST_LFF_PLAN_MEASURE=1          measure on a bucket's first call, remember it
-    POSENC_FAST_LFF_PLAN_CACHE=path         where (default: posenc_fast's cache folder,
-                                            lff_plans.json)
-    POSENC_FAST_LFF_PLAN_DEBUG=1            print each decision (once per bucket) to stderr
+    POSENC_FAST_LFF_PLAN=auto|fused|gemm|measure    the plan (default auto); measure: auto,
+        measuring a bucket's first call and remembering it in posenc_fast's cache folder
+        (POSENC_FAST_CACHE, lff_plans.json)
+
+Each decision is logged once per bucket at DEBUG level on this module's logger
+(``logging.getLogger("posenc_fast.ops.lff.plan").setLevel(logging.DEBUG)`` with a handler,
+e.g. ``logging.basicConfig()``).
 
 ``python -m posenc_fast info`` prints the ceilings in use and the decisions for the
 benchmark shapes; benchmarks/lff_predict.py prints the model's terms for them. The choice
@@ -33,9 +35,9 @@ measured choice synchronises, once per bucket, opt-in).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -44,9 +46,7 @@ import torch
 
 PLANS = ("fused", "gemm")
 ENV_PLAN = "POSENC_FAST_LFF_PLAN"
-ENV_MEASURE = "POSENC_FAST_LFF_PLAN_MEASURE"
-ENV_CACHE = "POSENC_FAST_LFF_PLAN_CACHE"
-ENV_DEBUG = "POSENC_FAST_LFF_PLAN_DEBUG"
+_log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- ceilings
@@ -130,7 +130,7 @@ LAUNCH_US = 4.0
 
 
 def sincos_instructions(M: int) -> int:
-    """FP32 instructions per (row, frequency) of _common.cos_sin_tile: the phase as an
+    """FP32 instructions per (row, frequency) of _phase_tiles.cos_sin_tile: the phase as an
     unevaluated sum (4 for the first coordinate, 12 for each further one: two-product and
     two-sum), sincos_turns (~43: quarter-turn reduction, two degree-9/10 polynomials, the
     quadrant selects), scaling and rounding (4). Counted from the source."""
@@ -349,8 +349,8 @@ class Decision:
 def requested_plan() -> str:
     """POSENC_FAST_LFF_PLAN, checked."""
     plan = os.environ.get(ENV_PLAN, "auto").strip() or "auto"
-    if plan not in ("auto", *PLANS):
-        raise ValueError(f"{ENV_PLAN}={plan!r}: expected one of auto, {', '.join(PLANS)}")
+    if plan not in ("auto", *PLANS, "measure"):
+        raise ValueError(f"{ENV_PLAN}={plan!r}: expected one of auto, {', '.join(PLANS)}, measure")
     return plan
 
 
@@ -373,14 +373,13 @@ _memo: dict[tuple, Decision] = {}  # (device name, Work) -> the decision (this p
 _printed: set = set()
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "0").strip() not in ("", "0")
+def measuring() -> bool:
+    """POSENC_FAST_LFF_PLAN=measure: a bucket's first call times the candidates."""
+    return requested_plan() == "measure"
 
 
 def cache_path() -> str:
-    named = os.environ.get(ENV_CACHE)
-    if named:
-        return os.path.expanduser(named)
+    """The measured choices' file, in posenc_fast's cache folder."""
     from ..._extension import cache_root
 
     return str(cache_root() / "lff_plans.json")
@@ -433,13 +432,13 @@ def decide(w: Work, gpu: str, measure: Optional[Callable[[list], dict]] = None) 
     the device (None: measuring is not possible now, e.g. during graph capture)."""
     requested = requested_plan()
     refusal = gemm_refusal(w)
-    key = (gpu, w, requested, refusal, _flag(ENV_MEASURE))
+    key = (gpu, w, requested, refusal)
     with _lock:
         if key in _memo:
             return _memo[key]
     estimates = predict(w, ceilings_for(gpu))
     candidates = [p for p in PLANS if p in estimates and not (p == "gemm" and refusal)]
-    if requested != "auto" and w.H:
+    if requested in PLANS and w.H:
         if requested == "gemm" and refusal:
             raise RuntimeError(f"posenc_fast: {ENV_PLAN}=gemm cannot run: {refusal}")
         decision = Decision(requested, "forced", f"{ENV_PLAN}={requested}", estimates)
@@ -447,28 +446,28 @@ def decide(w: Work, gpu: str, measure: Optional[Callable[[list], dict]] = None) 
         why = refusal or "the only plan"
         decision = Decision(candidates[0], "only", why, estimates)
     else:
-        decision = _measured_or_model(w, gpu, candidates, estimates, measure)
-    if not (decision.how == "model" and _flag(ENV_MEASURE) and measure is None):
+        decision = _measured_or_model(w, gpu, candidates, estimates, measure, requested)
+    if not (decision.how == "model" and requested == "measure" and measure is None):
         with _lock:  # (a bucket to measure is decided again once measuring is possible)
             _memo[key] = decision
-    if _flag(ENV_DEBUG) and key not in _printed:
+    if key not in _printed and _log.isEnabledFor(logging.DEBUG):
         _printed.add(key)
-        print(decision.line(w), file=sys.stderr)
+        _log.debug(decision.line(w))
     return decision
 
 
-def _measured_or_model(w, gpu, candidates, estimates, measure) -> Decision:
+def _measured_or_model(w, gpu, candidates, estimates, measure, requested) -> Decision:
     bucket = w.bucket()
-    record = load_measured(gpu).get(bucket) if _flag(ENV_MEASURE) else None
-    if record is None and _flag(ENV_MEASURE) and measure is not None:
+    measure_on = requested == "measure"
+    record = load_measured(gpu).get(bucket) if measure_on else None
+    if record is None and measure_on and measure is not None:
         times = measure(candidates)
         record = {"plan": min(times, key=times.get), "ms": times}
         try:
             _store_measured(gpu, bucket, record)
         except OSError as exc:  # a read-only cache: decide anyway, say so
-            print(
-                f"posenc_fast: could not remember the LFF plan in {cache_path()}: {exc}",
-                file=sys.stderr,
+            _log.warning(
+                "posenc_fast: could not remember the LFF plan in %s: %s", cache_path(), exc
             )
     if record is not None and record.get("plan") in candidates:
         ms = record.get("ms", {})
@@ -507,7 +506,7 @@ def _decide(w: Work, device: torch.device, runners: dict, args: tuple) -> str:
     from ...triton_kernels import _launch
 
     measure = None
-    if _flag(ENV_MEASURE) and not _launch.capturing(device):
+    if measuring() and not _launch.capturing(device):
 
         def measure(plans: list) -> dict:
             return {p: _launch.time_ms(lambda f=runners[p]: f(*args), device) for p in plans}
@@ -556,9 +555,8 @@ def report_lines(gpu: Optional[str] = None) -> list[str]:
     """What `python -m posenc_fast info` says about the LFF plans."""
     gpu = gpu or H200.gpu
     c = ceilings_for(gpu)
-    env = ((ENV_PLAN, "auto"), (ENV_MEASURE, "0"), (ENV_DEBUG, "0"))
     lines = [
-        "  ".join(f"{k}={os.environ.get(k, d)}" for k, d in env),
+        f"{ENV_PLAN}={os.environ.get(ENV_PLAN, 'auto')}",
         f"ceilings for {gpu}: copy {c.copy_GBps:.0f} GB/s, bf16 {c.mma16_TFLOPs:.0f}, "
         f"tf32 {c.tf32_TFLOPs:.0f}, fp32 {c.fp32_TFLOPs:.1f} TFLOP/s ({c.source})",
     ]

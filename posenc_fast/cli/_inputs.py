@@ -1,4 +1,6 @@
-"""Random problem generators shared by the test suite and ``python -m posenc_fast verify``.
+"""What ``python -m posenc_fast verify`` and ``bench`` run, shared with the test suite
+(tests/_helpers.py holds what only the tests need): seeded random inputs, the case
+matrices of every op, and the backends usable here for an op.
 
 Inputs are always fresh random values (never zeros: zeros hide bugs and run faster),
 drawn from a seeded generator so a failure can be reproduced from its seed.
@@ -7,22 +9,13 @@ drawn from a seeded generator so a failure can be reproduced from its seed.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from . import _dispatch
-from .ops.floater.registry import FLOATER
-from .ops.lff import lff
-from .ops.lff import reference as lff_reference
-
-
-def seed_of(text: str) -> int:
-    """A stable seed derived from a test id (``hash`` is randomised per process)."""
-    return zlib.crc32(text.encode()) % 2**31
+from .. import _dispatch
 
 
 def generator(seed: int) -> torch.Generator:
@@ -54,16 +47,6 @@ def randomize_parameters(module, seed: int, scale: float = 1.0, fan_in: bool = F
         for p in module.parameters():
             std = scale / math.sqrt(p.shape[0]) if fan_in and p.dim() == 2 else scale
             p.copy_(randn(p.shape, g, p.dtype, p.device, std))
-
-
-def neighbour_similarity(encodings: torch.Tensor, h: int, w: int) -> float:
-    """Mean cosine similarity of the encodings [h*w, D] of horizontally and vertically
-    adjacent cells of an h x w grid (rows first, as grid_positions orders them): near 1
-    for encodings that barely change between neighbours."""
-    e = encodings.detach().reshape(h, w, -1).double()
-    cos = torch.nn.functional.cosine_similarity
-    pairs = [cos(e[:, 1:], e[:, :-1], dim=-1).flatten(), cos(e[1:], e[:-1], dim=-1).flatten()]
-    return torch.cat(pairs).mean().item()
 
 
 @dataclass(frozen=True)
@@ -101,40 +84,6 @@ def lff_inputs(case: LffCase, dtype, device, seed: int, x_dtype=None):
     w2 = randn((H, Dg), g, dtype, device, 1.0 / math.sqrt(H))
     b2 = randn((Dg,), g, dtype, device, 0.5)
     return x, wr, w1, b1, w2, b2
-
-
-LFF_NAMES = ("x", "wr", "w1", "b1", "w2", "b2")
-
-
-def assert_grads_close(names, leaves, leaves64, dtype, what: str = "") -> None:
-    """Every leaf that requires grad got a gradient of its own shape and dtype, within the
-    "grad" tolerance of the float64 reference leaf's gradient. The tolerance is the
-    looser of ``dtype`` (the op's: float32 positions of a bfloat16 MLP carry the MLP's
-    rounding in their gradient) and the gradient's own dtype (float16 positions of a
-    float64 op get a float16 gradient)."""
-    from .tolerances import assert_close, tol
-
-    for name, got, want in zip(names, leaves, leaves64):
-        if got is None or not got.requires_grad:
-            continue
-        g = got.grad
-        assert g is not None and g.shape == got.shape and g.dtype == got.dtype, f"{what} d{name}"
-        d = max((dtype, g.dtype), key=lambda t: tol(t, "grad").rtol)
-        assert_close(g, want.grad, d, "grad", what=f"{what} d{name}")
-
-
-def check_lff_backward(case: LffCase, inputs, backend: str, grad_seed: int, what: str = ""):
-    """pf.lff's backward on ``inputs`` (as from :func:`lff_inputs`, in the dtype of the
-    weights) for a random grad_output drawn from ``grad_seed``, against float64 autograd
-    through the reference (:func:`assert_grads_close`)."""
-    dtype = inputs[1].dtype
-    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in inputs]
-    y = lff(*leaves, activation=case.activation, backend=backend)
-    g = randn(y.shape, generator(grad_seed), dtype, y.device)
-    y.backward(g)
-    leaves64 = [t.detach().double().requires_grad_(True) if t is not None else None for t in inputs]
-    lff_reference.lff(*leaves64, case.activation).backward(g.double())
-    assert_grads_close(LFF_NAMES, leaves, leaves64, dtype, f"{what} {backend} {case.id}")
 
 
 # The shared LFF matrix: odd sizes, N = 0 and 1, extra batch dimensions, G in {1, 2, 4},
@@ -189,7 +138,7 @@ ENCODING_CASES: Sequence[EncodingCase] = tuple(
 )
 
 
-def _implementing(op: str, device: str, dtype: Optional[torch.dtype], include_reference: bool):
+def implementing(op: str, device: str, dtype: Optional[torch.dtype], include_reference: bool):
     """(name, backend) of every backend that implements ``op`` on ``device`` in ``dtype``,
     in the dispatcher's order."""
     registry = _dispatch.REGISTRIES[op]
@@ -211,22 +160,9 @@ def backends_for(
     """Backends usable here that implement ``op`` on ``device`` (and ``dtype``)."""
     return [
         name
-        for name, b in _implementing(op, device, dtype, include_reference)
+        for name, b in implementing(op, device, dtype, include_reference)
         if not b.environment_reasons()
     ]
-
-
-def unavailable_backends(
-    op: str, device: str, dtype: Optional[torch.dtype] = None
-) -> dict[str, list[str]]:
-    """{name: reasons} of the backends that implement ``op`` on ``device`` (and ``dtype``)
-    but cannot run in this environment (e.g. triton under a Triton interpreter too old)."""
-    out = {}
-    for name, b in _implementing(op, device, dtype, include_reference=False):
-        reasons = b.environment_reasons()
-        if reasons:
-            out[name] = reasons
-    return out
 
 
 # -- FLOATER -------------------------------------------------------------------------------
@@ -282,57 +218,6 @@ FLOATER_CASES: Sequence[FloaterCase] = (
     FloaterCase(0, 4, 4, 3, 2, "rk4", "tanh"),
     FloaterCase(5, 1, 2, 6, 2, "rk38", "identity"),
 )
-
-
-def count_floater_integrations():
-    """Count FLOATER integrations: returns ``(seen, restore)``.
-
-    Until ``restore()`` is called, every call that reaches any backend's integrator appends
-    its number of sample times to ``seen`` (cache hits append nothing)."""
-    seen: list = []
-    patched = []
-    for impl in FLOATER.values():
-        if impl.differentiable:  # the reference integrates without the op: not counted
-            continue
-        for name in ("forward", "forward_taped"):  # the taped forward integrates too
-            forward = getattr(impl, name, None)
-            if forward is None:
-                continue
-
-            def counting(*args, _forward=forward, **kwargs):
-                seen.append(args[5].shape[0])  # times [L]
-                return _forward(*args, **kwargs)
-
-            setattr(impl, name, counting)
-            patched.append((impl, name, forward))
-
-    def restore():
-        for impl, name, forward in patched:
-            setattr(impl, name, forward)
-
-    return seen, restore
-
-
-def check_floater_warm_start(model, run) -> None:
-    """add_floater_biases' warm start on ``model`` (in eval mode; ``run(model)`` is its
-    output): only new parameters named ``floater_bias.*``; with the biases zeroed the output
-    is the unmodified model's, with random ones it is not; the unmodified model's state_dict
-    still loads (strict=False, with only FLOATER's keys missing)."""
-    from .integrations.attention import add_floater_biases
-
-    before = run(model)
-    pretrained = model.state_dict()
-    biases = add_floater_biases(model)
-    new_keys = set(model.state_dict()) - set(pretrained)
-    assert new_keys and all(k.startswith("floater_bias.") for k in new_keys)
-    with torch.no_grad():
-        for p in biases.parameters():
-            p.zero_()  # FLOATER switched off: exactly the unmodified model
-    torch.testing.assert_close(run(model), before)
-    randomize_parameters(biases, 1, scale=0.3)
-    assert not torch.allclose(run(model), before, atol=1e-3)
-    result = model.load_state_dict(pretrained, strict=False)
-    assert set(result.missing_keys) == new_keys and not result.unexpected_keys
 
 
 # -- rotary (LightGlue) --------------------------------------------------------------------
@@ -407,25 +292,3 @@ def rotary_table_inputs(shape, dtype, device, seed):
     x = randn(shape[:-1], g, pdt, device, 3.0)
     wr = randn((shape[-1] // 2, shape[-2]), g, dtype, device)
     return x, wr
-
-
-# -- the dispatcher, as the tests ask it ---------------------------------------------------
-
-
-def chosen(problem, requested: str = "auto") -> str:
-    """Name of the backend the dispatcher picks for ``problem`` (its op's registry)."""
-    return _dispatch.choose(_dispatch.REGISTRIES[problem.op], problem, requested).name
-
-
-def support(backend: str, op: str):
-    """``backend``'s SUPPORT table for ``op`` (KeyError where it does not implement it)."""
-    return _dispatch.REGISTRIES[op][backend].support
-
-
-def environment_reasons(backend: str) -> list[str]:
-    return _dispatch.BACKENDS[backend].environment_reasons()
-
-
-def reasons(backend: str, problem) -> list[str]:
-    """Why ``backend`` refuses ``problem`` ([] if it can run it)."""
-    return _dispatch.reasons(backend, _dispatch.REGISTRIES[problem.op], problem)
