@@ -40,20 +40,7 @@ from ._round import round_to
 # W too (a permuted view of a per-block parameter); outputs are allocated contiguous in
 # the caller's layout.
 #
-# Count of the fused forward, per token (and batch row), es the bytes of q's dtype: q and
-# k are read once and written once, 2 (Hq + Hk) D es bytes, + 4 M bytes of positions (W
-# stays in cache). Float32 operations (an FMA one; addresses and conversions not counted):
-# the angle of a (token, frequency, group) is computed once and shared by the heads of its
-# group in q and k: the phase 4 + 12 (M - 1) (two-products, two-sums), the reduction,
-# polynomials and quadrant ~41: 33 + 12 M in all; a pair rotation is 4 multiplies and 2
-# adds (no contraction: enable_fp_fusion=False). Per token: G F/2 (33 + 12 M) + 6 F/2
-# (Hq + Hk) operations.
-#     LightGlue, bf16, Hq = Hk = 4, D = F = 64, M = 2, shared W: 2056 B, 3360 operations
-#         (1.6 per byte): memory-bound.
-#     RoPE-Mixed ViT-B, bf16, 12 heads, D = F = 64, M = 2, W per head: 6152 B, 26496
-#         operations (4.3 per byte; 2.2 in float32), the angles 83% of them: still below an
-#         H200's ~7 float32 operations per byte of HBM (132 SMs x 128 lanes x 1.98 GHz over
-#         4.8 TB/s), but within a factor of two.
+# Bytes and operations per token: benchmarks/NOTES.md, "Kernel notes", rotary.py.
 # Positions shared by the batch ([N, M]) are reread and the angles recomputed per batch row
 # (every program is independent). The backward recomputes the angles, reads the gradients
 # and (for dx / dW) q and k, writes dq, dk: 3 (Hq + Hk) D es bytes, and per pair and head
