@@ -238,6 +238,9 @@ class RotaryCase:
     layout: str = "bhnd"
     shared_x: bool = False  # positions [N, M] shared by the batch
     fused_qkv: bool = False  # q, k, v as slices of one [..., heads, head_dim, 3] tensor
+    pairs: str = "interleaved"  # the general op's options (the LightGlue members: defaults)
+    per_head: bool = False  # frequencies [H, F/2, M]
+    prefix: int = 0  # tokens left unrotated
 
     @property
     def id(self) -> str:
@@ -245,7 +248,9 @@ class RotaryCase:
             f"B{self.batch}-H{self.heads_q}.{self.heads_k}-N{self.n}-D{self.head_dim}"
             f"-F{self.rotary_dim}-M{self.pos_dim}-{self.layout}"
         )
-        return s + ("-shared" if self.shared_x else "") + ("-qkv" if self.fused_qkv else "")
+        s += ("-shared" if self.shared_x else "") + ("-qkv" if self.fused_qkv else "")
+        s += ("-half" if self.pairs == "half" else "") + ("-perhead" if self.per_head else "")
+        return s + (f"-prefix{self.prefix}" if self.prefix else "")
 
 
 ROTARY_CASES: Sequence[RotaryCase] = (
@@ -258,6 +263,22 @@ ROTARY_CASES: Sequence[RotaryCase] = (
     RotaryCase(0, 2, 2, 4, 8, 8, 2, "bnhd"),
 )
 ROTARY_TABLE_SHAPES = [(2, 17, 2, 16), (5, 1, 4), (2, 3, 9, 4, 8), (0, 3, 6), (1, 70, 2, 160)]
+# The general op (``pf.rotary``): each family's options. EVA-02 / axial (a class token),
+# RoPE-Mixed (per head), DINOv3 (rotate-half, 1 + 4 prefix tokens), N-D video (M = 3,
+# partial), token dropping (positions per sample), GQA, a strided q, nothing rotated.
+ROTARY_FAMILY_CASES: Sequence[RotaryCase] = (
+    RotaryCase(2, 3, 3, 17, 16, 16, 2, shared_x=True, prefix=1),
+    RotaryCase(2, 3, 3, 17, 16, 16, 2, shared_x=True, per_head=True, prefix=1),
+    RotaryCase(2, 2, 2, 21, 16, 16, 2, "bnhd", shared_x=True, pairs="half", prefix=5),
+    RotaryCase(1, 2, 2, 40, 24, 18, 3, pairs="half"),
+    RotaryCase(2, 2, 2, 13, 8, 8, 2, pairs="half", per_head=True, prefix=1),
+    RotaryCase(1, 4, 2, 9, 8, 6, 2, "bnhd", prefix=2),
+    RotaryCase(2, 2, 2, 10, 8, 8, 2, fused_qkv=True, pairs="half", per_head=True),
+    RotaryCase(2, 2, 2, 1, 8, 8, 2, prefix=1),
+)
+# (x shape, freqs shape, pairs) of the general table (``pf.rotary_table``).
+ROTARY_FAMILY_TABLES = (((17, 2), (8, 2), "half"), ((2, 9, 3), (3, 4, 3), "interleaved"),
+                        ((0, 2), (4, 2), "half"))  # fmt: skip
 
 
 def _rotary_qk_shape(case: RotaryCase, heads: int) -> tuple:
@@ -279,10 +300,19 @@ def rotary_inputs(case: RotaryCase, dtype, device, seed: int):
     else:
         q = randn(_rotary_qk_shape(case, case.heads_q), g, dtype, device)
         k = randn(_rotary_qk_shape(case, case.heads_k), g, dtype, device)
-    x_shape = (case.n, case.pos_dim) if case.shared_x else (case.batch, case.n, case.pos_dim)
+    n = case.n - case.prefix
+    x_shape = (n, case.pos_dim) if case.shared_x else (case.batch, n, case.pos_dim)
     x = randn(x_shape, g, pdt, device, 3.0)
-    wr = randn((case.rotary_dim // 2, case.pos_dim), g, pdt, device)
+    heads = (case.heads_q,) if case.per_head else ()
+    wr = randn((*heads, case.rotary_dim // 2, case.pos_dim), g, pdt, device)
     return q, k, x, wr
+
+
+def rotary_family_table_inputs(x_shape, freqs_shape, dtype, device, seed):
+    """(x float32 (float64 for float64), freqs in ``dtype``) of the general table."""
+    g = generator(seed)
+    pdt = torch.float64 if dtype == torch.float64 else torch.float32
+    return randn(x_shape, g, pdt, device, 3.0), randn(freqs_shape, g, dtype, device)
 
 
 def rotary_table_inputs(shape, dtype, device, seed):

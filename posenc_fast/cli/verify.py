@@ -20,7 +20,7 @@ from ..ops.floater import Floater, floater
 from ..ops.floater import reference as floater_ref
 from ..ops.lff import lff
 from ..ops.lff import reference as lff_ref
-from ..ops.rotary import apply_lff_rotary, lff_rotary
+from ..ops.rotary import apply_lff_rotary, lff_rotary, rotary, rotary_table
 from ..ops.rotary import reference as rotary_ref
 from ..tolerances import mismatch
 from . import _inputs
@@ -205,6 +205,52 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
     return res
 
 
+def check_rotary(backend: str, dtype, device: str, seed: int) -> Result:
+    """The general op on every family's options (pairs, per-head frequencies, prefix
+    tokens, layouts, positions per sample, GQA, strided q): q', k' and the gradients to q,
+    k, x and the frequencies."""
+    res = Result()
+    for i, case in enumerate(_inputs.ROTARY_FAMILY_CASES):
+        inputs = _inputs.rotary_inputs(case, dtype, device, seed + i)
+        leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
+        opts = (case.pairs, case.layout, case.prefix)
+        out = rotary(*leaves, *opts, backend=backend)
+        ref = rotary_ref.rotary(*leaves64, *opts)
+        scale = max([float(r.detach().abs().max()) for r in ref if r.numel()] or [0.0])
+        for o, r, name in zip(out, ref, ("q", "k")):
+            res.add(o, r, dtype, "rotary", f"{case.id} {name}'", scale)
+        g = _inputs.generator(seed + 600 + i)
+        grads = [_inputs.randn(o.shape, g, dtype, device) for o in out]
+        torch.autograd.backward(out, grads)
+        torch.autograd.backward(ref, [t.double() for t in grads])
+        for name, a, b in zip(("q", "k", "x", "freqs"), leaves, leaves64):
+            if b.grad is not None and b.grad.numel():
+                res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
+        res.cases += 1
+    return res
+
+
+def check_rotary_table(backend: str, dtype, device: str, seed: int) -> Result:
+    """The general cos / sin table (shared or per-head frequencies, both pair layouts) and
+    its gradients to x and the frequencies."""
+    res = Result()
+    for i, (x_shape, f_shape, pairs) in enumerate(_inputs.ROTARY_FAMILY_TABLES):
+        inputs = _inputs.rotary_family_table_inputs(x_shape, f_shape, dtype, device, seed + i)
+        leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
+        out = rotary_table(*leaves, pairs, backend=backend)
+        ref = rotary_ref.rotary_table(*leaves64, pairs)
+        what = f"table x{list(x_shape)} freqs{list(f_shape)} {pairs}"
+        res.add(out, ref, dtype, "encoding", f"{what} forward")
+        if out.numel():
+            g = _inputs.randn(out.shape, _inputs.generator(seed + 700 + i), dtype, device)
+            out.backward(g)
+            ref.backward(g.double())
+            for name, a, b in zip(("x", "freqs"), leaves, leaves64):
+                res.add_grad(a.grad, b.grad, dtype, f"{what} d{name}")
+        res.cases += 1
+    return res
+
+
 def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
     """Every case of ``_inputs.FLOATER_CASES`` (fresh random states, weights and times),
     forward and the gradients to p0, the weights and the times, against autograd through
@@ -252,6 +298,8 @@ CHECKS = {
     "encoding_nd": check_encoding_nd,
     "lff_rotary": check_lff_rotary,
     "apply_lff_rotary": check_apply_lff_rotary,
+    "rotary": check_rotary,
+    "rotary_table": check_rotary_table,
     "floater": check_floater,
 }
 
