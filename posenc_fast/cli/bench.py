@@ -334,7 +334,16 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _panel(r: dict) -> tuple:
+    """A plot panel: op (with the rotary family), dtype, mode, threads, contention."""
+    sizes = r.get("sizes") or {}
+    op = f"{r['op']} {sizes['family']}" if sizes.get("family") else r["op"]
+    return (op, sizes.get("dtype", ""), r["mode"], r["threads"], r["contention"])
+
+
 def plot(results: list[dict], path: str) -> None:
+    """Median time against size, one panel per op (rotary: per family), dtype, mode and
+    setting; rotary families' x is the grid's cells, each point labelled with its batch."""
     try:
         import matplotlib
 
@@ -343,24 +352,26 @@ def plot(results: list[dict], path: str) -> None:
     except ImportError:
         print("--plot needs matplotlib: pip install 'posenc-fast[plot]'", file=sys.stderr)
         return
-    panels = sorted({(r["op"], r["mode"], r["threads"], r["contention"]) for r in results})
+    panels = sorted({_panel(r) for r in results})
     cols = 2
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
-    for ax, (op, mode, threads, busy) in zip(axes.flat, panels):
-        sel = [
-            r
-            for r in results
-            if (r["op"], r["mode"], r["threads"], r["contention"]) == (op, mode, threads, busy)
-            and not r["error"]
-        ]
+    for ax, panel in zip(axes.flat, panels):
+        op, dtype, mode, threads, busy = panel
+        sel = [r for r in results if _panel(r) == panel and not r["error"]]
         for impl in dict.fromkeys(r["impl"] for r in sel):
             pts = sorted((r["size"], r["ms"]) for r in sel if r["impl"] == impl)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        family = " " in op
+        if family:  # the batch of each grid (the cases' batches differ)
+            for r in {r["size"]: r for r in sel if r["impl"] == "eager"}.values():
+                ax.annotate(f"B={r['sizes']['B']}", (r["size"], r["ms"]), fontsize=7)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"{op} [{mode}], {threads} thread(s)" + (", contention" if busy else ""))
-        ax.set_xlabel("positions")
+        ax.set_title(
+            f"{op} {dtype} [{mode}], {threads} thread(s)" + (", contention" if busy else "")
+        )
+        ax.set_xlabel("grid cells" if family else "positions")
         ax.set_ylabel("ms (median)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)

@@ -37,10 +37,18 @@ def test_rotary_cases_are_the_former_scripts():
         "vit-1024": (8, 1024, 12, 64),
     }
     quick = _cases.cases(True, "cpu", ["rotary"])
-    assert [(c.op, c.sizes["N"], c.sizes["dtype"]) for c in quick] == [
+    assert [(c.op, c.sizes["N"], c.sizes["dtype"]) for c in quick[:2]] == [
         ("rotary", 512, "float32"),
         ("rotary", 2048, "float32"),
     ]
+    # then the families (timm's Eva models, FLUX) at ViT-B/16's 224 px, batch 8
+    assert [(c.sizes["family"], c.sizes["B"], c.sizes["N"]) for c in quick[2:]] == [
+        ("axial", 8, 197), ("mixed", 8, 197), ("dinov3", 8, 201), ("nd", 8, 196),
+    ]  # fmt: skip
+    full = _cases.cases(False, "cpu", ["rotary"])
+    families = {(c.sizes["family"], c.sizes["grid_name"]) for c in full[6:]}
+    assert ("nd", "video") in families and ("mixed", "vit448") in families
+    assert len(full) == 6 + 12 and all(c.sizes["dtype"] == "float32" for c in full[6:])
     case = quick[0]
     q, k, x = case.args
     assert q.shape == k.shape == (1, 4, 512, 64) and q.stride(-1) == 3  # sliced from qkv
@@ -55,6 +63,7 @@ def test_bench_rotary_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(
         _cases, "ROTARY_SIZES", {"lightglue-512": (1, 24, 2, 8), "lightglue-2048": (2, 16, 3, 8)}
     )
+    monkeypatch.setattr(_cases, "ROTARY_GRIDS", {"vit224": (2, (3, 4))})
     path = tmp_path / "rotary.json"
     assert bench.run(_bench_args(json=str(path))) == 0
     data = json.loads(path.read_text())
@@ -62,16 +71,20 @@ def test_bench_rotary_rows(tmp_path, monkeypatch):
     assert {r["case"] for r in rows} == {
         "lightglue-512 B=1 N=24 heads=2 head_dim=8 float32",
         "lightglue-2048 B=2 N=16 heads=3 head_dim=8 float32",
-    }
+        *(f"{f} vit224 B=2 grid=3x4 prefix={p} heads=12 head_dim=64 float32"
+          for f, p in (("axial", 1), ("mixed", 1), ("dinov3", 5), ("nd", 0))),
+    }  # fmt: skip
     impls = {r["impl"] for r in rows}
     assert {"eager", "eager-rotate", "torch"} <= impls and "compile" not in impls
     per_case = 2 + len(_cases.rotary_case("lightglue-512", "cpu").backends)
-    assert len(rows) == 2 * 2 * per_case  # cases x modes x implementations
+    per_family = 1 + len(_cases.rotary_family_case("nd", "vit224", "cpu").backends)
+    assert len(rows) == 2 * (2 * per_case + 4 * per_family)  # modes x cases x implementations
     for r in rows:
         assert r["op"] == "rotary" and r["mode"] in ("fwd", "fwd+bwd") and r["threads"] == 1
         assert not r["error"], r
         assert r["ms"] > 0 and r["peak_bytes"] >= 0 and r["floor_ms"] > 0
-        assert r["sizes"]["M"] == 2 and r["sizes"]["dtype"] == "float32"
+        assert r["sizes"]["M"] == (3 if r["sizes"]["family"] == "nd" else 2)
+        assert r["sizes"]["dtype"] == "float32"
         assert r["max_err_vs_spec"] < 1e-5 and r["max_diff_vs_ours"] < 1e-5, r
     render = _module("render_cpu_table")
     table = render.op_table(data, "rotary")
