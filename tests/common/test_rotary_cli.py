@@ -121,14 +121,20 @@ def test_rotary_script_is_the_gpu_one(tmp_path, monkeypatch, capsys):
     assert rotary.main(["--dry-run", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["benchmark"] == "rotary" and report["dry_run"]
-    (res,) = report["results"]
+    res, family = report["results"]
     assert res["case"] == "dry-run" and res["dtype"] == "float32"
+    # a tiny RoPE-Mixed case: timm's eager rotation, its compile-free run, ours
+    assert family["case"] == "dry-run-mixed" and family["sizes"]["family"] == "mixed"
+    assert {"eager", "torch"} <= set(family["impls"]) and report["not_run"] == []
+    assert all(e["max_abs_err_vs_float64"] < 1e-5 for e in family["impls"].values())
     assert "fwd+bwd" not in res["impls"]["eager-rotate"]
     assert res["impls"]["eager"]["fwd+bwd"]["ms"] > 0
     summary = _module("summarize_gpu").rotary(report)
     assert {r["impl"] for r in summary["rows"]} >= {"eager", "eager-rotate", "torch"}
     assert all(r["max_abs_err"] < 1e-5 for r in summary["rows"])
     assert summary["rows"][0]["speedups"] is None  # eager: a baseline
+    assert rotary.main(["--dry-run", "--out", str(out), "--time-budget", "0"]) == 0
+    assert json.loads(out.read_text())["not_run"][-1] == "dry-run-mixed float32"
 
 
 def test_bench_rejects_unknown_ops(capsys):
