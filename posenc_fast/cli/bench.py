@@ -446,6 +446,13 @@ def select(args) -> Selection:
     if args.max_autotune and not args.no_compile:
         compile_modes += ("compile-max",)
     cases = bench_cases(args.quick, device, ops, floater_sizes)
+    families = getattr(args, "families", None)
+    if families:
+        chosen = {f.strip() for f in families.split(",")}
+        known = {"lightglue", *_cases.ROTARY_FAMILIES}
+        if "rotary" not in ops or not chosen <= known:
+            raise ValueError(f"--families needs rotary among --ops and names from {sorted(known)}")
+        cases = [c for c in cases if c.op != "rotary" or c.sizes["family"] in chosen]
     return Selection(device, ops, modes, settings, cases, min_time, compile_modes)
 
 

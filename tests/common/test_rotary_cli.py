@@ -23,7 +23,8 @@ def _module(name):
 def _bench_args(**kw):
     args = dict(device="cpu", quick=True, ops="rotary", modes="fwd,fwd+bwd",
                 floater_sizes=None, json=None, plot=None, no_compile=True,
-                max_autotune=False, compile_timeout=300.0, min_time=0.01, threads="1")  # fmt: skip
+                max_autotune=False, compile_timeout=300.0, min_time=0.01, threads="1",
+                families=None)  # fmt: skip
     args.update(kw)
     return Namespace(**args)
 
@@ -140,3 +141,11 @@ def test_rotary_script_is_the_gpu_one(tmp_path, monkeypatch, capsys):
 def test_bench_rejects_unknown_ops(capsys):
     assert bench.run(_bench_args(ops="rotary,nope")) == 2
     assert "rotary" in capsys.readouterr().err
+    assert bench.run(_bench_args(families="axial,nope")) == 2
+    assert "--families" in capsys.readouterr().err
+
+
+def test_bench_families_select_rotary_cases():
+    sel = bench.select(_bench_args(families="mixed,nd"))
+    assert [c.sizes["family"] for c in sel.cases] == ["mixed", "nd"]
+    assert len(bench.select(_bench_args()).cases) == 2 + 4  # LightGlue's and the families'
