@@ -93,6 +93,10 @@ def test_bench_rotary_rows(tmp_path, monkeypatch):
     assert ("cpp vs eager-rotate" in table) == ("cpp" in impls)
     md = render.render(data)
     assert "Rotary LFF (LightGlue), median ms" in md
+    # the families against their goals (no compile here: its columns are empty)
+    families = render.rotary_family_table(data)
+    assert families.count("\n") == 2 + 4 - 1 and "| 1 | mixed | vit224 B=2 grid=3x4" in families
+    assert "Rotary families against their goals" in md
     # the CPU goals are the LFF and table ops': rotary rows decide none of them
     assert "| torch backend >= 1.0x eager (every size, fwd and fwd+bwd) | pending" in md
 
