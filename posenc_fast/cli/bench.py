@@ -363,11 +363,17 @@ def plot(results: list[dict], path: str) -> None:
             pts = sorted((r["size"], r["ms"]) for r in sel if r["impl"] == impl)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
         family = " " in op
-        if family:  # the batch of each grid (the cases' batches differ)
-            for r in {r["size"]: r for r in sel if r["impl"] == "eager"}.values():
-                ax.annotate(f"B={r['sizes']['B']}", (r["size"], r["ms"]), fontsize=7)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        if family:  # ticks: the grids; each labelled with its batch (the cases' differ)
+            grids = {r["size"]: r for r in sel if r["impl"] == "eager"}
+            for r in grids.values():
+                ax.annotate(f"B={r['sizes']['B']}", (r["size"], r["ms"]), fontsize=7)
+            ax.minorticks_off()
+            ax.set_xticks(sorted(grids))
+            ax.set_xticklabels(
+                ["x".join(map(str, grids[n]["sizes"]["grid"])) for n in sorted(grids)]
+            )
         ax.set_title(
             f"{op} {dtype} [{mode}], {threads} thread(s)" + (", contention" if busy else "")
         )
