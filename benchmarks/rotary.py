@@ -91,6 +91,7 @@ def make_case(name, dtype, device):
 
 
 def run_case(name, dtype, device, compile_=True):
+    torch._dynamo.reset()  # compiled afresh per case (bench's _Run.case says why)
     case = make_case(name, dtype, device)
     want = bench._joined(case.spec())
     scale = float(want.abs().max())

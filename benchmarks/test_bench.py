@@ -108,6 +108,8 @@ def machines(request) -> dict:
 def test_bench(benchmark, machines, index, mode, name):
     prefix, case = all_cases()[index]
     device = _device(case)
+    if name in COMPILE_MODES:
+        torch._dynamo.reset()  # compiled afresh per case (bench's _Run.case says why)
     impl = _impl(case, name)
     run = _runner(case, impl, mode)
     try:  # warm-up: compilation and lazy initialisation stay out of the timings

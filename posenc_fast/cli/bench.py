@@ -201,6 +201,10 @@ class _Run:
         self.peaks: dict = {}  # (threads, op, case, mode, impl) -> peak bytes
 
     def case(self, case, setting: Setting, threads: int, machine: dict, first: bool) -> None:
+        # each case compiles afresh, specialised to its shapes, as one model would be: cases
+        # sharing an eager form (a module's forward) would otherwise pile up recompilations
+        # until dynamo's limit, where it silently runs the eager form instead
+        torch._dynamo.reset()
         impls = _impls(case, self.compile_modes)
         accuracy = _Accuracy(case) if first else None
         for mode in self.modes:
