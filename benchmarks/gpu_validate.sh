@@ -33,8 +33,8 @@
 #   ceilings     benchmarks/gpu_ceilings.py: copy, fill, bf16 / fp32 matmul -> ceilings.json
 #   floater      benchmarks/floater_gpu.py (the FLOATER grid and goals) -> floater_gpu.json
 #   lff          benchmarks/lff_gpu.py (LFF and tables vs eager / compile) -> lff_gpu.json
-#   rotary       benchmarks/rotary.py --device cuda (rotary LFF vs LightGlue's eager code and
-#                torch.compile, float32 and bfloat16) -> rotary_gpu.json
+#   rotary       benchmarks/rotary.py --device cuda (LightGlue's rotary and the grid families
+#                vs their eager code and torch.compile, float32 and bfloat16) -> rotary_gpu.json
 #   bench        python -m posenc_fast bench --device cuda -> bench_cli.json
 #   compile      tools/triton_compile_report.py for sm_90 (fails on sin.approx / cos.approx
 #                in the PTX) -> compile_report.txt
@@ -50,7 +50,7 @@
 #                  limits and arguments of its own (PROOF_LIMIT, proof_args below): LFF
 #                  (the memory-bound canonical case, then N = 2^20 F=768 H=256 D=1024 in
 #                  bf16, the tables and fused adds, the same in fp32), FLOATER L=1024 S=12
-#                  d=H=512, rotary at LightGlue and ViT sizes. Files back: gpu_validate.log,
+#                  d=H=512, rotary: families then LightGlue (time budget). Files back: gpu_validate.log,
 #                  tests_junit.xml, ceilings.json, lff_gpu.json, floater_gpu.json,
 #                  rotary_gpu.json, summary.json, summary.md (stages.jsonl and verify.txt
 #                  stay in $GPU_VALIDATE_WORK; summary.json holds them)
@@ -578,11 +578,16 @@ stage_rotary() {
     run_limited "$PYTHON" benchmarks/rotary.py --dry-run "${SHA_ARG[@]}" --out "$OUT_DIR/rotary_gpu.json"
     return
   fi
-  local default="--dtypes float32,bfloat16"
-  ((PROOF)) && default="--cases lightglue-2048,vit-1024 --dtypes bfloat16,float32"
+  # no case begins that would end past the stage's limit less the imports (a cut stage fails)
+  local budget=$((STAGE_LIMIT - 9))
+  ((budget < 20)) && budget=20
+  local default="--dtypes bfloat16,float32"
+  # the proof: the grid families first (not yet measured on a GPU), bf16 then fp32, as
+  # many as fit (each compiles its torch.compile baseline), then LightGlue's
+  ((PROOF)) && default="--cases nd-video,mixed-vit224,axial-vit448,dinov3-vit224,lightglue-2048,vit-1024 --dtypes bfloat16,float32"
   # shellcheck disable=SC2086
   run_limited "$PYTHON" benchmarks/rotary.py --device cuda "${SHA_ARG[@]}" --out "$OUT_DIR/rotary_gpu.json" \
-    ${ROTARY_ARGS:-$default}
+    --time-budget "$budget" ${ROTARY_ARGS:-$default}
 }
 
 stage_bench() {

@@ -228,6 +228,61 @@ def goals(report: dict) -> str:
     return "\n".join(lines)
 
 
+# the rotary families' goals (fwd+bwd, every family and size): ours >= 3x timm's eager,
+# >= 1.5x its torch.compile, peak memory <= 1/2 of compile's
+ROTARY_GOALS = {"vs eager": 3.0, "vs compile": 1.5, "peak vs compile": 0.5}
+
+
+def rotary_family_table(report: dict, mode: str = "fwd+bwd") -> str:
+    """The rotary families' rows (``bench --ops rotary --families ...``) in ``mode``: per
+    setting and case, the median ms of eager, compile and ours (the fastest backend), and
+    ours against each goal (met / MISSED); '' without family rows."""
+    rows = [
+        r for r in report["results"]
+        if r["op"] == "rotary" and r["sizes"].get("family", "lightglue") != "lightglue"
+        and r["mode"] == mode
+    ]  # fmt: skip
+    if not rows:
+        return ""
+    head = ["threads", "family", "case", "eager ms", "compile ms", "ours ms (backend)",
+            "vs eager (>= 3x)", "vs compile (>= 1.5x)",
+            "peak MB ours / compile (<= 0.5)"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+    def verdict(v, goal, at_most=False):
+        if v is None:
+            return "-"
+        ok = v <= goal if at_most else v >= goal
+        return f"{v:.2f}{'' if at_most else 'x'} {'met' if ok else 'MISSED'}"
+
+    for (threads, contention), groups in _groups(rows).items():
+        for (_, case, _), by_impl in groups.items():
+            ok = {i: r for i, r in by_impl.items() if not r.get("error") and r["ms"] > 0}
+            ours = [ok[i] for i in OURS if i in ok]
+            if not ours:
+                continue
+            best = min(ours, key=lambda r: r["ms"])
+            eager, comp = ok.get("eager"), ok.get("compile")
+            peak = None
+            if comp and comp["peak_bytes"] > 0 and best["peak_bytes"] >= 0:
+                peak = best["peak_bytes"] / comp["peak_bytes"]
+            mb = [f"{r['peak_bytes'] / 2**20:.1f}" if r else "-" for r in (best, comp)]
+            cells = [
+                f"{threads}" + (", busy" if contention else ""),
+                best["sizes"]["family"],
+                case.split(" ", 1)[1],
+                f"{eager['ms']:.3g}" if eager else "-",
+                f"{comp['ms']:.3g}" if comp else "-",
+                f"{best['ms']:.3g} ({best['impl']})",
+                verdict(eager["ms"] / best["ms"] if eager else None, ROTARY_GOALS["vs eager"]),
+                verdict(comp["ms"] / best["ms"] if comp else None, ROTARY_GOALS["vs compile"]),
+                f"{mb[0]} / {mb[1]}: "
+                + verdict(peak, ROTARY_GOALS["peak vs compile"], at_most=True),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render(report: dict) -> str:
     env = report.get("environment", {})
     head = (
@@ -243,6 +298,9 @@ def render(report: dict) -> str:
         + accuracy_table(report),
         goals(report),
     ]
+    families = rotary_family_table(report)
+    if families:
+        parts.append(f"Rotary families against their goals (fwd+bwd):\n\n{families}")
     for op, title in OWN_TABLES.items():
         table = op_table(report, op)
         if table:

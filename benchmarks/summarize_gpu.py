@@ -543,7 +543,7 @@ def markdown(s: dict) -> str:
     ro = s.get("rotary")
     if ro and ro["rows"]:
         out += [
-            "Rotary LFF (`benchmarks/rotary.py`): q' and k' from positions, LightGlue's layout",
+            "Rotary LFF and the grid families (`benchmarks/rotary.py`): q' and k' from positions",
             "",
             "| case | dtype | implementation | fwd ms | fwd+bwd ms | max err | speed-ups |",
             "|---|---|---|---|---|---|---|",

@@ -3,6 +3,8 @@
     pytest benchmarks/ --benchmark-only                     # the CPU cases (bench --quick's)
     pytest benchmarks/ --benchmark-only -k tiny             # one tiny case, seconds
     pytest benchmarks/ --benchmark-only -k "lff and fwd"    # any selection by name
+    pytest benchmarks/ --benchmark-only -k "rotary and mixed"  # a rotary family (axial, mixed,
+                                                            # dinov3, nd) vs timm's eager code
     POSENC_FAST_BENCH_FULL=1 pytest benchmarks/ --benchmark-only   # bench's full CPU set
     pytest benchmarks/ --benchmark-only --benchmark-save=base       # then --benchmark-compare
 
@@ -48,7 +50,8 @@ FLOOR_MIN_TIME = 0.05  # s per floor measurement (bandwidth, each GEMM shape)
 @functools.cache
 def all_cases() -> tuple:
     """(name prefix, BenchCase) for every case: the tiny one (bench's own sinusoidal case
-    factory at 64 positions), then bench's cases per device, rotary included."""
+    factory at 64 positions), then bench's cases per device, rotary included (LightGlue's
+    and the grid families' at ViT-B/16 224 px, or bench's full set)."""
     out = [("tiny", _cases.encoding_case("sinusoidal", 64, 16, "cpu"))]
     for device in DEVICES:
         out += [(device, case) for case in bench_cases(QUICK, device, [*DEFAULT_OPS, "rotary"])]
@@ -105,6 +108,8 @@ def machines(request) -> dict:
 def test_bench(benchmark, machines, index, mode, name):
     prefix, case = all_cases()[index]
     device = _device(case)
+    if name in COMPILE_MODES:
+        torch._dynamo.reset()  # compiled afresh per case (bench's _Run.case says why)
     impl = _impl(case, name)
     run = _runner(case, impl, mode)
     try:  # warm-up: compilation and lazy initialisation stay out of the timings

@@ -67,8 +67,14 @@ def bench_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--ops",
         default="all",
-        help="comma-separated subset of lff,sinusoidal,dft,floater,rotary; 'all' (the "
-        "default) is every op but rotary, which runs only when named",
+        help="comma-separated subset of lff,sinusoidal,dft,floater,rotary (LightGlue's and the "
+        "grid families': --families); 'all' (the default) is every op but rotary, which runs "
+        "only when named",
+    )
+    p.add_argument(
+        "--families",
+        default=None,
+        help="rotary: comma-separated subset of lightglue,axial,mixed,dinov3,nd (default: all)",
     )
     p.add_argument("--modes", default="fwd,fwd+bwd", help="comma-separated subset of fwd,fwd+bwd")
     p.add_argument(

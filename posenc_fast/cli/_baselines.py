@@ -168,6 +168,147 @@ class EagerRotary(nn.Module):
         return m
 
 
+# -- the rotary families as timm 1.0.31 runs them in its Eva attention ----------------------
+# timm/layers/pos_embed_sincos.py (tables, rot, rope_rotate_half, apply_rot_embed_cat) and
+# timm/models/eva.py (EvaAttention / AttentionRope.forward: the prefix tokens joined back by
+# torch.cat), restated so that the baselines exist without timm;
+# tests/rotary/test_rotary_baselines.py checks them against timm's functions.
+
+
+def timm_rot(x: Tensor) -> Tensor:
+    """timm's ``rot``: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)."""
+    return torch.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)
+
+
+def timm_rope_rotate_half(x: Tensor) -> Tensor:
+    """timm's ``rope_rotate_half``: (x1, x2) halves -> (-x2, x1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def timm_apply_rot_embed_cat(x: Tensor, emb: Tensor, half: bool = False) -> Tensor:
+    """timm's ``apply_rot_embed_cat``: emb = cat([sin, cos], -1), result in x's dtype."""
+    sin_emb, cos_emb = emb.chunk(2, -1)
+    rotated = timm_rope_rotate_half(x) if half else timm_rot(x)
+    return (x * cos_emb + rotated * sin_emb).to(dtype=x.dtype)
+
+
+def timm_rope_layout(x: Tensor, rotate_half: bool = False) -> Tensor:
+    """timm's ``_rope_layout``: per-frequency values to the half or interleaved layout."""
+    if rotate_half:
+        return torch.cat([x, x], dim=-1)
+    return x.repeat_interleave(2, -1)
+
+
+def timm_eva_rotate(q: Tensor, k: Tensor, rope: Tensor, prefix: int, half: bool):
+    """EvaAttention's rotation: the tokens after the ``prefix`` class / register tokens
+    rotated by the table ``rope``, the prefix joined back by torch.cat."""
+    q = torch.cat(
+        [q[:, :, :prefix, :], timm_apply_rot_embed_cat(q[:, :, prefix:, :], rope, half)], 2
+    )
+    k = torch.cat(
+        [k[:, :, :prefix, :], timm_apply_rot_embed_cat(k[:, :, prefix:, :], rope, half)], 2
+    )
+    return q, k
+
+
+def timm_axial_table(coords: Tensor, bands: Tensor, rotate_half: bool = False) -> Tensor:
+    """RotaryEmbeddingCat's table [N, 4 * nb] = cat([sin, cos]) of coordinates [N, ndim]
+    (timm's ``_build_grid``, flattened) and bands [nb] (``build_rotary_pos_embed``)."""
+    pos = coords.unsqueeze(-1) * bands  # [N, ndim, nb]
+    sin_emb = timm_rope_layout(pos.sin().flatten(-2), rotate_half)
+    cos_emb = timm_rope_layout(pos.cos().flatten(-2), rotate_half)
+    return torch.cat([sin_emb, cos_emb], -1)
+
+
+def timm_mixed_table(freqs: Tensor, t_x: Tensor, t_y: Tensor) -> Tensor:
+    """RotaryEmbeddingMixed's ``get_mixed_freqs``: freqs [2, ..., F/2] (a block's slice of
+    the parameter), t_x, t_y [N] -> [..., N, 2F] = cat([sin, cos]) in freqs' dtype."""
+    dtype = freqs.dtype
+    freqs, t_x, t_y = freqs.float(), t_x.float(), t_y.float()
+    combined = t_x.unsqueeze(-1) * freqs[0].unsqueeze(-2) + t_y.unsqueeze(-1) * freqs[1].unsqueeze(
+        -2
+    )
+    sin_emb = timm_rope_layout(combined.sin())
+    cos_emb = timm_rope_layout(combined.cos())
+    return torch.cat([sin_emb, cos_emb], dim=-1).to(dtype)
+
+
+def timm_dinov3_table(coords: Tensor, periods: Tensor, rotate_half: bool = True) -> Tensor:
+    """RotaryEmbeddingDinoV3's ``_create_embed`` after the grid: coordinates [N, 2] and
+    periods [F/4] -> [N, 2F] = cat([sin, cos])."""
+    angles = (2 * math.pi * coords[:, :, None].to(periods.dtype) / periods[None, None, :]).flatten(
+        1
+    )
+    sin = timm_rope_layout(angles.sin(), rotate_half)
+    cos = timm_rope_layout(angles.cos(), rotate_half)
+    return torch.cat([sin, cos], dim=-1)
+
+
+class EagerTableRotary(nn.Module):
+    """Axial (EVA-02, RoPE-ViT) and DINOv3 as timm's Eva runs them in one block: the table
+    cat([sin, cos]) a buffer built beforehand (axial: timm caches it; DINOv3: the model
+    builds one per forward, shared by all its blocks), then EvaAttention's rotation."""
+
+    def __init__(self, table: Tensor, prefix: int, half: bool):
+        super().__init__()
+        self.register_buffer("table", table)
+        self.prefix, self.half = prefix, half
+
+    def forward(self, q: Tensor, k: Tensor):
+        return timm_eva_rotate(q, k, self.table, self.prefix, self.half)
+
+
+class EagerMixedRotary(nn.Module):
+    """RoPE-Mixed as timm's Eva runs it in one block: the block's table from its learnable
+    frequencies [2, heads, F/2] (timm's parameter ``freqs[:, block]``; the model builds
+    every block's in each forward), then EvaAttention's rotation."""
+
+    def __init__(self, freqs: Tensor, prefix: int):
+        super().__init__()
+        self.freqs = nn.Parameter(freqs.detach().clone())
+        self.prefix = prefix
+
+    def forward(self, q: Tensor, k: Tensor, t_x: Tensor, t_y: Tensor):
+        table = timm_mixed_table(self.freqs, t_x, t_y)  # [heads, N, 2F]
+        return timm_eva_rotate(q, k, table, self.prefix, False)
+
+
+def flux_embed_nd(ids: Tensor, axes_dim, theta: float = 10000.0) -> Tensor:
+    """FLUX's EmbedND (black-forest-labs/flux src/flux/modules/layers.py, its ``rope`` in
+    src/flux/math.py): per axis of dimension d, angles pos * omega_j, omega_j =
+    1 / theta^(2j / d) in float64, as 2x2 rotation matrices; [..., 1, N, F/2, 2, 2] float32."""
+    blocks = []
+    for a, d in enumerate(axes_dim):
+        omega = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=ids.device) / d)
+        angle = ids[..., a].to(torch.float64)[..., None] * omega
+        rot = torch.stack([angle.cos(), -angle.sin(), angle.sin(), angle.cos()], dim=-1)
+        blocks.append(rot.unflatten(-1, (2, 2)).float())
+    return torch.cat(blocks, dim=-3).unsqueeze(-5)
+
+
+def flux_apply_rope(q: Tensor, k: Tensor, freqs_cis: Tensor):
+    """FLUX's apply_rope (src/flux/math.py): pairs (2i, 2i+1) times their rotation matrix
+    in float32, back in q's dtype."""
+    q_ = q.float().reshape(*q.shape[:-1], -1, 1, 2)
+    k_ = k.float().reshape(*k.shape[:-1], -1, 1, 2)
+    q_out = freqs_cis[..., 0] * q_[..., 0] + freqs_cis[..., 1] * q_[..., 1]
+    k_out = freqs_cis[..., 0] * k_[..., 0] + freqs_cis[..., 1] * k_[..., 1]
+    return q_out.reshape(*q.shape).type_as(q), k_out.reshape(*k.shape).type_as(k)
+
+
+class EagerFluxRotary(nn.Module):
+    """FLUX's rotation in one block: ``pe`` (EmbedND of the tokens' ids, built once per
+    forward and shared by all blocks) a buffer, then apply_rope."""
+
+    def __init__(self, pe: Tensor):
+        super().__init__()
+        self.register_buffer("pe", pe)
+
+    def forward(self, q: Tensor, k: Tensor):
+        return flux_apply_rope(q, k, self.pe)
+
+
 # -- FLOATER -------------------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from ..ops.floater import floater
 from ..ops.floater import reference as floater_ref
 from ..ops.lff import lff
 from ..ops.lff import reference as lff_ref
+from ..ops.rotary import frequencies as rope
 from ..tolerances import mismatch
 from . import _baselines, _inputs
 from ._floors import Work
@@ -256,7 +257,15 @@ def rotary_case(name: str, device, dtype=torch.float32, sizes=None) -> BenchCase
         "rotary",
         f"{name} B={B} N={N} heads={H} head_dim={D} {str(dtype)[6:]}",
         B * N,
-        {"B": B, "N": N, "heads": H, "head_dim": D, "M": ROTARY_M, "dtype": str(dtype)[6:]},
+        {
+            "family": "lightglue",
+            "B": B,
+            "N": N,
+            "heads": H,
+            "head_dim": D,
+            "M": ROTARY_M,
+            "dtype": str(dtype)[6:],
+        },
         eager,
         (q, k, x),
         [q, k, eager.wr.weight],
@@ -276,6 +285,135 @@ def rotary_case(name: str, device, dtype=torch.float32, sizes=None) -> BenchCase
             "fwd+bwd": Work(4 * qk + 2 * x.numel() * x.element_size()),
         },
     )
+
+
+# rotary families (timm's Eva models, FLUX): ViT-B/16's 12 heads of 64 channels; grid name
+# -> (batch, grid); the 2-D families on the 2-D grids, nd on all (a 2-D grid as FLUX's image
+# ids (0, row, col)). Also benchmarks/rotary.py's family cases on the GPU.
+ROTARY_HEADS, ROTARY_HEAD_DIM = 12, 64
+ROTARY_GRIDS = {
+    "vit224": (8, (14, 14)),  # 224 px
+    "vit448": (2, (28, 28)),  # 448 px
+    "grid8192": (1, (64, 128)),  # a 2-D grid of the video's 8192 tokens
+    "video": (1, (8, 32, 32)),  # frames x rows x columns
+}
+ROTARY_FAMILIES = {  # family -> its grids (--quick: the first)
+    "axial": ("vit224", "vit448", "grid8192"),
+    "mixed": ("vit224", "vit448", "grid8192"),
+    "dinov3": ("vit224", "vit448", "grid8192"),
+    "nd": ("vit224", "vit448", "video"),
+}
+# prefix tokens: 1 class token (vit_*_rope_*, EVA-02), 1 class + 4 registers (DINOv3)
+ROTARY_PREFIX = {"axial": 1, "mixed": 1, "dinov3": 5, "nd": 0}
+ROTARY_ND_AXES = (16, 24, 24)  # FLUX's split of a head (16, 56, 56 of 128) for 64 channels
+
+
+def _family_inputs(family: str, grid, D: int, H: int, g: torch.Generator, device):
+    """(x, freqs, pairs, eager module, its extra args) of a family on ``grid``, as timm
+    1.0.31's models set it up (vit_base_patch16_rope_224, ..._rope_mixed_224,
+    vit_base_patch16_dinov3) and FLUX: W and x from posenc_fast.rope (bitwise timm's), the
+    baseline's table from timm's formulas (_baselines)."""
+    prefix = ROTARY_PREFIX[family]
+    if family == "axial":  # RotaryEmbeddingCat, in_pixels=False, temperature 100, xy grid
+        x = rope.grid(grid, "index", indexing="xy", device=device)
+        w = rope.axial(D, 2, in_pixels=False, temperature=100.0, device=device)
+        table = _baselines.timm_axial_table(x, w[: D // 4, 0])
+        return x, w, "interleaved", _baselines.EagerTableRotary(table, prefix, False), ()
+    if family == "mixed":  # one block's [2, heads, F/2] of the learnable freqs, xy grid
+        x = rope.grid(grid, indexing="xy", device=device)
+        w = rope.mixed(D, 1, H, 10.0, generator=g)[0].to(device).permute(2, 0, 1).contiguous()
+        eager = _baselines.EagerMixedRotary(w, prefix)
+        return x, w, "interleaved", eager, (x[:, 0].contiguous(), x[:, 1].contiguous())
+    if family == "dinov3":  # centered grid in [-1, 1], periods 100^(2j / (F/2)), rotate-half
+        x = rope.grid(grid, "centered", device=device)
+        w = rope.dinov3(D, 100.0, device=device)
+        periods = 100.0 ** (2.0 * torch.arange(D // 4, dtype=torch.float32) / (D // 2))
+        table = _baselines.timm_dinov3_table(x, periods.to(device), True)
+        return x, w, "half", _baselines.EagerTableRotary(table, prefix, True), ()
+    # nd: FLUX's ids (t, row, col); an image is frame 0
+    x = rope.grid(grid, device=device)
+    if x.shape[1] == 2:
+        x = torch.cat([torch.zeros_like(x[:, :1]), x], dim=1)
+    w = rope.nd(ROTARY_ND_AXES, device=device)
+    pe = _baselines.flux_embed_nd(x, ROTARY_ND_AXES)
+    return x, w, "interleaved", _baselines.EagerFluxRotary(pe), ()
+
+
+def rotary_family_case(
+    family: str, grid_name: str, device, dtype=torch.float32, sizes=None
+) -> BenchCase:
+    """q and k of one attention block rotated by a family's angles, prefix tokens passed
+    through; gradients to q, k and (Mixed) its frequencies. q and k [B, heads, N, 64] are
+    timm's views of the fused qkv projection. "eager": timm's (FLUX's) code as its models
+    run it, the table cached where they cache it (_baselines); ours: ``pf.rotary``, angles
+    in the kernel. ``sizes``: (B, grid), by default ROTARY_GRIDS[grid_name]."""
+    B, grid = sizes or ROTARY_GRIDS[grid_name]
+    H, D, prefix = ROTARY_HEADS, ROTARY_HEAD_DIM, ROTARY_PREFIX[family]
+    cells = 1
+    for s in grid:
+        cells *= s
+    N = prefix + cells
+    g = torch.Generator().manual_seed(N * 31 + B)
+    qkv = torch.randn(B, N, 3, H, D, generator=g).to(device=device, dtype=dtype)
+    q, k = qkv.permute(2, 0, 3, 1, 4)[:2]  # [B, H, N, D], as timm's qkv.unbind(0)
+    x, w, pairs, eager, extra = _family_inputs(family, grid, D, H, g, device)
+    learnable = family == "mixed"
+    for t in (q, k, *((w,) if learnable else ())):
+        t.requires_grad_(True)
+
+    def freqs():  # ours: W [F/2, M], or Mixed's [heads, F/2, 2] view of timm's layout
+        return w.permute(1, 2, 0) if learnable else w
+
+    def spec():
+        args = (t.detach().double() for t in (q, k, x, freqs()))
+        return torch.stack(_pf.rotary(*args, pairs, "bhnd", prefix, backend="reference"))
+
+    leaves = [q, k, w] if learnable else [q, k]
+    backends = {
+        name: Impl(
+            lambda name=name: _pf.rotary(q, k, x, freqs(), pairs, "bhnd", prefix, name), leaves
+        )
+        for name in _available("rotary", device, dtype)
+    }
+    qk = 2 * q.numel() * _elt(dtype)  # q and k (or q', k', dq', dk', dq, dk)
+    small = x.numel() * x.element_size() + w.numel() * w.element_size()  # positions, W
+    shape = "x".join(str(s) for s in grid)
+    return BenchCase(
+        "rotary",
+        f"{family} {grid_name} B={B} grid={shape} prefix={prefix} heads={H} head_dim={D} "
+        f"{str(dtype)[6:]}",
+        cells,
+        {
+            "family": family,
+            "grid_name": grid_name,
+            "B": B,
+            "grid": list(grid),
+            "N": N,
+            "prefix": prefix,
+            "heads": H,
+            "head_dim": D,
+            "M": x.shape[1],
+            "pairs": pairs,
+            "dtype": str(dtype)[6:],
+        },
+        eager,
+        (q, k, *extra),
+        [q, k, eager.freqs] if learnable else [q, k],
+        spec,
+        backends,
+        # read q, k (and x, W), write q', k'; backward: read dq', dk', write dq, dk (and dW)
+        work={"fwd": Work(2 * qk + small), "fwd+bwd": Work(4 * qk + 2 * small)},
+    )
+
+
+def rotary_cases(quick: bool, device: str, dtypes=(torch.float32,)) -> list[BenchCase]:
+    """Every family on its grids (--quick: the first grid of each)."""
+    return [
+        rotary_family_case(family, grid, device, dt)
+        for dt in dtypes
+        for family, grids in ROTARY_FAMILIES.items()
+        for grid in (grids[:1] if quick else grids)
+    ]
 
 
 def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
@@ -321,6 +459,8 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
         names = ("lightglue-512", "lightglue-2048") if quick else tuple(ROTARY_SIZES)
         dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
         out += [rotary_case(n, device, dt) for dt in dtypes for n in names]
+        # the families (timm's Eva models, FLUX), float32 on the CPU; bfloat16 too on CUDA
+        out += rotary_cases(quick, device, (torch.float32, torch.bfloat16) if cuda else dtypes[:1])
     return out
 
 

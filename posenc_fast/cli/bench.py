@@ -201,6 +201,10 @@ class _Run:
         self.peaks: dict = {}  # (threads, op, case, mode, impl) -> peak bytes
 
     def case(self, case, setting: Setting, threads: int, machine: dict, first: bool) -> None:
+        # each case compiles afresh, specialised to its shapes, as one model would be: cases
+        # sharing an eager form (a module's forward) would otherwise pile up recompilations
+        # until dynamo's limit, where it silently runs the eager form instead
+        torch._dynamo.reset()
         impls = _impls(case, self.compile_modes)
         accuracy = _Accuracy(case) if first else None
         for mode in self.modes:
@@ -334,7 +338,16 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _panel(r: dict) -> tuple:
+    """A plot panel: op (with the rotary family), dtype, mode, threads, contention."""
+    sizes = r.get("sizes") or {}
+    op = f"{r['op']} {sizes['family']}" if sizes.get("family") else r["op"]
+    return (op, sizes.get("dtype", ""), r["mode"], r["threads"], r["contention"])
+
+
 def plot(results: list[dict], path: str) -> None:
+    """Median time against size, one panel per op (rotary: per family), dtype, mode and
+    setting; rotary families' x is the grid's cells, each point labelled with its batch."""
     try:
         import matplotlib
 
@@ -343,24 +356,32 @@ def plot(results: list[dict], path: str) -> None:
     except ImportError:
         print("--plot needs matplotlib: pip install 'posenc-fast[plot]'", file=sys.stderr)
         return
-    panels = sorted({(r["op"], r["mode"], r["threads"], r["contention"]) for r in results})
+    panels = sorted({_panel(r) for r in results})
     cols = 2
     rows = (len(panels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4 * rows), squeeze=False)
-    for ax, (op, mode, threads, busy) in zip(axes.flat, panels):
-        sel = [
-            r
-            for r in results
-            if (r["op"], r["mode"], r["threads"], r["contention"]) == (op, mode, threads, busy)
-            and not r["error"]
-        ]
+    for ax, panel in zip(axes.flat, panels):
+        op, dtype, mode, threads, busy = panel
+        sel = [r for r in results if _panel(r) == panel and not r["error"]]
         for impl in dict.fromkeys(r["impl"] for r in sel):
             pts = sorted((r["size"], r["ms"]) for r in sel if r["impl"] == impl)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        family = " " in op
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"{op} [{mode}], {threads} thread(s)" + (", contention" if busy else ""))
-        ax.set_xlabel("positions")
+        if family:  # ticks: the grids; each labelled with its batch (the cases' differ)
+            grids = {r["size"]: r for r in sel if r["impl"] == "eager"}
+            for r in grids.values():
+                ax.annotate(f"B={r['sizes']['B']}", (r["size"], r["ms"]), fontsize=7)
+            ax.minorticks_off()
+            ax.set_xticks(sorted(grids))
+            ax.set_xticklabels(
+                ["x".join(map(str, grids[n]["sizes"]["grid"])) for n in sorted(grids)]
+            )
+        ax.set_title(
+            f"{op} {dtype} [{mode}], {threads} thread(s)" + (", contention" if busy else "")
+        )
+        ax.set_xlabel("grid cells" if family else "positions")
         ax.set_ylabel("ms (median)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
@@ -435,6 +456,13 @@ def select(args) -> Selection:
     if args.max_autotune and not args.no_compile:
         compile_modes += ("compile-max",)
     cases = bench_cases(args.quick, device, ops, floater_sizes)
+    families = getattr(args, "families", None)
+    if families:
+        chosen = {f.strip() for f in families.split(",")}
+        known = {"lightglue", *_cases.ROTARY_FAMILIES}
+        if "rotary" not in ops or not chosen <= known:
+            raise ValueError(f"--families needs rotary among --ops and names from {sorted(known)}")
+        cases = [c for c in cases if c.op != "rotary" or c.sizes["family"] in chosen]
     return Selection(device, ops, modes, settings, cases, min_time, compile_modes)
 
 
