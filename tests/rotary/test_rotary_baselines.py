@@ -5,12 +5,11 @@ the same models (vit_base_patch16_rope_224, ..._rope_mixed_224, vit_base_patch16
 
 from __future__ import annotations
 
-import _helpers
 import pytest
 import torch
 from _timm import import_timm
 
-from posenc_fast.cli import _baselines, _cases, bench
+from posenc_fast.cli import _baselines, _cases, _inputs, bench
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +21,7 @@ def ps():
 
 
 def _x(shape, seed=0):
-    return _helpers.randn(shape, _helpers.generator(seed))
+    return _inputs.randn(shape, _inputs.generator(seed))
 
 
 def _equal(a, b, what):
