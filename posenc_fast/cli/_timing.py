@@ -1,13 +1,7 @@
-"""Timing and peak-memory measurement for ``bench`` (docs/performance.md "How to measure").
-
-- CUDA: device-event timing through triton.testing.do_bench when available (median with
-  20th/80th percentiles, L2 flushed between runs), else CUDA events; peak memory from
-  torch.cuda.max_memory_allocated after reset_peak_memory_stats.
-- CPU: wall-clock with warm-up, repeated until ``min_time`` seconds; peak memory from the
-  profiler's allocation records (each op's own allocations and the frees, in time order),
-  i.e. the most bytes that torch tensors held at once during one call, above the
-  tensors that existed before it.
-"""
+"""Timing and peak memory for ``bench``: median, p20, p80 in ms (CUDA: triton's do_bench,
+else CUDA events; CPU: wall clock until ``min_time``). Peak memory: the most bytes torch
+tensors held at once during one call, above those existing before it (CPU: summed from the
+profiler's allocation records)."""
 
 from __future__ import annotations
 
@@ -67,9 +61,8 @@ def time_cuda(fn: Callable[[], object], min_time: float) -> tuple[float, float, 
 
 @contextlib.contextmanager
 def _quiet_native_stderr():
-    """Kineto writes two 'USDT: profiler_start/stop' lines to file descriptor 2 on every
-    profile (torch 2.13, no setting turns them off); they would drown the bench table. Python
-    exceptions still propagate: only the C-level stream is redirected, for this block."""
+    """Silence file descriptor 2 for the block: Kineto prints 'USDT: profiler_start/stop' on
+    every profile, with no setting to turn it off."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
