@@ -11,8 +11,7 @@ import platform
 import sys
 import time
 
-# part -> module: _C holds the op definitions and CPU kernels; _C_cuda the CUDA kernels of
-# _C's ops, a separate module so that a failed CUDA build never costs the CPU part.
+# _C: op definitions and CPU kernels; _C_cuda apart, so a failed CUDA build spares the CPU part
 MODULES = {"cpu": "_C", "cuda": "_C_cuda"}
 RECORDS = {"cpu": "_build_info.json", "cuda": "_build_info_cuda.json"}
 
@@ -79,8 +78,7 @@ def sources_hash(source_root: str | os.PathLike) -> str | None:
 
 
 def abi_tag(torch) -> str:
-    """What a binary is tied to: torch's version (its C++ API and ABI change with every
-    release) and C++ standard library ABI, the Python ABI and the machine."""
+    """What a binary is tied to: torch's version and C++ ABI, the Python ABI, the machine."""
     abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None)
     return (
         f"torch{torch.__version__}-cxx11abi{'unknown' if abi is None else int(bool(abi))}-"
@@ -89,8 +87,7 @@ def abi_tag(torch) -> str:
 
 
 def record(torch, part: str, source_root, how: str, **more) -> dict:
-    """The build record of ``part``: what the loader checks before importing a binary
-    (abi_tag, sources_hash), and what `info` shows."""
+    """The build record of ``part``, checked before importing a binary and shown by `info`."""
     fields = {
         "part": part,
         "module": f"posenc_fast.{MODULES[part]}",

@@ -1,16 +1,10 @@
-"""Loader of the compiled extension (csrc/), and its build on first use.
-
-Two modules, each loaded at most once per process, never on import of posenc_fast:
-``posenc_fast._C`` (the ops and their CPU kernels) and ``posenc_fast._C_cuda`` (CUDA
-kernels of the same ops; needs _C). A part comes from the package (setup.py's build), else
-from the user cache, else ``torch.utils.cpp_extension.load`` builds it there (ninja, the
-build lock, MAX_JOBS, TORCH_CUDA_ARCH_LIST): the CPU part on first use, both with
-``python -m posenc_fast build``. Added here (docs/installation.md): a cache folder per ABI
-tag and sources hash with a build record beside each binary (a binary built for another
-torch, Python or sources is refused with the reason); a failed first-use build is
-remembered, not retried by every process; build output goes to stderr; every failure is a
-reason that the dispatcher and ``info`` show.
-"""
+"""Loader of the compiled extension (csrc/): ``posenc_fast._C`` (ops, CPU kernels) and
+``posenc_fast._C_cuda`` (CUDA kernels; needs _C), each loaded at most once, never on import.
+A part comes from the package (setup.py), else the user cache, else
+``torch.utils.cpp_extension.load`` builds it there (CPU on first use, both with ``python -m
+posenc_fast build``). Each binary has a build record keyed by ABI tag and sources hash (a
+mismatch is refused with the reason); a failed build is remembered; build output goes to
+stderr; every failure is a reason ``info`` shows (docs/installation.md)."""
 
 from __future__ import annotations
 
@@ -42,7 +36,7 @@ CACHE_ENV = "POSENC_FAST_CACHE"
 REQUIRE_ENV = "POSENC_FAST_REQUIRE_EXTENSION"  # CI: a part that does not build is an error
 
 _WHAT = {"cpu": "the C++ extension", "cuda": "the CUDA part of the extension"}
-# Cache builds are named posenc_fast_C: torch's loader would rename a second "_C" ("_C_v1")
+# Cache builds are named posenc_fast_C: torch's loader renames a second "_C" ("_C_v1")
 JIT_NAMES = {part: f"posenc_fast{name}" for part, name in _cfg.MODULES.items()}
 
 
@@ -64,8 +58,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def source_root() -> Optional[Path]:
-    """The folder holding csrc/: the package when installed (posenc_fast/csrc), its parent
-    in a source checkout; None without sources."""
+    """The folder holding csrc/: the package (installed) or its parent (checkout), or None."""
     here = Path(__file__).resolve().parent
     for root in (here, here.parent):
         if (root / "csrc" / "module.cpp").is_file():
@@ -148,8 +141,7 @@ def stale(record: Optional[dict]) -> list[str]:
 
 
 def _checked(part: str, module: ModuleType, path: Path) -> tuple[Optional[ModuleType], str]:
-    """``module`` registered as posenc_fast._C / _C_cuda if its op version is ours, else
-    (None, why)."""
+    """``module``, registered in sys.modules, if its op version is ours; else (None, why)."""
     built = module.build_info().get("ops_version")
     if built != OPS_VERSION:
         return None, (
@@ -329,7 +321,7 @@ def _try_load(part: str) -> dict[str, Any]:
         return {"reasons": [f"disabled by {DISABLE_ENV}"]}
     if part != "cpu" and load("cpu") is None:  # the ops it implements are defined there
         return {"reasons": [f"{label(part)} needs {label('cpu')}, which is unavailable"]}
-    ignored = []  # found but refused, and why: worth telling whatever happens next
+    ignored = []  # found but refused, and why
     # 1. the package's own, ahead-of-time build
     record = read_record(PACKAGE_DIR / _cfg.RECORDS[part])
     binary = _binary(PACKAGE_DIR, _cfg.MODULES[part])
@@ -370,9 +362,8 @@ def _try_load(part: str) -> dict[str, Any]:
 
 
 def load(part: str = "cpu") -> Optional[ModuleType]:
-    """The module of ``part`` ("cpu": posenc_fast._C, "cuda": posenc_fast._C_cuda), or None
-    (then :func:`reasons` says why). Loads each at most once, building it where needed
-    and allowed; "cuda" loads "cpu" first."""
+    """The module of ``part`` ("cpu": _C, "cuda": _C_cuda) or None (:func:`reasons` says
+    why); loaded at most once, built where needed and allowed."""
     state = _state[part]
     if state["tried"]:  # the common case: no lock, so dynamo can trace it after the first load
         return state["module"]
@@ -392,8 +383,7 @@ ISA_NAMES = ("generic", "avx2", "avx512")  # csrc/cpu/isa.h's levels, lowest fir
 
 
 def check_isa_env() -> None:
-    """Warn when POSENC_FAST_CPU_ISA names no instruction set the C++ kernels know: they
-    read it once and would silently run with the best one the CPU has."""
+    """Warn when POSENC_FAST_CPU_ISA names no known instruction set (the kernels ignore it)."""
     raw = os.environ.get(ISA_ENV)
     if raw and raw != "auto" and raw not in ISA_NAMES:
         warnings.warn(
@@ -469,13 +459,10 @@ def extension_info() -> dict:
 
 
 def build(cuda: Optional[bool] = None, force: bool = False) -> dict[str, dict[str, Any]]:
-    """``python -m posenc_fast build``, in a process that has not loaded the extension:
-    load each part, building what is missing into the cache whatever POSENC_FAST_BUILD says
-    of first use, a remembered failure included. The CPU part; the CUDA part where torch has
-    CUDA and torch finds a toolkit (cuda None, or POSENC_FAST_BUILD=cpu|cuda: no|yes),
-    never (False), or in any case (True). force: rebuild the cache's build from scratch,
-    and use it even where the package has a valid one. Returns per part {"path": the loaded
-    binary or None, "source", "skipped": why it was not built or None, "reasons"}."""
+    """``python -m posenc_fast build`` (in a fresh process): load each part, building what is
+    missing, a remembered failure included. cuda: None (where torch finds a toolkit, or as
+    POSENC_FAST_BUILD=cpu|cuda says), False, True. force: rebuild the cache's build and prefer
+    it. Per part: {"path": binary or None, "source", "skipped": why or None, "reasons"}."""
     global _explicit, _force
     if any(state["tried"] for state in _state.values()):
         raise RuntimeError(

@@ -67,8 +67,7 @@ class EagerSinusoidal(nn.Module):
 
 
 class EagerDFT(nn.Module):
-    """positions [...] -> [..., dim]: (a0, a1..aK, b1..bK, b0) of Idé et al.'s Eq. 21, angles
-    by a matmul with w_k = 2 pi k / dim, joined by torch.cat."""
+    """positions [...] -> [..., dim]: Idé et al.'s Eq. 21 by a matmul and torch.cat."""
 
     def __init__(self, dim: int, device=None):
         super().__init__()
@@ -220,8 +219,7 @@ def timm_mixed_table(freqs: Tensor, t_x: Tensor, t_y: Tensor) -> Tensor:
 
 
 def timm_dinov3_table(coords: Tensor, periods: Tensor, rotate_half: bool = True) -> Tensor:
-    """RotaryEmbeddingDinoV3's ``_create_embed`` after the grid: coordinates [N, 2] and
-    periods [F/4] -> [N, 2F] = cat([sin, cos])."""
+    """RotaryEmbeddingDinoV3's ``_create_embed``: coords [N, 2], periods [F/4] -> [N, 2F]."""
     angles = (2 * math.pi * coords[:, :, None].to(periods.dtype) / periods[None, None, :]).flatten(
         1
     )
@@ -244,8 +242,7 @@ class EagerTableRotary(nn.Module):
 
 
 class EagerMixedRotary(nn.Module):
-    """RoPE-Mixed in one Eva block: the table built each forward from the block's learnable
-    frequencies [2, heads, F/2] (timm's ``freqs[:, block]``)."""
+    """RoPE-Mixed in one Eva block: the table built each forward from freqs [2, heads, F/2]."""
 
     def __init__(self, freqs: Tensor, prefix: int):
         super().__init__()
@@ -258,9 +255,8 @@ class EagerMixedRotary(nn.Module):
 
 
 def flux_embed_nd(ids: Tensor, axes_dim, theta: float = 10000.0) -> Tensor:
-    """FLUX's EmbedND (black-forest-labs/flux src/flux/modules/layers.py, its ``rope`` in
-    src/flux/math.py): per axis of dimension d, angles pos * omega_j, omega_j =
-    1 / theta^(2j / d) in float64, as 2x2 rotation matrices; [..., 1, N, F/2, 2, 2] float32."""
+    """FLUX's EmbedND (black-forest-labs/flux src/flux/math.py ``rope``): per axis, angles in
+    float64 as 2x2 rotation matrices -> [..., 1, N, F/2, 2, 2] float32."""
     blocks = []
     for a, d in enumerate(axes_dim):
         omega = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=ids.device) / d)
@@ -271,8 +267,7 @@ def flux_embed_nd(ids: Tensor, axes_dim, theta: float = 10000.0) -> Tensor:
 
 
 def flux_apply_rope(q: Tensor, k: Tensor, freqs_cis: Tensor):
-    """FLUX's apply_rope (src/flux/math.py): pairs (2i, 2i+1) times their rotation matrix
-    in float32, back in q's dtype."""
+    """FLUX's apply_rope (src/flux/math.py): pair rotations in float32, back in q's dtype."""
     q_ = q.float().reshape(*q.shape[:-1], -1, 1, 2)
     k_ = k.float().reshape(*k.shape[:-1], -1, 1, 2)
     q_out = freqs_cis[..., 0] * q_[..., 0] + freqs_cis[..., 1] * q_[..., 1]
@@ -343,8 +338,7 @@ class _TorchdiffeqDynamics(nn.Module):
 
 
 def torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
-    """torchdiffeq's odeint and odeint_adjoint on our step grid ("rk4" is the 3/8 rule):
-    name -> closure returning [L, S, d]; {} without torchdiffeq."""
+    """torchdiffeq's odeint(_adjoint) on our step grid: name -> closure -> [L, S, d], or {}."""
     try:
         from torchdiffeq import odeint, odeint_adjoint
     except ImportError:

@@ -1,6 +1,5 @@
-"""The benchmark cases of ``bench``, benchmarks/test_bench.py and the GPU scripts: per op
-the inputs and, per implementation (eager baselines, torch.compile, each usable backend),
-a closure computing the output from those tensors."""
+"""The benchmark cases (``bench``, benchmarks/test_bench.py, the GPU scripts): per op the
+inputs and, per implementation, a closure computing the output from those tensors."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ from ._floors import Work
 
 @dataclass
 class Impl:
-    """One implementation: ``fn()`` computes the output; "fwd+bwd" differentiates it with
-    respect to ``leaves``; ``layout`` maps the output to the spec's layout."""
+    """``fn()``: the output (differentiated to ``leaves``); ``layout``: to the spec's layout."""
 
     fn: Callable[[], torch.Tensor]
     leaves: list
@@ -38,8 +36,7 @@ class Impl:
 
 @dataclass
 class BenchCase:
-    """The inputs of one op at one size and its implementations; ``spec()`` (not timed) is
-    the float64 reference every implementation's error is measured against."""
+    """One op at one size: inputs, implementations, and ``spec()`` (float64, not timed)."""
 
     op: str  # "lff", "sinusoidal", "sinusoidal_add", "dft", "dft_add", "floater", "rotary"
     label: str  # the sizes, readable
@@ -57,8 +54,7 @@ class BenchCase:
 
 
 def _available(op: str, device: str, dtype) -> list[str]:
-    """Usable backends that "auto" could pick here, in its order (not the Triton interpreter
-    on the CPU: it is for verification, not timing)."""
+    """Usable backends "auto" could pick here (not the Triton interpreter), in its order."""
     names = _inputs.backends_for(op, device, dtype)
     return [n for n in names if _dispatch.auto_eligible(n, _dispatch.REGISTRIES[op], device)]
 
@@ -67,8 +63,7 @@ def _elt(dtype) -> int:
     return torch.finfo(dtype).bits // 8
 
 
-# benchmarks/lff_gpu.py's cases: name -> (N, M_total, G, F, H, D, dtype); ``bench --device
-# cuda`` runs those of LFF_BENCH_LABELS (fp32 weights under autocast).
+# benchmarks/lff_gpu.py's cases (bench --device cuda: LFF_BENCH_LABELS'): (N, M, G, F, H, D)
 LFF_GPU_SHAPES = {
     "canonical": (2**20, 2, 1, 256, 32, 768, "bfloat16"),
     "canonical-fp32": (2**20, 2, 1, 256, 32, 768, "float32"),
@@ -222,9 +217,8 @@ def rotary_inputs(B: int, N: int, H: int, D: int, dtype, device, seed: int = 0):
 
 
 def rotary_case(name: str, device, dtype=torch.float32, sizes=None) -> BenchCase:
-    """``apply_lff_rotary`` with gradients to q, k and wr; ``sizes``: (B, N, heads,
-    head_dim), default ROTARY_SIZES[name]. With bf16 q, k the baselines output float32 (as
-    LightGlue's), ours q's dtype."""
+    """``apply_lff_rotary``, gradients to q, k and wr; ``sizes`` default ROTARY_SIZES[name].
+    With bf16 q, k the baselines output float32 (as LightGlue's), ours q's dtype."""
     B, N, H, D = sizes or ROTARY_SIZES[name]
     q, k, x, wr = rotary_inputs(B, N, H, D, dtype, device)
     # q and k are views of qkv: leaves of their own here, for their gradients
@@ -276,8 +270,7 @@ def rotary_case(name: str, device, dtype=torch.float32, sizes=None) -> BenchCase
     )
 
 
-# rotary families (timm's Eva models, FLUX; also benchmarks/rotary.py's): ViT-B/16's heads,
-# grid name -> (batch, grid); nd on a 2-D grid uses FLUX's image ids (0, row, col).
+# rotary families (also benchmarks/rotary.py's): ViT-B/16's heads; grid -> (batch, grid)
 ROTARY_HEADS, ROTARY_HEAD_DIM = 12, 64
 ROTARY_GRIDS = {
     "vit224": (8, (14, 14)),  # 224 px
@@ -297,8 +290,7 @@ ROTARY_ND_AXES = (16, 24, 24)  # FLUX's split of a head (16, 56, 56 of 128) for 
 
 
 def _family_inputs(family: str, grid, D: int, H: int, g: torch.Generator, device):
-    """(x, freqs, pairs, eager module, its extra args) of a family on ``grid`` as timm
-    1.0.31's models and FLUX set it up: W, x from posenc_fast.rope, the table from timm's."""
+    """(x, freqs, pairs, eager module, its extra args) of a family, as timm 1.0.31 and FLUX."""
     prefix = ROTARY_PREFIX[family]
     if family == "axial":  # RotaryEmbeddingCat, in_pixels=False, temperature 100, xy grid
         x = rope.grid(grid, "index", indexing="xy", device=device)
@@ -328,9 +320,8 @@ def _family_inputs(family: str, grid, D: int, H: int, g: torch.Generator, device
 def rotary_family_case(
     family: str, grid_name: str, device, dtype=torch.float32, sizes=None
 ) -> BenchCase:
-    """One attention block's q, k [B, heads, N, 64] (views of a fused qkv) rotated by a
-    family's angles, prefix passed through; gradients to q, k (and Mixed's frequencies).
-    "eager": timm's / FLUX's code; ``sizes``: (B, grid), default ROTARY_GRIDS[grid_name]."""
+    """One block's q, k [B, heads, N, 64] (views of a fused qkv) rotated by a family's angles,
+    gradients to q, k (and Mixed's freqs); ``sizes`` default ROTARY_GRIDS[grid_name]."""
     B, grid = sizes or ROTARY_GRIDS[grid_name]
     H, D, prefix = ROTARY_HEADS, ROTARY_HEAD_DIM, ROTARY_PREFIX[family]
     cells = 1
@@ -447,16 +438,14 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
     return out
 
 
-# FLOATER (also benchmarks/floater_gpu.py's): H = d, times i * 0.01, five rk38 steps
-# (torchdiffeq's "rk4") per interval, ReLU.
+# FLOATER (also benchmarks/floater_gpu.py's): H = d, times i * 0.01, 5 rk38 steps, ReLU
 FLOATER_STATES = 12
 FLOATER_DELTA_T = 0.01
 FLOATER_SUBSTEPS = 5
 
 
 def floater_inputs(S: int, d: int, L: int, dtype, device: str, seed: int):
-    """(p0, w1, b1, w2, b2, times): ``_inputs``' values, w1 * 0.5, w2 * 0.3 (states stay
-    O(1), no float32 overflow at L = 512), times i * FLOATER_DELTA_T."""
+    """(p0, w1, b1, w2, b2, times), w1 * 0.5 and w2 * 0.3: states O(1) up to L = 512."""
     case = _inputs.FloaterCase(S, d, d, L)
     p0, w1, b1, w2, b2, _ = _inputs.floater_inputs(case, dtype, device, seed)
     with torch.no_grad():
@@ -469,8 +458,7 @@ def floater_inputs(S: int, d: int, L: int, dtype, device: str, seed: int):
 def floater_case(
     L: int, d: int, device: str, dtype=torch.float32, S: int = FLOATER_STATES
 ) -> BenchCase:
-    """The plain loop ("eager"; compile compiles its step) and torchdiffeq's odeint /
-    odeint_adjoint on our step grid: the same number of steps everywhere."""
+    """The plain loop ("eager") and torchdiffeq on our step grid: the same steps everywhere."""
     K = FLOATER_SUBSTEPS
     *weights, times = floater_inputs(S, d, L, dtype, device, seed=L + d)
     leaves = [t.requires_grad_(True) for t in weights]

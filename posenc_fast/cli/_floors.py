@@ -1,7 +1,5 @@
-"""Floors measured in the same run as the timings (docs/performance.md): floor time =
-max(bytes / the faster of a large fill and copy, GEMM flops / ``torch.mm``'s rate at each
-(k, n) with GEMM_ROWS rows; backward products charged at the same rate). Sines and cosines
-are not counted. "% of floor" is floor time / median time."""
+"""Floors measured in the same run as the timings (docs/performance.md): max(bytes / the
+faster of fill and copy, GEMM flops / torch.mm's rate at that (k, n)); sin / cos not counted."""
 
 from __future__ import annotations
 
@@ -49,8 +47,7 @@ def _bandwidth(device: str, timer: Callable, min_time: float) -> tuple[float, fl
 
 
 def measure(device: str, gemm_shapes, timer: Callable, min_time: float) -> dict:
-    """Bandwidth and the GEMM rates of ``gemm_shapes`` ((k, n, dtype)) on ``device`` now:
-    {"fill_gbps", "copy_gbps", "bandwidth_gbps", "gemm_gflops": {"kxn": rate}, "gemm_rows"}."""
+    """Bandwidth and GEMM rates of ``gemm_shapes`` ((k, n, dtype)) on ``device``, as a dict."""
     fill, copy = _bandwidth(device, timer, min_time)
     rates = {}
     for k, n, dtype in sorted(set(gemm_shapes), key=str):

@@ -61,8 +61,7 @@ class LffCase:
 
 
 def lff_inputs(case: LffCase, dtype, device, seed: int, x_dtype=None):
-    """(x, wr, w1, b1, w2, b2); the weights in ``dtype``, x in ``x_dtype`` (default float32,
-    float64 when dtype is float64)."""
+    """(x, wr, w1, b1, w2, b2); weights in ``dtype``, x in ``x_dtype`` (default fp32 / fp64)."""
     g = generator(seed)
     if x_dtype is None:
         x_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -79,8 +78,7 @@ def lff_inputs(case: LffCase, dtype, device, seed: int, x_dtype=None):
     return x, wr, w1, b1, w2, b2
 
 
-# Odd sizes, N = 0 and 1, batch dims, G and M in {1, 2, 4}, every activation, with and
-# without the MLP; small enough for the Triton interpreter.
+# Odd sizes, N = 0 and 1, G and M in {1, 2, 4}, every activation, with and without the MLP
 LFF_CASES: Sequence[LffCase] = (
     LffCase((37,), 1, 2, 16, 8, 12),
     LffCase((0,), 2, 2, 16, 8, 12),
@@ -131,8 +129,7 @@ ENCODING_CASES: Sequence[EncodingCase] = tuple(
 
 
 def implementing(op: str, device: str, dtype: Optional[torch.dtype], include_reference: bool):
-    """(name, backend) of every backend that implements ``op`` on ``device`` in ``dtype``,
-    in the dispatcher's order."""
+    """(name, backend) implementing ``op`` on ``device`` in ``dtype``, in dispatch order."""
     registry = _dispatch.REGISTRIES[op]
     for name, b in _dispatch.BACKENDS.items():
         impl = registry.get(name)
@@ -194,8 +191,7 @@ def floater_inputs(case: FloaterCase, dtype, device, seed: int):
     return p0, w1, b1, w2, b2, times
 
 
-# Odd sizes, S = 1 and 0, L = 0 and 1, H != d, every method and activation, one substep,
-# a zero-length interval. Small: the reference runs one Python step at a time.
+# Odd sizes, S and L = 0 and 1, H != d, every method and activation, a zero-length interval
 FLOATER_CASES: Sequence[FloaterCase] = (
     FloaterCase(3, 5, 7, 6, 3, "rk4", "relu"),
     FloaterCase(2, 4, 4, 5, 2, "rk38", "tanh", repeat_time=True),
@@ -208,8 +204,7 @@ FLOATER_CASES: Sequence[FloaterCase] = (
 )
 
 
-# rotary (LightGlue): both layouts, shared and per-row positions, GQA, rotary_dim <
-# head_dim (odd too), N = 0 and 1, B = 0, strided q (fused qkv), sizes past one block.
+# rotary: layouts, shared positions, GQA, rotary_dim < head_dim, N, B = 0, strided q, ...
 @dataclass(frozen=True)
 class RotaryCase:
     batch: int
@@ -247,8 +242,7 @@ ROTARY_CASES: Sequence[RotaryCase] = (
     RotaryCase(0, 2, 2, 4, 8, 8, 2, "bnhd"),
 )
 ROTARY_TABLE_SHAPES = [(2, 17, 2, 16), (5, 1, 4), (2, 3, 9, 4, 8), (0, 3, 6), (1, 70, 2, 160)]
-# ``pf.rotary``: axial (class token), Mixed (per head), DINOv3 (half, 5 prefix), N-D (M = 3,
-# partial), token dropping, GQA, a strided q, nothing rotated.
+# ``pf.rotary``: every family's options, token dropping, GQA, a strided q, nothing rotated
 ROTARY_FAMILY_CASES: Sequence[RotaryCase] = (
     RotaryCase(2, 3, 3, 17, 16, 16, 2, shared_x=True, prefix=1),
     RotaryCase(2, 3, 3, 17, 16, 16, 2, shared_x=True, per_head=True, prefix=1),

@@ -1,7 +1,5 @@
-"""Timing and peak memory for ``bench``: median, p20, p80 in ms (CUDA: triton's do_bench,
-else CUDA events; CPU: wall clock until ``min_time``). Peak memory: the most bytes torch
-tensors held at once during one call, above those existing before it (CPU: summed from the
-profiler's allocation records)."""
+"""Timing (median, p20, p80 in ms) and peak memory for ``bench``: the most bytes tensors
+held at once during one call above those before it (CPU: from the profiler's records)."""
 
 from __future__ import annotations
 
@@ -61,8 +59,7 @@ def time_cuda(fn: Callable[[], object], min_time: float) -> tuple[float, float, 
 
 @contextlib.contextmanager
 def _quiet_native_stderr():
-    """Silence file descriptor 2 for the block: Kineto prints 'USDT: profiler_start/stop' on
-    every profile, with no setting to turn it off."""
+    """Silence fd 2 for the block: Kineto prints 'USDT: profiler_start/stop' on every profile."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:

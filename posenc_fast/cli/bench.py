@@ -1,6 +1,5 @@
-"""``python -m posenc_fast bench``: every implementation of each case (_cases) side by side,
-forward and forward+backward; timings are reported, never asserted. Columns:
-docs/performance.md."""
+"""``python -m posenc_fast bench``: every implementation of each case (_cases) side by side;
+timings are reported, never asserted. Columns: docs/performance.md."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ DEFAULT_COMPILE_TIMEOUT = 300.0
 
 @dataclass(frozen=True)
 class Setting:
-    """Threads for torch (None: as is), and whether a busy process runs beside the timings:
-    ``context()`` yields a dict of what it started (benchmarks/cpu_lab.py)."""
+    """Threads (None: as is); ``context()``, a busy process beside the timings (cpu_lab.py)."""
 
     threads: int | None = None
     contention: bool = False
@@ -42,8 +40,7 @@ class Setting:
 
 
 class CompileTimeout(BaseException):
-    """Raised by the time box (a BaseException: torch's ``except Exception`` must not
-    swallow it)."""
+    """A BaseException: torch's ``except Exception`` must not swallow it."""
 
 
 @contextlib.contextmanager
@@ -136,8 +133,7 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class _Accuracy:
-    """Largest error of each implementation's forward against the float64 spec, and its
-    largest difference from posenc_fast's output (``ours``: the backend "auto" picks)."""
+    """Each forward's largest error vs the float64 spec and difference from auto's backend."""
 
     def __init__(self, case):
         self.case = case
@@ -180,8 +176,7 @@ def _measure_one(case, name, impl, mode, timer, peak, min_time, compile_timeout,
 
 
 class _Run:
-    """One ``measure`` call's state. Errors are measured in the first setting, peak memory
-    once per thread count (the torch backend's chunks depend on it)."""
+    """One ``measure`` call; errors in the first setting, peak memory once per thread count."""
 
     def __init__(self, cases, modes, device, min_time, compile_modes, compile_timeout, total):
         self.cases, self.modes, self.min_time = cases, modes, min_time
@@ -194,8 +189,7 @@ class _Run:
         self.peaks: dict = {}  # (threads, op, case, mode, impl) -> peak bytes
 
     def case(self, case, setting: Setting, threads: int, machine: dict, first: bool) -> None:
-        # compile each case afresh: recompilations of a shared eager form would hit dynamo's
-        # limit, after which it silently runs eager
+        # compile each case afresh: a shared eager form would hit dynamo's recompile limit
         torch._dynamo.reset()
         impls = _impls(case, self.compile_modes)
         accuracy = _Accuracy(case) if first else None
@@ -247,8 +241,7 @@ def measure(
     settings=(Setting(),),
     compile_timeout=DEFAULT_COMPILE_TIMEOUT,
 ) -> dict:
-    """Every case x mode x implementation in every setting: {"settings": [...],
-    "results": [...]} (rows carry their setting's threads and contention)."""
+    """Every case x mode x implementation in every setting: {"settings", "results"}."""
     per_setting = sum(len(_impls(c, ())) + len(compile_modes) for c in cases) * len(modes)
     state = _Run(
         cases, modes, device, min_time, compile_modes, compile_timeout,
@@ -426,8 +419,7 @@ class Selection:
 
 
 def select(args) -> Selection:
-    """The run ``args`` asks for; ValueError with the message to print where they do not
-    make sense."""
+    """The run ``args`` asks for; ValueError with the message to print."""
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("bench --device cuda: no CUDA device is visible to torch")

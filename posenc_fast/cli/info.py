@@ -10,8 +10,7 @@ from ._environment import describe
 
 
 def _extension_info() -> dict:
-    """The extension's parts (``_extension.extension_info``) and what the "cpp" and "cuda"
-    backends make of them."""
+    """``_extension.extension_info()`` and the "cpp" / "cuda" backends' reasons."""
     try:
         out = _extension.extension_info()
         out["backends"] = {

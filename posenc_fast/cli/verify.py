@@ -1,6 +1,5 @@
-"""``python -m posenc_fast verify``: every usable backend of every op against the float64
-reference on fresh random inputs (forward and gradients), one line per op, backend and
-dtype, the seed printed; exit status 1 on any mismatch or raising backend."""
+"""``python -m posenc_fast verify``: every usable backend against the float64 reference on
+fresh random inputs (seed printed), forward and gradients; exit status 1 on any failure."""
 
 from __future__ import annotations
 
@@ -202,8 +201,7 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
 
 
 def check_rotary(backend: str, dtype, device: str, seed: int) -> Result:
-    """The general op on every family's options: q', k' and the gradients to q, k, x and
-    the frequencies."""
+    """The general op on every family's options: q', k' and all gradients."""
     res = Result()
     for i, case in enumerate(_inputs.ROTARY_FAMILY_CASES):
         inputs = _inputs.rotary_inputs(case, dtype, device, seed + i)
@@ -269,8 +267,7 @@ def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
 
 
 def _check_extension(backend, dtype, device, seed, res: Result) -> int:
-    """Eval-mode cache: a longer length continues from the cached last state; it must
-    equal the reference on all sample times."""
+    """Eval-mode cache: a longer length continues from the cached state, equal to the reference."""
     fl = Floater(7, 3, hidden_dim=5, delta_t=0.05, substeps=2, activation="gelu",
                  backend=backend, device=device, dtype=dtype)  # fmt: skip
     _inputs.randomize_parameters(fl, seed + 500, 0.5)

@@ -1,20 +1,13 @@
-"""Which plan runs a call of the Triton LFF backend, and why.
-
-- ``fused``: one Triton kernel per pass (triton_kernels/lff_forward.py, lff_backward.py);
-  for memory-bound shapes (small H) and small inputs (one launch).
-- ``gemm``: the products on cuBLAS, chunked over rows, with Triton kernels for features,
-  activation and the phase chain rule (triton_kernels/lff_gemm.py); for compute-bound
-  shapes, where the fused kernel re-reads every weight from L2 per row tile.
+"""Which plan runs a call of the Triton LFF backend: ``fused`` (one Triton kernel per pass;
+memory-bound shapes, small inputs) or ``gemm`` (cuBLAS products chunked over rows, Triton
+for features, activation and phase chain rule: triton_kernels/lff_gemm.py; compute-bound).
 
 POSENC_FAST_LFF_PLAN=auto|fused|gemm|measure (default auto): ``auto`` takes the plan the
-cost model (``predict``) says is faster; ``measure`` also times both plans on a shape
-bucket's first call (never during CUDA graph capture) and remembers the faster per GPU and
-torch / Triton version in <POSENC_FAST_CACHE>/lff_plans.json. Decisions are logged once
-per bucket at DEBUG on this module's logger; ``python -m posenc_fast info`` and
-benchmarks/lff_predict.py print them. Only shapes, dtypes and settings are read: no tensor
-data, no synchronisation (except the opt-in measurement). The model and its constants:
-benchmarks/NOTES.md, "LFF on the GPU: two plans chosen per shape".
-"""
+cost model (``predict``) says is faster; ``measure`` also times both on a shape bucket's
+first call (never during CUDA graph capture) and remembers the faster per GPU and torch /
+Triton version in <POSENC_FAST_CACHE>/lff_plans.json. Decisions are logged once per bucket
+at DEBUG; ``info`` and benchmarks/lff_predict.py print them. No tensor data is read, no
+synchronisation (but the opt-in measurement). Model: benchmarks/NOTES.md (LFF on the GPU)."""
 
 from __future__ import annotations
 
@@ -35,8 +28,7 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Achievable rates of one GPU: a device-to-device copy (bytes read + written per
-    second), dense matmuls by kind, and where the figures come from."""
+    """Achievable rates of one GPU (copy: bytes read + written), and their source."""
 
     gpu: str
     copy_GBps: float
@@ -50,8 +42,7 @@ class Ceilings:
 
     @property
     def fp32_ops(self) -> float:
-        """FP32 instructions per second: an FMA is one instruction and two FLOPs, so half
-        the measured float32 matmul rate (the FMA pipe, as reached by cuBLAS)."""
+        """FP32 instructions per second: half the float32 matmul rate (an FMA is two FLOPs)."""
         return self.fp32_TFLOPs * 1e12 / 2
 
 
@@ -83,9 +74,8 @@ def ceilings_for(gpu: str) -> Ceilings:
     )
 
 
-# The cost model's constants (derivations: benchmarks/NOTES.md, "Kernel notes").
-# Fused kernels' weight re-reads from L2 per row tile: calibrated on
-# benchmarks/results/gpu_2026-11-27/proof/lff_gpu.json (compute fwd, triton).
+# The cost model's constants (derivations: benchmarks/NOTES.md). Fused kernels' weight
+# re-reads from L2, calibrated on benchmarks/results/gpu_2026-11-27/proof/lff_gpu.json.
 L2_REREAD_GBps = 1726.0
 FUSED_MMA_FRACTION = 0.5  # fused kernels' matmul work, fraction of the ceiling (assumed)
 # cuBLAS products, fraction of the ceiling (from lff_gpu.json's torch.compile rows; assumed)
@@ -116,8 +106,7 @@ class Work:
     needs: tuple = (True,) * 6  # backward: (dx, dwr, dw1, db1, dw2, db2)
 
     def bucket(self) -> str:
-        """The key of a measured choice: everything but the exact row count, which is
-        rounded up to a power of two."""
+        """The key of a measured choice: the row count rounded up to a power of two."""
         rows = 1 << max(0, (self.rows - 1).bit_length())
         needs = "".join("1" if n else "0" for n in self.needs) if self.mode == "bwd" else "-"
         return (
@@ -455,8 +444,7 @@ def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None
 
 
 def _decide(w: Work, device: torch.device, runners: dict, args: tuple) -> str:
-    """The plan for ``w``; where measuring is on (and no CUDA graph is being captured) each
-    candidate in ``runners`` is timed on a bucket's first call (median of 3 runs)."""
+    """The plan for ``w``; with measuring on, ``runners`` are timed on a bucket's first call."""
     from ...triton_kernels import _launch
 
     measure = None
@@ -485,8 +473,7 @@ def backward(grad, x, wr, w1, b1, w2, b2, activation: str, needs):
     from ...triton_kernels import lff_backward, lff_gemm
 
     args = (grad, x, wr, w1, b1, w2, b2, activation, needs)
-    # Decided for all six gradients whatever ``needs`` asks: a gradient computed alone is
-    # bitwise the one computed with the others.
+    # Decided for all six gradients: a gradient alone is bitwise the one computed with others
     w = _work("bwd", x, wr, w1, w2, grad.dtype, activation)
     runners = {"fused": lff_backward.lff_bwd, "gemm": lff_gemm.gemm_bwd}
     if _decide(w, x.device, runners, args) == "gemm":
