@@ -106,7 +106,7 @@ class Work:
     needs: tuple = (True,) * 6  # backward: (dx, dwr, dw1, db1, dw2, db2)
 
     def bucket(self) -> str:
-        """The key of a measured choice: the row count rounded up to a power of two."""
+        """The key of a measured choice: every field, rows rounded up to a power of two."""
         rows = 1 << max(0, (self.rows - 1).bit_length())
         needs = "".join("1" if n else "0" for n in self.needs) if self.mode == "bwd" else "-"
         return (
