@@ -1,8 +1,6 @@
-"""What the compiled extension (csrc/) is built from, shared by the ahead-of-time build
-(setup.py) and the build on first use (posenc_fast/_extension.py): its two modules, their
-sources and flags, the build record kept beside each binary, and POSENC_FAST_BUILD.
-torch.utils.cpp_extension does the building itself. Torch-free and import-free within the
-package: setup.py executes this file on its own (an isolated build has no torch)."""
+"""What the extension (csrc/) is built from, for setup.py and posenc_fast/_extension.py:
+modules, sources, flags, the build record, POSENC_FAST_BUILD. Torch-free and import-free
+within the package: setup.py executes this file on its own (an isolated build has no torch)."""
 
 from __future__ import annotations
 
@@ -13,16 +11,11 @@ import platform
 import sys
 import time
 
-# part -> the module inside the package. "cpu": posenc_fast._C, every op's C++ CPU kernels,
-# and the op definitions ("cpp" backend). "cuda": posenc_fast._C_cuda, CUDA kernels of ops
-# that _C defines ("cuda" backend, which needs both): a separate module, so that a CUDA
-# build that fails never costs the CPU part.
+# _C: op definitions and CPU kernels; _C_cuda apart, so a failed CUDA build spares the CPU part
 MODULES = {"cpu": "_C", "cuda": "_C_cuda"}
-# The build record beside each binary (what it was built for; see record()).
 RECORDS = {"cpu": "_build_info.json", "cuda": "_build_info_cuda.json"}
 
-# Relative to the source root (the folder holding csrc/). One folder per op: its ops.cpp
-# (registration) and cpu.cpp (driver); base names are unique (objects are named after them).
+# Relative to the folder holding csrc/; base names must be unique (objects are named after them).
 SOURCES = {
     "cpu": (
         "csrc/module.cpp",
@@ -42,25 +35,15 @@ SOURCES = {
     ),
 }
 
-# Compiler flags, and why:
-#   -O3                the kernels are loops to unroll and vectorise
-#   -fopenmp           at::parallel_for is inline OpenMP (ATen/ParallelOpenMP.h); the
-#                      process reuses torch's libgomp (same SONAME)
-#   -ffp-contract=fast -std=c++17 turns GCC's FMA contraction off; the kernels want fused
-#                      multiply-adds (one rounding, half the work)
-#   -Wno-psabi         notes on vector-argument ABIs: vectors never cross calls
-#   no -march=native   instruction sets are chosen at run time (csrc/cpu/isa.h): a binary
-#                      runs on every CPU of its architecture
-#   nvcc: no fast math (approximate exp/erf/tanh would break the accuracy goals);
-#         -lineinfo     source lines in profiles, no runtime cost
+# -fopenmp: at::parallel_for is inline OpenMP (reuses torch's libgomp). -ffp-contract=fast:
+# -std=c++17 turns GCC's FMA contraction off, the kernels want it. -Wno-psabi: vectors never
+# cross calls. No -march=native: instruction sets are chosen at run time (csrc/cpu/isa.h).
+# nvcc: no fast math (approximate exp/erf/tanh would break the accuracy goals).
 CXX_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast", "-Wno-psabi"]
 LD_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = ["-O3", "-lineinfo", "-std=c++17"]
 
-# POSENC_FAST_BUILD: what is compiled. auto: the CPU part, and the CUDA part where torch has
-# CUDA and torch.utils.cpp_extension finds a toolkit (CUDA_HOME); cpu: the CPU part only;
-# cuda: both, the CUDA part attempted whatever torch and the toolkit say (at first use too);
-# none: nothing (a pure-Python install; no build on first use).
+# POSENC_FAST_BUILD: what is compiled (auto, cpu, cuda, none: docs/installation.md's table).
 BUILD_ENV = "POSENC_FAST_BUILD"
 BUILD_CHOICES = ("auto", "cpu", "cuda", "none")
 
@@ -75,9 +58,8 @@ def build_choice(environ=None) -> tuple[str, str | None]:
 
 
 def sources_hash(source_root: str | os.PathLike) -> str | None:
-    """SHA-256 of csrc/'s .cpp, .cu, .h and .cuh files under ``source_root`` (paths and
-    contents, sorted), or None where there is no csrc/: recorded with each build, and part
-    of the user cache's key, so that a binary of other sources is never taken for ours."""
+    """SHA-256 of csrc/'s sources under ``source_root`` (paths and contents, sorted), or
+    None without csrc/: part of each build record and of the user cache's key."""
     csrc = os.path.join(os.fspath(source_root), "csrc")
     if not os.path.isfile(os.path.join(csrc, "module.cpp")):
         return None
@@ -96,8 +78,7 @@ def sources_hash(source_root: str | os.PathLike) -> str | None:
 
 
 def abi_tag(torch) -> str:
-    """What a binary is tied to: torch's version (its C++ API and ABI change with every
-    release) and C++ standard library ABI, the Python ABI and the machine."""
+    """What a binary is tied to: torch's version and C++ ABI, the Python ABI, the machine."""
     abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None)
     return (
         f"torch{torch.__version__}-cxx11abi{'unknown' if abi is None else int(bool(abi))}-"
@@ -106,8 +87,7 @@ def abi_tag(torch) -> str:
 
 
 def record(torch, part: str, source_root, how: str, **more) -> dict:
-    """The build record of ``part``: what the loader compares with the running process
-    before importing a binary (abi_tag, sources_hash), and what `info` shows."""
+    """The build record of ``part``, checked before importing a binary and shown by `info`."""
     fields = {
         "part": part,
         "module": f"posenc_fast.{MODULES[part]}",

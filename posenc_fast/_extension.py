@@ -1,22 +1,10 @@
-"""Loader of the compiled extension (csrc/), and its build on first use.
-
-Two modules, each loaded at most once per process and never on import of posenc_fast (the
-"cpp" and "cuda" backends call :func:`load` the first time they are asked whether they can
-run): ``posenc_fast._C``, the CPU part (the ops and their CPU kernels), and
-``posenc_fast._C_cuda``, the CUDA part (CUDA kernels of the same ops; it needs the CPU part).
-
-A part comes from the package (built ahead of time by setup.py), else from the user cache,
-else it is built into the cache by ``torch.utils.cpp_extension.load``, which brings the
-ninja build, the lock that makes processes starting together build once, the compiler's
-output, MAX_JOBS and TORCH_CUDA_ARCH_LIST: the CPU part on first use, both parts with
-``python -m posenc_fast build``. What this module adds (docs/installation.md says why):
-- a cache folder per ABI tag and sources hash, with a record beside each binary: a later
-  process imports the binary itself (no compiler or ninja run), and a binary of the package
-  built for another torch, Python or sources is refused with the reason;
-- a failed first-use build is remembered, not retried by every process;
-- the build's output on stderr, so that a program's stdout stays its own;
-- every failure is a reason, which the dispatcher and ``python -m posenc_fast info`` show.
-"""
+"""Loader of the compiled extension (csrc/): ``posenc_fast._C`` (ops, CPU kernels) and
+``posenc_fast._C_cuda`` (CUDA kernels; needs _C), each loaded at most once, never on import.
+A part comes from the package (setup.py), else the user cache, else
+``torch.utils.cpp_extension.load`` builds it there (CPU on first use, both with ``python -m
+posenc_fast build``). Each binary has a build record keyed by ABI tag and sources hash (a
+mismatch is refused with the reason); a failed build is remembered; build output goes to
+stderr; every failure is a reason ``info`` shows (docs/installation.md)."""
 
 from __future__ import annotations
 
@@ -48,8 +36,7 @@ CACHE_ENV = "POSENC_FAST_CACHE"
 REQUIRE_ENV = "POSENC_FAST_REQUIRE_EXTENSION"  # CI: a part that does not build is an error
 
 _WHAT = {"cpu": "the C++ extension", "cuda": "the CUDA part of the extension"}
-# The name of a part built into the cache ("posenc_fast_C.so"): not "_C", which torch's
-# loader would rename ("_C_v1") had another extension of that name been built in the process
+# Cache builds are named posenc_fast_C: torch's loader renames a second "_C" ("_C_v1")
 JIT_NAMES = {part: f"posenc_fast{name}" for part, name in _cfg.MODULES.items()}
 
 
@@ -70,14 +57,8 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}"
 
 
-# ---------------------------------------------------------------------------------------
-# Where binaries are, and whether one may be loaded
-# ---------------------------------------------------------------------------------------
-
-
 def source_root() -> Optional[Path]:
-    """The folder holding csrc/: the package itself when installed (wheels and sdists carry
-    the sources as posenc_fast/csrc), its parent in a source checkout; None without them."""
+    """The folder holding csrc/: the package (installed) or its parent (checkout), or None."""
     here = Path(__file__).resolve().parent
     for root in (here, here.parent):
         if (root / "csrc" / "module.cpp").is_file():
@@ -160,8 +141,7 @@ def stale(record: Optional[dict]) -> list[str]:
 
 
 def _checked(part: str, module: ModuleType, path: Path) -> tuple[Optional[ModuleType], str]:
-    """``module`` if its op version is this package's (the ops' schemas match), registered
-    as posenc_fast._C / _C_cuda; else (None, why)."""
+    """``module``, registered in sys.modules, if its op version is ours; else (None, why)."""
     built = module.build_info().get("ops_version")
     if built != OPS_VERSION:
         return None, (
@@ -184,10 +164,6 @@ def _import(part: str, path: Path) -> tuple[Optional[ModuleType], str]:
         return None, f"loading {path} failed ({_describe(exc)})"
     return _checked(part, module, path)
 
-
-# ---------------------------------------------------------------------------------------
-# Building into the cache
-# ---------------------------------------------------------------------------------------
 
 _explicit = False  # in `python -m posenc_fast build`: build what is missing, whatever failed
 _force = False  # `build --force`: the cache's build, even where the package has a valid one
@@ -261,9 +237,8 @@ def _stdout_to_stderr():
 
 
 def _build(part: str, directory: Path) -> tuple[Optional[ModuleType], str]:
-    """Build ``part`` into ``directory`` with torch.utils.cpp_extension.load and import it:
-    (module, "") or (None, why not). torch's lock file in ``directory`` makes a process
-    that comes while another builds wait for that build and load its result."""
+    """Build ``part`` into ``directory`` and import it: (module, "") or (None, why not).
+    torch's lock file there makes a concurrent process wait for this build."""
     from torch.utils import cpp_extension
 
     what = label(part)
@@ -328,16 +303,11 @@ def _build(part: str, directory: Path) -> tuple[Optional[ModuleType], str]:
     return _checked(part, module, binary)
 
 
-# ---------------------------------------------------------------------------------------
-# Loading
-# ---------------------------------------------------------------------------------------
-
 _lock = threading.Lock()
 
 
 def _fresh_state() -> dict[str, Any]:
-    # origin: the loaded binary's path; source: "package" or "cache"; ignored: binaries
-    # found but refused, each with why
+    # origin: the binary's path; source: "package" | "cache"; ignored: refused binaries, why
     return {"tried": False, "module": None, "reasons": [], "origin": None, "source": None,
             "ignored": []}  # fmt: skip
 
@@ -346,13 +316,12 @@ _state: dict[str, dict[str, Any]] = {part: _fresh_state() for part in PARTS}
 
 
 def _try_load(part: str) -> dict[str, Any]:
-    """The fields of _state[part] after looking for ``part``: in the package, in the cache,
-    then building it there where allowed."""
+    """_state[part]'s fields after looking in the package, the cache, then building."""
     if flag(DISABLE_ENV):
         return {"reasons": [f"disabled by {DISABLE_ENV}"]}
     if part != "cpu" and load("cpu") is None:  # the ops it implements are defined there
         return {"reasons": [f"{label(part)} needs {label('cpu')}, which is unavailable"]}
-    ignored = []  # found but refused, and why: worth telling whatever happens next
+    ignored = []  # found but refused, and why
     # 1. the package's own, ahead-of-time build
     record = read_record(PACKAGE_DIR / _cfg.RECORDS[part])
     binary = _binary(PACKAGE_DIR, _cfg.MODULES[part])
@@ -393,9 +362,8 @@ def _try_load(part: str) -> dict[str, Any]:
 
 
 def load(part: str = "cpu") -> Optional[ModuleType]:
-    """The module of ``part`` ("cpu": posenc_fast._C, "cuda": posenc_fast._C_cuda), or None
-    (then :func:`reasons` says why). Loads each at most once, building it where needed
-    and allowed; "cuda" loads "cpu" first."""
+    """The module of ``part`` ("cpu": _C, "cuda": _C_cuda) or None (:func:`reasons` says
+    why); loaded at most once, built where needed and allowed."""
     state = _state[part]
     if state["tried"]:  # the common case: no lock, so dynamo can trace it after the first load
         return state["module"]
@@ -415,8 +383,7 @@ ISA_NAMES = ("generic", "avx2", "avx512")  # csrc/cpu/isa.h's levels, lowest fir
 
 
 def check_isa_env() -> None:
-    """Warn when POSENC_FAST_CPU_ISA names no instruction set the C++ kernels know: they
-    read it once and would silently run with the best one the CPU has."""
+    """Warn when POSENC_FAST_CPU_ISA names no known instruction set (the kernels ignore it)."""
     raw = os.environ.get(ISA_ENV)
     if raw and raw != "auto" and raw not in ISA_NAMES:
         warnings.warn(
@@ -486,21 +453,16 @@ def _part_info(part: str) -> dict:
 
 
 def extension_info() -> dict:
-    """What ``python -m posenc_fast info`` shows about the compiled extension: each part's
-    status, where its binary came from, what was ignored and why, and its build record (the
-    CLI adds what the "cpp"/"cuda" backends make of it: this module sits below the
-    dispatcher and never imports it)."""
+    """What ``python -m posenc_fast info`` shows of each part: status, binary origin, what
+    was ignored and why, build record (this module never imports the dispatcher)."""
     return {part: _part_info(part) for part in PARTS}
 
 
 def build(cuda: Optional[bool] = None, force: bool = False) -> dict[str, dict[str, Any]]:
-    """``python -m posenc_fast build``, in a process that has not loaded the extension:
-    load each part, building what is missing into the cache whatever POSENC_FAST_BUILD says
-    of first use, a remembered failure included. The CPU part; the CUDA part where torch has
-    CUDA and torch finds a toolkit (cuda None, or POSENC_FAST_BUILD=cpu|cuda: no|yes),
-    never (False), or in any case (True). force: rebuild the cache's build from scratch,
-    and use it even where the package has a valid one. Returns per part {"path": the loaded
-    binary or None, "source", "skipped": why it was not built or None, "reasons"}."""
+    """``python -m posenc_fast build`` (in a fresh process): load each part, building what is
+    missing, a remembered failure included. cuda: None (where torch finds a toolkit, or as
+    POSENC_FAST_BUILD=cpu|cuda says), False, True. force: rebuild the cache's build and prefer
+    it. Per part: {"path": binary or None, "source", "skipped": why or None, "reasons"}."""
     global _explicit, _force
     if any(state["tried"] for state in _state.values()):
         raise RuntimeError(

@@ -1,13 +1,6 @@
 """Command line: ``python -m posenc_fast {info,build,verify,bench}``.
 
-- info:   versions, devices, and for every backend whether it is usable here and why not.
-- build:  compile the C++ extension (and its CUDA part where possible) for this torch into
-          the user cache, with progress: what the first use would otherwise do.
-- verify: every usable backend of every op against the float64 reference on fresh random
-          inputs, one line each; exit status 1 on any mismatch.
-- bench:  the op as users write it (eager), torch.compile of that and every usable backend
-          side by side on the same inputs, forward and forward+backward: times, speed-ups,
-          % of measured floors, errors against the float64 spec, peak memory.
+The first paragraph is the parser's description; each subcommand: its module (info.py, ...).
 """
 
 from __future__ import annotations

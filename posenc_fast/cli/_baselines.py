@@ -1,8 +1,5 @@
-"""The eager baselines of the benchmarks: every op as users write it in PyTorch (nn.Linear,
-nn.GELU, torch.cat, the div_term table, a plain ODE loop, torchdiffeq), used by ``bench``,
-pytest-benchmark and the GPU scripts. Not the specification (the float64 reference is):
-their phases are float32, so at large |phase| they carry float32 rounding (|phase| * 6e-8).
-"""
+"""The benchmarks' eager baselines: every op as users write it in PyTorch. Not the
+specification (the float64 reference is): their phases carry float32 rounding."""
 
 from __future__ import annotations
 
@@ -15,9 +12,8 @@ from ..ops.lff import activations
 
 
 class EagerLFF(nn.Module):
-    """x [..., G, M] -> [..., G * Dg], as the public LFF modules compute it: an nn.Linear
-    without bias holding Wr, cos and sin of its output joined by torch.cat and scaled by
-    1/sqrt(F), then nn.Linear + the activation's module + nn.Linear."""
+    """x [..., G, M] -> [..., G * Dg] as the public LFF modules compute it: Wr as a bias-free
+    nn.Linear, cat(cos, sin) / sqrt(F), then Linear, activation, Linear."""
 
     def __init__(self, M: int, F: int, H: int, Dg: int, activation: str = "gelu"):
         super().__init__()
@@ -36,10 +32,8 @@ class EagerLFF(nn.Module):
 
     @classmethod
     def from_weights(cls, wr, w1, b1, w2, b2, activation: str = "gelu", phase_dtype=None):
-        """The module holding copies of posenc_fast's weights (wr [F/2, M], w1 [F, H],
-        b1 [H], w2 [H, Dg], b2 [Dg]); nn.Linear stores weights as [out, in]. The MLP in
-        the weights' dtype, Wr and the phases in ``phase_dtype`` (default the same):
-        float32 keeps the phases of half-precision weights accurate."""
+        """The module holding copies of posenc_fast's weights (wr [F/2, M], w1 [F, H], b1,
+        w2 [H, Dg], b2); Wr and the phases in ``phase_dtype`` (default the weights')."""
         m = cls(wr.shape[1], 2 * wr.shape[0], w1.shape[1], w2.shape[1], activation)
         m = m.to(device=wr.device, dtype=wr.dtype)
         if phase_dtype is not None:
@@ -54,9 +48,7 @@ class EagerLFF(nn.Module):
 
 
 class EagerSinusoidal(nn.Module):
-    """positions [...] -> [..., dim], interleaved sin / cos: the usual table,
-    ``div_term = exp(arange(0, dim, 2) * -log(base) / dim)``, ``pe[:, 0::2] = sin(p *
-    div_term)``, ``pe[:, 1::2] = cos(p * div_term)``."""
+    """positions [...] -> [..., dim]: the usual div_term table, interleaved sin / cos."""
 
     def __init__(self, dim: int, base: float = 10000.0, device=None):
         super().__init__()
@@ -75,9 +67,7 @@ class EagerSinusoidal(nn.Module):
 
 
 class EagerDFT(nn.Module):
-    """positions [...] -> [..., dim]: (a0, a1..aK, b1..bK, b0) of Idé et al.'s Eq. 21, the
-    angles a matmul of the positions with the row of frequencies w_k = 2 pi k / dim, the
-    columns joined by torch.cat."""
+    """positions [...] -> [..., dim]: Idé et al.'s Eq. 21 by a matmul and torch.cat."""
 
     def __init__(self, dim: int, device=None):
         super().__init__()
@@ -114,8 +104,7 @@ class EagerAdd(nn.Module):
 
 
 class EagerCachedAdd(nn.Module):
-    """x [..., L, dim] + pe[:L], pe computed once for max_len positions (a buffer): the
-    tutorial ``PositionalEncoding``."""
+    """x [..., L, dim] + pe[:L], pe a buffer: the tutorial ``PositionalEncoding``."""
 
     def __init__(self, table: nn.Module, max_len: int, dtype, device=None):
         super().__init__()
@@ -142,10 +131,8 @@ def apply_cached_rotary(table: Tensor, t: Tensor) -> Tensor:
 
 
 class EagerRotary(nn.Module):
-    """LightGlue's rotary encoding (its learnable Fourier positional encoding restated;
-    tests/rotary/test_rotary.py names the commit): ``table(x)`` [2, B, 1, N, F] from
-    positions [B, N, M], cos and sin each repeated on two adjacent channels;
-    ``forward(q, k, x)`` builds it and rotates q and k [B, heads, N, F] with it."""
+    """LightGlue's rotary encoding restated (tests/rotary/test_rotary.py names the commit):
+    ``table(x)`` [2, B, 1, N, F] of cos / sin on channel pairs, from x [B, N, M]."""
 
     def __init__(self, M: int, F: int):
         super().__init__()
@@ -168,11 +155,9 @@ class EagerRotary(nn.Module):
         return m
 
 
-# -- the rotary families as timm 1.0.31 runs them in its Eva attention ----------------------
-# timm/layers/pos_embed_sincos.py (tables, rot, rope_rotate_half, apply_rot_embed_cat) and
-# timm/models/eva.py (EvaAttention / AttentionRope.forward: the prefix tokens joined back by
-# torch.cat), restated so that the baselines exist without timm;
-# tests/rotary/test_rotary_baselines.py checks them against timm's functions.
+# The rotary families as timm 1.0.31's Eva attention runs them (timm/layers/pos_embed_sincos.py,
+# timm/models/eva.py), restated to run without timm; tests/rotary/test_rotary_baselines.py
+# checks them against timm.
 
 
 def timm_rot(x: Tensor) -> Tensor:
@@ -201,8 +186,7 @@ def timm_rope_layout(x: Tensor, rotate_half: bool = False) -> Tensor:
 
 
 def timm_eva_rotate(q: Tensor, k: Tensor, rope: Tensor, prefix: int, half: bool):
-    """EvaAttention's rotation: the tokens after the ``prefix`` class / register tokens
-    rotated by the table ``rope``, the prefix joined back by torch.cat."""
+    """EvaAttention's rotation: tokens after ``prefix`` rotated, the prefix joined back."""
     q = torch.cat(
         [q[:, :, :prefix, :], timm_apply_rot_embed_cat(q[:, :, prefix:, :], rope, half)], 2
     )
@@ -235,8 +219,7 @@ def timm_mixed_table(freqs: Tensor, t_x: Tensor, t_y: Tensor) -> Tensor:
 
 
 def timm_dinov3_table(coords: Tensor, periods: Tensor, rotate_half: bool = True) -> Tensor:
-    """RotaryEmbeddingDinoV3's ``_create_embed`` after the grid: coordinates [N, 2] and
-    periods [F/4] -> [N, 2F] = cat([sin, cos])."""
+    """RotaryEmbeddingDinoV3's ``_create_embed``: coords [N, 2], periods [F/4] -> [N, 2F]."""
     angles = (2 * math.pi * coords[:, :, None].to(periods.dtype) / periods[None, None, :]).flatten(
         1
     )
@@ -246,9 +229,8 @@ def timm_dinov3_table(coords: Tensor, periods: Tensor, rotate_half: bool = True)
 
 
 class EagerTableRotary(nn.Module):
-    """Axial (EVA-02, RoPE-ViT) and DINOv3 as timm's Eva runs them in one block: the table
-    cat([sin, cos]) a buffer built beforehand (axial: timm caches it; DINOv3: the model
-    builds one per forward, shared by all its blocks), then EvaAttention's rotation."""
+    """Axial (EVA-02, RoPE-ViT) and DINOv3 in one Eva block: the table cat([sin, cos]) a
+    prebuilt buffer (cached by timm, or built once per forward for all blocks)."""
 
     def __init__(self, table: Tensor, prefix: int, half: bool):
         super().__init__()
@@ -260,9 +242,7 @@ class EagerTableRotary(nn.Module):
 
 
 class EagerMixedRotary(nn.Module):
-    """RoPE-Mixed as timm's Eva runs it in one block: the block's table from its learnable
-    frequencies [2, heads, F/2] (timm's parameter ``freqs[:, block]``; the model builds
-    every block's in each forward), then EvaAttention's rotation."""
+    """RoPE-Mixed in one Eva block: the table built each forward from freqs [2, heads, F/2]."""
 
     def __init__(self, freqs: Tensor, prefix: int):
         super().__init__()
@@ -275,9 +255,8 @@ class EagerMixedRotary(nn.Module):
 
 
 def flux_embed_nd(ids: Tensor, axes_dim, theta: float = 10000.0) -> Tensor:
-    """FLUX's EmbedND (black-forest-labs/flux src/flux/modules/layers.py, its ``rope`` in
-    src/flux/math.py): per axis of dimension d, angles pos * omega_j, omega_j =
-    1 / theta^(2j / d) in float64, as 2x2 rotation matrices; [..., 1, N, F/2, 2, 2] float32."""
+    """FLUX's EmbedND (black-forest-labs/flux src/flux/math.py ``rope``): per axis, angles in
+    float64 as 2x2 rotation matrices -> [..., 1, N, F/2, 2, 2] float32."""
     blocks = []
     for a, d in enumerate(axes_dim):
         omega = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=ids.device) / d)
@@ -288,8 +267,7 @@ def flux_embed_nd(ids: Tensor, axes_dim, theta: float = 10000.0) -> Tensor:
 
 
 def flux_apply_rope(q: Tensor, k: Tensor, freqs_cis: Tensor):
-    """FLUX's apply_rope (src/flux/math.py): pairs (2i, 2i+1) times their rotation matrix
-    in float32, back in q's dtype."""
+    """FLUX's apply_rope (src/flux/math.py): pair rotations in float32, back in q's dtype."""
     q_ = q.float().reshape(*q.shape[:-1], -1, 1, 2)
     k_ = k.float().reshape(*k.shape[:-1], -1, 1, 2)
     q_out = freqs_cis[..., 0] * q_[..., 0] + freqs_cis[..., 1] * q_[..., 1]
@@ -298,8 +276,7 @@ def flux_apply_rope(q: Tensor, k: Tensor, freqs_cis: Tensor):
 
 
 class EagerFluxRotary(nn.Module):
-    """FLUX's rotation in one block: ``pe`` (EmbedND of the tokens' ids, built once per
-    forward and shared by all blocks) a buffer, then apply_rope."""
+    """FLUX's rotation in one block: ``pe`` (EmbedND, built once per forward) a buffer."""
 
     def __init__(self, pe: Tensor):
         super().__init__()
@@ -307,9 +284,6 @@ class EagerFluxRotary(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor):
         return flux_apply_rope(q, k, self.pe)
-
-
-# -- FLOATER -------------------------------------------------------------------------------
 
 
 def _plain_step(y, t, dt, w1, b1, w2, b2):
@@ -328,9 +302,8 @@ def _plain_step(y, t, dt, w1, b1, w2, b2):
 
 @torch.compiler.disable(recursive=False)
 def plain_floater(p0, w1, b1, w2, b2, times, substeps: int):
-    """FLOATER's eager baseline: the plain loop in the working dtype. Under torch.compile
-    only ``_plain_step`` is compiled (recursive=False keeps this loop eager: dynamo would
-    unroll thousands of steps), the compiled baseline docs/performance.md asks for."""
+    """FLOATER's eager baseline, the plain loop. torch.compile compiles only ``_plain_step``
+    (recursive=False: dynamo would unroll thousands of steps)."""
     y = p0
     states = []
     t_prev = torch.zeros((), dtype=p0.dtype, device=p0.device)
@@ -365,10 +338,7 @@ class _TorchdiffeqDynamics(nn.Module):
 
 
 def torchdiffeq_baselines(p0, w1, b1, w2, b2, times, K) -> dict:
-    """torchdiffeq's odeint (gradients by autograd through its steps) and odeint_adjoint
-    (continuous adjoint, the same fixed grid backwards), given exactly our step grid
-    (method "rk4" is the 3/8 rule): name -> closure returning [L, S, d]; {} without
-    torchdiffeq."""
+    """torchdiffeq's odeint(_adjoint) on our step grid: name -> closure -> [L, S, d], or {}."""
     try:
         from torchdiffeq import odeint, odeint_adjoint
     except ImportError:

@@ -1,8 +1,5 @@
-"""The benchmark cases, defined once: per op a factory holding the inputs and, for every
-implementation (the eager baselines of _baselines, torch.compile of them, each usable
-posenc_fast backend), a closure computing the output from those very tensors; the sizes
-``bench``, pytest-benchmark (benchmarks/test_bench.py) and the GPU scripts run.
-"""
+"""The benchmark cases (``bench``, benchmarks/test_bench.py, the GPU scripts): per op the
+inputs and, per implementation, a closure computing the output from those tensors."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ from ._floors import Work
 
 @dataclass
 class Impl:
-    """One implementation: ``fn()`` computes the output; "fwd+bwd" differentiates it with
-    respect to ``leaves``; ``layout`` maps the output to the spec's layout."""
+    """``fn()``: the output (differentiated to ``leaves``); ``layout``: to the spec's layout."""
 
     fn: Callable[[], torch.Tensor]
     leaves: list
@@ -40,10 +36,7 @@ class Impl:
 
 @dataclass
 class BenchCase:
-    """The inputs of one op at one size and its implementations. "eager" is the op as
-    users write it (module or function); ``baselines`` the others ("eager-cached",
-    "eager-rotate", torchdiffeq); ``spec()`` the float64 reference's forward output, not
-    timed, against which every implementation's largest error is reported."""
+    """One op at one size: inputs, implementations, and ``spec()`` (float64, not timed)."""
 
     op: str  # "lff", "sinusoidal", "sinusoidal_add", "dft", "dft_add", "floater", "rotary"
     label: str  # the sizes, readable
@@ -61,8 +54,7 @@ class BenchCase:
 
 
 def _available(op: str, device: str, dtype) -> list[str]:
-    """Usable backends that "auto" could pick here, in auto's order: e.g. not the Triton
-    interpreter on the CPU (TRITON_INTERPRET=1), which is for verification, not timing."""
+    """Usable backends "auto" could pick here (not the Triton interpreter), in its order."""
     names = _inputs.backends_for(op, device, dtype)
     return [n for n in names if _dispatch.auto_eligible(n, _dispatch.REGISTRIES[op], device)]
 
@@ -71,9 +63,7 @@ def _elt(dtype) -> int:
     return torch.finfo(dtype).bits // 8
 
 
-# LFF on the GPU: name -> (N, M_total, G, F, H, D, dtype): benchmarks/lff_gpu.py's cases
-# (M_total coordinates, M_total / G per group); ``bench --device cuda`` runs those of
-# LFF_BENCH_LABELS with fp32 weights under autocast.
+# benchmarks/lff_gpu.py's cases (bench --device cuda: LFF_BENCH_LABELS'): (N, M, G, F, H, D)
 LFF_GPU_SHAPES = {
     "canonical": (2**20, 2, 1, 256, 32, 768, "bfloat16"),
     "canonical-fp32": (2**20, 2, 1, 256, 32, 768, "float32"),
@@ -95,8 +85,7 @@ LFF_BENCH_LABELS = {  # name -> bench's label suffix
 
 
 def lff_case(N, M, G, F, H, D, device, dtype=torch.float32, label_extra="") -> BenchCase:
-    """LFF + MLP on N positions. bf16/fp16: fp32 weights under autocast (the usual AMP
-    setup), so the eager baseline is the same model under the same autocast."""
+    """LFF + MLP on N positions; bf16/fp16: fp32 weights under autocast, eager alike."""
     g = _inputs.generator(N + 7 * F + H)
     case = _inputs.LffCase((N,), G, M, F, H, D // G)
     param_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -207,8 +196,7 @@ def encoding_add_case(
     )
 
 
-# rotary: name -> (B, N, heads, head_dim), positions [B, N, ROTARY_M] (also
-# benchmarks/rotary.py's cases on the GPU)
+# rotary (also benchmarks/rotary.py's): name -> (B, N, heads, head_dim); x [B, N, ROTARY_M]
 ROTARY_SIZES = {
     "lightglue-512": (1, 512, 4, 64),  # LightGlue's self-attention: 4 heads of 64
     "lightglue-2048": (1, 2048, 4, 64),
@@ -218,9 +206,8 @@ ROTARY_M = 2
 
 
 def rotary_inputs(B: int, N: int, H: int, D: int, dtype, device, seed: int = 0):
-    """(q, k, x, wr) as in LightGlue's self-attention: q and k [B, H, N, D] sliced from one
-    fused qkv tensor (channel stride 3), keypoints x [B, N, 2] in (-1, 1) and wr [D/2, 2]
-    of standard deviation 1 (LightGlue's gamma = 1) in float32; q and k in ``dtype``."""
+    """(q, k, x, wr) as in LightGlue's self-attention: q, k [B, H, N, D] in ``dtype`` sliced
+    from a fused qkv (channel stride 3); x [B, N, 2] in (-1, 1), wr [D/2, 2] ~ N(0, 1), fp32."""
     g = torch.Generator().manual_seed(seed)
     qkv = torch.randn(B, N, H, D, 3, generator=g).to(device=device, dtype=dtype).transpose(1, 2)
     q, k = qkv[..., 0], qkv[..., 1]
@@ -230,18 +217,15 @@ def rotary_inputs(B: int, N: int, H: int, D: int, dtype, device, seed: int = 0):
 
 
 def rotary_case(name: str, device, dtype=torch.float32, sizes=None) -> BenchCase:
-    """q and k rotated by positions (``apply_lff_rotary``); gradients to q, k and wr (as in
-    training; the keypoints need none). ``sizes``: (B, N, heads, head_dim), by default
-    ROTARY_SIZES[name]. With bfloat16 q and k the baselines' table is float32 (x and wr
-    are), so their outputs are float32 as LightGlue's; ours are q's dtype."""
+    """``apply_lff_rotary``, gradients to q, k and wr; ``sizes`` default ROTARY_SIZES[name].
+    With bf16 q, k the baselines output float32 (as LightGlue's), ours q's dtype."""
     B, N, H, D = sizes or ROTARY_SIZES[name]
     q, k, x, wr = rotary_inputs(B, N, H, D, dtype, device)
     # q and k are views of qkv: leaves of their own here, for their gradients
     for t in (q, k, wr):
         t.requires_grad_(True)
     eager = _baselines.EagerRotary.from_weights(wr.detach())
-    # LightGlue's per-layer cost: the table built once beforehand; in fwd+bwd the gradient
-    # goes to q, k and the table (which a training step then carries back to wr once)
+    # LightGlue's per-layer cost: the table built once beforehand, gradients to q, k, table
     table = eager.table(x).detach().requires_grad_(True)
 
     def spec():
@@ -277,8 +261,7 @@ def rotary_case(name: str, device, dtype=torch.float32, sizes=None) -> BenchCase
                 [q, k, table],
             )
         },
-        # elements only: q and k read from the fused qkv tensor also pull v's channels
-        # through the caches, so the floor is lower than any strided reader can reach
+        # elements only: strided q, k also pull v's channels through the caches (floor low)
         work={
             "fwd": Work(2 * qk + x.numel() * x.element_size()),
             # backward: read dq', dk' and x again (cos / sin recomputed), write dq and dk
@@ -287,9 +270,7 @@ def rotary_case(name: str, device, dtype=torch.float32, sizes=None) -> BenchCase
     )
 
 
-# rotary families (timm's Eva models, FLUX): ViT-B/16's 12 heads of 64 channels; grid name
-# -> (batch, grid); the 2-D families on the 2-D grids, nd on all (a 2-D grid as FLUX's image
-# ids (0, row, col)). Also benchmarks/rotary.py's family cases on the GPU.
+# rotary families (also benchmarks/rotary.py's): ViT-B/16's heads; grid -> (batch, grid)
 ROTARY_HEADS, ROTARY_HEAD_DIM = 12, 64
 ROTARY_GRIDS = {
     "vit224": (8, (14, 14)),  # 224 px
@@ -309,10 +290,7 @@ ROTARY_ND_AXES = (16, 24, 24)  # FLUX's split of a head (16, 56, 56 of 128) for 
 
 
 def _family_inputs(family: str, grid, D: int, H: int, g: torch.Generator, device):
-    """(x, freqs, pairs, eager module, its extra args) of a family on ``grid``, as timm
-    1.0.31's models set it up (vit_base_patch16_rope_224, ..._rope_mixed_224,
-    vit_base_patch16_dinov3) and FLUX: W and x from posenc_fast.rope (bitwise timm's), the
-    baseline's table from timm's formulas (_baselines)."""
+    """(x, freqs, pairs, eager module, its extra args) of a family, as timm 1.0.31 and FLUX."""
     prefix = ROTARY_PREFIX[family]
     if family == "axial":  # RotaryEmbeddingCat, in_pixels=False, temperature 100, xy grid
         x = rope.grid(grid, "index", indexing="xy", device=device)
@@ -342,11 +320,8 @@ def _family_inputs(family: str, grid, D: int, H: int, g: torch.Generator, device
 def rotary_family_case(
     family: str, grid_name: str, device, dtype=torch.float32, sizes=None
 ) -> BenchCase:
-    """q and k of one attention block rotated by a family's angles, prefix tokens passed
-    through; gradients to q, k and (Mixed) its frequencies. q and k [B, heads, N, 64] are
-    timm's views of the fused qkv projection. "eager": timm's (FLUX's) code as its models
-    run it, the table cached where they cache it (_baselines); ours: ``pf.rotary``, angles
-    in the kernel. ``sizes``: (B, grid), by default ROTARY_GRIDS[grid_name]."""
+    """One block's q, k [B, heads, N, 64] (views of a fused qkv) rotated by a family's angles,
+    gradients to q, k (and Mixed's freqs); ``sizes`` default ROTARY_GRIDS[grid_name]."""
     B, grid = sizes or ROTARY_GRIDS[grid_name]
     H, D, prefix = ROTARY_HEADS, ROTARY_HEAD_DIM, ROTARY_PREFIX[family]
     cells = 1
@@ -424,7 +399,7 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
             for name, extra in LFF_BENCH_LABELS.items():
                 N, M, G, F, H, D, dtype = LFF_GPU_SHAPES[name]
                 out += [lff_case(N, M // G, G, F, H, D, device, getattr(torch, dtype), extra)]
-            # smaller boxes than benchmarks/lff_gpu.py's (bench keeps every case to seconds)
+            # smaller boxes than benchmarks/lff_gpu.py's: every case in seconds
             out += [
                 lff_case(2**18, 4 // G, G, 128, 32, 256, device, torch.bfloat16, " (boxes)")
                 for G in (1, 2, 4)
@@ -454,8 +429,7 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
             if not quick:
                 out += [encoding_add_case(kind, 8, 4096, 768, device)]
     if "rotary" in ops:
-        # quick: LightGlue's sizes in float32; else also the ViT-like batch, and bfloat16
-        # q and k (benchmarks/RESULTS.md's rotary table: every size in float32 and bfloat16)
+        # quick: LightGlue's sizes in float32; else all sizes in float32 and bfloat16
         names = ("lightglue-512", "lightglue-2048") if quick else tuple(ROTARY_SIZES)
         dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
         out += [rotary_case(n, device, dt) for dt in dtypes for n in names]
@@ -464,21 +438,16 @@ def cases(quick: bool, device: str, ops: list[str]) -> list[BenchCase]:
     return out
 
 
-# -- FLOATER: S = 12 states, H = d, times i * 0.01, five steps of the 3/8 rule per interval
-# ("rk38", i.e. torchdiffeq's "rk4"), ReLU; also benchmarks/floater_gpu.py's inputs.
-
+# FLOATER (also benchmarks/floater_gpu.py's): H = d, times i * 0.01, 5 rk38 steps, ReLU
 FLOATER_STATES = 12
 FLOATER_DELTA_T = 0.01
 FLOATER_SUBSTEPS = 5
 
 
 def floater_inputs(S: int, d: int, L: int, dtype, device: str, seed: int):
-    """(p0, w1, b1, w2, b2, times) of the FLOATER benchmarks: H = d, ``_inputs``' random
-    states and weights with w1 scaled by 0.5 and w2 by 0.3, times i * FLOATER_DELTA_T."""
+    """(p0, w1, b1, w2, b2, times), w1 * 0.5 and w2 * 0.3: states O(1) up to L = 512."""
     case = _inputs.FloaterCase(S, d, d, L)
     p0, w1, b1, w2, b2, _ = _inputs.floater_inputs(case, dtype, device, seed)
-    # Weights of the default initialisation's scale for w1 and a moderate w2: the states
-    # stay O(1) over the whole range (no overflow in float32 at L = 512).
     with torch.no_grad():
         w1.mul_(0.5)
         w2.mul_(0.3)
@@ -489,9 +458,7 @@ def floater_inputs(S: int, d: int, L: int, dtype, device: str, seed: int):
 def floater_case(
     L: int, d: int, device: str, dtype=torch.float32, S: int = FLOATER_STATES
 ) -> BenchCase:
-    """The plain loop ("eager"; its torch.compile compiles the step, the loop stays eager)
-    and torchdiffeq's odeint / odeint_adjoint on our step grid: every implementation does
-    the same number of steps."""
+    """The plain loop ("eager") and torchdiffeq on our step grid: the same steps everywhere."""
     K = FLOATER_SUBSTEPS
     *weights, times = floater_inputs(S, d, L, dtype, device, seed=L + d)
     leaves = [t.requires_grad_(True) for t in weights]
@@ -529,12 +496,9 @@ def floater_case(
 
 
 def floater_cases(quick: bool, device: str, sizes=None) -> list[BenchCase]:
-    """The FLOATER cases of ``bench``; ``sizes``: (L, d) pairs replacing the default set
-    (``bench --floater-sizes``, e.g. benchmarks/RESULTS.md's L = 512, d = H in {64, 512})."""
+    """The FLOATER cases of ``bench``; ``sizes``: (L, d) pairs replacing the defaults."""
     if sizes is None:
-        # quick: one small case. The many-op baselines (torchdiffeq, the plain loop) make
-        # the bench's profiler-based peak-memory pass slow, tens of seconds per case on 2
-        # cores.
+        # quick: one small case (the many-op baselines make the peak-memory pass slow)
         sizes = [(64, 16)] if quick else [(64, 16), (64, 128), (512, 16), (512, 128)]
         if device == "cuda" and not quick:
             sizes.append((1024, 512))  # docs/performance.md's FLOATER case
@@ -542,8 +506,7 @@ def floater_cases(quick: bool, device: str, sizes=None) -> list[BenchCase]:
 
 
 def agreement(case: BenchCase) -> str:
-    """'' when every implementation of a FLOATER case agrees with the eager loop, else why
-    (a quick check that the baselines integrate the same problem)."""
+    """'' when every implementation of a FLOATER case agrees with the eager loop, else why."""
     with torch.no_grad():
         want = case.eager(*case.args)
         for name, impl in {**case.backends, **case.baselines}.items():

@@ -13,9 +13,7 @@ from .._version import __version__
 
 
 def git_sha() -> str:
-    """The commit of the code that runs: git's HEAD (+ "-dirty") where the package lies in
-    a checkout, else "unknown" (the GPU benchmark scripts take the commit of a copied tree
-    as --git-sha)."""
+    """git's HEAD (+ "-dirty") where the package lies in a checkout, else "unknown"."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(
@@ -58,9 +56,7 @@ def cpu_model() -> str:
 
 
 def cpu_family_model() -> str:
-    """The CPU's family and model numbers from /proc/cpuinfo, as "family F model M" (VMs
-    often name only the brand, e.g. "AMD EPYC", whose generations differ twofold in vector
-    width), else ""."""
+    """ "family F model M" from /proc/cpuinfo (VMs often name only the brand), else ""."""
     fields = {}
     try:
         with open("/proc/cpuinfo") as f:

@@ -1,20 +1,5 @@
-"""Floors measured in the same run as the timings (docs/performance.md, "How to measure").
-
-A case states the least work one call must do (:class:`Work`): the bytes it must move
-(inputs read once, outputs written once) and the GEMMs it must run, as (rows, k, n) for a
-[rows, k] x [k, n] product. The machine is measured at the thread count and load of the
-timings that follow:
-
-- bandwidth: a large ``fill_`` (bytes written / s) and a large ``copy_`` (bytes read +
-  written / s); the floor uses the faster of the two, so it is never too lenient;
-- GEMM rate: ``torch.mm`` of [GEMM_ROWS, k] x [k, n] for every (k, n) the cases use (the
-  MLP's [tile, F] x [F, H] and [tile, H] x [H, D]); backward products of the same layer
-  ([k, rows] x [rows, n] and [rows, n] x [n, k]) are charged at the same rate.
-
-floor time = max(bytes / bandwidth, sum of GEMM flops / rate at that shape); an
-implementation's "% of floor" is floor time / its median time. Sines and cosines are
-not counted: the floor is what the memory system and the matrix units allow at best.
-"""
+"""Floors measured in the same run as the timings (docs/performance.md): max(bytes / the
+faster of fill and copy, GEMM flops / torch.mm's rate at that (k, n)); sin / cos not counted."""
 
 from __future__ import annotations
 
@@ -29,8 +14,8 @@ GEMM_ROWS = 4096
 
 @dataclass(frozen=True)
 class Work:
-    """The least work of one call: bytes moved and GEMMs (rows, k, n) in ``gemm_dtype``
-    (bfloat16 for autocast cases: their MLP runs on tensor cores)."""
+    """The least work of one call: bytes moved (inputs read once, outputs written once) and
+    GEMMs (rows, k, n) for [rows, k] x [k, n] in ``gemm_dtype`` (bf16 for autocast cases)."""
 
     bytes: int = 0
     gemms: tuple[tuple[int, int, int], ...] = ()
@@ -62,9 +47,7 @@ def _bandwidth(device: str, timer: Callable, min_time: float) -> tuple[float, fl
 
 
 def measure(device: str, gemm_shapes, timer: Callable, min_time: float) -> dict:
-    """Bandwidth and the GEMM rates of ``gemm_shapes`` ((k, n, dtype), see Work.shapes) on
-    ``device`` now: {"fill_gbps", "copy_gbps", "bandwidth_gbps", "gemm_gflops": {"kxn":
-    rate}, "gemm_rows"}."""
+    """Bandwidth and GEMM rates of ``gemm_shapes`` ((k, n, dtype)) on ``device``, as a dict."""
     fill, copy = _bandwidth(device, timer, min_time)
     rates = {}
     for k, n, dtype in sorted(set(gemm_shapes), key=str):

@@ -1,10 +1,5 @@
-"""What ``python -m posenc_fast verify`` and ``bench`` run, shared with the test suite
-(tests/_helpers.py holds what only the tests need): seeded random inputs, the case
-matrices of every op, and the backends usable here for an op.
-
-Inputs are always fresh random values (never zeros: zeros hide bugs and run faster),
-drawn from a seeded generator so a failure can be reproduced from its seed.
-"""
+"""Seeded random inputs (never zeros: they hide bugs), every op's case matrix and the
+usable backends, for ``verify``, ``bench`` and the tests (tests/_helpers.py: tests only)."""
 
 from __future__ import annotations
 
@@ -38,10 +33,8 @@ def rand(shape, gen, low, high, dtype=torch.float32, device="cpu") -> torch.Tens
 
 
 def randomize_parameters(module, seed: int, scale: float = 1.0, fan_in: bool = False) -> None:
-    """Overwrite every parameter of ``module``, in ``parameters()`` order, with :func:`randn`
-    values from one generator seeded with ``seed``, each in the parameter's own dtype and
-    device: standard deviation ``scale``, divided by sqrt(rows) for matrices when
-    ``fan_in`` (their first dimension is the input dimension)."""
+    """Overwrite ``module``'s parameters in order with :func:`randn` values seeded by ``seed``:
+    std ``scale``, divided by sqrt(rows) for matrices when ``fan_in``."""
     g = generator(seed)
     with torch.no_grad():
         for p in module.parameters():
@@ -68,8 +61,7 @@ class LffCase:
 
 
 def lff_inputs(case: LffCase, dtype, device, seed: int, x_dtype=None):
-    """(x, wr, w1, b1, w2, b2); the weights in ``dtype``, x in ``x_dtype`` (default float32,
-    float64 when dtype is float64)."""
+    """(x, wr, w1, b1, w2, b2); weights in ``dtype``, x in ``x_dtype`` (default fp32 / fp64)."""
     g = generator(seed)
     if x_dtype is None:
         x_dtype = torch.float64 if dtype == torch.float64 else torch.float32
@@ -86,9 +78,7 @@ def lff_inputs(case: LffCase, dtype, device, seed: int, x_dtype=None):
     return x, wr, w1, b1, w2, b2
 
 
-# The shared LFF matrix: odd sizes, N = 0 and 1, extra batch dimensions, G in {1, 2, 4},
-# M in {1, 2, 4}, every activation, with and without the MLP. Small enough for the
-# Triton interpreter (about 0.5 ms per program instance) in CI.
+# Odd sizes, N = 0 and 1, G and M in {1, 2, 4}, every activation, with and without the MLP
 LFF_CASES: Sequence[LffCase] = (
     LffCase((37,), 1, 2, 16, 8, 12),
     LffCase((0,), 2, 2, 16, 8, 12),
@@ -139,8 +129,7 @@ ENCODING_CASES: Sequence[EncodingCase] = tuple(
 
 
 def implementing(op: str, device: str, dtype: Optional[torch.dtype], include_reference: bool):
-    """(name, backend) of every backend that implements ``op`` on ``device`` in ``dtype``,
-    in the dispatcher's order."""
+    """(name, backend) implementing ``op`` on ``device`` in ``dtype``, in dispatch order."""
     registry = _dispatch.REGISTRIES[op]
     for name, b in _dispatch.BACKENDS.items():
         impl = registry.get(name)
@@ -165,9 +154,6 @@ def backends_for(
     ]
 
 
-# -- FLOATER -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class FloaterCase:
     num_states: int  # S
@@ -189,9 +175,8 @@ class FloaterCase:
 
 
 def floater_inputs(case: FloaterCase, dtype, device, seed: int):
-    """(p0, w1, b1, w2, b2, times): weights scaled so that h is O(1) (errors of a wrong
-    step or stage show), times increasing from a random positive start with random gaps
-    (times[1] == times[0] when ``repeat_time``)."""
+    """(p0, w1, b1, w2, b2, times): h is O(1) (a wrong step or stage shows), times
+    increasing with random gaps (times[1] == times[0] when ``repeat_time``)."""
     g = generator(seed)
     S, d, H, L = case.num_states, case.dim, case.hidden_dim, case.length
     p0 = randn((S, d), g, dtype, device)
@@ -206,8 +191,7 @@ def floater_inputs(case: FloaterCase, dtype, device, seed: int):
     return p0, w1, b1, w2, b2, times
 
 
-# Odd sizes, S = 1 and 0, L = 0 and 1, H != d, every method and activation, one substep,
-# a zero-length interval. Small: the reference runs one Python step at a time.
+# Odd sizes, S and L = 0 and 1, H != d, every method and activation, a zero-length interval
 FLOATER_CASES: Sequence[FloaterCase] = (
     FloaterCase(3, 5, 7, 6, 3, "rk4", "relu"),
     FloaterCase(2, 4, 4, 5, 2, "rk38", "tanh", repeat_time=True),
@@ -220,12 +204,7 @@ FLOATER_CASES: Sequence[FloaterCase] = (
 )
 
 
-# -- rotary (LightGlue) --------------------------------------------------------------------
-# Both layouts, positions per batch row and shared by the batch, fewer key heads than query
-# heads, rotary_dim < head_dim (odd head_dim too), N = 0 and 1, B = 0, strided q (a slice
-# of a fused qkv tensor, as in LightGlue), sizes past one block of the kernels.
-
-
+# rotary: layouts, shared positions, GQA, rotary_dim < head_dim, N, B = 0, strided q, ...
 @dataclass(frozen=True)
 class RotaryCase:
     batch: int
@@ -263,9 +242,7 @@ ROTARY_CASES: Sequence[RotaryCase] = (
     RotaryCase(0, 2, 2, 4, 8, 8, 2, "bnhd"),
 )
 ROTARY_TABLE_SHAPES = [(2, 17, 2, 16), (5, 1, 4), (2, 3, 9, 4, 8), (0, 3, 6), (1, 70, 2, 160)]
-# The general op (``pf.rotary``): each family's options. EVA-02 / axial (a class token),
-# RoPE-Mixed (per head), DINOv3 (rotate-half, 1 + 4 prefix tokens), N-D video (M = 3,
-# partial), token dropping (positions per sample), GQA, a strided q, nothing rotated.
+# ``pf.rotary``: every family's options, token dropping, GQA, a strided q, nothing rotated
 ROTARY_FAMILY_CASES: Sequence[RotaryCase] = (
     RotaryCase(2, 3, 3, 17, 16, 16, 2, shared_x=True, prefix=1),
     RotaryCase(2, 3, 3, 17, 16, 16, 2, shared_x=True, per_head=True, prefix=1),
@@ -292,8 +269,7 @@ def rotary_inputs(case: RotaryCase, dtype, device, seed: int):
     g = generator(seed)
     pdt = torch.float64 if dtype == torch.float64 else torch.float32
     if case.fused_qkv:
-        # LightGlue's SelfBlock: qkv [B, N, heads * head_dim * 3] unflattened to
-        # [B, N, heads, head_dim, 3], heads moved before N, q = [..., 0]: channel stride 3.
+        # LightGlue's SelfBlock: qkv [B, N, heads, head_dim, 3], q = [..., 0] (stride 3)
         qkv = randn((case.batch, case.n, case.heads_q, case.head_dim, 3), g, dtype)
         qkv = qkv.to(device).transpose(1, 2)
         q, k = qkv[..., 0], qkv[..., 1]

@@ -1,13 +1,5 @@
-"""Timing and peak-memory measurement for ``bench`` (docs/performance.md "How to measure").
-
-- CUDA: device-event timing through triton.testing.do_bench when available (median with
-  20th/80th percentiles, L2 flushed between runs), else CUDA events; peak memory from
-  torch.cuda.max_memory_allocated after reset_peak_memory_stats.
-- CPU: wall-clock with warm-up, repeated until ``min_time`` seconds; peak memory from the
-  profiler's allocation records (each op's own allocations and the frees, in time order),
-  i.e. the most bytes that torch tensors held at once during one call, above the
-  tensors that existed before it.
-"""
+"""Timing (median, p20, p80 in ms) and peak memory for ``bench``: the most bytes tensors
+held at once during one call above those before it (CPU: from the profiler's records)."""
 
 from __future__ import annotations
 
@@ -67,9 +59,7 @@ def time_cuda(fn: Callable[[], object], min_time: float) -> tuple[float, float, 
 
 @contextlib.contextmanager
 def _quiet_native_stderr():
-    """Kineto writes two 'USDT: profiler_start/stop' lines to file descriptor 2 on every
-    profile (torch 2.13, no setting turns them off); they would drown the bench table. Python
-    exceptions still propagate: only the C-level stream is redirected, for this block."""
+    """Silence fd 2 for the block: Kineto prints 'USDT: profiler_start/stop' on every profile."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:

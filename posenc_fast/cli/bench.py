@@ -1,9 +1,5 @@
-"""``python -m posenc_fast bench``: every implementation of each case (_cases) side by side
-on the same inputs, forward and forward+backward: medians, speed-ups against eager and
-torch.compile, % of the floor measured in the same run, error against the float64 spec and
-peak memory; timings are reported, never asserted. What each column means:
-docs/performance.md.
-"""
+"""``python -m posenc_fast bench``: every implementation of each case (_cases) side by side;
+timings are reported, never asserted. Columns: docs/performance.md."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ from ._environment import describe
 
 MODES = ("fwd", "fwd+bwd")
 KNOWN_OPS = ("lff", "sinusoidal", "dft", "floater", "rotary")
-# "--ops all": rotary runs only when named (--ops rotary): its torch.compile baselines
-# would add about a minute to --quick on 2 cores, and the default run stays as it was
+# "--ops all": rotary runs only when named (its torch.compile baselines are slow)
 DEFAULT_OPS = ("lff", "sinusoidal", "dft", "floater")
 COMPILE_MODES = {"compile": None, "compile-max": "max-autotune"}
 DEFAULT_COMPILE_TIMEOUT = 300.0
@@ -35,9 +30,7 @@ DEFAULT_COMPILE_TIMEOUT = 300.0
 
 @dataclass(frozen=True)
 class Setting:
-    """Threads for torch (None: leave as is), and whether the timings run beside a busy
-    process: ``context()``, a context manager yielding a dict of what it started, holds
-    during the setting (benchmarks/cpu_lab.py's process pinned to one core)."""
+    """Threads (None: as is); ``context()``, a busy process beside the timings (cpu_lab.py)."""
 
     threads: int | None = None
     contention: bool = False
@@ -47,8 +40,7 @@ class Setting:
 
 
 class CompileTimeout(BaseException):
-    """Raised by the time box (a BaseException: torch's ``except Exception`` must not
-    swallow it)."""
+    """A BaseException: torch's ``except Exception`` must not swallow it."""
 
 
 @contextlib.contextmanager
@@ -72,8 +64,7 @@ def time_box(seconds: float | None):
 
 @contextlib.contextmanager
 def applied(setting: Setting):
-    """Set the thread count and enter the setting's context for the block; undo both
-    after."""
+    """Set the thread count and enter the setting's context for the block."""
     before = torch.get_num_threads()
     if setting.threads:
         torch.set_num_threads(setting.threads)
@@ -142,8 +133,7 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class _Accuracy:
-    """Largest error of each implementation's forward against the float64 spec, and its
-    largest difference from posenc_fast's output (``ours``: the backend "auto" picks)."""
+    """Each forward's largest error vs the float64 spec and difference from auto's backend."""
 
     def __init__(self, case):
         self.case = case
@@ -186,9 +176,7 @@ def _measure_one(case, name, impl, mode, timer, peak, min_time, compile_timeout,
 
 
 class _Run:
-    """The state of one ``measure`` call: options, progress and the rows so far. Errors
-    are measured in the first setting, peak memory once per thread count (the torch
-    backend's chunks depend on it); later rows repeat them."""
+    """One ``measure`` call; errors in the first setting, peak memory once per thread count."""
 
     def __init__(self, cases, modes, device, min_time, compile_modes, compile_timeout, total):
         self.cases, self.modes, self.min_time = cases, modes, min_time
@@ -201,9 +189,7 @@ class _Run:
         self.peaks: dict = {}  # (threads, op, case, mode, impl) -> peak bytes
 
     def case(self, case, setting: Setting, threads: int, machine: dict, first: bool) -> None:
-        # each case compiles afresh, specialised to its shapes, as one model would be: cases
-        # sharing an eager form (a module's forward) would otherwise pile up recompilations
-        # until dynamo's limit, where it silently runs the eager form instead
+        # compile each case afresh: a shared eager form would hit dynamo's recompile limit
         torch._dynamo.reset()
         impls = _impls(case, self.compile_modes)
         accuracy = _Accuracy(case) if first else None
@@ -255,8 +241,7 @@ def measure(
     settings=(Setting(),),
     compile_timeout=DEFAULT_COMPILE_TIMEOUT,
 ) -> dict:
-    """Every case x mode x implementation in every setting: {"settings": [...],
-    "results": [...]} (rows carry their setting's threads and contention)."""
+    """Every case x mode x implementation in every setting: {"settings", "results"}."""
     per_setting = sum(len(_impls(c, ())) + len(compile_modes) for c in cases) * len(modes)
     state = _Run(
         cases, modes, device, min_time, compile_modes, compile_timeout,
@@ -346,8 +331,7 @@ def _panel(r: dict) -> tuple:
 
 
 def plot(results: list[dict], path: str) -> None:
-    """Median time against size, one panel per op (rotary: per family), dtype, mode and
-    setting; rotary families' x is the grid's cells, each point labelled with its batch."""
+    """Median time against size, a panel per op (rotary: per family), dtype, mode, setting."""
     try:
         import matplotlib
 
@@ -393,8 +377,7 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def bench_cases(quick: bool, device: str, ops, floater_sizes=None) -> list:
-    """Every case ``bench`` runs for ``ops`` on ``device``: the one list, which
-    benchmarks/test_bench.py (pytest-benchmark) runs too."""
+    """Every case ``bench`` (and benchmarks/test_bench.py) runs for ``ops`` on ``device``."""
     cases = _cases.cases(quick, device, list(ops))
     if "floater" in ops:
         cases += _cases.floater_cases(quick, device, floater_sizes)
@@ -402,8 +385,7 @@ def bench_cases(quick: bool, device: str, ops, floater_sizes=None) -> list:
 
 
 def floater_sizes_from(text: str | None) -> list[tuple[int, int]] | None:
-    """``--floater-sizes 512x64,512x512`` -> [(512, 64), (512, 512)]: (L sample times,
-    d = H) pairs replacing FLOATER's default cases; None without the option."""
+    """``--floater-sizes 512x64,512x512`` -> [(512, 64), (512, 512)]; None without it."""
     if not text:
         return None
     out = []
@@ -437,8 +419,7 @@ class Selection:
 
 
 def select(args) -> Selection:
-    """The run ``args`` (bench's options) asks for; ValueError with the message to print
-    where they do not make sense."""
+    """The run ``args`` asks for; ValueError with the message to print."""
     device = args.device
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("bench --device cuda: no CUDA device is visible to torch")
@@ -479,8 +460,7 @@ def measure_selection(sel: Selection, args, env: dict) -> dict:
 
 
 def report(args, sel: Selection, env: dict, result: dict, seconds: float, extra=None, notes=()):
-    """Print the tables and a closing line (then ``notes``), save the JSON (``extra``
-    added to it) and the plot, as ``args`` asks."""
+    """Print the tables and ``notes``; save the JSON (with ``extra``) and plot as asked."""
     print(table(result))
     print(
         f"\n{len(result['results'])} measurements in {seconds:.0f} s on "

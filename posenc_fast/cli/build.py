@@ -1,6 +1,4 @@
-"""``python -m posenc_fast build``: compile the extension for the running torch into the
-user cache (posenc_fast._extension.build), with the compiler's progress, then report what
-loads."""
+"""``python -m posenc_fast build``: _extension.build, then report what loads."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ from ._environment import describe
 
 
 def _extension_info() -> dict:
-    """The extension's parts (``_extension.extension_info``) and what the "cpp" and "cuda"
-    backends make of them."""
+    """``_extension.extension_info()`` and the "cpp" / "cuda" backends' reasons."""
     try:
         out = _extension.extension_info()
         out["backends"] = {
@@ -23,8 +22,7 @@ def _extension_info() -> dict:
 
 
 def _lff_plan_lines(env: dict) -> list[str]:
-    """Which plan the triton backend's LFF takes for the benchmark shapes, and why
-    (posenc_fast/ops/lff/plan.py)."""
+    """The triton backend's LFF plans for the benchmark shapes (ops/lff/plan.py)."""
     try:
         from ..ops.lff import plan
 
@@ -96,7 +94,6 @@ def _extension_lines(ext: dict) -> list[str]:
             built.append(f"cpu isa {info['cpu_isa']}")
         if built:
             lines.append(f"{'':<5} " + ", ".join(built))
-        # binaries that were found but refused (built for another torch, ABI or sources)
         lines += [f"{'':<5} ignored: {why}" for why in info.get("ignored") or []]
     if ext.get("cpu", {}).get("cache_dir"):
         cpu = ext["cpu"]

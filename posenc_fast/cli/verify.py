@@ -1,9 +1,5 @@
-"""``python -m posenc_fast verify``: every usable backend of every op against the float64
-reference on fresh random inputs (forward and gradients), one line per op, backend and
-dtype; exit status 1 on any mismatch, or if a backend raises (reported as FAIL with the
-error; the other backends are still checked). The seed is printed so a failure can be
-replayed.
-"""
+"""``python -m posenc_fast verify``: every usable backend against the float64 reference on
+fresh random inputs (seed printed), forward and gradients; exit status 1 on any failure."""
 
 from __future__ import annotations
 
@@ -183,8 +179,7 @@ def check_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
 
 
 def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
-    """q and k rotated (both layouts, shared positions, ...) and the gradients to q, k,
-    x and wr; outputs compared relative to their largest entry ("rotary")."""
+    """q', k' (relative to their largest entry) and the gradients to q, k, x and wr."""
     res = Result()
     for i, case in enumerate(_inputs.ROTARY_CASES):
         inputs = _inputs.rotary_inputs(case, dtype, device, seed + i)
@@ -206,9 +201,7 @@ def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Resul
 
 
 def check_rotary(backend: str, dtype, device: str, seed: int) -> Result:
-    """The general op on every family's options (pairs, per-head frequencies, prefix
-    tokens, layouts, positions per sample, GQA, strided q): q', k' and the gradients to q,
-    k, x and the frequencies."""
+    """The general op on every family's options: q', k' and all gradients."""
     res = Result()
     for i, case in enumerate(_inputs.ROTARY_FAMILY_CASES):
         inputs = _inputs.rotary_inputs(case, dtype, device, seed + i)
@@ -231,8 +224,7 @@ def check_rotary(backend: str, dtype, device: str, seed: int) -> Result:
 
 
 def check_rotary_table(backend: str, dtype, device: str, seed: int) -> Result:
-    """The general cos / sin table (shared or per-head frequencies, both pair layouts) and
-    its gradients to x and the frequencies."""
+    """The general cos / sin table and its gradients to x and the frequencies."""
     res = Result()
     for i, (x_shape, f_shape, pairs) in enumerate(_inputs.ROTARY_FAMILY_TABLES):
         inputs = _inputs.rotary_family_table_inputs(x_shape, f_shape, dtype, device, seed + i)
@@ -252,10 +244,8 @@ def check_rotary_table(backend: str, dtype, device: str, seed: int) -> Result:
 
 
 def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
-    """Every case of ``_inputs.FLOATER_CASES`` (fresh random states, weights and times),
-    forward and the gradients to p0, the weights and the times, against autograd through
-    the float64 reference loop (the exact discrete adjoint); plus the module's cache
-    extension against a fresh computation."""
+    """``_inputs.FLOATER_CASES``: forward and gradients to p0, weights and times against
+    autograd through the float64 reference loop; plus the module's cache extension."""
     res = Result()
     for i, case in enumerate(_inputs.FLOATER_CASES):
         inputs = _inputs.floater_inputs(case, dtype, device, seed + i)
@@ -277,8 +267,7 @@ def check_floater(backend: str, dtype, device: str, seed: int) -> Result:
 
 
 def _check_extension(backend, dtype, device, seed, res: Result) -> int:
-    """Eval-mode cache: a longer length continues from the cached last state; it must
-    equal the reference on all sample times."""
+    """Eval-mode cache: a longer length continues from the cached state, equal to the reference."""
     fl = Floater(7, 3, hidden_dim=5, delta_t=0.05, substeps=2, activation="gelu",
                  backend=backend, device=device, dtype=dtype)  # fmt: skip
     _inputs.randomize_parameters(fl, seed + 500, 0.5)

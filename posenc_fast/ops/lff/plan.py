@@ -1,36 +1,13 @@
-"""Which plan runs a call of the Triton LFF backend, and why.
+"""Which plan runs a call of the Triton LFF backend: ``fused`` (one Triton kernel per pass;
+memory-bound shapes, small inputs) or ``gemm`` (cuBLAS products chunked over rows, Triton
+for features, activation and phase chain rule: triton_kernels/lff_gemm.py; compute-bound).
 
-Two plans compute the same function (both tested against the float64 reference):
-
-- ``fused``: one Triton kernel per pass (triton_kernels/lff_forward.py, lff_backward.py):
-  nothing between x and y touches memory. Memory-bound shapes (small hidden layers, e.g.
-  F=256, H=32, Dg=768) and small inputs (one launch) want it.
-- ``gemm``: the products on cuBLAS (torch.mm / addmm into per-call buffers, chunked over
-  rows) with Triton kernels for the features, the activation and the phase chain rule
-  (triton_kernels/lff_gemm.py). Compute-bound shapes (e.g. F=768, H=256, Dg=1024) want
-  it: the fused kernel re-reads every weight from L2 per row tile.
-
-``auto`` (the default) takes the plan a cost model predicts faster (``predict``: FLOPs,
-bytes, sincos counts against the ceilings the first GPU run measured), or, once measured,
-the plan that measured faster: with POSENC_FAST_LFF_PLAN=measure the first call of a
-shape bucket times both plans on the device and remembers the faster, per GPU name and
-torch / Triton version, in a JSON file (like cudnn.benchmark; off by default, and never
-while a CUDA graph is being captured). So ``auto`` never takes a plan that the model, or
-the measurement where there is one, shows slower.
-
-    POSENC_FAST_LFF_PLAN=auto|fused|gemm|measure    the plan (default auto); measure: auto,
-        measuring a bucket's first call and remembering it in posenc_fast's cache folder
-        (POSENC_FAST_CACHE, lff_plans.json)
-
-Each decision is logged once per bucket at DEBUG level on this module's logger
-(``logging.getLogger("posenc_fast.ops.lff.plan").setLevel(logging.DEBUG)`` with a handler,
-e.g. ``logging.basicConfig()``).
-
-``python -m posenc_fast info`` prints the ceilings in use and the decisions for the
-benchmark shapes; benchmarks/lff_predict.py prints the model's terms for them. The choice
-reads only shapes, dtypes and torch's settings: no tensor data, no synchronisation (the
-measured choice synchronises, once per bucket, opt-in).
-"""
+POSENC_FAST_LFF_PLAN=auto|fused|gemm|measure (default auto): ``auto`` takes the plan the
+cost model (``predict``) says is faster; ``measure`` also times both on a shape bucket's
+first call (never during CUDA graph capture) and remembers the faster per GPU and torch /
+Triton version in <POSENC_FAST_CACHE>/lff_plans.json. Decisions are logged once per bucket
+at DEBUG; ``info`` and benchmarks/lff_predict.py print them. No tensor data is read, no
+synchronisation (but the opt-in measurement). Model: benchmarks/NOTES.md (LFF on the GPU)."""
 
 from __future__ import annotations
 
@@ -49,13 +26,9 @@ ENV_PLAN = "POSENC_FAST_LFF_PLAN"
 _log = logging.getLogger(__name__)
 
 
-# ---------------------------------------------------------------- ceilings
-
-
 @dataclass(frozen=True)
 class Ceilings:
-    """Achievable rates of one GPU: a device-to-device copy (bytes read + written per
-    second), dense matmuls by kind, and where the figures come from."""
+    """Achievable rates of one GPU (copy: bytes read + written), and their source."""
 
     gpu: str
     copy_GBps: float
@@ -69,15 +42,11 @@ class Ceilings:
 
     @property
     def fp32_ops(self) -> float:
-        """FP32 instructions per second: an FMA is one instruction and two FLOPs, so half
-        the measured float32 matmul rate (the FMA pipe, as reached by cuBLAS)."""
+        """FP32 instructions per second: half the float32 matmul rate (an FMA is two FLOPs)."""
         return self.fp32_TFLOPs * 1e12 / 2
 
 
-# Measured by the first GPU run, benchmarks/results/gpu_2026-11-27/proof/ceilings.json
-# (copy 4275.4 GB/s, bf16 matmul 686.36 TFLOP/s, fp32 matmul 50.93 TFLOP/s). TF32 was not
-# measured: half the bf16 rate, the ratio of the dense datasheet figures on A100 / H100 /
-# H200 (assumed).
+# From benchmarks/results/gpu_2026-11-27/proof/ceilings.json (TF32: half of bf16, assumed).
 H200 = Ceilings(
     "NVIDIA H200",
     4275.4,
@@ -90,9 +59,8 @@ RECORDED = {H200.gpu: H200}
 
 
 def ceilings_for(gpu: str) -> Ceilings:
-    """The recorded ceilings of ``gpu``; for another GPU the H200's, named as such: the
-    choice depends mostly on the ratio of matmul rate to bandwidth, ~150-160 FLOP/byte on
-    A100, H100 and H200 alike."""
+    """The recorded ceilings of ``gpu``; for another GPU the H200's, named as such (the
+    choice depends mostly on the matmul-rate-to-bandwidth ratio, similar on recent GPUs)."""
     if gpu in RECORDED:
         return RECORDED[gpu]
     c = H200
@@ -106,34 +74,19 @@ def ceilings_for(gpu: str) -> Ceilings:
     )
 
 
-# ---------------------------------------------------------------- the cost model
-
-# Fused kernels: weight bytes re-read from L2 by every row tile, at the rate the first GPU
-# run implies: its fused forward (64-row tiles, one pipeline stage: each iteration loads,
-# then multiplies) re-read 16384 x 917 kB = 15.0 GB of bf16 weights (F=768, H=256,
-# Dg=1024) in 8.69 ms (benchmarks/results/gpu_2026-11-27/proof/lff_gpu.json, compute fwd,
-# triton): 1.73 TB/s. The float32 forward agrees if its tiles had 32 rows (59 GB in
-# 33.6 ms: 1.76 TB/s). A calibration, not a measurement of L2.
+# The cost model's constants (derivations: benchmarks/NOTES.md). Fused kernels' weight
+# re-reads from L2, calibrated on benchmarks/results/gpu_2026-11-27/proof/lff_gpu.json.
 L2_REREAD_GBps = 1726.0
-# Fused kernels' tensor-core (or FMA) work at this fraction of the matmul ceiling
-# (assumed: no measurement isolates it).
-FUSED_MMA_FRACTION = 0.5
-# cuBLAS products at this fraction of the measured ceiling: the bf16 ceiling itself is a
-# large square cuBLAS product; torch.compile's forward (0.96 TFLOP in 5.25 ms with its
-# elementwise passes, lff_gpu.json) implies ~0.6 for these shapes; float32 (IEEE) is the
-# ceiling's own kind of product. Assumed, to be measured by the gemm plan's rows.
+FUSED_MMA_FRACTION = 0.5  # fused kernels' matmul work, fraction of the ceiling (assumed)
+# cuBLAS products, fraction of the ceiling (from lff_gpu.json's torch.compile rows; assumed)
 GEMM_FRACTION = {"mma16": 0.6, "tf32": 0.6, "ieee": 0.95}
-# Elementwise kernels move their bytes at this fraction of the copy rate (assumed).
-STREAM_FRACTION = 0.85
-# Per kernel launch, on the device's timeline (gaps between dependent kernels; assumed).
-LAUNCH_US = 4.0
+STREAM_FRACTION = 0.85  # elementwise kernels, fraction of the copy rate (assumed)
+LAUNCH_US = 4.0  # per dependent kernel launch, on the device's timeline (assumed)
 
 
 def sincos_instructions(M: int) -> int:
-    """FP32 instructions per (row, frequency) of _phase_tiles.cos_sin_tile: the phase as an
-    unevaluated sum (4 for the first coordinate, 12 for each further one: two-product and
-    two-sum), sincos_turns (~43: quarter-turn reduction, two degree-9/10 polynomials, the
-    quadrant selects), scaling and rounding (4). Counted from the source."""
+    """FP32 instructions per (row, frequency) of _phase_tiles.cos_sin_tile, counted from the
+    source: phase 4 + 12 (M - 1), sincos_turns ~43, scaling and rounding 4."""
     return 4 + 12 * (M - 1) + 43 + 4
 
 
@@ -153,8 +106,7 @@ class Work:
     needs: tuple = (True,) * 6  # backward: (dx, dwr, dw1, db1, dw2, db2)
 
     def bucket(self) -> str:
-        """The key of a measured choice: everything but the exact row count, which is
-        rounded up to a power of two."""
+        """The key of a measured choice: every field, rows rounded up to a power of two."""
         rows = 1 << max(0, (self.rows - 1).bit_length())
         needs = "".join("1" if n else "0" for n in self.needs) if self.mode == "bwd" else "-"
         return (
@@ -186,8 +138,7 @@ def _kernel_ms(
     )
 
 
-# Row tiles of the fused kernels that the model assumes (the largest the GPU
-# configurations offer: lff_forward._CONFIGS, lff_backward_fused.gpu_candidates).
+# The fused kernels' largest row tiles (lff_forward._CONFIGS, lff_backward_fused).
 def _fused_rows(w: Work, backward: bool) -> int:
     if w.kind != "mma16":
         return 32 if w.H <= 64 or not backward else 16
@@ -215,8 +166,7 @@ def _predict_fused(w: Work, c: Ceilings) -> Estimate:
             fp32_ops=R * F2 * sc,
         )
         return Estimate(ms + LAUNCH_US * 1e-3, {"fused pass": ms, "launch": LAUNCH_US * 1e-3})
-    # backward: the fused kernel, or its split-K path for large weights
-    # (lff_backward._SPLIT_K_BYTES: partials of the needed weight gradients > 256 kB)
+    # backward: the fused kernel, or its split-K path (lff_backward._SPLIT_K_BYTES)
     _, dwr, dw1, _, dw2, _ = w.needs
     partials = 4 * ((F * H if dw1 else 0) + (H * Dg if dw2 else 0) + (F2 * M if dwr else 0))
     flops = 2 * R * (F * H + 2 * H * Dg + 2 * F * H)
@@ -250,8 +200,7 @@ def _predict_fused(w: Work, c: Ceilings) -> Estimate:
         }
         return Estimate(sum(terms.values()), terms)
     t = _fused_rows(w, True)
-    # per row tile: w1 twice and w2 once, and the read-modify-write of the program's
-    # float32 partial sums (read and written: 8 bytes per element)
+    # per row tile: w1 twice, w2 once, and the read-modify-write of float32 partials
     per_tile = (2 * F * H + H * Dg) * e + 8 * (partials // 4 + H + Dg)
     ms = kernel_ms(
         hbm=R * (8 * M + width * e),
@@ -320,9 +269,6 @@ def predict(w: Work, c: Ceilings) -> dict[str, Estimate]:
     if w.H:
         out["gemm"] = _predict_gemm(w, c)
     return out
-
-
-# ---------------------------------------------------------------- the decision
 
 
 @dataclass
@@ -479,9 +425,6 @@ def _measured_or_model(w, gpu, candidates, estimates, measure, requested) -> Dec
     return Decision(best, "model", why, estimates)
 
 
-# ---------------------------------------------------------------- the backend's entry points
-
-
 def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None) -> Work:
     from ...triton_kernels import _launch, lff_forward
 
@@ -501,8 +444,7 @@ def _work(mode, x, wr, w1, w2, compute: torch.dtype, activation: str, needs=None
 
 
 def _decide(w: Work, device: torch.device, runners: dict, args: tuple) -> str:
-    """The plan for ``w``; where measuring is on (and no CUDA graph is being captured) each
-    candidate in ``runners`` is timed on a bucket's first call (median of 3 runs)."""
+    """The plan for ``w``; with measuring on, ``runners`` are timed on a bucket's first call."""
     from ...triton_kernels import _launch
 
     measure = None
@@ -531,16 +473,13 @@ def backward(grad, x, wr, w1, b1, w2, b2, activation: str, needs):
     from ...triton_kernels import lff_backward, lff_gemm
 
     args = (grad, x, wr, w1, b1, w2, b2, activation, needs)
-    # Decided for all six gradients whatever ``needs`` asks: a gradient computed alone is
-    # then bitwise the one computed with the others (the same plan, the same order).
+    # Decided for all six gradients: a gradient alone is bitwise the one computed with others
     w = _work("bwd", x, wr, w1, w2, grad.dtype, activation)
     runners = {"fused": lff_backward.lff_bwd, "gemm": lff_gemm.gemm_bwd}
     if _decide(w, x.device, runners, args) == "gemm":
         return lff_gemm.gemm_bwd(*args)
     return lff_backward.lff_bwd(*args)
 
-
-# ---------------------------------------------------------------- reporting
 
 # The benchmark shapes (benchmarks/lff_gpu.py): name -> (rows, M, F2, H, Dg)
 REFERENCE_SHAPES = {
