@@ -134,8 +134,7 @@ def _triton_reasons() -> list[str]:
         return [reason] if reason else []
     if not torch.cuda.is_available():
         return ["no CUDA device and TRITON_INTERPRET is not set"]
-    # An environment reason: "auto" warns once and `info` shows it (no silent fallback).
-    reasons = capability_reasons((8, 0), " (bf16 tensor cores)")
+    reasons = capability_reasons((8, 0), " (bf16 tensor cores)")  # "auto" warns; info shows
     if reasons:
         return reasons
     # Imported here: it imports triton, importable by now, and only a GPU needs it.
@@ -146,9 +145,7 @@ def _triton_reasons() -> list[str]:
     return [reason] if reason else []
 
 
-# The CUDA kernels run only when asked for (POSENC_FAST_CUDA_UNVALIDATED=1) until they have
-# passed the test matrix on a GPU.
-CUDA_VALIDATED = False
+CUDA_VALIDATED = False  # until a GPU passes the tests: only with POSENC_FAST_CUDA_UNVALIDATED=1
 CUDA_GATE_ENV = "POSENC_FAST_CUDA_UNVALIDATED"
 
 
@@ -178,8 +175,7 @@ class Backend:
     summary: str
     environment_reasons: Callable[[], list[str]] = list
     auto_devices: Optional[tuple[str, ...]] = None  # where "auto" may pick it (None: all)
-    # Warn once when "auto" skips it as unavailable here (the user probably expected it).
-    warn_when_unavailable: bool = False
+    warn_when_unavailable: bool = False  # warn once when "auto" skips it as unavailable
     parts: tuple[str, ...] = ()  # the extension's modules it needs
 
 
@@ -215,6 +211,18 @@ BACKENDS: dict[str, Backend] = {
 # Priority of "auto", fastest first; SUPPORT tables restrict it per op and device.
 AUTO_ORDER = ["cuda", "triton", "cpp", "torch"]
 ENV_VAR = "POSENC_FAST_BACKEND"
+# os.environ.get raises and catches a KeyError when unset: slow for a small call's path
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey(ENV_VAR) if _ENV_DATA is not None else None
+
+
+def requested_backend() -> Optional[str]:
+    """POSENC_FAST_BACKEND's value, None when unset."""
+    if _ENV_DATA is None:
+        return os.environ.get(ENV_VAR)
+    value = _ENV_DATA.get(_ENV_KEY)
+    return None if value is None else os.environ.decodevalue(value)
+
 
 _warned: set[str] = set()
 
@@ -307,7 +315,7 @@ def choose(registry: Registry, problem: Problem, requested: str = "auto") -> Imp
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a str, got {type(requested).__name__}")
     if requested == "auto":
-        requested = os.environ.get(ENV_VAR) or "auto"
+        requested = requested_backend() or "auto"
     if requested == "auto":
         device = problem.device
         for name in AUTO_ORDER:
@@ -351,7 +359,7 @@ def choose(registry: Registry, problem: Problem, requested: str = "auto") -> Imp
 def resolve_env(backend: str) -> str:
     """``backend``, with "auto" replaced by the name in POSENC_FAST_BACKEND when set."""
     if backend == "auto":
-        return os.environ.get(ENV_VAR, "auto") or "auto"
+        return requested_backend() or "auto"
     return backend
 
 

@@ -138,17 +138,25 @@ def fast_apply(function):
 # Kernels run with autocast off: the public functions pass the output dtype explicitly.
 
 
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: it holds no state
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)  # a cheap test
+
+
+def _autocast_on(device_type: str) -> bool:
+    return (
+        _any_autocast()
+        and device_type in ("cpu", "cuda")
+        and torch.is_autocast_enabled(device_type)
+    )
+
+
 def autocast_disabled(device_type: str):
-    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False) if _autocast_on(device_type) else _NO_CONTEXT
 
 
 def autocast_dtype(device_type: str):
     """The autocast dtype active for ``device_type``, or None."""
-    if device_type in ("cpu", "cuda") and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return None
+    return torch.get_autocast_dtype(device_type) if _autocast_on(device_type) else None
 
 
 # -- double backward -------------------------------------------------------------------

@@ -109,10 +109,6 @@ class Turns(NamedTuple):
     hi_lo: Tensor
 
 
-def _f32(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.float64).astype(np.float32)
-
-
 def _split_host(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """split() in numpy float32 (the same operations, so the same parts)."""
     a = a.astype(np.float32)

@@ -74,7 +74,8 @@ class LffFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, wr, w1, b1, w2, b2, activation, out_dtype, backend):
-        _setup_context(ctx, (x, wr, w1, b1, w2, b2, activation, out_dtype, backend), None)
+        ctx.save_for_backward(x, wr, w1, b1, w2, b2)  # _setup_context, inlined: a small call
+        ctx.activation, ctx.out_dtype, ctx.backend = activation, out_dtype, backend
         with autocast_disabled(x.device.type):
             return LFF[backend].forward(x, wr, w1, b1, w2, b2, activation, out_dtype)
 
