@@ -73,10 +73,15 @@ def _calls(backend):
     q, k = _inputs.randn((1, 2, 10, 8), g), _inputs.randn((1, 2, 10, 8), g)
     pos = _inputs.randn((10, 2), g)
     tokens = _inputs.randn((2, 10, 16), g, scale=0.1)
+    # the general op: RoPE-Mixed's per-head frequencies, rotate-half, a class token
+    mixed = pf.Rotary(2, 8, heads=2, pairs="half", prefix=1, backend=backend)
+    grid = _inputs.randn((9, 2), g)
     return {
         "lff": lambda: lff(x),
         "rotary": lambda: rotary.rotate(q.requires_grad_(), k, pos),
         "rotary table": lambda: rotary(pos),
+        "rotary, general": lambda: mixed(q, k.requires_grad_(), grid),
+        "rotary table, general": lambda: mixed.table(grid),
         "sinusoidal table": lambda: pf.sinusoidal(
             torch.arange(10.0, requires_grad=True), 16, backend=backend
         ),
