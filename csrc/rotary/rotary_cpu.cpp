@@ -45,7 +45,8 @@ struct T4 {
 
 struct RotCall {
   int64_t B, Bx, N, M, F2, ldk, D, G, hq, hk;  // N: positions per batch row of x (N')
-  int64_t runs;                                // items (runs of kRun positions) per batch row of x
+  int64_t runs;                                // runs of kRun positions per batch row of x
+  int64_t bsplit;                              // items per run: chunks of q's batch rows (Bx = 1)
   int64_t prefix;                              // tokens before x's (copied)
   bool half;                                   // pairs (k, k + F2), else (2k, 2k + 1)
   const void* x;                               // positions: (b, n, m) at x + b sxb + n sxn + m sxm
@@ -122,6 +123,7 @@ RotCall make_call(const at::Tensor& x3, const at::Tensor& freqs, bool half, int6
   c.F2 = freqs.size(1);
   c.ldk = round_up(c.F2);
   c.runs = c.N ? (c.N + kRun - 1) / kRun : 1;  // N = 0 (all tokens prefix): one empty run
+  c.bsplit = 1;
   c.half = half;
   c.x = x3.data_ptr();
   c.xdt = dt_of(x3.scalar_type());
@@ -163,7 +165,7 @@ RotCall apply_call(const Apply& in, at::Tensor& store) {
 // W[g]^T each, summed in block order into dw [G, F2, M] at the end (cpu/parallel.h:
 // run_blocks).
 void run_items(const RotCall& c, ItemFn fn, double item_cost, at::Tensor* dw) {
-  const int64_t items = c.Bx * c.runs;
+  const int64_t items = c.Bx * c.runs * c.bsplit;
   const int64_t per_scratch = 2 * round_up(kRun * c.M) + 5 * kRun * c.ldk;
   const int64_t block_items = dw ? (items + std::min<int64_t>(16, items) - 1) / std::min<int64_t>(16, items) : 1;
   const int64_t nblocks = (items + block_items - 1) / block_items;
@@ -195,6 +197,20 @@ double position_cost(const RotCall& c, int64_t rows) {
   return static_cast<double>(c.G * c.F2) * (30 + 2 * c.M) + static_cast<double>(rows) * 4 * c.D;
 }
 
+// Positions shared by the batch are one row of x: a small grid has few runs (196 tokens: 4)
+// and threads would idle, so each run is split over chunks of q's batch rows (cos / sin
+// computed again per chunk). Only where items are independent: every output element is the
+// same; the backward's dx / dW sums keep one item per run (their fixed order).
+void split_batch(RotCall& c) {
+  const int64_t want = 4 * at::get_num_threads();
+  if (c.Bx == 1 && c.B > 1 && c.runs < want) c.bsplit = std::min(c.B, (want + c.runs - 1) / c.runs);
+}
+
+// q and k rows an item rotates (for its cost).
+int64_t item_rows(const RotCall& c) {
+  return (c.Bx == 1 ? (c.B + c.bsplit - 1) / c.bsplit : 1) * (c.hq + c.hk);
+}
+
 }  // namespace
 
 void apply_forward_cpu(const Apply& in, at::Tensor& oq, at::Tensor& ok) {
@@ -202,8 +218,8 @@ void apply_forward_cpu(const Apply& in, at::Tensor& oq, at::Tensor& ok) {
   at::Tensor store;
   RotCall c = apply_call(in, store);
   c.oq = view4(oq), c.ok = view4(ok);
-  const int64_t rows = (c.Bx == 1 ? c.B : 1) * (c.hq + c.hk);
-  run_items(c, rot_kernels().apply_forward, kRun * position_cost(c, rows), nullptr);
+  split_batch(c);
+  run_items(c, rot_kernels().apply_forward, kRun * position_cost(c, item_rows(c)), nullptr);
 }
 
 void apply_backward_cpu(const at::Tensor& gq, const at::Tensor& gk, const Apply& in, ApplyGrads& g) {
@@ -223,8 +239,9 @@ void apply_backward_cpu(const at::Tensor& gq, const at::Tensor& gk, const Apply&
     c.dx = g.dx.data_ptr();
     c.dxdt = dt_of(g.dx.scalar_type());
   }
-  const int64_t rows = (c.Bx == 1 ? c.B : 1) * (c.hq + c.hk) * 2;
-  run_items(c, rot_kernels().apply_backward, kRun * position_cost(c, rows), c.need_w ? &g.dfreqs : nullptr);
+  if (!(c.need_x || c.need_w)) split_batch(c);
+  run_items(c, rot_kernels().apply_backward, kRun * position_cost(c, 2 * item_rows(c)),
+            c.need_w ? &g.dfreqs : nullptr);
 }
 
 namespace {

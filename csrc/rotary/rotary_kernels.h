@@ -133,17 +133,20 @@ PF_INLINE void run_phases(const RotCall& c, int64_t g, int64_t nn, const RotScra
     }
 }
 
-// Item -> batch row of x, positions [n0, n1), batch rows [b0, b1) of q and k.
+// Item -> batch row of x, positions [n0, n1), batch rows [b0, b1) of q and k (positions
+// shared by the batch: chunk item % bsplit of q's rows).
 struct ItemRange {
   int64_t bx, n0, n1, b0, b1;
 };
 PF_INLINE ItemRange item_range(const RotCall& c, int64_t item) {
   ItemRange r;
-  r.bx = item / c.runs;
-  r.n0 = (item % c.runs) * kRun;
+  const int64_t run = item / c.bsplit, chunk = item % c.bsplit;
+  r.bx = run / c.runs;
+  r.n0 = (run % c.runs) * kRun;
   r.n1 = r.n0 + kRun < c.N ? r.n0 + kRun : c.N;
-  r.b0 = c.Bx == 1 ? 0 : r.bx;
-  r.b1 = c.Bx == 1 ? c.B : r.bx + 1;
+  const int64_t rows = (c.B + c.bsplit - 1) / c.bsplit;
+  r.b0 = c.Bx == 1 ? (chunk * rows < c.B ? chunk * rows : c.B) : r.bx;
+  r.b1 = c.Bx == 1 ? (r.b0 + rows < c.B ? r.b0 + rows : c.B) : r.bx + 1;
   return r;
 }
 

@@ -79,6 +79,30 @@ def test_results_do_not_depend_on_the_thread_count():
             assert torch.equal(a, b), f"output {i} differs between 1 and {n} threads"
 
 
+@pytest.mark.parametrize("pairs", ["interleaved", "half"])
+def test_shared_positions_split_over_batch_rows_give_the_same_bits(pairs):
+    """Positions shared by the batch on a small grid (196 tokens: 4 runs) are split over
+    chunks of batch rows when several threads run (the rotation and, without dx / dW, the
+    backward): q', k', dq, dk equal the per-sample path's (positions expanded over the
+    batch: one item per run and row) and the one-thread run's, bit for bit."""
+    g = _inputs.generator(11)
+    q, k = _inputs.randn((8, 197, 4, 16), g), _inputs.randn((8, 197, 4, 16), g)
+    x, w = _inputs.randn((196, 2), g, scale=3.0), _inputs.randn((8, 2), g)
+    grads = [_inputs.randn(q.shape, g), _inputs.randn(k.shape, g)]
+
+    def run(positions, n):
+        leaves = [t.clone().requires_grad_() for t in (q, k)]
+        with threads(n):
+            out = pf.rotary(*leaves, positions, w, pairs, "bnhd", 1, backend="cpp")
+            torch.autograd.backward(out, grads)
+        return [*(o.detach() for o in out), *(t.grad for t in leaves)]
+
+    want = run(x.expand(8, -1, -1), 1)
+    for n in (1, 2, 3):
+        for i, (a, b) in enumerate(zip(run(x, n), want)):
+            assert torch.equal(a, b), f"tensor {i} differs with {n} threads"
+
+
 def test_rotations_and_tables_equal_the_triton_kernels(triton_interpreter):
     """Same phases and the same products, rounded at the same places: q', k', dq, dk and
     the table are the Triton interpreter's bits; dx and dwr are sums in another order."""
