@@ -14,42 +14,25 @@ from ._partial_sums import max_programs, sum_partials_kernel
 from ._phase_tiles import cos_sin_strided, phase_chain_rule_strided
 from ._round import round_to
 
-# One kernel per direction, with a constexpr TABLE for the table variant. The angle of
-# channel pair i of token n under frequency group g is x[n] . W[g, i]: G = 1 group when
-# the frequencies are shared by the heads (W [F/2, M]), G = heads when each head has its
-# own (W [H, F/2, M]); group g rotates heads g * heads_q .. (g + 1) * heads_q - 1 of q
-# (of k: the same with heads_k; shared frequencies let k have fewer heads). A program owns
-# BLOCK_N tokens of one batch row b (a *tile*) and, per group and chunk of BLOCK_K
-# frequencies:
-#
+# One kernel per direction (constexpr TABLE: the table variant). Channel pair i of token n
+# in frequency group g turns by x[n] . W[g, i]: G = 1 when the heads share W [F/2, M] (k may
+# then have fewer heads), G = heads for W [H, F/2, M]. A program owns BLOCK_N tokens of one
+# batch row (a tile) and, per group and chunk of BLOCK_K frequencies:
 #     cos, sin of x[b, n] . W[g, k]  (float32, error-free reduction of _phase.py)  [BN, BK]
-#     TABLE:   store them, each on both channels of its pair
-#     forward: for every head of the group in q, then in k: load the channel pairs as two
-#              [BN, BK] tiles, rotate by the angle, round once, store
-#     backward: gradient rotated back into dq / dk, and the phase gradient
-#              cos * sum_h (g_b a - g_a b) - sin * sum_h (g_b b + g_a a)   [BN, BK]
-#              (pairs (a, b) of q or k, (g_a, g_b) of their gradients)
-#              -> dx += dphase @ W[g] (registers), dW[g] += dphase^T @ x (workspace)
-#
-# Pairs: "interleaved" (channels 2i, 2i+1: one [BN, 2 BK] load split in registers) or
-# "half" (channels i, i + F/2: two loads), the constexpr HALF. Channels F..D-1 are copied
-# (forward) or pass the gradient through (backward). The first `prefix` tokens (class,
-# register tokens) are copied whole by tiles of their own, after the rotating tiles, so
-# that x and the rotating tiles cover tokens prefix..N-1 only. q, k and their gradients
-# may have any strides (LightGlue's q is a slice of a fused qkv tensor, channel stride 3),
-# W too (a permuted view of a per-block parameter); outputs are allocated contiguous in
-# the caller's layout.
-#
+#     TABLE:    store them, each on both channels of its pair
+#     forward:  every head of the group in q, then k: load the pairs as two [BN, BK] tiles,
+#               rotate, round once, store
+#     backward: the gradient rotated back into dq / dk, and the phase gradient
+#               cos * sum_h (g_b a - g_a b) - sin * sum_h (g_b b + g_a a)   [BN, BK]
+#               -> dx += dphase @ W[g] (registers), dW[g] += dphase^T @ x (workspace)
+# HALF: pairs (i, i + F/2), two loads; else (2i, 2i + 1), one load split in registers.
+# Channels F..D-1 and the first `prefix` tokens (own tiles, after the rotating ones) are
+# copied. Inputs may have any strides (LightGlue's q: channel stride 3), outputs are
+# contiguous in the caller's layout. Shared positions are reread per batch row.
+# dW without atomics (as lff_backward.py): P programs walk tiles pid, pid + P, ... into
+# their own float32 workspace row [P, G * F/2 * M], summed in the fixed order 0..P-1 by a
+# second kernel; block sizes follow a fixed rule, so the order is reproducible.
 # Bytes and operations per token: benchmarks/NOTES.md, "Kernel notes", rotary.py.
-# Positions shared by the batch ([N, M]) are reread and the angles recomputed per batch row
-# (every program is independent). The backward recomputes the angles, reads the gradients
-# and (for dx / dW) q and k, writes dq, dk: 3 (Hq + Hk) D es bytes, and per pair and head
-# 6 operations for dq / dk and 8 for the phase gradient.
-#
-# Weight gradient without atomics (as lff_backward.py): a fixed number P of programs walk
-# the tiles pid, pid + P, ... and add their dW contributions to their own row of a float32
-# workspace [P, G * F/2 * M]; a second kernel sums the rows in the fixed order 0..P-1.
-# Block sizes come from a fixed rule (no autotuning), so the summation order is reproducible.
 
 
 def heads_first(t: torch.Tensor, layout: str) -> torch.Tensor:

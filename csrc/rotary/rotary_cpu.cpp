@@ -5,20 +5,17 @@
 // channel stride 3, as LightGlue's); the table [2, Bx, G, N, F], F = 2 F2 <= D.
 //
 // Design
-// - Work items are runs of kRun positions of one batch row of x (rotary_kernels.h): per
-//   group, the run's cos / sin are computed once (float32, the error-free reduction of
-//   triton_kernels/_phase.py via cpu/phase.h's position_sincos) into the thread's scratch,
-//   then every head of the group in q and k (of every batch row, for shared positions) is
-//   rotated position by position, read once and written once: the [B, N, F] table never
-//   exists in memory. A batch row's first item also copies its prefix tokens.
-// - Backward: the same runs recompute cos / sin, write dq / dk, and sum the phase gradient
-//   over the group's heads (and batch rows) in the scratch; dx = sum_g dphase_g W[g] per
-//   position, dW[g]^T = x^T dphase_g per block of items (at most 16, fixed by the item
-//   count, summed in block order: cpu/parallel.h's run_blocks): the same bits for any
-//   thread count and instruction set (cpu/per_isa.h).
-// - One OpenMP region per call, items (or blocks) handed out by a shared counter
-//   (cpu/parallel.h); float32 arithmetic for float32 / bfloat16 / float16 storage.
-//   Bytes and operations per token: triton_kernels/rotary.py.
+// - Work items are runs of kRun positions of one batch row of x (rotary_kernels.h; shared
+//   positions: of a chunk of q's batch rows): per group the run's cos / sin are computed
+//   once (float32, cpu/phase.h's error-free reduction) into the thread's scratch, then
+//   every head of the group in q and k is rotated, read once and written once: no table
+//   in memory. A batch row's first item also copies its prefix tokens.
+// - Backward: the same runs recompute cos / sin, write dq / dk and sum the phase gradient
+//   over heads (and batch rows); dx = sum_g dphase_g W[g] per position, dW[g]^T = x^T
+//   dphase_g per block of items (at most 16, fixed by the item count, summed in block
+//   order: cpu/parallel.h's run_blocks): the same bits for any thread count and ISA.
+// - One OpenMP region per call, items handed out by a shared counter; float32 arithmetic
+//   for float32 / bfloat16 / float16 storage. Bytes per token: benchmarks/NOTES.md.
 #include "rotary/rotary_cpu.h"
 
 #include <algorithm>
@@ -197,17 +194,15 @@ double position_cost(const RotCall& c, int64_t rows) {
   return static_cast<double>(c.G * c.F2) * (30 + 2 * c.M) + static_cast<double>(rows) * 4 * c.D;
 }
 
-// Positions shared by the batch are one row of x: a small grid has few runs (196 tokens: 4)
-// and threads would idle, so each run is split over chunks of q's batch rows (cos / sin
-// computed again per chunk). Only where items are independent: every output element is the
-// same; the backward's dx / dW sums keep one item per run (their fixed order).
+// Shared positions on a small grid make few runs (196 tokens: 4): each run is split over
+// chunks of q's batch rows (cos / sin recomputed per chunk), where items are independent
+// (the backward's dx / dW sums keep one item per run: their fixed order).
 void split_batch(RotCall& c) {
   const int64_t want = 4 * at::get_num_threads();
   if (c.Bx == 1 && c.B > 1 && c.runs < want) c.bsplit = std::min(c.B, (want + c.runs - 1) / c.runs);
 }
 
-// q and k rows an item rotates (for its cost).
-int64_t item_rows(const RotCall& c) {
+int64_t item_rows(const RotCall& c) {  // q and k rows an item rotates (for its cost)
   return (c.Bx == 1 ? (c.B + c.bsplit - 1) / c.bsplit : 1) * (c.hq + c.hk);
 }
 
