@@ -12,8 +12,8 @@ from typing import Optional
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_FLOAT_DTYPES = frozenset(FLOAT_DTYPES)
-_NOT_POSITIONS = frozenset((torch.bool, torch.complex32, torch.complex64, torch.complex128))
+FLOAT_DTYPE_SET = frozenset(FLOAT_DTYPES)
+NOT_POSITIONS = frozenset((torch.bool, torch.complex32, torch.complex64, torch.complex128))
 
 
 def tensor(name: str, value) -> torch.Tensor:
@@ -24,7 +24,7 @@ def tensor(name: str, value) -> torch.Tensor:
 
 def real_positions(name: str, value) -> torch.Tensor:
     """Positions: any real floating or integer dtype (integers are converted later)."""
-    if not isinstance(value, torch.Tensor) or value.dtype in _NOT_POSITIONS:
+    if not isinstance(value, torch.Tensor) or value.dtype in NOT_POSITIONS:
         tensor(name, value)
         if value.dtype == torch.bool:
             raise TypeError(f"{name} must be a floating or integer tensor, got torch.bool")
@@ -35,7 +35,7 @@ def real_positions(name: str, value) -> torch.Tensor:
 
 
 def float_tensor(name: str, value) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor) or value.dtype not in _FLOAT_DTYPES:
+    if not isinstance(value, torch.Tensor) or value.dtype not in FLOAT_DTYPE_SET:
         tensor(name, value)
         raise TypeError(
             f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), "

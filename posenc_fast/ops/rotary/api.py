@@ -24,8 +24,6 @@ from .registry import LIGHTGLUE_ROTARY, LIGHTGLUE_TABLE, ROTARY, TABLE
 
 LAYOUTS = _reference.LAYOUTS
 PAIRS = _reference.PAIRS
-_FLOATS = frozenset(_checks.FLOAT_DTYPES)
-_NOT_POSITIONS = frozenset((torch.bool, torch.complex32, torch.complex64, torch.complex128))
 
 
 def _float_positions(x: Tensor, freqs: Tensor) -> Tensor:
@@ -47,8 +45,9 @@ def _fast_ok(q, k, x, freqs, pairs, layout, prefix, per_head_ok: bool) -> bool:
     try:
         qs, ks, xs, fs = q.shape, k.shape, x.shape, freqs.shape
         if not (
-            q.dtype in _FLOATS and k.dtype == q.dtype and freqs.dtype in _FLOATS
-            and x.dtype not in _NOT_POSITIONS and len(qs) == 4 and len(ks) == 4
+            q.dtype in _checks.FLOAT_DTYPE_SET and k.dtype == q.dtype
+            and freqs.dtype in _checks.FLOAT_DTYPE_SET
+            and x.dtype not in _checks.NOT_POSITIONS and len(qs) == 4 and len(ks) == 4
             and pairs in PAIRS and layout in LAYOUTS and type(prefix) is int
         ):  # fmt: skip
             return False
@@ -70,16 +69,26 @@ def _fast_ok(q, k, x, freqs, pairs, layout, prefix, per_head_ok: bool) -> bool:
     return ok and 2 * fs[-2] <= D and k.device == dev and x.device == dev and freqs.device == dev
 
 
-def _check_freqs(name: str, freqs, M: int, heads: Optional[int]) -> None:
-    """freqs [F/2, M]; [H, F/2, M] instead when ``heads`` (H) is given."""
+_RANKS = "[F/2, M] or [H, F/2, M] (one per head)"
+
+
+def _check_freqs(
+    name: str, freqs, M: int, per_head_ok: bool, heads: Optional[int], ranks: str = _RANKS
+) -> bool:
+    """freqs [F/2, M], or [H, F/2, M] where ``per_head_ok`` (H = ``heads`` when given, else
+    any); returns whether it is per head. ``ranks``: the shapes a wrong rank is told."""
     _checks.float_tensor(name, freqs)
-    if heads is None:
+    if per_head_ok and freqs.dim() not in (2, 3):
+        raise ValueError(f"{name} must have shape {ranks}, got {list(freqs.shape)}")
+    if not (per_head_ok and freqs.dim() == 3):
         _checks.frequencies(name, freqs, M)
-        return
+        return False
+    heads = freqs.shape[0] if heads is None else heads
     what = f"[H, F/2, M] with H = {heads} heads and M = x.shape[-1]"
     _checks.shape(name, freqs, (heads, None, M), what)
     if freqs.shape[1] == 0:
         raise ValueError(f"{name} must have F/2 >= 1 frequencies, got {list(freqs.shape)}")
+    return True
 
 
 def _explain(q, k, x, freqs, pairs, layout, prefix, name: str, per_head_ok: bool) -> None:
@@ -114,14 +123,8 @@ def _explain(q, k, x, freqs, pairs, layout, prefix, name: str, per_head_ok: bool
             f"B = {B} and {tokens} = {n} from q, got {list(x.shape)}"
         )
     H = q.shape[3 - t_axis]
-    _checks.float_tensor(name, freqs)
-    if per_head_ok and freqs.dim() not in (2, 3):
-        raise ValueError(
-            f"{name} must have shape [F/2, M] (shared by the heads) or [H, F/2, M] (one per "
-            f"head), got {list(freqs.shape)}"
-        )
-    per_head = per_head_ok and freqs.dim() == 3
-    _check_freqs(name, freqs, x.shape[-1], H if per_head else None)
+    ranks = "[F/2, M] (shared by the heads) or [H, F/2, M] (one per head)"
+    per_head = _check_freqs(name, freqs, x.shape[-1], per_head_ok, H, ranks)
     if per_head and k.shape[3 - t_axis] != H:
         raise ValueError(
             f"k must have the {H} heads of q when {name} is per head {list(freqs.shape)} "
@@ -160,14 +163,7 @@ def _table_problem(op, x, freqs, pairs, name, per_head_ok=True):
             f"x must have shape [..., N, M] (at least 2 dimensions), got {list(x.shape)}"
         )
     _checks.choice("pairs", pairs, PAIRS)
-    _checks.float_tensor(name, freqs)
-    if per_head_ok and freqs.dim() not in (2, 3):
-        raise ValueError(
-            f"{name} must have shape [F/2, M] or [H, F/2, M] (one per head), "
-            f"got {list(freqs.shape)}"
-        )
-    per_head = per_head_ok and freqs.dim() == 3
-    _check_freqs(name, freqs, x.shape[-1], freqs.shape[0] if per_head else None)
+    _check_freqs(name, freqs, x.shape[-1], per_head_ok, None)
     _checks.same_device(name, freqs, x=x)
     x = _float_positions(x, freqs)
     amp = autocast_dtype(x.device.type)
@@ -298,7 +294,7 @@ class Rotary(nn.Module):
             w = _checks.float_tensor("frequencies", frequencies).detach()
             if w.dim() == 3 and heads is None:
                 heads = w.shape[0]
-            _check_freqs("frequencies", w, pos_dim, heads if w.dim() == 3 else None)
+            _check_freqs("frequencies", w, pos_dim, w.dim() == 3, heads)
             if heads is not None and w.dim() == 2:
                 w = w.expand(heads, -1, -1)
             if rotary_dim is not None and rotary_dim != 2 * w.shape[-2]:

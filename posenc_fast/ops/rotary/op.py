@@ -7,7 +7,7 @@
     posenc_fast::rotary_table_backward(grad, x, freqs, pairs, backend, need_x, need_freqs)
         -> (dx, dfreqs)
 
-``backend`` names the implementation (registry.RUN_ROTARY / RUN_TABLE); unneeded
+``backend`` names the implementation (registry.ROTARY / TABLE); unneeded
 gradients come back empty. Only the inputs are saved (cos / sin recomputed); a double
 backward differentiates torch_impl's graph form. Separate bool flags and tuple results:
 what torch 2.5's custom_op accepts.
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .._custom_ops import autocast_disabled, custom_op, differentiable_grads, direct_call_ok
 from . import torch_impl
-from .registry import RUN_ROTARY, RUN_TABLE
+from .registry import ROTARY, TABLE
 
 
 def _or_empty(t, like: Tensor) -> Tensor:
@@ -35,7 +35,7 @@ def table_backward(
     need_freqs: bool,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     with autocast_disabled(x.device.type):
-        dx, dfreqs = RUN_TABLE[backend].backward(grad, x, freqs, pairs, need_x, need_freqs)
+        dx, dfreqs = TABLE[backend].backward(grad, x, freqs, pairs, need_x, need_freqs)
     return _or_empty(dx, grad), _or_empty(dfreqs, grad)
 
 
@@ -51,7 +51,7 @@ TABLE_BACKWARD_OP = custom_op("rotary_table_backward", table_backward, _table_ba
 
 def table(x: Tensor, freqs: Tensor, pairs: str, out_dtype: torch.dtype, backend: str) -> Tensor:
     with autocast_disabled(x.device.type):
-        return RUN_TABLE[backend].forward(x, freqs, pairs, out_dtype)
+        return TABLE[backend].forward(x, freqs, pairs, out_dtype)
 
 
 def _setup_table(ctx, inputs, output):
@@ -67,7 +67,7 @@ class TableFunction(torch.autograd.Function):
     def forward(ctx, x, freqs, pairs, out_dtype, backend):
         _setup_table(ctx, (x, freqs, pairs, out_dtype, backend), None)
         with autocast_disabled(x.device.type):
-            return RUN_TABLE[backend].forward(x, freqs, pairs, out_dtype)
+            return TABLE[backend].forward(x, freqs, pairs, out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -117,7 +117,7 @@ def rotary_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
     needs = (need_q, need_k, need_x, need_freqs)
     with autocast_disabled(q.device.type):
-        grads = RUN_ROTARY[backend].backward(gq, gk, q, k, x, freqs, pairs, layout, prefix, needs)
+        grads = ROTARY[backend].backward(gq, gk, q, k, x, freqs, pairs, layout, prefix, needs)
     dq, dk, dx, dfreqs = (_or_empty(g, gq) for g in grads)
     return dq, dk, dx, dfreqs
 
@@ -138,7 +138,7 @@ def rotary(
     backend: str,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     with autocast_disabled(q.device.type):
-        return RUN_ROTARY[backend].forward(q, k, x, freqs, pairs, layout, prefix)
+        return ROTARY[backend].forward(q, k, x, freqs, pairs, layout, prefix)
 
 
 def _setup_rotary(ctx, inputs, output):
@@ -154,7 +154,7 @@ class RotaryFunction(torch.autograd.Function):
     def forward(ctx, q, k, x, freqs, pairs, layout, prefix, backend):
         _setup_rotary(ctx, (q, k, x, freqs, pairs, layout, prefix, backend), None)
         with autocast_disabled(q.device.type):
-            return RUN_ROTARY[backend].forward(q, k, x, freqs, pairs, layout, prefix)
+            return ROTARY[backend].forward(q, k, x, freqs, pairs, layout, prefix)
 
     @staticmethod
     def backward(ctx, gq, gk):

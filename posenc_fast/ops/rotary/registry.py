@@ -110,10 +110,7 @@ TABLE = register(
     Implementation("cpp", _CPP, _cpp_rotary_table, _cpp_rotary_table_backward),
 )
 
-# LightGlue's members: the same implementations, registered under their own op names.
+# LightGlue's members: the same implementations (the custom ops run them from ROTARY /
+# TABLE by backend name), registered under their own op names.
 LIGHTGLUE_ROTARY = register("apply_lff_rotary", *ROTARY.values())
 LIGHTGLUE_TABLE = register("lff_rotary", *TABLE.values())
-
-# What the custom ops run, by the backend name a call chose from either registry.
-RUN_ROTARY = {**LIGHTGLUE_ROTARY, **ROTARY}
-RUN_TABLE = {**LIGHTGLUE_TABLE, **TABLE}
