@@ -178,49 +178,50 @@ def check_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
     return res
 
 
-def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
-    """q', k' (relative to their largest entry) and the gradients to q, k, x and wr."""
-    res = Result()
-    for i, case in enumerate(_inputs.ROTARY_CASES):
+def _check_rotations(res: Result, cases, run, spec, names, dtype, device, seed, grad_seed):
+    """``run(case, leaves)`` -> (q', k') on every case against ``spec`` on float64 copies
+    (outputs relative to their largest entry: "rotary"), then the gradients to the inputs
+    ``names`` where the spec's are defined."""
+    for i, case in enumerate(cases):
         inputs = _inputs.rotary_inputs(case, dtype, device, seed + i)
         leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
-        out = apply_lff_rotary(*leaves, case.layout, backend=backend)
-        ref = rotary_ref.apply_lff_rotary(*leaves64, case.layout)
+        out, ref = run(case, leaves), spec(case, leaves64)
         scale = max([float(r.detach().abs().max()) for r in ref if r.numel()] or [0.0])
         for o, r, name in zip(out, ref, ("q", "k")):
             res.add(o, r, dtype, "rotary", f"{case.id} {name}'", scale)
         if out[0].numel():
-            g = _inputs.generator(seed + 500 + i)
+            g = _inputs.generator(grad_seed + i)
             grads = [_inputs.randn(o.shape, g, dtype, device) for o in out]
             torch.autograd.backward(out, grads)
             torch.autograd.backward(ref, [t.double() for t in grads])
-            for name, a, b in zip(("q", "k", "x", "wr"), leaves, leaves64):
-                res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
+            for name, a, b in zip(names, leaves, leaves64):
+                if b.grad is not None and b.grad.numel():
+                    res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
         res.cases += 1
     return res
+
+
+def check_apply_lff_rotary(backend: str, dtype, device: str, seed: int) -> Result:
+    """q and k rotated (both layouts, shared positions, ...) and the gradients to q, k,
+    x and wr."""
+    return _check_rotations(
+        Result(), _inputs.ROTARY_CASES,
+        lambda c, t: apply_lff_rotary(*t, c.layout, backend=backend),
+        lambda c, t: rotary_ref.apply_lff_rotary(*t, c.layout),
+        ("q", "k", "x", "wr"), dtype, device, seed, seed + 500,
+    )  # fmt: skip
 
 
 def check_rotary(backend: str, dtype, device: str, seed: int) -> Result:
-    """The general op on every family's options: q', k' and all gradients."""
-    res = Result()
-    for i, case in enumerate(_inputs.ROTARY_FAMILY_CASES):
-        inputs = _inputs.rotary_inputs(case, dtype, device, seed + i)
-        leaves, leaves64 = _leaves(inputs), _leaves(inputs, torch.float64)
-        opts = (case.pairs, case.layout, case.prefix)
-        out = rotary(*leaves, *opts, backend=backend)
-        ref = rotary_ref.rotary(*leaves64, *opts)
-        scale = max([float(r.detach().abs().max()) for r in ref if r.numel()] or [0.0])
-        for o, r, name in zip(out, ref, ("q", "k")):
-            res.add(o, r, dtype, "rotary", f"{case.id} {name}'", scale)
-        g = _inputs.generator(seed + 600 + i)
-        grads = [_inputs.randn(o.shape, g, dtype, device) for o in out]
-        torch.autograd.backward(out, grads)
-        torch.autograd.backward(ref, [t.double() for t in grads])
-        for name, a, b in zip(("q", "k", "x", "freqs"), leaves, leaves64):
-            if b.grad is not None and b.grad.numel():
-                res.add_grad(a.grad, b.grad, dtype, f"{case.id} d{name}")
-        res.cases += 1
-    return res
+    """The general op on every family's options (pairs, per-head frequencies, prefix
+    tokens, layouts, positions per sample, GQA, strided q): q', k' and the gradients to q,
+    k, x and the frequencies."""
+    return _check_rotations(
+        Result(), _inputs.ROTARY_FAMILY_CASES,
+        lambda c, t: rotary(*t, c.pairs, c.layout, c.prefix, backend=backend),
+        lambda c, t: rotary_ref.rotary(*t, c.pairs, c.layout, c.prefix),
+        ("q", "k", "x", "freqs"), dtype, device, seed, seed + 600,
+    )  # fmt: skip
 
 
 def check_rotary_table(backend: str, dtype, device: str, seed: int) -> Result:
