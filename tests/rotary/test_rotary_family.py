@@ -12,11 +12,10 @@ N = prefix, B = 0, and sizes past one block of positions / frequencies of the ke
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import _helpers
 import pytest
 import torch
+from _rotary_cases import Case, case_inputs, output_scale
 from conftest import backend_dtype_params, backend_params
 
 import posenc_fast as pf
@@ -25,33 +24,6 @@ from posenc_fast.ops.rotary import reference as ref
 from posenc_fast.tolerances import PHASE_ATOL, assert_close
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
-
-
-@dataclass(frozen=True)
-class Case:
-    batch: int
-    heads_q: int
-    heads_k: int
-    n: int  # tokens, prefix included
-    head_dim: int
-    rotary_dim: int
-    pos_dim: int
-    layout: str = "bhnd"
-    pairs: str = "interleaved"
-    per_head: bool = False  # freqs [H, F/2, M]
-    shared_x: bool = False  # positions [N - prefix, M] shared by the batch
-    prefix: int = 0
-    strided: bool = False  # q, k slices of a fused qkv; freqs a permuted view
-
-    @property
-    def id(self) -> str:
-        s = (
-            f"B{self.batch}-H{self.heads_q}.{self.heads_k}-N{self.n}-D{self.head_dim}"
-            f"-F{self.rotary_dim}-M{self.pos_dim}-{self.layout}-{self.pairs}"
-        )
-        flags = [("per_head", self.per_head), ("shared_x", self.shared_x),
-                 (f"prefix{self.prefix}", self.prefix), ("strided", self.strided)]  # fmt: skip
-        return s + "".join(f"-{name}" for name, on in flags if on)
 
 
 CASES = [
@@ -69,34 +41,8 @@ NONEMPTY = [pytest.param(c, id=c.id) for c in CASES if c.batch * (c.n - c.prefix
 ALL_CASES = [pytest.param(c, id=c.id) for c in CASES]
 
 
-def _qk_shape(case: Case, heads: int) -> tuple:
-    if case.layout == "bhnd":
-        return (case.batch, heads, case.n, case.head_dim)
-    return (case.batch, case.n, heads, case.head_dim)
-
-
 def inputs(case: Case, dtype, device, seed: int):
-    """(q, k, x, freqs): q, k in ``dtype``; x and freqs float64 for float64, else float32."""
-    g = _inputs.generator(seed)
-    pdt = torch.float64 if dtype == torch.float64 else torch.float32
-    B, N, D, F2, M = case.batch, case.n, case.head_dim, case.rotary_dim // 2, case.pos_dim
-    if case.strided:
-        qkv = _inputs.randn((B, N, case.heads_q, D, 3), g, dtype, device)
-        if case.layout == "bhnd":
-            qkv = qkv.transpose(1, 2)
-        q, k = qkv[..., 0], qkv[..., 1]
-    else:
-        q = _inputs.randn(_qk_shape(case, case.heads_q), g, dtype, device)
-        k = _inputs.randn(_qk_shape(case, case.heads_k), g, dtype, device)
-    n = N - case.prefix
-    x = _inputs.randn((n, M) if case.shared_x else (B, n, M), g, pdt, device, 3.0)
-    if not case.per_head:
-        freqs = _inputs.randn((F2, M), g, pdt, device)
-    elif case.strided:  # [M, H, F/2] stored, seen as [H, F/2, M] (timm's Mixed layout)
-        freqs = _inputs.randn((M, case.heads_q, F2), g, pdt, device).permute(1, 2, 0)
-    else:
-        freqs = _inputs.randn((case.heads_q, F2, M), g, pdt, device)
-    return q, k, x, freqs
+    return case_inputs(case, dtype, device, seed)
 
 
 def _call(case: Case, *args, backend="auto"):
@@ -105,10 +51,6 @@ def _call(case: Case, *args, backend="auto"):
 
 def _reference(case: Case, *args, out_dtype=None):
     return ref.rotary(*args, case.pairs, case.layout, case.prefix, out_dtype)
-
-
-def _scale(*refs) -> float:
-    return max([float(r.detach().abs().max()) for r in refs if r.numel()] or [0.0])
 
 
 def _leaves(tensors, dtype=None):
@@ -132,7 +74,7 @@ def test_matches_reference(backend, dtype, case, device):
     assert oq.shape == q.shape and ok.shape == k.shape and oq.dtype == ok.dtype == dtype
     assert oq.is_contiguous() and ok.is_contiguous()
     want = _reference(case, *args, out_dtype=torch.float64)
-    s = _scale(*want)
+    s = output_scale(*want)
     for got, w, name in zip((oq, ok), want, "qk"):
         assert_close(got, w, dtype, "rotary", scale=s, what=f"{backend} {case.id} {name}'")
     for t, b in zip(args, before):
@@ -286,7 +228,7 @@ def test_shared_positions_and_frequencies_are_the_broadcast_ones(pairs, device):
     a = pf.rotary(q, k, xs, ws, pairs, "bhnd", 1)
     b = pf.rotary(q, k, xb, wh, pairs, "bhnd", 1)
     for u, v in zip(a, b):
-        assert_close(u, v.double(), torch.float32, "rotary", scale=_scale(v))
+        assert_close(u, v.double(), torch.float32, "rotary", scale=output_scale(v))
     (a[0].sum() + a[1].square().sum()).backward()
     (b[0].sum() + b[1].square().sum()).backward()
     assert_close(xs.grad, xb.grad.sum(0).double(), torch.float32, "grad")
@@ -333,7 +275,7 @@ def test_integer_positions(backend, device):
     out = pf.rotary(q, k, x, w, "half", backend=backend)
     want = ref.rotary(q, k, x.double(), w, "half", out_dtype=torch.float64)
     for got, w64 in zip(out, want):
-        assert_close(got, w64, torch.float32, "rotary", scale=_scale(*want))
+        assert_close(got, w64, torch.float32, "rotary", scale=output_scale(*want))
 
 
 @pytest.mark.parametrize("backend", backend_params("rotary_table", torch.bfloat16))

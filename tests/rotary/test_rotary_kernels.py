@@ -9,11 +9,10 @@ Triton interpreter, and phases up to 1e5 within 1e-6.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import _helpers
 import pytest
 import torch
+from _rotary_cases import Case, case_inputs, output_scale
 from conftest import DEVICE
 
 from posenc_fast import _extension
@@ -77,32 +76,6 @@ BACKENDS = [
 ]
 
 
-@dataclass(frozen=True)
-class Case:
-    batch: int
-    heads_q: int
-    heads_k: int
-    n: int  # tokens, prefix included
-    head_dim: int
-    rotary_dim: int
-    pos_dim: int
-    layout: str = "bhnd"
-    pairs: str = "interleaved"
-    per_head: bool = False  # freqs [H, F/2, M]
-    prefix: int = 0
-    shared_x: bool = False  # positions [N', M] shared by the batch
-    strided: bool = False  # q, k slices of a fused qkv tensor; freqs a permuted view
-
-    @property
-    def id(self) -> str:
-        s = (f"B{self.batch}-H{self.heads_q}k{self.heads_k}-N{self.n}-D{self.head_dim}"
-             f"-F{self.rotary_dim}-M{self.pos_dim}-{self.layout}-{self.pairs}")  # fmt: skip
-        s += "-perhead" if self.per_head else ""
-        s += f"-prefix{self.prefix}" if self.prefix else ""
-        s += "-sharedx" if self.shared_x else ""
-        return s + ("-strided" if self.strided else "")
-
-
 CASES = [
     Case(2, 3, 3, 9, 16, 16, 2, strided=True),  # LightGlue's case, fused qkv
     Case(2, 3, 3, 11, 12, 8, 2, "bnhd", "half", per_head=True, prefix=1, shared_x=True),
@@ -119,33 +92,7 @@ CASE_PARAMS = [pytest.param(c, id=c.id) for c in CASES]
 
 def make_inputs(case: Case, dtype, seed: int, x_dtype=torch.float32):
     """(q, k, x, freqs) on DEVICE: q, k in dtype, x and freqs in x_dtype."""
-    g = _inputs.generator(seed)
-    B, N, D, F2, M = case.batch, case.n, case.head_dim, case.rotary_dim // 2, case.pos_dim
-    if case.strided:  # [B, N, H, D, 3] -> q = [..., 0], k = [..., 1]: channel stride 3
-        qkv = _inputs.randn((B, N, case.heads_q, D, 3), g, dtype, DEVICE)
-        if case.layout == "bhnd":
-            qkv = qkv.transpose(1, 2)
-        q, k = qkv[..., 0], qkv[..., 1]
-    else:
-        shape = (B, case.heads_q, N, D) if case.layout == "bhnd" else (B, N, case.heads_q, D)
-        q = _inputs.randn(shape, g, dtype, DEVICE)
-        kshape = list(shape)
-        kshape[1 if case.layout == "bhnd" else 2] = case.heads_k
-        k = _inputs.randn(tuple(kshape), g, dtype, DEVICE)
-    n = N - case.prefix
-    x = _inputs.randn((n, M) if case.shared_x else (B, n, M), g, x_dtype, DEVICE, 3.0)
-    if case.per_head and case.strided:  # timm's [M, depth, H, F/2] parameter, block 1
-        param = _inputs.randn((M, 3, case.heads_q, F2), g, x_dtype, DEVICE)
-        freqs = param[:, 1].permute(1, 2, 0)  # [H, F/2, M]
-    elif case.per_head:
-        freqs = _inputs.randn((case.heads_q, F2, M), g, x_dtype, DEVICE)
-    else:
-        freqs = _inputs.randn((F2, M), g, x_dtype, DEVICE)
-    return q, k, x, freqs
-
-
-def _scale(*refs) -> float:
-    return max([float(r.abs().max()) for r in refs if r.numel()] or [0.0])
+    return case_inputs(case, dtype, DEVICE, seed, x_dtype)
 
 
 def _expected_grads(case, inputs, gq, gk):
@@ -178,7 +125,7 @@ def test_rotary_matches_float64(backend, case):
     gq, gk = _inputs.randn(q.shape, g, dtype, DEVICE), _inputs.randn(k.shape, g, dtype, DEVICE)
     oq, ok, dq, dk, dx, dw = run_rotary(backend, case, inputs, gq, gk)
     want = reference_rotary(*inputs, case.pairs, case.layout, case.prefix)
-    s = _scale(*want)
+    s = output_scale(*want)
     for got, ref, name in zip((oq, ok), want, ("q'", "k'")):
         assert got.shape == ref.shape and got.dtype == dtype and got.is_contiguous()
         assert_close(got, ref, dtype, "rotary", scale=s, what=f"{backend} {name}")
@@ -213,7 +160,7 @@ def test_rotary_half_precision(backend, dtype, case):
     gq, gk = _inputs.randn(q.shape, g, dtype, DEVICE), _inputs.randn(k.shape, g, dtype, DEVICE)
     oq, ok, *grads = run_rotary(backend, case, inputs, gq, gk)
     want = reference_rotary(*inputs, case.pairs, case.layout, case.prefix)
-    s = _scale(*want)
+    s = output_scale(*want)
     for got, ref, name in zip((oq, ok), want, ("q'", "k'")):
         assert got.dtype == dtype
         assert_close(got, ref, dtype, "rotary", scale=s, what=f"{backend} {name}")
@@ -407,7 +354,7 @@ def test_triton_gpu_block_sizes_in_the_interpreter(triton_interpreter, monkeypat
     oq, ok, *grads = run_rotary("triton", case, inputs, gq, gk)
     want = reference_rotary(*inputs, case.pairs, case.layout, case.prefix)
     for got, ref in zip((oq, ok), want):
-        assert_close(got, ref, torch.float32, "rotary", scale=_scale(*want))
+        assert_close(got, ref, torch.float32, "rotary", scale=output_scale(*want))
     for got, ref in zip(grads, _expected_grads(case, inputs, gq, gk)):
         assert_close(got, ref, torch.float32, "grad")
 
